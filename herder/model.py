@@ -1,0 +1,183 @@
+"""The vocabulary of herder as plain frozen values, shared by the core and the shell."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+JSONObject = Mapping[str, Any]
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        """Active jobs hold their dedup key and a slot; terminal ones do not."""
+        return self in ACTIVE_STATUSES
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+ACTIVE_STATUSES = frozenset({JobStatus.QUEUED, JobStatus.CLAIMED, JobStatus.RUNNING})
+TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class Outcome(enum.StrEnum):
+    """What one attempt ended in; the policy maps it to what happens to the job."""
+
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    LAUNCH_FAILED = "launch_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptToken:
+    """The fence: every write about an attempt names the job and its attempt number."""
+
+    job_id: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.job_id}.{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job as submitted: everything resolved, nothing decided by the store yet."""
+
+    command: tuple[str, ...]
+    job_type: str = "adhoc"
+    shell: bool = False
+    payload: JSONObject = field(default_factory=dict)
+    priority: int = 100
+    weight: str = "light"
+    dedup_key: str | None = None
+    affinity: str | None = None
+    available_at: datetime | None = None
+    max_attempts: int = 3
+    timeout_seconds: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    backoff_base_seconds: float = 10.0
+    backoff_max_seconds: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: int
+    job_type: str
+    command: tuple[str, ...]
+    shell: bool
+    payload: JSONObject
+    priority: int
+    weight: str
+    dedup_key: str | None
+    affinity: str | None
+    available_at: datetime
+    max_attempts: int
+    timeout_seconds: float | None
+    env: Mapping[str, str]
+    workdir: str | None
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    status: JobStatus
+    attempt: int
+    failures: int
+    lost: int
+    host: str | None
+    exit_code: int | None
+    failure_reason: str | None
+    cancel_requested: bool
+    created_at: datetime
+    claimed_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+    @property
+    def token(self) -> AttemptToken:
+        return AttemptToken(self.id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    job_id: int
+    attempt: int
+    host: str
+    worker: str
+    pid: int | None
+    log_path: str | None
+    claimed_at: datetime
+    started_at: datetime | None
+    heartbeat_at: datetime
+    ended_at: datetime | None
+    exit_code: int | None
+    outcome: Outcome | None
+
+    @property
+    def token(self) -> AttemptToken:
+        return AttemptToken(self.job_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    job_id: int
+    at: datetime
+    kind: str
+    from_status: JobStatus | None
+    to_status: JobStatus | None
+    attempt: int | None
+    detail: JSONObject
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy decided for a job after an attempt ended."""
+
+    status: JobStatus
+    available_at: datetime | None = None
+    failure_reason: str | None = None
+    spend_failure: bool = False
+    spend_lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """An ended attempt and the decision for its job, applied by `attempt_finish`."""
+
+    token: AttemptToken
+    outcome: Outcome
+    exit_code: int | None
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """`created` is False when the dedup guard kept an existing job instead."""
+
+    job_id: int
+    created: bool
+    status: JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """Which of the beating attempts are still live, and which were asked to stop."""
+
+    live: frozenset[AttemptToken]
+    cancel: frozenset[AttemptToken]

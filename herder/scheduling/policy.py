@@ -1,0 +1,62 @@
+"""What an attempt's outcome means for its job: done, retry after a backoff, or fail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from herder.model import Decision, JobStatus, Outcome
+
+FAILURE_REASONS = {
+    Outcome.FAILED: "exit_nonzero",
+    Outcome.TIMEOUT: "timeout",
+    Outcome.LAUNCH_FAILED: "launch_failed",
+    Outcome.LOST: "lost",
+    Outcome.CANCELLED: "cancelled",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RetryState:
+    """The counters a decision needs, as they were before this attempt ended."""
+
+    failures: int
+    lost: int
+    max_attempts: int
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+
+
+def backoff_seconds(failures: int, base: float, cap: float) -> float:
+    """Exponential backoff after the n-th failure (n >= 1): base, 2*base, 4*base ... capped."""
+    if failures <= 0 or base <= 0:
+        return 0.0
+    exponent = min(failures - 1, 62)
+    return float(min(base * (2**exponent), cap))
+
+
+def decide(outcome: Outcome, state: RetryState, now: datetime, max_lost: int = 5) -> Decision:
+    """Map an outcome to the job's next state.
+
+    A lost attempt (the runner died, the host vanished) is not the job's fault: it is retried
+    at once and spends a separate budget, so infrastructure churn cannot fail a healthy job.
+    """
+    if outcome is Outcome.OK:
+        return Decision(JobStatus.DONE)
+    if outcome is Outcome.CANCELLED:
+        return Decision(JobStatus.CANCELLED, failure_reason=FAILURE_REASONS[outcome])
+    if outcome is Outcome.LOST:
+        if state.lost + 1 >= max_lost:
+            return Decision(JobStatus.FAILED, failure_reason="lost", spend_lost=True)
+        return Decision(JobStatus.QUEUED, available_at=now, spend_lost=True)
+    failures = state.failures + 1
+    reason = FAILURE_REASONS[outcome]
+    if failures >= state.max_attempts:
+        return Decision(JobStatus.FAILED, failure_reason=reason, spend_failure=True)
+    delay = backoff_seconds(failures, state.backoff_base_seconds, state.backoff_max_seconds)
+    return Decision(
+        JobStatus.QUEUED,
+        available_at=now + timedelta(seconds=delay),
+        failure_reason=reason,
+        spend_failure=True,
+    )

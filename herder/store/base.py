@@ -1,0 +1,243 @@
+"""The store interface both backends implement, and the pieces they share.
+
+A store method and its SQL query share one name in both dialects (`job_claim`, ...), so one
+grep finds the Python call and both SQL versions.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from herder.model import (
+    Attempt,
+    AttemptResult,
+    AttemptToken,
+    Event,
+    HeartbeatReply,
+    InsertResult,
+    Job,
+    JobSpec,
+    JobStatus,
+    Outcome,
+)
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load_queries(dialect: str) -> dict[str, str]:
+    """Named SQL blocks of one dialect: `-- name: x` starts block x."""
+    text = resources.files("herder.store").joinpath(f"sql/{dialect}/queries.sql").read_text()
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        queries[name] = body.strip().rstrip(";")
+    return queries
+
+
+def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
+    """(version, name, sql) sorted by version, from `sql/<dialect>/migrations/NNNN_name.sql`."""
+    folder = resources.files("herder.store").joinpath(f"sql/{dialect}/migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), match.group(2), entry.read_text()))
+    return sorted(found)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveAttempt:
+    """An attempt that has not ended, with the job counters its rescue decision needs."""
+
+    attempt: Attempt
+    job_status: JobStatus
+    failures: int
+    lost: int
+    max_attempts: int
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+
+
+class Waker(abc.ABC):
+    """Blocks until the store may have new work (or the timeout passes)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """True when woken by a change, False on timeout."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class Store(abc.ABC):
+    """Durable jobs, attempts and events. Every state change is a guarded statement."""
+
+    url: str
+    dialect: str
+
+    @abc.abstractmethod
+    def migrate(self) -> list[int]:
+        """Apply pending migrations; returns the versions applied."""
+
+    @abc.abstractmethod
+    def schema_version(self) -> int: ...
+
+    @abc.abstractmethod
+    def job_insert(
+        self, specs: Sequence[JobSpec], now: datetime, force: bool = False
+    ) -> list[InsertResult]:
+        """Insert jobs in one transaction; a dedup conflict returns the holder instead.
+
+        `force` releases the key from a `done` job first (a deliberate rerun); it never
+        releases a key held by a queued, claimed or running job.
+        """
+
+    @abc.abstractmethod
+    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
+        """The job that currently holds a dedup key, if any."""
+
+    @abc.abstractmethod
+    def job_get(self, job_id: int) -> Job | None: ...
+
+    @abc.abstractmethod
+    def job_list(
+        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
+    ) -> list[Job]: ...
+
+    @abc.abstractmethod
+    def job_counts(self) -> dict[JobStatus, int]:
+        """Counts of active jobs (queued, claimed, running)."""
+
+    @abc.abstractmethod
+    def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
+        """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
+
+    @abc.abstractmethod
+    def attempt_start(
+        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
+    ) -> bool:
+        """claimed -> running; False when the attempt was fenced out meanwhile."""
+
+    @abc.abstractmethod
+    def attempt_heartbeat(
+        self, tokens: Sequence[AttemptToken], now: datetime
+    ) -> HeartbeatReply: ...
+
+    @abc.abstractmethod
+    def attempt_finish(
+        self, results: Sequence[AttemptResult], now: datetime
+    ) -> list[tuple[AttemptToken, JobStatus]]:
+        """Apply ended attempts; only live attempts are applied and returned."""
+
+    @abc.abstractmethod
+    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
+        """Cancel a queued job, or ask a claimed/running one to stop; None if not active."""
+
+    @abc.abstractmethod
+    def job_retry(self, job_id: int, now: datetime) -> bool:
+        """Queue an ended job again with a fresh failure budget."""
+
+    @abc.abstractmethod
+    def attempt_list(self, job_id: int) -> list[Attempt]: ...
+
+    @abc.abstractmethod
+    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]: ...
+
+    @abc.abstractmethod
+    def event_list(self, job_id: int) -> list[Event]: ...
+
+    @abc.abstractmethod
+    def listen(self) -> Waker:
+        """A waker that returns early when jobs are submitted, requeued or cancelled."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def job_from_row(row: Mapping[str, Any]) -> Job:
+    """Build a Job from a row whose values are already Python types."""
+    return Job(
+        id=int(row["id"]),
+        job_type=row["job_type"],
+        command=tuple(row["command"]),
+        shell=bool(row["shell"]),
+        payload=row["payload"],
+        priority=int(row["priority"]),
+        weight=row["weight"],
+        dedup_key=row["dedup_key"],
+        affinity=row["affinity"],
+        available_at=row["available_at"],
+        max_attempts=int(row["max_attempts"]),
+        timeout_seconds=row["timeout_seconds"],
+        env=row["env"],
+        workdir=row["workdir"],
+        backoff_base_seconds=float(row["backoff_base_seconds"]),
+        backoff_max_seconds=float(row["backoff_max_seconds"]),
+        status=JobStatus(row["status"]),
+        attempt=int(row["attempt"]),
+        failures=int(row["failures"]),
+        lost=int(row["lost"]),
+        host=row["host"],
+        exit_code=row["exit_code"],
+        failure_reason=row["failure_reason"],
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=row["created_at"],
+        claimed_at=row["claimed_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def attempt_from_row(row: Mapping[str, Any]) -> Attempt:
+    return Attempt(
+        job_id=int(row["job_id"]),
+        attempt=int(row["attempt"]),
+        host=row["host"],
+        worker=row["worker"],
+        pid=row["pid"],
+        log_path=row["log_path"],
+        claimed_at=row["claimed_at"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        ended_at=row["ended_at"],
+        exit_code=row["exit_code"],
+        outcome=Outcome(row["outcome"]) if row["outcome"] else None,
+    )
+
+
+def live_attempt_from_row(row: Mapping[str, Any]) -> LiveAttempt:
+    return LiveAttempt(
+        attempt=attempt_from_row(row),
+        job_status=JobStatus(row["job_status"]),
+        failures=int(row["failures"]),
+        lost=int(row["lost"]),
+        max_attempts=int(row["max_attempts"]),
+        backoff_base_seconds=float(row["backoff_base_seconds"]),
+        backoff_max_seconds=float(row["backoff_max_seconds"]),
+    )
+
+
+def event_from_row(row: Mapping[str, Any]) -> Event:
+    return Event(
+        id=int(row["id"]),
+        job_id=int(row["job_id"]),
+        at=row["at"],
+        kind=row["kind"],
+        from_status=JobStatus(row["from_status"]) if row["from_status"] else None,
+        to_status=JobStatus(row["to_status"]) if row["to_status"] else None,
+        attempt=row["attempt"],
+        detail=row["detail"] or {},
+    )

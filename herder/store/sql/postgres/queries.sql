@@ -1,0 +1,189 @@
+-- Named queries (PostgreSQL). Each `-- name:` block is one statement; the store method of
+-- the same name runs it. Every state change is guarded on (id, attempt, status) and writes
+-- an event row in the same statement.
+
+-- name: job_insert
+WITH ins AS (
+    INSERT INTO herder_jobs (
+        job_type, command, shell, payload, priority, weight, dedup_key, affinity,
+        available_at, max_attempts, timeout_seconds, env, workdir,
+        backoff_base_seconds, backoff_max_seconds, created_at, updated_at)
+    VALUES (
+        %(job_type)s, %(command)s, %(shell)s, %(payload)s, %(priority)s, %(weight)s,
+        %(dedup_key)s, %(affinity)s, %(available_at)s, %(max_attempts)s, %(timeout_seconds)s,
+        %(env)s, %(workdir)s, %(backoff_base_seconds)s, %(backoff_max_seconds)s,
+        %(now)s, %(now)s)
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND NOT dedup_released
+        AND status IN ('queued', 'claimed', 'running', 'done')
+    DO NOTHING
+    RETURNING id
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, to_status)
+    SELECT id, %(now)s, 'submitted', 'queued' FROM ins
+)
+SELECT id FROM ins;
+
+-- name: job_dedup_holder
+SELECT id, status FROM herder_jobs
+WHERE dedup_key = %(dedup_key)s AND NOT dedup_released
+  AND status IN ('queued', 'claimed', 'running', 'done')
+ORDER BY id DESC LIMIT 1;
+
+-- name: job_dedup_release
+WITH rel AS (
+    UPDATE herder_jobs SET dedup_released = true, updated_at = %(now)s
+    WHERE dedup_key = %(dedup_key)s AND status = 'done' AND NOT dedup_released
+    RETURNING id
+)
+INSERT INTO herder_events (job_id, at, kind, detail)
+SELECT id, %(now)s, 'dedup_released', '{"reason": "forced rerun"}'::jsonb FROM rel;
+
+-- name: job_get
+SELECT * FROM herder_jobs WHERE id = %(job_id)s;
+
+-- name: job_list
+SELECT * FROM herder_jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: job_counts
+SELECT status, count(*) FROM herder_jobs
+WHERE status IN ('queued', 'claimed', 'running')
+GROUP BY status;
+
+-- name: job_claim
+WITH picked AS (
+    SELECT id FROM herder_jobs
+    WHERE status = 'queued' AND available_at <= %(now)s
+      AND (affinity IS NULL OR affinity = %(host)s)
+    ORDER BY priority, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE herder_jobs j
+    SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s,
+        claimed_at = %(now)s, started_at = NULL, updated_at = %(now)s
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.*
+), att AS (
+    INSERT INTO herder_attempts (job_id, attempt, host, worker, claimed_at, heartbeat_at)
+    SELECT id, attempt, %(host)s, %(worker)s, %(now)s, %(now)s FROM claimed
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+    SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt,
+           jsonb_build_object('host', %(host)s::text, 'worker', %(worker)s::text)
+    FROM claimed
+)
+SELECT * FROM claimed ORDER BY priority, id;
+
+-- name: attempt_start
+WITH j AS (
+    UPDATE herder_jobs SET status = 'running', started_at = %(now)s, updated_at = %(now)s
+    WHERE id = %(job_id)s AND attempt = %(attempt)s AND status = 'claimed'
+    RETURNING id, attempt
+), a AS (
+    UPDATE herder_attempts SET pid = %(pid)s, log_path = %(log_path)s,
+        started_at = %(now)s, heartbeat_at = %(now)s
+    FROM j WHERE herder_attempts.job_id = j.id AND herder_attempts.attempt = j.attempt
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+    SELECT id, %(now)s, 'started', 'claimed', 'running', attempt,
+           jsonb_build_object('pid', %(pid)s::int, 'log_path', %(log_path)s::text)
+    FROM j
+)
+SELECT count(*) FROM j;
+
+-- name: attempt_heartbeat
+UPDATE herder_attempts a SET heartbeat_at = %(now)s
+FROM herder_jobs j,
+     unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS t(job_id, attempt)
+WHERE a.job_id = t.job_id AND a.attempt = t.attempt AND a.ended_at IS NULL
+  AND j.id = a.job_id AND j.attempt = a.attempt AND j.status IN ('claimed', 'running')
+RETURNING a.job_id, a.attempt, j.cancel_requested;
+
+-- name: attempt_finish
+WITH r AS (
+    SELECT * FROM unnest(
+        %(job_ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+        %(exit_codes)s::int[], %(statuses)s::text[], %(available_ats)s::timestamptz[],
+        %(failure_reasons)s::text[], %(spend_failures)s::int[], %(spend_losts)s::int[])
+      AS r(job_id, attempt, outcome, exit_code, next_status, available_at, failure_reason,
+           spend_failure, spend_lost)
+), old AS (
+    SELECT j.id, j.status AS old_status, j.cancel_requested, r.*
+    FROM herder_jobs j JOIN r ON j.id = r.job_id AND j.attempt = r.attempt
+    WHERE j.status IN ('claimed', 'running')
+    FOR UPDATE OF j
+), j AS (
+    UPDATE herder_jobs SET
+        status = CASE WHEN old.cancel_requested AND old.next_status = 'queued'
+                      THEN 'cancelled' ELSE old.next_status END,
+        exit_code = old.exit_code,
+        failure_reason = CASE WHEN old.cancel_requested AND old.next_status = 'queued'
+                              THEN 'cancelled' ELSE old.failure_reason END,
+        failures = herder_jobs.failures + old.spend_failure,
+        lost = herder_jobs.lost + old.spend_lost,
+        available_at = COALESCE(old.available_at, herder_jobs.available_at),
+        finished_at = CASE WHEN old.next_status = 'queued' AND NOT old.cancel_requested
+                           THEN NULL ELSE %(now)s END,
+        cancel_requested = false,
+        updated_at = %(now)s
+    FROM old WHERE herder_jobs.id = old.id
+    RETURNING herder_jobs.id, herder_jobs.attempt, herder_jobs.status, old.old_status,
+              old.outcome, old.exit_code
+), a AS (
+    UPDATE herder_attempts SET ended_at = %(now)s, exit_code = j.exit_code, outcome = j.outcome
+    FROM j WHERE herder_attempts.job_id = j.id AND herder_attempts.attempt = j.attempt
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+    SELECT id, %(now)s, 'finished', old_status, status, attempt,
+           jsonb_build_object('outcome', outcome, 'exit_code', exit_code)
+    FROM j
+)
+SELECT id, attempt, status FROM j;
+
+-- name: job_cancel
+WITH j AS (
+    UPDATE herder_jobs SET
+        status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+        cancel_requested = (status <> 'queued'),
+        failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
+        finished_at = CASE WHEN status = 'queued' THEN %(now)s ELSE finished_at END,
+        updated_at = %(now)s
+    WHERE id = %(job_id)s AND status IN ('queued', 'claimed', 'running')
+    RETURNING id, status, attempt, cancel_requested
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt)
+    SELECT id, %(now)s, CASE WHEN cancel_requested THEN 'cancel_requested' ELSE 'cancelled' END,
+           CASE WHEN cancel_requested THEN status ELSE 'queued' END, status, attempt
+    FROM j
+)
+SELECT id, status FROM j;
+
+-- name: job_retry
+WITH j AS (
+    UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
+        available_at = %(now)s, failure_reason = NULL, finished_at = NULL,
+        cancel_requested = false, updated_at = %(now)s
+    WHERE id = %(job_id)s AND status IN ('done', 'failed', 'cancelled')
+    RETURNING id, attempt
+), old AS (
+    SELECT status FROM herder_jobs WHERE id = %(job_id)s
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt)
+    SELECT j.id, %(now)s, 'retried', old.status, 'queued', j.attempt FROM j, old
+)
+SELECT id FROM j;
+
+-- name: attempt_list
+SELECT * FROM herder_attempts WHERE job_id = %(job_id)s ORDER BY attempt;
+
+-- name: attempt_list_live
+SELECT a.*, j.status AS job_status, j.failures, j.lost, j.max_attempts,
+       j.backoff_base_seconds, j.backoff_max_seconds
+FROM herder_attempts a JOIN herder_jobs j ON j.id = a.job_id AND j.attempt = a.attempt
+WHERE a.ended_at IS NULL AND j.status IN ('claimed', 'running')
+  AND (%(host)s::text IS NULL OR a.host = %(host)s::text);
+
+-- name: event_list
+SELECT * FROM herder_events WHERE job_id = %(job_id)s ORDER BY id;

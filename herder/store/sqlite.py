@@ -1,0 +1,457 @@
+"""The embedded store: one SQLite file in WAL mode, safe for several processes on one machine.
+
+Writes run in `BEGIN IMMEDIATE` transactions, so the write lock is taken up front and two
+claimers can never read the same queued row and both update it; readers never block writers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from herder.errors import InputError, StoreUnavailable
+from herder.model import (
+    Attempt,
+    AttemptResult,
+    AttemptToken,
+    Event,
+    HeartbeatReply,
+    InsertResult,
+    Job,
+    JobSpec,
+    JobStatus,
+)
+from herder.store.base import (
+    LiveAttempt,
+    Store,
+    Waker,
+    attempt_from_row,
+    event_from_row,
+    job_from_row,
+    live_attempt_from_row,
+    load_migrations,
+    load_queries,
+)
+
+Q = load_queries("sqlite")
+_TIME_COLUMNS = frozenset(
+    {
+        "available_at", "created_at", "claimed_at", "started_at", "finished_at", "updated_at",
+        "heartbeat_at", "ended_at", "at",
+    }
+)
+_JSON_COLUMNS = frozenset({"command", "payload", "env", "detail"})
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+
+def to_epoch(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def from_epoch(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _convert(row: sqlite3.Row) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in row.keys():  # noqa: SIM118 - sqlite3.Row is not a mapping
+        value = row[key]
+        if key in _TIME_COLUMNS:
+            value = from_epoch(value)
+        elif key in _JSON_COLUMNS and value is not None:
+            value = json.loads(value)
+        out[key] = value
+    return out
+
+
+def parse_sqlite_url(url: str) -> tuple[str, str]:
+    """`sqlite:///rel/path.db`, `sqlite:////abs/path.db`, optional `?synchronous=normal`."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise InputError("db", f"{url!r} is not a sqlite:// URL", "use sqlite:///path/herder.db")
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise InputError("db", "the sqlite URL names no file", "use sqlite:///path/herder.db")
+    options = parse_qs(parts.query)
+    synchronous = options.pop("synchronous", ["full"])[-1].lower()
+    if synchronous not in _SYNCHRONOUS:
+        raise InputError(
+            "db", f"synchronous={synchronous!r} is not valid", f"use one of {_SYNCHRONOUS}"
+        )
+    if options:
+        raise InputError("db", f"unknown option(s) {sorted(options)}", "only synchronous=")
+    return path, synchronous
+
+
+class SQLiteWaker(Waker):
+    """Polls `PRAGMA data_version`, which changes whenever another connection commits.
+
+    The poll reads a counter in shared memory, so a 10 ms period costs next to nothing and
+    needs no socket or file watch between processes.
+    """
+
+    def __init__(self, path: str, period: float = 0.01) -> None:
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._period = period
+        self._version = self._read()
+
+    def _read(self) -> int:
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            version = self._read()
+            if version != self._version:
+                self._version = version
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(self._period, remaining))
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class SQLiteStore(Store):
+    dialect = "sqlite"
+
+    def __init__(self, url: str, busy_timeout: float = 30.0) -> None:
+        self.url = url
+        self.path, self.synchronous = parse_sqlite_url(url)
+        self.busy_timeout = busy_timeout
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise StoreUnavailable(f"cannot open {self.path}: directory {directory} does not exist")
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._conn()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.row_factory = sqlite3.Row
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name='herder_schema'"
+        ).fetchone()
+        if row is None:
+            return 0
+        version = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0]
+        return int(version or 0)
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._write() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS herder_schema ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            current = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0] or 0
+            for version, name, sql in load_migrations("sqlite"):
+                if version <= current:
+                    continue
+                for statement in _split_statements(sql):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO herder_schema (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, time.time()),
+                )
+                applied.append(version)
+        return applied
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def job_insert(
+        self, specs: Sequence[JobSpec], now: datetime, force: bool = False
+    ) -> list[InsertResult]:
+        stamp = now.timestamp()
+        results: list[InsertResult] = []
+        with self._write() as conn:
+            for spec in specs:
+                if force and spec.dedup_key is not None:
+                    for row in conn.execute(
+                        Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
+                    ).fetchall():
+                        _event(conn, row[0], stamp, "dedup_released", None, None, None,
+                               {"reason": "forced rerun"})
+                row = conn.execute(Q["job_insert"], _spec_params(spec, stamp)).fetchone()
+                if row is not None:
+                    _event(conn, row[0], stamp, "submitted", None, JobStatus.QUEUED, None, {})
+                    results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
+                    continue
+                assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
+                holder = conn.execute(
+                    Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
+                ).fetchone()
+                results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
+        return results
+
+    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
+        row = self._conn().execute(Q["job_dedup_holder"], {"dedup_key": dedup_key}).fetchone()
+        return None if row is None else (int(row[0]), JobStatus(row[1]))
+
+    def job_get(self, job_id: int) -> Job | None:
+        row = self._conn().execute(Q["job_get"], {"job_id": job_id}).fetchone()
+        return None if row is None else job_from_row(_convert(row))
+
+    def job_list(
+        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
+    ) -> list[Job]:
+        params = {
+            "statuses": None if statuses is None else json.dumps([str(s) for s in statuses]),
+            "limit": limit,
+        }
+        rows = self._conn().execute(Q["job_list"], params).fetchall()
+        return [job_from_row(_convert(row)) for row in rows]
+
+    def job_counts(self) -> dict[JobStatus, int]:
+        rows = self._conn().execute(Q["job_counts"]).fetchall()
+        return {JobStatus(row[0]): int(row[1]) for row in rows}
+
+    def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
+        stamp = now.timestamp()
+        with self._write() as conn:
+            rows = conn.execute(
+                Q["job_claim"], {"host": host, "limit": limit, "now": stamp}
+            ).fetchall()
+            jobs = sorted((job_from_row(_convert(row)) for row in rows),
+                          key=lambda job: (job.priority, job.id))
+            conn.executemany(
+                Q["attempt_insert"],
+                [{"job_id": job.id, "attempt": job.attempt, "host": host, "worker": worker,
+                  "now": stamp} for job in jobs],
+            )
+            detail = json.dumps({"host": host, "worker": worker})
+            conn.executemany(
+                Q["event_insert"],
+                [{"job_id": job.id, "now": stamp, "kind": "claimed", "from_status": "queued",
+                  "to_status": "claimed", "attempt": job.attempt, "detail": detail}
+                 for job in jobs],
+            )
+        return jobs
+
+    def attempt_start(
+        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
+    ) -> bool:
+        stamp = now.timestamp()
+        params = {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
+                  "log_path": log_path, "now": stamp}
+        with self._write() as conn:
+            if conn.execute(Q["attempt_start"], params).fetchone() is None:
+                return False
+            conn.execute(Q["attempt_start_record"], params)
+            _event(conn, token.job_id, stamp, "started", JobStatus.CLAIMED, JobStatus.RUNNING,
+                   token.attempt, {"pid": pid, "log_path": log_path})
+        return True
+
+    def attempt_heartbeat(
+        self, tokens: Sequence[AttemptToken], now: datetime
+    ) -> HeartbeatReply:
+        stamp = now.timestamp()
+        live: set[AttemptToken] = set()
+        cancel: set[AttemptToken] = set()
+        with self._write() as conn:
+            for token in tokens:
+                row = conn.execute(
+                    Q["attempt_heartbeat"],
+                    {"job_id": token.job_id, "attempt": token.attempt, "now": stamp},
+                ).fetchone()
+                if row is not None:
+                    live.add(token)
+                    if row[2]:
+                        cancel.add(token)
+        return HeartbeatReply(frozenset(live), frozenset(cancel))
+
+    def attempt_finish(
+        self, results: Sequence[AttemptResult], now: datetime
+    ) -> list[tuple[AttemptToken, JobStatus]]:
+        stamp = now.timestamp()
+        applied: list[tuple[AttemptToken, JobStatus]] = []
+        with self._write() as conn:
+            for result in results:
+                token = result.token
+                decision = result.decision
+                keys = {"job_id": token.job_id, "attempt": token.attempt}
+                old = conn.execute(Q["attempt_finish_status"], keys).fetchone()
+                row = conn.execute(
+                    Q["attempt_finish"],
+                    {
+                        **keys,
+                        "next_status": str(decision.status),
+                        "exit_code": result.exit_code,
+                        "failure_reason": decision.failure_reason,
+                        "spend_failure": int(decision.spend_failure),
+                        "spend_lost": int(decision.spend_lost),
+                        "available_at": to_epoch(decision.available_at),
+                        "now": stamp,
+                    },
+                ).fetchone()
+                if row is None:
+                    continue
+                conn.execute(
+                    Q["attempt_finish_record"],
+                    {**keys, "exit_code": result.exit_code, "outcome": str(result.outcome),
+                     "now": stamp},
+                )
+                status = JobStatus(row[2])
+                _event(conn, token.job_id, stamp, "finished", JobStatus(old[0]), status,
+                       token.attempt,
+                       {"outcome": str(result.outcome), "exit_code": result.exit_code})
+                applied.append((token, status))
+        return applied
+
+    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
+        stamp = now.timestamp()
+        with self._write() as conn:
+            row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": stamp}).fetchone()
+            if row is None:
+                return None
+            status = JobStatus(row[1])
+            requested = bool(row[3])
+            _event(conn, job_id, stamp, "cancel_requested" if requested else "cancelled",
+                   status if requested else JobStatus.QUEUED, status, row[2], {})
+        return status
+
+    def job_retry(self, job_id: int, now: datetime) -> bool:
+        stamp = now.timestamp()
+        with self._write() as conn:
+            old = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
+            if old is None:
+                return False
+            try:
+                row = conn.execute(Q["job_retry"], {"job_id": job_id, "now": stamp}).fetchone()
+            except sqlite3.IntegrityError as exc:
+                raise _dedup_conflict(old["dedup_key"]) from exc
+            if row is None:
+                return False
+            _event(conn, job_id, stamp, "retried", JobStatus(old["status"]), JobStatus.QUEUED,
+                   row[1], {})
+        return True
+
+    # -- attempts and events ------------------------------------------------------------------
+
+    def attempt_list(self, job_id: int) -> list[Attempt]:
+        rows = self._conn().execute(Q["attempt_list"], {"job_id": job_id}).fetchall()
+        return [attempt_from_row(_convert(row)) for row in rows]
+
+    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
+        rows = self._conn().execute(Q["attempt_list_live"], {"host": host}).fetchall()
+        return [live_attempt_from_row(_convert(row)) for row in rows]
+
+    def event_list(self, job_id: int) -> list[Event]:
+        rows = self._conn().execute(Q["event_list"], {"job_id": job_id}).fetchall()
+        return [event_from_row(_convert(row)) for row in rows]
+
+    def listen(self) -> Waker:
+        return SQLiteWaker(self.path)
+
+
+def _dedup_conflict(dedup_key: str | None) -> InputError:
+    return InputError(
+        "dedup_key",
+        f"another active or done job holds dedup key {dedup_key!r}",
+        "cancel that job first, or submit a new job with --force",
+    )
+
+
+def _event(
+    conn: sqlite3.Connection,
+    job_id: int,
+    stamp: float,
+    kind: str,
+    from_status: JobStatus | None,
+    to_status: JobStatus | None,
+    attempt: int | None,
+    detail: Mapping[str, Any],
+) -> None:
+    conn.execute(
+        Q["event_insert"],
+        {"job_id": job_id, "now": stamp, "kind": kind,
+         "from_status": None if from_status is None else str(from_status),
+         "to_status": None if to_status is None else str(to_status),
+         "attempt": attempt, "detail": json.dumps(dict(detail))},
+    )
+
+
+def _spec_params(spec: JobSpec, stamp: float) -> dict[str, Any]:
+    return {
+        "job_type": spec.job_type,
+        "command": json.dumps(list(spec.command)),
+        "shell": int(spec.shell),
+        "payload": json.dumps(dict(spec.payload)),
+        "priority": spec.priority,
+        "weight": spec.weight,
+        "dedup_key": spec.dedup_key,
+        "affinity": spec.affinity,
+        "available_at": stamp if spec.available_at is None else spec.available_at.timestamp(),
+        "max_attempts": spec.max_attempts,
+        "timeout_seconds": spec.timeout_seconds,
+        "env": json.dumps(dict(spec.env)),
+        "workdir": spec.workdir,
+        "backoff_base_seconds": spec.backoff_base_seconds,
+        "backoff_max_seconds": spec.backoff_max_seconds,
+        "now": stamp,
+    }
+
+
+def _split_statements(sql: str) -> list[str]:
+    statements: list[str] = []
+    buffer = ""
+    for line in sql.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
