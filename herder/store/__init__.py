@@ -22,7 +22,7 @@ def open_store(url: str, migrate: bool = True) -> Store:
     else:
         raise InputError(
             "db",
-            f"unsupported database URL {url.split('://')[0]!r}",
+            f"unsupported database URL {url.split(':', maxsplit=1)[0]!r}",
             "use sqlite:///path/herder.db or postgresql://user@host/db",
         )
     if migrate:

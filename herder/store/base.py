@@ -140,6 +140,10 @@ class Store(abc.ABC):
         """Cancel a queued job, or ask a claimed/running one to stop; None if not active."""
 
     @abc.abstractmethod
+    def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
+        """Current attempts of these jobs whose cancellation was requested (read-only)."""
+
+    @abc.abstractmethod
     def job_retry(self, job_id: int, now: datetime) -> bool:
         """Queue an ended job again with a fresh failure budget."""
 

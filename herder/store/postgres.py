@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -80,8 +80,9 @@ class PostgresStore(Store):
             raise StoreUnavailable(
                 f"cannot connect to {redact_url(url)}: {str(exc).strip()}"
             ) from exc
-        self._pool = ConnectionPool(
+        self._pool: ConnectionPool[psycopg.Connection[DictRow]] = ConnectionPool(
             url,
+            connection_class=psycopg.Connection[DictRow],
             min_size=1,
             max_size=max(1, max_connections),
             kwargs={"autocommit": True, "row_factory": dict_row},
@@ -251,6 +252,13 @@ class PostgresStore(Store):
                 return None
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"cancel:{job_id}"))
         return JobStatus(row["status"])
+
+    def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
+        if not job_ids:
+            return set()
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["job_cancel_requested"], {"job_ids": list(job_ids)}).fetchall()
+        return {AttemptToken(int(row["id"]), int(row["attempt"])) for row in rows}
 
     def job_retry(self, job_id: int, now: datetime) -> bool:
         with self._pool.connection() as conn:

@@ -360,6 +360,14 @@ class SQLiteStore(Store):
                    status if requested else JobStatus.QUEUED, status, row[2], {})
         return status
 
+    def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
+        if not job_ids:
+            return set()
+        rows = self._conn().execute(
+            Q["job_cancel_requested"], {"job_ids": json.dumps(list(job_ids))}
+        ).fetchall()
+        return {AttemptToken(int(row[0]), int(row[1])) for row in rows}
+
     def job_retry(self, job_id: int, now: datetime) -> bool:
         stamp = now.timestamp()
         with self._write() as conn:

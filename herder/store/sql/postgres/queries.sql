@@ -164,7 +164,7 @@ SELECT id, status FROM j;
 WITH j AS (
     UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
         available_at = %(now)s, failure_reason = NULL, finished_at = NULL,
-        cancel_requested = false, updated_at = %(now)s
+        cancel_requested = false, dedup_released = false, updated_at = %(now)s
     WHERE id = %(job_id)s AND status IN ('done', 'failed', 'cancelled')
     RETURNING id, attempt
 ), old AS (
@@ -174,6 +174,10 @@ WITH j AS (
     SELECT j.id, %(now)s, 'retried', old.status, 'queued', j.attempt FROM j, old
 )
 SELECT id FROM j;
+
+-- name: job_cancel_requested
+SELECT id, attempt FROM herder_jobs
+WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;
 
 -- name: attempt_list
 SELECT * FROM herder_attempts WHERE job_id = %(job_id)s ORDER BY attempt;

@@ -116,9 +116,13 @@ RETURNING id, status, attempt, cancel_requested;
 -- name: job_retry
 UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
     available_at = :now, failure_reason = NULL, finished_at = NULL,
-    cancel_requested = 0, updated_at = :now
+    cancel_requested = 0, dedup_released = 0, updated_at = :now
 WHERE id = :job_id AND status IN ('done', 'failed', 'cancelled')
 RETURNING id, attempt;
+
+-- name: job_cancel_requested
+SELECT id, attempt FROM herder_jobs
+WHERE id IN (SELECT value FROM json_each(:job_ids)) AND cancel_requested = 1;
 
 -- name: attempt_list
 SELECT * FROM herder_attempts WHERE job_id = :job_id ORDER BY attempt;

@@ -1,0 +1,129 @@
+"""The Python API: submit, get, list, cancel, retry and wait, as the CLI does them.
+
+    from herder import Client
+
+    with Client("sqlite:///herder.db") as herder:
+        job_id = herder.submit(command=["pytest", "-q"], weight="heavy").job_id
+        job = herder.wait(job_id, timeout=600)
+        print(job.status, job.exit_code)
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from herder.config import Config, load_config
+from herder.errors import NotFound
+from herder.intake import SubmitRequest, resolve
+from herder.model import Attempt, Event, Job, JobStatus
+from herder.store import Store, open_store
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """`created` is False when a job with the same dedup key already held it."""
+
+    job_id: int
+    created: bool
+    status: JobStatus
+
+
+class Client:
+    def __init__(
+        self, db: str | None = None, config: Config | str | Path | None = None
+    ) -> None:
+        self.config = config if isinstance(config, Config) else load_config(config)
+        self.store: Store = open_store(self.config.db_url(db))
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(
+        self,
+        job_type: str | None = None,
+        command: Sequence[str] | None = None,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        priority: int | None = None,
+        weight: str | None = None,
+        dedup_key: str | None = None,
+        force: bool = False,
+        affinity: str | None = None,
+        available_at: datetime | None = None,
+        max_attempts: int | None = None,
+        timeout_seconds: float | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        check_command: bool = True,
+    ) -> Submitted:
+        """Validate and enqueue one job. Raises InputError (naming the field) on bad input."""
+        request = SubmitRequest(
+            job_type=job_type, command=command, payload=payload or {}, priority=priority,
+            weight=weight, dedup_key=dedup_key, affinity=affinity, available_at=available_at,
+            max_attempts=max_attempts, timeout_seconds=timeout_seconds, workdir=workdir,
+            env=env or {}, check_command=check_command,
+        )
+        spec = resolve(self.config, request)
+        result = self.store.job_insert([spec], datetime.now(UTC), force=force)[0]
+        return Submitted(result.job_id, result.created, result.status)
+
+    def get(self, job_id: int) -> Job:
+        job = self.store.job_get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def list(
+        self, status: Sequence[JobStatus] | None = None, limit: int = 100
+    ) -> builtins.list[Job]:
+        return self.store.job_list(status, limit)
+
+    def attempts(self, job_id: int) -> builtins.list[Attempt]:
+        return self.store.attempt_list(job_id)
+
+    def events(self, job_id: int) -> builtins.list[Event]:
+        return self.store.event_list(job_id)
+
+    def cancel(self, job_id: int) -> JobStatus:
+        """Cancel a queued job at once; a claimed or running one is stopped by its runner."""
+        status = self.store.job_cancel(job_id, datetime.now(UTC))
+        if status is None:
+            return self.get(job_id).status
+        return status
+
+    def retry(self, job_id: int) -> bool:
+        """Queue a done, failed or cancelled job again with a fresh failure budget."""
+        self.get(job_id)
+        return self.store.job_retry(job_id, datetime.now(UTC))
+
+    def should_dispatch(self, dedup_key: str) -> tuple[int, JobStatus] | None:
+        """None when no job holds the key; otherwise the holder."""
+        return self.store.job_dedup_holder(dedup_key)
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Job:
+        """Block until the job is done, failed or cancelled (TimeoutError after timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waker = self.store.listen()
+        try:
+            while True:
+                job = self.get(job_id)
+                if job.status.terminal:
+                    return job
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {job_id} is still {job.status}")
+                remaining = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
+                waker.wait(max(remaining, 0.0))
+        finally:
+            waker.close()

@@ -1,0 +1,298 @@
+"""herder.toml → validated settings. Every error names the file, the key and its line."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from herder.errors import ConfigError, InputError
+from herder.urls import DEFAULT_DB
+
+CONFIG_FILE = "herder.toml"
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?"
+                       r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a string like `90s`, `10m`, `2h`, `1h30m`, `250ms`."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 90s, 10m or 2h")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match and any(match.groups()):
+            hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+            return hours * 3600 + minutes * 60 + seconds + millis / 1000
+        try:
+            return parse_duration(float(value))
+        except ValueError:
+            pass
+    raise ValueError(f"{value!r} is not a duration; use e.g. 90s, 10m, 2h or 1h30m")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HerderSection(_Strict):
+    db: str | None = None
+    log_dir: str = "herder-logs"
+    host: str | None = None
+
+
+class RuntimeSection(_Strict):
+    concurrency: int = Field(default=4, ge=1, le=1024)
+    heartbeat_interval: Duration = 10.0
+    attempt_lease: Duration = 60.0
+    kill_grace: Duration = 10.0
+    poll_interval: Duration = 1.0
+    max_lost: int = Field(default=5, ge=1)
+
+    @field_validator("heartbeat_interval", "poll_interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be greater than zero")
+        return value
+
+
+class DefaultsSection(_Strict):
+    priority: int = 100
+    weight: str = "light"
+    max_attempts: int = Field(default=3, ge=1)
+    timeout: Duration | None = None
+    backoff_base: Duration = 10.0
+    backoff_max: Duration = 600.0
+
+
+class JobTypeSection(_Strict):
+    command: list[str] | str
+    shell: bool = False
+    prompt_file: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    export: list[str] = Field(default_factory=list)
+    weight: str | None = None
+    priority: int | None = None
+    timeout: Duration | None = None
+    max_attempts: int | None = Field(default=None, ge=1)
+    backoff_base: Duration | None = None
+    backoff_max: Duration | None = None
+    workdir: str | None = None
+    description: str | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError("the command is empty; give an argv list like [\"aider\", \"--yes\"]")
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("the command is empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0,
+}
+
+
+class Settings(_Strict):
+    herder: HerderSection = HerderSection()
+    runtime: RuntimeSection = RuntimeSection()
+    defaults: DefaultsSection = DefaultsSection()
+    weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    job_types: dict[str, JobTypeSection] = Field(default_factory=dict)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("at least one weight is needed")
+        for name, budget in value.items():
+            if not _NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid weight name")
+            if budget < 0:
+                raise ValueError(f"weight {name!r} has a negative RAM budget")
+        return value
+
+    @field_validator("job_types")
+    @classmethod
+    def _job_types(cls, value: dict[str, JobTypeSection]) -> dict[str, JobTypeSection]:
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid job type name")
+        return value
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated settings plus where they came from (relative paths resolve against it)."""
+
+    settings: Settings
+    path: Path | None
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def resolve_path(self, value: str) -> Path:
+        path = Path(os.path.expanduser(value))
+        return path if path.is_absolute() else (self.base_dir / path)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.resolve_path(self.settings.herder.log_dir)
+
+    def db_url(self, override: str | None = None) -> str:
+        """--db, then HERDER_DB, then the config's [herder] db, then ./herder.db."""
+        url = override or os.environ.get("HERDER_DB") or self.settings.herder.db
+        if url is None:
+            return DEFAULT_DB
+        if not override and not os.environ.get("HERDER_DB") and url.startswith("sqlite:///"):
+            rest = url[len("sqlite:///"):]
+            if not rest.startswith("/"):
+                return "sqlite:///" + str(self.resolve_path(rest))
+        return url
+
+    def check_weight(self, weight: str, field: str = "weight") -> None:
+        if weight not in self.settings.weights:
+            known = ", ".join(sorted(self.settings.weights))
+            raise InputError(field, f"unknown weight {weight!r}", f"use one of: {known}")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load herder.toml from `path`, HERDER_CONFIG or ./herder.toml; defaults if absent."""
+    explicit = path is not None or bool(os.environ.get("HERDER_CONFIG"))
+    candidate = Path(path or os.environ.get("HERDER_CONFIG") or CONFIG_FILE)
+    if not candidate.exists():
+        if explicit:
+            raise ConfigError(str(candidate), "file not found", "run `herder init` to write one")
+        return Config(Settings(), None)
+    text = candidate.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(candidate), f"invalid TOML: {exc}") from exc
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error["loc"]]
+        line = _line_of(text, loc)
+        where = f"{candidate}:{line}" if line else str(candidate)
+        raise ConfigError(f"{where}: {'.'.join(loc)}", _message(error)) from exc
+    config = Config(settings, candidate.resolve())
+    _cross_check(config, text)
+    return config
+
+
+def _message(error: Any) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key; check the spelling against `herder init`'s sample"
+    if kind == "missing":
+        return "required key is missing"
+    return str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+
+
+def _cross_check(config: Config, text: str) -> None:
+    settings = config.settings
+    where = str(config.path)
+    if settings.defaults.weight not in settings.weights:
+        line = _line_of(text, ["defaults", "weight"])
+        raise ConfigError(
+            f"{where}:{line}: defaults.weight",
+            f"unknown weight {settings.defaults.weight!r}",
+            f"define it under [weights] or use one of {sorted(settings.weights)}",
+        )
+    for name, job_type in settings.job_types.items():
+        if job_type.weight is not None and job_type.weight not in settings.weights:
+            line = _line_of(text, ["job_types", name, "weight"])
+            raise ConfigError(
+                f"{where}:{line}: job_types.{name}.weight",
+                f"unknown weight {job_type.weight!r}",
+                f"define it under [weights] or use one of {sorted(settings.weights)}",
+            )
+        if job_type.shell != isinstance(job_type.command, str):
+            line = _line_of(text, ["job_types", name, "command"])
+            raise ConfigError(
+                f"{where}:{line}: job_types.{name}.command",
+                "shell = true needs a command string; otherwise the command is an argv list",
+                "write command = [\"prog\", \"arg\"], or set shell = true with a string",
+            )
+        if job_type.prompt_file is not None:
+            prompt = config.resolve_path(job_type.prompt_file)
+            if not prompt.is_file():
+                line = _line_of(text, ["job_types", name, "prompt_file"])
+                raise ConfigError(
+                    f"{where}:{line}: job_types.{name}.prompt_file",
+                    f"{prompt} does not exist",
+                    "create the file or fix the path (relative to herder.toml)",
+                )
+
+
+def _line_of(text: str, loc: list[str]) -> int | None:
+    """Best-effort line number of a dotted key: find its table header, then the key."""
+    lines = text.splitlines()
+    for split in range(len(loc), 0, -1):
+        table, keys = loc[:split], loc[split:]
+        header = _find_header(lines, table)
+        if header is None:
+            continue
+        if not keys:
+            return header + 1
+        key = keys[0]
+        pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+        for index in range(header + 1, len(lines)):
+            if lines[index].lstrip().startswith("["):
+                break
+            if pattern.match(lines[index]):
+                return index + 1
+        return header + 1
+    if loc:
+        pattern = re.compile(rf"^\s*[\"']?{re.escape(loc[0])}[\"']?\s*=")
+        for index, line in enumerate(lines):
+            if line.lstrip().startswith("["):
+                break
+            if pattern.match(line):
+                return index + 1
+    return None
+
+
+def _find_header(lines: list[str], table: list[str]) -> int | None:
+    wanted = ".".join(table)
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            name = stripped.strip("[]").split("#")[0].strip()
+            name = ".".join(part.strip().strip("\"'") for part in name.split("."))
+            if name == wanted:
+                return index
+    return None
+
+
+def sample_config() -> str:
+    """The commented herder.toml that `herder init` writes."""
+    return resources.files("herder").joinpath("sample.toml").read_text()

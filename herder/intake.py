@@ -1,0 +1,258 @@
+"""Turn a submit request (job type or ad-hoc argv, payload, overrides) into a JobSpec.
+
+All validation of a new job happens here, before the store is touched, so a bad submit
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from herder.config import Config, JobTypeSection
+from herder.errors import InputError
+from herder.model import JobSpec
+
+ADHOC = "adhoc"
+_FORMATTER = string.Formatter()
+_BUILTINS = frozenset({"prompt", "prompt_file", "job_type"})
+MAX_PAYLOAD_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What a caller asks for; None means "take the job type's or the config's default"."""
+
+    job_type: str | None = None
+    command: Sequence[str] | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    weight: str | None = None
+    dedup_key: str | None = None
+    affinity: str | None = None
+    available_at: datetime | None = None
+    max_attempts: int | None = None
+    timeout_seconds: float | None = None
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    check_command: bool = True
+
+
+def parse_payload(text: str) -> dict[str, Any]:
+    """A JSON object from --payload."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            "payload", f"not valid JSON ({exc.msg} at column {exc.colno})",
+            "pass a JSON object, e.g. --payload '{\"issue\": 42}'",
+        ) from exc
+    if not isinstance(value, dict):
+        raise InputError("payload", "must be a JSON object", "wrap values in {...}")
+    return value
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs from -p; a value that parses as JSON keeps its type (42, true)."""
+    payload: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError("-p", f"{item!r} is not key=value", "write -p issue=42")
+        try:
+            value: Any = json.loads(raw)
+            if isinstance(value, dict | list):
+                value = raw if raw.strip()[:1] not in "[{" else value
+        except json.JSONDecodeError:
+            value = raw
+        payload[key.strip()] = value
+    return payload
+
+
+def resolve(config: Config, request: SubmitRequest) -> JobSpec:
+    """Validate a request against the config and render its command, env and workdir."""
+    settings = config.settings
+    defaults = settings.defaults
+    payload = dict(request.payload)
+    _check_payload(payload)
+    job_type: JobTypeSection | None = None
+    if request.job_type is not None and request.job_type != ADHOC:
+        job_type = settings.job_types.get(request.job_type)
+        if job_type is None:
+            known = ", ".join(sorted(settings.job_types)) or "none defined in herder.toml"
+            raise InputError(
+                "job_type", f"unknown job type {request.job_type!r}",
+                f"use one of: {known}; or submit an ad-hoc command after --",
+            )
+        if request.command:
+            raise InputError(
+                "command", "a job type already names its command",
+                "drop the arguments after --, or drop the job type",
+            )
+    elif not request.command:
+        raise InputError(
+            "command", "nothing to run", "name a job type, or give a command after --"
+        )
+
+    context: dict[str, Any] = dict(payload)
+    context["job_type"] = request.job_type or ADHOC
+    shell = False
+    if job_type is not None:
+        if job_type.prompt_file is not None:
+            prompt_path = config.resolve_path(job_type.prompt_file)
+            try:
+                context["prompt"] = prompt_path.read_text()
+            except OSError as exc:
+                raise InputError(
+                    f"job_types.{request.job_type}.prompt_file", f"cannot read {prompt_path}",
+                    "fix the path in herder.toml",
+                ) from exc
+            context["prompt_file"] = str(prompt_path)
+        shell = job_type.shell
+        where = f"job_types.{request.job_type}"
+        if isinstance(job_type.command, str):
+            quoted = {key: shlex.quote(_text(value)) for key, value in context.items()
+                      if key not in _BUILTINS}
+            quoted.update({key: context[key] for key in _BUILTINS if key in context})
+            script = render(job_type.command, quoted, f"{where}.command")
+            command: tuple[str, ...] = ("/bin/sh", "-c", script)
+        else:
+            command = tuple(render(part, context, f"{where}.command")
+                            for part in job_type.command)
+        env = {name: render(value, context, f"{where}.env.{name}")
+               for name, value in job_type.env.items()}
+        for key in job_type.export:
+            if key not in payload:
+                raise InputError(
+                    f"payload.{key}", f"job type {request.job_type!r} exports payload field "
+                    f"{key!r}, which is missing", f"pass -p {key}=...",
+                )
+            env[f"HERDER_PAYLOAD_{key.upper()}"] = _text(payload[key])
+        workdir_template = job_type.workdir
+    else:
+        command = tuple(request.command or ())
+        env = {}
+        workdir_template = None
+    env.update(request.env)
+
+    weight = request.weight or (job_type.weight if job_type else None) or defaults.weight
+    config.check_weight(weight)
+    priority = _first(request.priority, job_type.priority if job_type else None,
+                      defaults.priority)
+    max_attempts = _first(request.max_attempts, job_type.max_attempts if job_type else None,
+                          defaults.max_attempts)
+    if max_attempts < 1:
+        raise InputError("max_attempts", "must be at least 1", "pass --max-attempts 1 or more")
+    timeout = _first_optional(request.timeout_seconds, job_type.timeout if job_type else None,
+                              defaults.timeout)
+    if timeout is not None and timeout <= 0:
+        raise InputError("timeout", "must be greater than zero", "pass e.g. --timeout 30m")
+    backoff_base = _first(job_type.backoff_base if job_type else None, defaults.backoff_base)
+    backoff_max = _first(job_type.backoff_max if job_type else None, defaults.backoff_max)
+
+    if request.workdir is not None:
+        workdir = request.workdir
+    elif workdir_template is not None:
+        workdir = render(workdir_template, context, f"job_types.{request.job_type}.workdir")
+    else:
+        workdir = os.getcwd()
+    workdir = str(Path(os.path.expanduser(workdir)).resolve())
+    if request.check_command:
+        if not os.path.isdir(workdir):
+            raise InputError("workdir", f"{workdir} is not a directory",
+                             "create it or pass --workdir")
+        _check_executable(command[0], workdir, env)
+    if request.dedup_key is not None and not request.dedup_key.strip():
+        raise InputError("dedup_key", "is empty", "pass a non-empty key or leave it out")
+
+    return JobSpec(
+        command=command,
+        job_type=request.job_type or ADHOC,
+        shell=shell,
+        payload=payload,
+        priority=priority,
+        weight=weight,
+        dedup_key=request.dedup_key,
+        affinity=request.affinity,
+        available_at=request.available_at,
+        max_attempts=max_attempts,
+        timeout_seconds=timeout,
+        env=env,
+        workdir=workdir,
+        backoff_base_seconds=backoff_base,
+        backoff_max_seconds=backoff_max,
+    )
+
+
+def render(template: str, context: Mapping[str, Any], where: str) -> str:
+    """Fill {name} placeholders; only plain names, so a payload cannot reach attributes."""
+    out: list[str] = []
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        raise InputError(where, f"bad template {template!r}: {exc}",
+                         "escape literal braces as {{ and }}") from exc
+    for literal, name, spec, conversion in parsed:
+        out.append(literal)
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise InputError(where, f"placeholder {{{name}}} is not a plain name",
+                             "use {field} with a payload field name")
+        if name not in context:
+            raise InputError(
+                f"payload.{name}", f"{where} needs payload field {name!r}",
+                f"pass -p {name}=... or --payload '{{\"{name}\": ...}}'",
+            )
+        out.append(_text(context[name]))
+    return "".join(out)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _first(*values: Any) -> Any:
+    for value in values:
+        if value is not None:
+            return value
+    raise AssertionError("a default is always present")
+
+
+def _first_optional(*values: float | None) -> float | None:
+    for value in values:
+        if value is not None:
+            return value
+    return None
+
+
+def _check_payload(payload: Mapping[str, Any]) -> None:
+    try:
+        encoded = json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise InputError("payload", f"not JSON-serialisable: {exc}") from exc
+    if len(encoded) > MAX_PAYLOAD_BYTES:
+        raise InputError("payload", f"is {len(encoded)} bytes", "keep it under 1 MB")
+
+
+def _check_executable(program: str, workdir: str, env: Mapping[str, str]) -> None:
+    if "/" in program:
+        path = program if os.path.isabs(program) else os.path.join(workdir, program)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise InputError("command", f"{program!r} is not an executable file",
+                             "check the path, or chmod +x it")
+        return
+    search = env.get("PATH", os.environ.get("PATH", os.defpath))
+    if shutil.which(program, path=search) is None:
+        raise InputError("command", f"{program!r} was not found on PATH",
+                         "install it or give its full path")

@@ -1,0 +1,150 @@
+"""Start and stop one attempt's process tree: own session, own log file, job environment."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from herder.model import AttemptToken, Job, Outcome
+from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
+
+
+def attempt_marker(token: AttemptToken, worker: str) -> str:
+    """Globally unique per attempt: the worker id (host/pid/start time) makes it so even
+    when several herder databases on one machine reuse job ids."""
+    return f"{token}@{worker}"
+
+
+def log_path_for(log_dir: Path, token: AttemptToken) -> Path:
+    return log_dir / str(token.job_id) / f"{token.attempt}.log"
+
+
+def job_environment(job: Job, host: str, marker: str, log_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(job.env)
+    env.update(
+        {
+            "HERDER_JOB_ID": str(job.id),
+            "HERDER_ATTEMPT": str(job.attempt),
+            "HERDER_JOB_TYPE": job.job_type,
+            "HERDER_WEIGHT": job.weight,
+            "HERDER_HOST": host,
+            "HERDER_LOG": str(log_path),
+            "HERDER_PAYLOAD": json.dumps(dict(job.payload)),
+            TOKEN_VARIABLE: marker,
+        }
+    )
+    return env
+
+
+class LaunchError(Exception):
+    """The process could not be started (missing program, bad workdir, permissions)."""
+
+
+@dataclass
+class RunningAttempt:
+    """An attempt this runner supervises. Mutable: it moves through stop stages."""
+
+    job: Job
+    marker: str
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    started: float
+    deadline: float | None
+    grace: float
+    stop_outcome: Outcome | None = None
+    kill_at: float | None = None
+    killed: bool = False
+    returncode: int | None = None
+
+    @property
+    def token(self) -> AttemptToken:
+        return self.job.token
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid  # start_new_session makes the child its group's leader
+
+    def request_stop(self, outcome: Outcome, now: float, grace: float | None = None) -> None:
+        """SIGTERM the tree now; `poll` escalates to SIGKILL after the grace period."""
+        if self.stop_outcome is None:
+            self.stop_outcome = outcome
+        if self.kill_at is None:
+            self.kill_at = now + (self.grace if grace is None else grace)
+            signal_tree(self.pgid, self.marker, signal.SIGTERM)
+
+    def kill(self) -> None:
+        signal_tree(self.pgid, self.marker, signal.SIGKILL)
+        self.killed = True
+
+    def poll(self, now: float) -> bool:
+        """Advance timeouts and kills; True once the whole tree is gone."""
+        if self.returncode is None:
+            self.returncode = self.process.poll()
+        if self.deadline is not None and now >= self.deadline and self.stop_outcome is None:
+            self.request_stop(Outcome.TIMEOUT, now)
+        if self.kill_at is not None and now >= self.kill_at and not self.killed:
+            self.kill()
+        if self.returncode is None:
+            return False
+        # The leader has exited. Stragglers in the group (or carrying the marker) must not
+        # outlive the attempt: after a stop request they get the rest of the grace period,
+        # otherwise they are killed at once.
+        if self.stop_outcome is None or self.killed or (
+            self.kill_at is not None and now >= self.kill_at
+        ):
+            if tree_alive(self.pgid, self.marker):
+                self.kill()
+                return not tree_alive(self.pgid, self.marker)
+            return True
+        return not tree_alive(self.pgid, self.marker)
+
+    def outcome(self) -> Outcome:
+        if self.stop_outcome is not None:
+            return self.stop_outcome
+        return Outcome.OK if self.returncode == 0 else Outcome.FAILED
+
+
+def spawn(
+    job: Job, host: str, worker: str, log_dir: Path, kill_grace: float
+) -> RunningAttempt:
+    """Start the job's command in a new session with its log file; raise LaunchError."""
+    token = job.token
+    marker = attempt_marker(token, worker)
+    log_path = log_path_for(log_dir, token)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = job_environment(job, host, marker, log_path)
+    with open(log_path, "ab") as log:
+        header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
+                  f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
+                  f"# herder: argv {json.dumps(list(job.command))} in {job.workdir}\n")
+        log.write(header.encode())
+        log.flush()
+        try:
+            process = subprocess.Popen(
+                list(job.command),
+                cwd=job.workdir or None,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            log.write(f"# herder: launch failed: {exc}\n".encode())
+            raise LaunchError(str(exc)) from exc
+    now = time.monotonic()
+    deadline = now + job.timeout_seconds if job.timeout_seconds else None
+    return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace)
+
+
+def append_log(path: Path, line: str) -> None:
+    with contextlib.suppress(OSError), open(path, "ab") as log:
+        log.write(f"# herder: {line}\n".encode())

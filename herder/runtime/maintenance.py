@@ -1,0 +1,114 @@
+"""Maintenance services: each is a `run_once(now)` returning counts, looped by the runner.
+
+The rescuer finds attempts whose runner is gone and hands their jobs back to the queue.
+An attempt is *orphaned* when its runner was on this host and that process no longer
+exists (a restart after kill -9 finds these at once); it is *stale* when its heartbeat is
+older than the lease, wherever it ran. Orphans' surviving processes are killed before the
+job is requeued, so no two attempts of a job ever run at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from herder.model import AttemptResult, Outcome
+from herder.runtime.executor import attempt_marker
+from herder.runtime.process import kill_tree, process_alive
+from herder.scheduling.policy import RetryState, decide
+from herder.store import LiveAttempt, Store
+
+log = logging.getLogger("herder.maintenance")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerId:
+    """A runner process: host label, pid and kernel start time (pids get reused)."""
+
+    host: str
+    pid: int
+    start_time: int
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.pid}/{self.start_time}"
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerId | None:
+        parts = text.rsplit("/", 2)
+        if len(parts) != 3:
+            return None
+        try:
+            return cls(parts[0], int(parts[1]), int(parts[2]))
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Rescue:
+    live: LiveAttempt
+    reason: str  # "orphaned" or "stale"
+
+
+def rescue_plan(
+    live: Iterable[LiveAttempt],
+    now: datetime,
+    lease_seconds: float,
+    host: str,
+    worker_alive: Callable[[WorkerId], bool],
+) -> list[Rescue]:
+    """Which live attempts to declare lost, and why. Pure but for the liveness probe."""
+    plan: list[Rescue] = []
+    cutoff = now - timedelta(seconds=lease_seconds)
+    for item in live:
+        attempt = item.attempt
+        worker = WorkerId.parse(attempt.worker)
+        if attempt.host == host and worker is not None and worker.host == host:
+            if not worker_alive(worker):
+                plan.append(Rescue(item, "orphaned"))
+            continue  # a live local runner speaks for its own attempts
+        if attempt.heartbeat_at < cutoff:
+            plan.append(Rescue(item, "stale"))
+    return plan
+
+
+def local_worker_alive(worker: WorkerId) -> bool:
+    return process_alive(worker.pid, worker.start_time)
+
+
+class Rescuer:
+    def __init__(
+        self, store: Store, host: str, lease_seconds: float, kill_grace: float, max_lost: int
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.lease_seconds = lease_seconds
+        self.kill_grace = kill_grace
+        self.max_lost = max_lost
+
+    def run_once(self, now: datetime) -> dict[str, int]:
+        plan = rescue_plan(
+            self.store.attempt_list_live(), now, self.lease_seconds, self.host,
+            local_worker_alive,
+        )
+        counts = {"orphaned": 0, "stale": 0, "requeued": 0, "failed": 0}
+        results: list[AttemptResult] = []
+        for rescue in plan:
+            attempt = rescue.live.attempt
+            # An orphan's survivors die first: the job may only run again once they are gone.
+            if rescue.reason == "orphaned" and not kill_tree(
+                None, attempt_marker(attempt.token, attempt.worker), self.kill_grace
+            ):
+                log.error("attempt %s: survivors would not die; not requeued", attempt.token)
+                continue
+            counts[rescue.reason] += 1
+            state = RetryState(rescue.live.failures, rescue.live.lost, rescue.live.max_attempts,
+                               rescue.live.backoff_base_seconds, rescue.live.backoff_max_seconds)
+            decision = decide(Outcome.LOST, state, now, self.max_lost)
+            results.append(AttemptResult(attempt.token, Outcome.LOST, None, decision))
+            log.warning("attempt %s on %s is %s; declared lost", attempt.token, attempt.host,
+                        rescue.reason)
+        for _token, status in self.store.attempt_finish(results, now):
+            counts["requeued" if status.active else "failed"] += 1
+        return counts

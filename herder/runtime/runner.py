@@ -1,0 +1,218 @@
+"""`herder up`: claim jobs, run them under supervision, report, and rescue orphans.
+
+One thread, one loop. Each turn it reaps ended processes, enforces timeouts and kills,
+claims work while slots are free, heartbeats, and runs maintenance; then it waits on the
+store's waker (NOTIFY on PostgreSQL, `data_version` on SQLite) so a submitted job starts
+within milliseconds without a busy poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+from herder.model import AttemptResult, Job, Outcome
+from herder.runtime.executor import LaunchError, RunningAttempt, append_log, spawn
+from herder.runtime.maintenance import Rescuer, WorkerId
+from herder.runtime.process import process_start_time
+from herder.scheduling.policy import RetryState, decide
+from herder.store import Store
+
+log = logging.getLogger("herder.runner")
+
+BUSY_TICK = 0.02
+CANCEL_CHECK_PERIOD = 0.05
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def default_host() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    host: str
+    log_dir: Path
+    concurrency: int = 4
+    heartbeat_interval: float = 10.0
+    attempt_lease: float = 60.0
+    kill_grace: float = 10.0
+    poll_interval: float = 1.0
+    max_lost: int = 5
+    exit_when_idle: bool = False
+
+
+class Runner:
+    def __init__(
+        self, store: Store, options: RunnerOptions, clock: Callable[[], datetime] = utcnow
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.clock = clock
+        pid = os.getpid()
+        self.worker = str(WorkerId(options.host, pid, process_start_time(pid) or 0))
+        self.running: dict[int, RunningAttempt] = {}
+        self.rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
+                               options.max_lost)
+        self._stopping = 0
+        self._next_heartbeat = 0.0
+        self._next_maintenance = 0.0
+        self._next_cancel_check = 0.0
+        self._next_claim = 0.0
+        self.started = 0
+        self.finished = 0
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def request_shutdown(self, *_args: object) -> None:
+        """First request: stop claiming, stop running attempts gracefully (they are
+        requeued). A second request kills them at once."""
+        self._stopping += 1
+
+    def _install_signals(self) -> None:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %s: shutting down", signal.Signals(signum).name)
+            self.request_shutdown()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self, install_signals: bool = True) -> int:
+        if install_signals:
+            self._install_signals()
+        counts = self.rescuer.run_once(self.clock())
+        if counts["orphaned"] or counts["stale"]:
+            log.warning("recovered attempts at start: %s", counts)
+        self.options.log_dir.mkdir(parents=True, exist_ok=True)
+        waker = self.store.listen()
+        log.info("runner %s up: concurrency %d", self.worker, self.options.concurrency)
+        try:
+            while True:
+                woke = self._turn()
+                if woke is None:
+                    return 0
+                timeout = BUSY_TICK if self.running else self.options.poll_interval
+                if waker.wait(timeout):
+                    self._next_claim = 0.0
+                    self._next_cancel_check = 0.0
+        finally:
+            waker.close()
+
+    def _turn(self) -> bool | None:
+        """One pass; None when the runner should exit."""
+        mono = time.monotonic()
+        self._reap(mono)
+        if self._stopping:
+            self._stop_all(mono, Outcome.LOST)
+            if not self.running:
+                return None
+            return True
+        if self.running and mono >= self._next_cancel_check:
+            self._next_cancel_check = mono + CANCEL_CHECK_PERIOD
+            self._check_cancels(mono)
+        free = self.options.concurrency - len(self.running)
+        claimed_none = False
+        if free > 0 and mono >= self._next_claim:
+            claimed = self._claim(free)
+            claimed_none = not claimed
+            self._next_claim = mono + self.options.poll_interval if claimed_none else 0.0
+        if self.running and mono >= self._next_heartbeat:
+            self._heartbeat(mono)
+        if mono >= self._next_maintenance:
+            self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
+            self.rescuer.run_once(self.clock())
+        if self.options.exit_when_idle and claimed_none and not self.running:
+            counts = self.store.job_counts()
+            if not any(counts.values()):
+                log.info("nothing queued, claimed or running: exiting")
+                return None
+        return True
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _claim(self, free: int) -> list[Job]:
+        jobs = self.store.job_claim(self.options.host, self.worker, free, self.clock())
+        for job in jobs:
+            self._start(job)
+        return jobs
+
+    def _start(self, job: Job) -> None:
+        try:
+            attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
+                            self.options.kill_grace)
+        except LaunchError as exc:
+            log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
+            self._finish(job, Outcome.LAUNCH_FAILED, None)
+            return
+        if not self.store.attempt_start(job.token, attempt.process.pid, str(attempt.log_path),
+                                        self.clock()):
+            # Fenced out between claim and start (declared lost meanwhile): never run it.
+            attempt.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
+            attempt.kill()
+            append_log(attempt.log_path, "attempt was fenced out before it started; killed")
+        self.running[job.id] = attempt
+        self.started += 1
+        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid)
+
+    def _reap(self, mono: float) -> None:
+        for job_id, attempt in list(self.running.items()):
+            if attempt.poll(mono):
+                del self.running[job_id]
+                outcome = attempt.outcome()
+                elapsed = mono - attempt.started
+                append_log(attempt.log_path, f"exit {attempt.returncode} after {elapsed:.1f}s "
+                                             f"({outcome})")
+                self._finish(attempt.job, outcome, attempt.returncode)
+
+    def _finish(self, job: Job, outcome: Outcome, exit_code: int | None) -> None:
+        now = self.clock()
+        state = RetryState(job.failures, job.lost, job.max_attempts, job.backoff_base_seconds,
+                           job.backoff_max_seconds)
+        decision = decide(outcome, state, now, self.options.max_lost)
+        applied = self.store.attempt_finish(
+            [AttemptResult(job.token, outcome, exit_code, decision)], now
+        )
+        self.finished += 1
+        if applied:
+            log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, outcome, applied[0][1])
+        else:
+            log.warning("job %d attempt %d: result rejected (fenced out)", job.id, job.attempt)
+
+    def _check_cancels(self, mono: float) -> None:
+        wanted = self.store.job_cancel_requested(list(self.running))
+        for token in wanted:
+            attempt = self.running.get(token.job_id)
+            if attempt is not None and attempt.token == token:
+                log.info("job %d: cancel requested", token.job_id)
+                attempt.request_stop(Outcome.CANCELLED, mono)
+
+    def _heartbeat(self, mono: float) -> None:
+        self._next_heartbeat = mono + self.options.heartbeat_interval
+        tokens = [attempt.token for attempt in self.running.values()]
+        reply = self.store.attempt_heartbeat(tokens, self.clock())
+        for attempt in self.running.values():
+            if attempt.token not in reply.live:
+                log.warning("job %d attempt %d was fenced out: stopping it", attempt.job.id,
+                            attempt.job.attempt)
+                attempt.request_stop(Outcome.LOST, mono)
+            elif attempt.token in reply.cancel:
+                attempt.request_stop(Outcome.CANCELLED, mono)
+
+    def _stop_all(self, mono: float, outcome: Outcome) -> None:
+        for attempt in self.running.values():
+            attempt.request_stop(outcome, mono)
+            if self._stopping > 1 and not attempt.killed:
+                attempt.kill()

@@ -1,0 +1,673 @@
+"""The Store contract, run against every backend through the parametrized `store` fixture.
+
+Time is an argument of every store method: tests pass an explicit clock and never sleep.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from herder.errors import InputError
+from herder.model import (
+    AttemptResult,
+    AttemptToken,
+    Decision,
+    Event,
+    Job,
+    JobSpec,
+    JobStatus,
+    Outcome,
+)
+from herder.scheduling.policy import RetryState, decide
+from herder.store import Store, open_store
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    """The test clock: `seconds` after T0."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def spec(**fields) -> JobSpec:
+    fields.setdefault("command", ("true",))
+    return JobSpec(**fields)
+
+
+def submit(store: Store, *specs: JobSpec, now: datetime = T0) -> list[int]:
+    """Insert specs that must all be created; their ids in order."""
+    results = store.job_insert(specs or [spec()], now)
+    assert all(r.created for r in results), results
+    return [r.job_id for r in results]
+
+
+def claim_one(store: Store, now: datetime = T0, host: str = "h1", worker: str = "w1") -> Job:
+    jobs = store.job_claim(host, worker, 1, now)
+    assert len(jobs) == 1, jobs
+    return jobs[0]
+
+
+def decision_for(store: Store, job_id: int, outcome: Outcome, now: datetime) -> Decision:
+    """What the policy decides for the job's current counters."""
+    job = store.job_get(job_id)
+    assert job is not None
+    state = RetryState(
+        job.failures, job.lost, job.max_attempts, job.backoff_base_seconds,
+        job.backoff_max_seconds,
+    )
+    return decide(outcome, state, now)
+
+
+def finish(
+    store: Store,
+    token: AttemptToken,
+    outcome: Outcome,
+    now: datetime,
+    exit_code: int | None = None,
+) -> list[tuple[AttemptToken, JobStatus]]:
+    decision = decision_for(store, token.job_id, outcome, now)
+    return store.attempt_finish([AttemptResult(token, outcome, exit_code, decision)], now)
+
+
+def get(store: Store, job_id: int) -> Job:
+    job = store.job_get(job_id)
+    assert job is not None
+    return job
+
+
+def snapshot(store: Store, job_id: int) -> tuple[Job, list, list[Event]]:
+    return get(store, job_id), store.attempt_list(job_id), store.event_list(job_id)
+
+
+# -- schema ---------------------------------------------------------------------------------
+
+
+def test_migrate_from_blank_is_idempotent(blank_store_url):
+    with open_store(blank_store_url, migrate=False) as store:
+        assert store.schema_version() == 0
+        assert store.migrate() == [1]
+        assert store.schema_version() == 1
+        assert store.migrate() == []
+        assert store.schema_version() == 1
+        submit(store)
+    with open_store(blank_store_url) as again:  # a second opener migrates nothing
+        assert again.schema_version() == 1
+        assert again.migrate() == []
+        assert len(again.job_list()) == 1, "re-migrating must keep the data"
+
+
+def test_migrated_store_reports_version_1(store):
+    assert store.schema_version() == 1
+    assert store.migrate() == []
+
+
+# -- insert ---------------------------------------------------------------------------------
+
+
+def test_insert_returns_ids_in_order(store):
+    results = store.job_insert([spec(command=(f"job{i}",)) for i in range(5)], T0)
+    ids = [r.job_id for r in results]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    assert all(r.created and r.status is JobStatus.QUEUED for r in results)
+    assert [get(store, i).command for i in ids] == [(f"job{i}",) for i in range(5)]
+    more = submit(store, spec())
+    assert more[0] > ids[-1]
+
+
+def test_insert_round_trips_every_field(store):
+    submitted = spec(
+        command=("echo", "hi there"), job_type="build", shell=True,
+        payload={"a": [1, 2], "b": {"c": None}}, priority=7, weight="heavy",
+        dedup_key="k1", affinity="h1", available_at=at(5), max_attempts=4,
+        timeout_seconds=12.5, env={"X": "1"}, workdir="/tmp/w",
+        backoff_base_seconds=2.0, backoff_max_seconds=30.0,
+    )
+    [job_id] = submit(store, submitted)
+    job = get(store, job_id)
+    for name in JobSpec.__slots__:
+        assert getattr(job, name) == getattr(submitted, name), name
+    assert job.status is JobStatus.QUEUED
+    assert (job.attempt, job.failures, job.lost) == (0, 0, 0)
+    assert job.host is None and job.exit_code is None and job.failure_reason is None
+    assert job.cancel_requested is False
+    assert job.created_at == T0 and job.updated_at == T0
+    assert job.claimed_at is None and job.started_at is None and job.finished_at is None
+    assert store.job_get(job_id + 1000) is None
+
+
+def test_insert_without_available_at_is_due_at_submit_time(store):
+    [job_id] = submit(store, spec(), now=at(3))
+    assert get(store, job_id).available_at == at(3)
+    assert store.job_claim("h1", "w1", 1, at(2.999)) == []
+    assert claim_one(store, at(3)).id == job_id
+
+
+# -- claim ----------------------------------------------------------------------------------
+
+
+def test_claim_takes_lowest_priority_first_then_enqueue_order(store):
+    priorities = [50, 10, 100, 10, 50, 10]
+    ids = submit(store, *(spec(priority=p) for p in priorities))
+    expected = [i for _, i in sorted(zip(priorities, ids, strict=True))]
+    one_by_one = [claim_one(store).id for _ in ids]
+    assert one_by_one == expected
+    assert store.job_claim("h1", "w1", 1, T0) == []
+
+
+def test_claim_batch_is_ordered_and_limited(store):
+    priorities = [50, 10, 100, 10, 50, 10]
+    ids = submit(store, *(spec(priority=p) for p in priorities))
+    expected = [i for _, i in sorted(zip(priorities, ids, strict=True))]
+    first = store.job_claim("h1", "w1", 4, T0)
+    assert [j.id for j in first] == expected[:4]
+    rest = store.job_claim("h1", "w1", 10, T0)
+    assert [j.id for j in rest] == expected[4:]
+
+
+def test_future_available_at_is_not_claimed_until_due(store):
+    [later] = submit(store, spec(available_at=at(60), priority=1))
+    [now_job] = submit(store, spec(priority=100))
+    assert [j.id for j in store.job_claim("h1", "w1", 10, T0)] == [now_job]
+    assert store.job_claim("h1", "w1", 10, at(59.5)) == []
+    assert get(store, later).status is JobStatus.QUEUED
+    assert [j.id for j in store.job_claim("h1", "w1", 10, at(60))] == [later]
+
+
+def test_affinity_restricts_claim_to_that_host(store):
+    [pinned] = submit(store, spec(affinity="h2", priority=1))
+    [free] = submit(store, spec(priority=2))
+    assert [j.id for j in store.job_claim("h1", "w1", 10, T0)] == [free]
+    assert store.job_claim("h1", "w1", 10, T0) == []
+    claimed = store.job_claim("h2", "w9", 10, T0)
+    assert [j.id for j in claimed] == [pinned]
+    assert claimed[0].host == "h2"
+
+
+def test_claim_creates_attempt_and_event(store):
+    [job_id] = submit(store)
+    job = claim_one(store, at(1), host="h1", worker="w7")
+    assert job.id == job_id
+    assert job.status is JobStatus.CLAIMED and job.attempt == 1
+    assert job.host == "h1" and job.claimed_at == at(1) and job.updated_at == at(1)
+    assert job == get(store, job_id), "the claim returns the row as stored"
+
+    [attempt] = store.attempt_list(job_id)
+    assert attempt.token == AttemptToken(job_id, 1)
+    assert (attempt.host, attempt.worker) == ("h1", "w7")
+    assert attempt.claimed_at == at(1) and attempt.heartbeat_at == at(1)
+    assert attempt.pid is None and attempt.started_at is None
+    assert attempt.ended_at is None and attempt.outcome is None and attempt.exit_code is None
+
+    submitted, claimed = store.event_list(job_id)
+    assert (submitted.kind, submitted.from_status, submitted.to_status) == (
+        "submitted", None, JobStatus.QUEUED)
+    assert (claimed.kind, claimed.from_status, claimed.to_status, claimed.attempt) == (
+        "claimed", JobStatus.QUEUED, JobStatus.CLAIMED, 1)
+    assert claimed.at == at(1)
+    assert claimed.detail == {"host": "h1", "worker": "w7"}
+
+
+def test_attempt_start_moves_claimed_to_running_once(store):
+    [job_id] = submit(store)
+    job = claim_one(store)
+    assert store.attempt_start(job.token, 4242, "/logs/1.log", at(2)) is True
+    running = get(store, job_id)
+    assert running.status is JobStatus.RUNNING and running.started_at == at(2)
+    [attempt] = store.attempt_list(job_id)
+    assert (attempt.pid, attempt.log_path) == (4242, "/logs/1.log")
+    assert attempt.started_at == at(2) and attempt.heartbeat_at == at(2)
+    started = store.event_list(job_id)[-1]
+    assert (started.kind, started.from_status, started.to_status, started.attempt) == (
+        "started", JobStatus.CLAIMED, JobStatus.RUNNING, 1)
+    assert started.detail == {"pid": 4242, "log_path": "/logs/1.log"}
+
+    before = snapshot(store, job_id)
+    assert store.attempt_start(job.token, 999, None, at(3)) is False
+    assert snapshot(store, job_id) == before
+
+
+def test_heartbeat_reports_live_and_cancel_sets(store):
+    a_id, b_id = submit(store, spec(), spec())
+    a, b = store.job_claim("h1", "w1", 2, T0)
+    assert store.attempt_start(a.token, 1, None, at(1))
+    assert store.job_cancel(b_id, at(2)) is JobStatus.CLAIMED
+    stranger = AttemptToken(a_id + b_id + 100, 1)
+    wrong_attempt = AttemptToken(a_id, 2)
+
+    reply = store.attempt_heartbeat([a.token, b.token, stranger, wrong_attempt], at(5))
+    assert reply.live == {a.token, b.token}
+    assert reply.cancel == {b.token}
+    assert [x.heartbeat_at for x in store.attempt_list(a_id)] == [at(5)]
+    assert [x.heartbeat_at for x in store.attempt_list(b_id)] == [at(5)]
+
+    empty = store.attempt_heartbeat([], at(6))
+    assert empty.live == frozenset() and empty.cancel == frozenset()
+
+
+def test_attempt_list_live_lists_unended_attempts(store):
+    a_id, b_id, c_id = submit(store, spec(), spec(affinity="h2"), spec())
+    a = claim_one(store, host="h1")
+    b = claim_one(store, host="h2")
+    assert {x.attempt.token for x in store.attempt_list_live()} == {a.token, b.token}
+    [live_b] = store.attempt_list_live("h2")
+    assert live_b.attempt.token == b.token and live_b.job_status is JobStatus.CLAIMED
+    assert live_b.max_attempts == 3 and (live_b.failures, live_b.lost) == (0, 0)
+    finish(store, a.token, Outcome.OK, at(1))
+    assert {x.attempt.token for x in store.attempt_list_live()} == {b.token}
+    assert c_id not in {x.attempt.job_id for x in store.attempt_list_live()}
+
+
+# -- fencing --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first_end", [Outcome.LOST, Outcome.FAILED])
+def test_stale_attempt_token_is_fenced_out(store, first_end):
+    [job_id] = submit(store, spec(backoff_base_seconds=0))
+    first = claim_one(store, T0)
+    assert store.attempt_start(first.token, 100, "/a1", at(1))
+    assert finish(store, first.token, first_end, at(2), exit_code=1) == [
+        (first.token, JobStatus.QUEUED)]
+
+    # between the attempts: the old token already is dead
+    assert store.attempt_heartbeat([first.token], at(2)).live == frozenset()
+
+    second = claim_one(store, at(3), host="h2")
+    assert second.id == job_id and second.attempt == 2
+    assert store.attempt_start(second.token, 200, "/a2", at(4))
+    before = snapshot(store, job_id)
+
+    late = at(10)
+    assert store.attempt_heartbeat([first.token], late).live == frozenset()
+    assert store.attempt_start(first.token, 101, "/late", late) is False
+    ok = Decision(JobStatus.DONE)
+    assert store.attempt_finish([AttemptResult(first.token, Outcome.OK, 0, ok)], late) == []
+    assert snapshot(store, job_id) == before
+
+    # the live token still works after the stale writes bounced
+    assert store.attempt_heartbeat([second.token], late).live == {second.token}
+    assert store.attempt_finish([AttemptResult(second.token, Outcome.OK, 0, ok)], late) == [
+        (second.token, JobStatus.DONE)]
+    done = get(store, job_id)
+    assert done.status is JobStatus.DONE and done.attempt == 2 and done.exit_code == 0
+    a1, a2 = store.attempt_list(job_id)
+    assert a1.outcome is first_end and a1.ended_at == at(2) and a1.pid == 100
+    assert a2.outcome is Outcome.OK and a2.ended_at == late and a2.pid == 200
+
+
+def test_finish_is_applied_once(store):
+    [job_id] = submit(store)
+    job = claim_one(store)
+    assert finish(store, job.token, Outcome.OK, at(1), exit_code=0) == [
+        (job.token, JobStatus.DONE)]
+    before = snapshot(store, job_id)
+    assert finish(store, job.token, Outcome.FAILED, at(2), exit_code=3) == []
+    assert snapshot(store, job_id) == before
+
+
+def test_finish_applies_a_batch_and_skips_stale_entries(store):
+    a_id, b_id = submit(store, spec(), spec())
+    a, b = store.job_claim("h1", "w1", 2, T0)
+    stale = AttemptToken(a_id, 7)
+    ok = Decision(JobStatus.DONE)
+    applied = store.attempt_finish(
+        [AttemptResult(a.token, Outcome.OK, 0, ok),
+         AttemptResult(stale, Outcome.OK, 0, ok),
+         AttemptResult(b.token, Outcome.FAILED, 2,
+                       Decision(JobStatus.FAILED, failure_reason="exit_nonzero",
+                                spend_failure=True))],
+        at(1),
+    )
+    assert sorted(applied, key=lambda x: x[0].job_id) == [
+        (a.token, JobStatus.DONE), (b.token, JobStatus.FAILED)]
+    assert get(store, a_id).status is JobStatus.DONE
+    failed = get(store, b_id)
+    assert failed.status is JobStatus.FAILED and failed.exit_code == 2 and failed.failures == 1
+
+
+# -- finish with policy decisions -----------------------------------------------------------
+
+
+def test_failure_requeues_with_backoff_then_fails_at_max_attempts(store):
+    [job_id] = submit(store, spec(max_attempts=2, backoff_base_seconds=10))
+    first = claim_one(store, T0)
+    assert store.attempt_start(first.token, 1, None, at(1))
+    assert finish(store, first.token, Outcome.FAILED, at(2), exit_code=3) == [
+        (first.token, JobStatus.QUEUED)]
+    job = get(store, job_id)
+    assert job.status is JobStatus.QUEUED
+    assert job.failures == 1 and job.lost == 0 and job.exit_code == 3
+    assert job.available_at == at(12), "backoff base 10 s after the first failure"
+    assert job.finished_at is None
+    [attempt] = store.attempt_list(job_id)
+    assert attempt.outcome is Outcome.FAILED and attempt.exit_code == 3
+    assert attempt.ended_at == at(2)
+
+    assert store.job_claim("h1", "w1", 1, at(11.9)) == []
+    second = claim_one(store, at(12))
+    assert second.attempt == 2
+    assert finish(store, second.token, Outcome.FAILED, at(13), exit_code=4) == [
+        (second.token, JobStatus.FAILED)]
+    job = get(store, job_id)
+    assert job.status is JobStatus.FAILED and job.failures == 2
+    assert job.failure_reason == "exit_nonzero" and job.exit_code == 4
+    assert job.finished_at == at(13)
+    assert store.job_claim("h1", "w1", 1, at(10_000)) == []
+
+
+def test_timeout_fails_with_its_reason(store):
+    [job_id] = submit(store, spec(max_attempts=1))
+    job = claim_one(store)
+    finish(store, job.token, Outcome.TIMEOUT, at(1))
+    failed = get(store, job_id)
+    assert failed.status is JobStatus.FAILED and failed.failure_reason == "timeout"
+
+
+def test_lost_requeues_at_once_and_counts_lost_not_failures(store):
+    [job_id] = submit(store, spec(max_attempts=1))
+    first = claim_one(store, T0)
+    assert finish(store, first.token, Outcome.LOST, at(5)) == [(first.token, JobStatus.QUEUED)]
+    job = get(store, job_id)
+    assert job.status is JobStatus.QUEUED and job.lost == 1 and job.failures == 0
+    assert job.available_at == at(5)
+    assert claim_one(store, at(5)).attempt == 2
+
+
+def test_ok_finishes_done(store):
+    [job_id] = submit(store)
+    job = claim_one(store)
+    assert store.attempt_start(job.token, 5, None, at(1))
+    assert finish(store, job.token, Outcome.OK, at(2), exit_code=0) == [
+        (job.token, JobStatus.DONE)]
+    done = get(store, job_id)
+    assert done.status is JobStatus.DONE and done.exit_code == 0
+    assert done.finished_at == at(2) and done.failure_reason is None
+    assert store.job_counts() == {}
+
+
+# -- cancel and retry -----------------------------------------------------------------------
+
+
+def test_cancel_queued_job_cancels_it(store):
+    [job_id] = submit(store)
+    assert store.job_cancel(job_id, at(1)) is JobStatus.CANCELLED
+    job = get(store, job_id)
+    assert job.status is JobStatus.CANCELLED and job.failure_reason == "cancelled"
+    assert job.finished_at == at(1) and job.cancel_requested is False
+    assert store.job_claim("h1", "w1", 1, at(2)) == []
+    event = store.event_list(job_id)[-1]
+    assert (event.kind, event.from_status, event.to_status) == (
+        "cancelled", JobStatus.QUEUED, JobStatus.CANCELLED)
+    assert store.job_cancel(job_id, at(3)) is None, "not active any more"
+    assert store.job_cancel(job_id + 100, at(3)) is None
+
+
+def test_cancel_running_requests_stop_and_requeue_becomes_cancelled(store):
+    [job_id] = submit(store, spec(backoff_base_seconds=0))
+    job = claim_one(store)
+    assert store.attempt_start(job.token, 1, None, at(1))
+    assert store.job_cancel(job_id, at(2)) is JobStatus.RUNNING
+    running = get(store, job_id)
+    assert running.status is JobStatus.RUNNING and running.cancel_requested is True
+    event = store.event_list(job_id)[-1]
+    assert (event.kind, event.from_status, event.to_status, event.attempt) == (
+        "cancel_requested", JobStatus.RUNNING, JobStatus.RUNNING, 1)
+    assert store.attempt_heartbeat([job.token], at(3)).cancel == {job.token}
+
+    decision = decision_for(store, job_id, Outcome.FAILED, at(4))
+    assert decision.status is JobStatus.QUEUED, "precondition: the policy would retry"
+    applied = store.attempt_finish([AttemptResult(job.token, Outcome.FAILED, 143, decision)],
+                                   at(4))
+    assert applied == [(job.token, JobStatus.CANCELLED)]
+    cancelled = get(store, job_id)
+    assert cancelled.status is JobStatus.CANCELLED and cancelled.failure_reason == "cancelled"
+    assert cancelled.cancel_requested is False and cancelled.finished_at == at(4)
+    assert store.job_claim("h1", "w1", 1, at(100)) == []
+    event = store.event_list(job_id)[-1]
+    assert (event.from_status, event.to_status) == (JobStatus.RUNNING, JobStatus.CANCELLED)
+
+
+def test_cancel_requested_job_that_succeeds_is_done(store):
+    [job_id] = submit(store)
+    job = claim_one(store)
+    assert store.job_cancel(job_id, at(1)) is JobStatus.CLAIMED
+    assert finish(store, job.token, Outcome.OK, at(2), exit_code=0) == [
+        (job.token, JobStatus.DONE)]
+    assert get(store, job_id).cancel_requested is False
+
+
+def test_retry_failed_job_requeues_with_fresh_budget(store):
+    [job_id] = submit(store, spec(max_attempts=1))
+    first = claim_one(store)
+    finish(store, first.token, Outcome.FAILED, at(1), exit_code=1)
+    assert get(store, job_id).status is JobStatus.FAILED
+
+    assert store.job_retry(job_id, at(50)) is True
+    job = get(store, job_id)
+    assert job.status is JobStatus.QUEUED and job.failures == 0 and job.lost == 0
+    assert job.failure_reason is None and job.finished_at is None
+    assert job.available_at == at(50)
+    event = store.event_list(job_id)[-1]
+    assert (event.kind, event.from_status, event.to_status) == (
+        "retried", JobStatus.FAILED, JobStatus.QUEUED)
+
+    second = claim_one(store, at(50))
+    assert second.attempt == 2, "attempt numbers are never reused"
+    assert [a.attempt for a in store.attempt_list(job_id)] == [1, 2]
+    assert store.job_retry(job_id, at(51)) is False, "a claimed job is not retried"
+    assert store.job_retry(job_id + 100, at(51)) is False
+
+
+def test_retry_queued_job_is_refused(store):
+    [job_id] = submit(store)
+    before = snapshot(store, job_id)
+    assert store.job_retry(job_id, at(1)) is False
+    assert snapshot(store, job_id) == before
+
+
+# -- dedup ----------------------------------------------------------------------------------
+
+
+def test_same_dedup_key_twice_gives_one_job(store):
+    first = store.job_insert([spec(dedup_key="k")], T0)
+    second = store.job_insert([spec(dedup_key="k", command=("other",))], at(1))
+    assert first[0].created is True
+    assert second[0].created is False and second[0].job_id == first[0].job_id
+    assert second[0].status is JobStatus.QUEUED
+    assert len(store.job_list()) == 1
+    assert [e.kind for e in store.event_list(first[0].job_id)] == ["submitted"]
+
+
+def test_same_dedup_key_twice_in_one_batch(store):
+    a, b, c = store.job_insert([spec(dedup_key="k"), spec(dedup_key="k"), spec()], T0)
+    assert a.created and not b.created and b.job_id == a.job_id
+    assert c.created and c.job_id != a.job_id
+    assert len(store.job_list()) == 2
+
+
+def test_dedup_holder_reports_the_holder(store):
+    assert store.job_dedup_holder("k") is None
+    [job_id] = submit(store, spec(dedup_key="k"))
+    assert store.job_dedup_holder("k") == (job_id, JobStatus.QUEUED)
+    claim_one(store)
+    assert store.job_dedup_holder("k") == (job_id, JobStatus.CLAIMED)
+    assert store.job_dedup_holder("other") is None
+
+
+@pytest.mark.parametrize("end", ["failed", "cancelled"])
+def test_dedup_key_is_free_after_holder_fails_or_is_cancelled(store, end):
+    [old] = submit(store, spec(dedup_key="k", max_attempts=1))
+    if end == "failed":
+        finish(store, claim_one(store).token, Outcome.FAILED, at(1), exit_code=1)
+    else:
+        store.job_cancel(old, at(1))
+    assert get(store, old).status is JobStatus(end)
+    assert store.job_dedup_holder("k") is None
+    [new] = submit(store, spec(dedup_key="k"), now=at(2))
+    assert new != old
+    assert store.job_dedup_holder("k") == (new, JobStatus.QUEUED)
+
+
+def test_done_holds_dedup_key_unless_forced(store):
+    [old] = submit(store, spec(dedup_key="k"))
+    finish(store, claim_one(store).token, Outcome.OK, at(1), exit_code=0)
+    [again] = store.job_insert([spec(dedup_key="k")], at(2))
+    assert (again.job_id, again.created, again.status) == (old, False, JobStatus.DONE)
+    assert store.job_dedup_holder("k") == (old, JobStatus.DONE)
+
+    [forced] = store.job_insert([spec(dedup_key="k")], at(3), force=True)
+    assert forced.created is True and forced.job_id != old
+    assert store.job_dedup_holder("k") == (forced.job_id, JobStatus.QUEUED)
+    assert get(store, old).status is JobStatus.DONE
+    released = store.event_list(old)[-1]
+    assert released.kind == "dedup_released" and released.at == at(3)
+
+
+def test_force_never_releases_an_active_holder(store):
+    [holder] = submit(store, spec(dedup_key="k"))
+    [forced] = store.job_insert([spec(dedup_key="k")], at(1), force=True)
+    assert (forced.job_id, forced.created) == (holder, False)
+    assert len(store.job_list()) == 1
+    assert [e.kind for e in store.event_list(holder)] == ["submitted"]
+
+
+def test_retry_of_failed_job_whose_key_is_held_elsewhere_is_refused(store):
+    [old] = submit(store, spec(dedup_key="k", max_attempts=1))
+    finish(store, claim_one(store).token, Outcome.FAILED, at(1), exit_code=1)
+    [new] = submit(store, spec(dedup_key="k"), now=at(2))
+    before = snapshot(store, old)
+    with pytest.raises(InputError) as raised:
+        store.job_retry(old, at(3))
+    assert raised.value.field == "dedup_key"
+    assert snapshot(store, old) == before
+    assert store.job_dedup_holder("k") == (new, JobStatus.QUEUED)
+
+
+def test_retry_of_released_done_job_takes_the_key_back_or_is_refused(store):
+    """A done job whose key a forced rerun took must not become a second holder."""
+    [old] = submit(store, spec(dedup_key="k"))
+    finish(store, claim_one(store).token, Outcome.OK, at(1), exit_code=0)
+    [forced] = store.job_insert([spec(dedup_key="k")], at(2), force=True)
+    assert forced.created
+    rerun = forced.job_id
+    with pytest.raises(InputError):
+        store.job_retry(old, at(3))
+    assert get(store, old).status is JobStatus.DONE
+    assert store.job_counts() == {JobStatus.QUEUED: 1}
+
+    store.job_cancel(rerun, at(4))
+    assert store.job_retry(old, at(5)) is True
+    assert store.job_dedup_holder("k") == (old, JobStatus.QUEUED)
+    [dup] = store.job_insert([spec(dedup_key="k")], at(6))
+    assert (dup.job_id, dup.created) == (old, False)
+
+
+# -- listing --------------------------------------------------------------------------------
+
+
+def _mixed_statuses(store: Store) -> dict[JobStatus, list[int]]:
+    """Three queued, one claimed, one running, one done, one cancelled job."""
+    ids = submit(store, *(spec(priority=i) for i in range(7)))
+    claimed, running, done = (claim_one(store) for _ in range(3))
+    assert store.attempt_start(running.token, 1, None, at(1))
+    finish(store, done.token, Outcome.OK, at(1), exit_code=0)
+    store.job_cancel(ids[3], at(1))
+    return {
+        JobStatus.CLAIMED: [claimed.id],
+        JobStatus.RUNNING: [running.id],
+        JobStatus.DONE: [done.id],
+        JobStatus.CANCELLED: [ids[3]],
+        JobStatus.QUEUED: ids[4:],
+    }
+
+
+def test_job_counts_counts_active_jobs_only(store):
+    assert store.job_counts() == {}
+    _mixed_statuses(store)
+    assert store.job_counts() == {
+        JobStatus.QUEUED: 3, JobStatus.CLAIMED: 1, JobStatus.RUNNING: 1}
+
+
+def test_job_list_filters_by_status_and_limits(store):
+    by_status = _mixed_statuses(store)
+    everything = store.job_list()
+    assert [j.id for j in everything] == sorted(
+        (i for ids in by_status.values() for i in ids), reverse=True)
+    for status, ids in by_status.items():
+        listed = store.job_list([status])
+        assert [j.id for j in listed] == sorted(ids, reverse=True), status
+        assert all(j.status is status for j in listed)
+    active = store.job_list([JobStatus.QUEUED, JobStatus.RUNNING])
+    assert {j.id for j in active} == set(by_status[JobStatus.QUEUED] + by_status[JobStatus.RUNNING])
+    assert [j.id for j in store.job_list(limit=2)] == [j.id for j in everything[:2]]
+    assert [j.id for j in store.job_list([JobStatus.QUEUED], limit=1)] == [
+        max(by_status[JobStatus.QUEUED])]
+    assert store.job_list([JobStatus.FAILED]) == []
+    assert store.job_list([]) == []
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+def test_events_replay_to_the_current_status(store):
+    [job_id] = submit(store, spec(max_attempts=3, backoff_base_seconds=0, dedup_key="k"))
+    clock = iter(range(1, 100))
+
+    def tick() -> datetime:
+        return at(next(clock))
+
+    job = claim_one(store, tick())
+    assert store.attempt_start(job.token, 1, None, tick())
+    finish(store, job.token, Outcome.FAILED, tick(), exit_code=1)          # -> queued
+    job = claim_one(store, tick())
+    finish(store, job.token, Outcome.LOST, tick())                         # -> queued
+    job = claim_one(store, tick())
+    assert store.attempt_start(job.token, 2, None, tick())
+    store.job_cancel(job_id, tick())                                       # cancel requested
+    finish(store, job.token, Outcome.FAILED, tick(), exit_code=143)        # -> cancelled
+    assert store.job_retry(job_id, tick())                                 # -> queued
+    job = claim_one(store, tick())
+    assert store.attempt_start(job.token, 3, None, tick())
+    finish(store, job.token, Outcome.OK, tick(), exit_code=0)              # -> done
+    store.job_insert([spec(dedup_key="k")], tick(), force=True)            # releases the key
+
+    events = store.event_list(job_id)
+    assert [e.kind for e in events] == [
+        "submitted", "claimed", "started", "finished", "claimed", "finished", "claimed",
+        "started", "cancel_requested", "finished", "retried", "claimed", "started",
+        "finished", "dedup_released",
+    ]
+    assert [e.id for e in events] == sorted(e.id for e in events)
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    assert all(e.job_id == job_id for e in events)
+
+    status: JobStatus | None = None
+    for event in events:
+        if event.kind == "dedup_released":
+            assert event.from_status is None and event.to_status is None
+            continue
+        assert event.to_status is not None, event
+        assert event.from_status == status, event
+        status = event.to_status
+    assert status is get(store, job_id).status is JobStatus.DONE
+
+    claims = [e.attempt for e in events if e.kind == "claimed"]
+    assert claims == [1, 2, 3, 4]
+    finished = [e for e in events if e.kind == "finished"]
+    assert [e.detail["outcome"] for e in finished] == ["failed", "lost", "failed", "ok"]
+    assert [e.detail["exit_code"] for e in finished] == [1, None, 143, 0]
+
+
+# -- waking ---------------------------------------------------------------------------------
+
+
+def test_waker_wakes_on_submit(store):
+    waker = store.listen()
+    try:
+        assert waker.wait(0.0) is False
+        with open_store(store.url) as other:
+            submit(other)
+        assert waker.wait(30.0) is True
+    finally:
+        waker.close()
