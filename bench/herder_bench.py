@@ -32,8 +32,10 @@ SQLITE_SYNCS (full,normal), PGPORT (5432 standalone), HERDER_BENCH_PG_URL (overr
 postgresql://postgres@127.0.0.1:$PGPORT/herder_bench default), SQLITE_DIR
 (/tmp/herder-bench), LATENCY_SAMPLES (200), LATENCY_CONCURRENCY (2), HERDER_UP (command
 prefix for the runner, default `<python> -c "from herder.cli import main; main()"`),
-WITH_START=1 (also call attempt_start per job in the claim loop), RESULTS (jsonl path; default
-bench/results/herder-<stamp>.jsonl standalone), SHARED_BENCH (the shared bench folder).
+WITH_START=1 (also call attempt_start per job in the claim loop), HERDER_SQLITE_ANALYZE=1
+(run ANALYZE on herder's SQLite file after the preload; herder never does), RESULTS (jsonl
+path; default bench/results/herder-<stamp>.jsonl standalone), SHARED_BENCH (the shared
+bench folder).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ SQLITE_DIR = os.environ.get("SQLITE_DIR", "/tmp/herder-bench")
 LATENCY_SAMPLES = int(os.environ.get("LATENCY_SAMPLES", "200"))
 LATENCY_CONCURRENCY = int(os.environ.get("LATENCY_CONCURRENCY", "2"))
 WITH_START = os.environ.get("WITH_START", "0") == "1"
+HERDER_SQLITE_ANALYZE = os.environ.get("HERDER_SQLITE_ANALYZE", "0") == "1"
 # First-run preload per batch size for a 5 s run (scaled by RAW_SECONDS); later runs of the
 # same implementation and batch use max(this, 2.5 x the best rate seen x RAW_SECONDS).
 PRELOAD_GUESS = {1: 20_000, 10: 60_000, 100: 120_000}
@@ -241,10 +244,11 @@ def sqlite_query(path: str, sql: str) -> tuple[Any, ...]:
         conn.close()
 
 
-def sqlite_settle(path: str) -> None:
+def sqlite_settle(path: str, analyze: bool) -> None:
     conn = sqlite_connect(path, "normal")
     try:
-        conn.execute("ANALYZE")
+        if analyze:
+            conn.execute("ANALYZE")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
@@ -284,7 +288,7 @@ def raw_sqlite_fresh(path: str, preload: int) -> None:
         conn.execute("COMMIT")
     finally:
         conn.close()
-    sqlite_settle(path)
+    sqlite_settle(path, analyze=True)  # as the shared bench_sqlite.py does
 
 
 # -- herder store setup ------------------------------------------------------------------------
@@ -307,7 +311,8 @@ def herder_pg_reset(preload: int) -> None:
 def herder_sqlite_fresh(path: str, preload: int) -> None:
     sqlite_remove(path)
     herder_preload(sqlite_url(path, "normal"), preload)  # also migrates
-    sqlite_settle(path)
+    # herder itself never runs ANALYZE, so by default neither do we (measure it as shipped)
+    sqlite_settle(path, analyze=HERDER_SQLITE_ANALYZE)
 
 
 # -- the claim loops (run in forked child processes) -------------------------------------------
@@ -435,6 +440,8 @@ class ClaimConfig:
         name = f"claim-finish B={self.batch} c={self.clients}"
         if self.backend == "sqlite":
             name += f" sync={self.sync}"
+        if self.impl == "herder" and self.backend == "sqlite" and HERDER_SQLITE_ANALYZE:
+            name += " analyzed"
         if WITH_START and self.impl == "herder":
             name += " +start"
         return name
@@ -544,19 +551,21 @@ def claim_run(cfg: ClaimConfig, rep: int) -> None:
     retried = False
     while True:
         preload = PRELOADS.size(key, cfg.batch)
+        db_path = ""  # the SQLite file, for the checks
         if cfg.impl == "herder" and cfg.backend == "pg":
             herder_pg_reset(preload)
             target = PG_URL
         elif cfg.impl == "herder":
-            path = sqlite_path("herder-claim.db")
-            herder_sqlite_fresh(path, preload)
-            target = sqlite_url(path, cfg.sync)
+            db_path = sqlite_path("herder-claim.db")
+            herder_sqlite_fresh(db_path, preload)
+            target = sqlite_url(db_path, cfg.sync)
         elif cfg.impl == "raw-pg":
             raw_pg_preload(preload)
             target = PG_URL
         else:
-            target = sqlite_path("raw-claim.db")
-            raw_sqlite_fresh(target, preload)
+            target = db_path = sqlite_path("raw-claim.db")
+            raw_sqlite_fresh(db_path, preload)
+        load_before = round(os.getloadavg()[0], 2)  # other work on the box (noise hint)
         results, cpu, xacts = run_claimers(cfg, target)
         n = sum(r.jobs for r in results)
         secs = max(r.seconds for r in results)
@@ -568,12 +577,15 @@ def claim_run(cfg: ClaimConfig, rep: int) -> None:
             retried = True
             continue
         break
-    check = verify_claim(cfg.impl, cfg.backend, target)
+    check = verify_claim(cfg.impl, cfg.backend, db_path)
     valid = (not info["dry"] and not errors and check["jobs_done_in_db"] == n
              and check["in_flight"] == 0 and check["max_attempt"] <= 1
              and check["multi_attempt_jobs"] == 0 and check["queued_left"] > 0)
     extra: dict[str, Any] = {**cpu, **info, **check, "preload": preload, "valid": valid,
-                             "batch": cfg.batch, "clients": cfg.clients}
+                             "batch": cfg.batch, "clients": cfg.clients,
+                             "loadavg_1m_before": load_before}
+    if cfg.impl == "herder" and cfg.backend == "sqlite":
+        extra["analyzed"] = HERDER_SQLITE_ANALYZE
     if retried:
         extra["retried"] = True
     if errors:
@@ -584,7 +596,7 @@ def claim_run(cfg: ClaimConfig, rep: int) -> None:
     common.record(cfg.group, cfg.variant, rep, n, secs, **extra)
 
 
-def verify_claim(impl: str, backend: str, target: str) -> dict[str, int]:
+def verify_claim(impl: str, backend: str, db_path: str) -> dict[str, int]:
     if impl == "herder":
         jobs_sql = ("SELECT count(*) FILTER (WHERE status = 'done'), "
                     "count(*) FILTER (WHERE status = 'queued'), "
@@ -602,8 +614,8 @@ def verify_claim(impl: str, backend: str, target: str) -> dict[str, int]:
         done, queued, flight, max_att = pg_exec(jobs_sql)[0]
         multi = pg_exec(multi_sql)[0][0]
     else:
-        done, queued, flight, max_att = sqlite_query(target, jobs_sql)
-        multi = sqlite_query(target, multi_sql)[0]
+        done, queued, flight, max_att = sqlite_query(db_path, jobs_sql)
+        multi = sqlite_query(db_path, multi_sql)[0]
     return {"jobs_done_in_db": int(done), "queued_left": int(queued), "in_flight": int(flight),
             "max_attempt": int(max_att), "multi_attempt_jobs": int(multi)}
 
@@ -625,7 +637,7 @@ def timed_loop(step: Callable[[], int], seconds: float) -> tuple[int, float, flo
 @contextmanager
 def measured(pg: bool) -> Iterator[dict[str, Any]]:
     """Machine CPU and (PG) committed transactions around a block; fills the dict after."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"loadavg_1m_before": round(os.getloadavg()[0], 2)}
     if pg:
         pg_wait_autovacuum()
     x0 = pg_xact_commit() if pg else None
@@ -819,10 +831,11 @@ def latency_run(backend: str, rep: int) -> bool:
     script = f'echo "$HERDER_JOB_ID $EPOCHREALTIME" >> {shlex.quote(stamp_file)}'
     spec = JobSpec(command=("/bin/bash", "-c", script), job_type="latency", max_attempts=1)
     log_path = sqlite_path(f"herder-up-{backend}.log")
-    cmd = [*herder_up_cmd(), "up", "--db", url, "--concurrency", str(LATENCY_CONCURRENCY)]
+    # --db is an option of the `herder` group (also read from HERDER_DB)
+    cmd = [*herder_up_cmd(), "--db", url, "up", "--concurrency", str(LATENCY_CONCURRENCY)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=SQLITE_DIR,
-                                start_new_session=True)
+                                env={**os.environ, "HERDER_DB": url}, start_new_session=True)
     store = open_store(url, migrate=False)
     try:
         store.job_insert([spec], now())  # warm-up: proves the runner is up and running jobs

@@ -30,7 +30,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(f"herder: error: {message}", err=True)
+    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    click.echo(f"herder: error: {one_line}", err=True)
     sys.exit(code)
 
 
@@ -175,8 +176,11 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
                 raise InputError("--env", f"{pair!r} is not NAME=VALUE", "write --env KEY=value")
             env[name] = value
         delay_seconds = _duration(delay, "--delay")
-        available_at = (datetime.now(UTC) + timedelta(seconds=delay_seconds)
-                        if delay_seconds else None)
+        try:
+            available_at = (datetime.now(UTC) + timedelta(seconds=delay_seconds)
+                            if delay_seconds else None)
+        except OverflowError as exc:
+            raise InputError("--delay", f"{delay!r} is too far in the future") from exc
         if max_attempts is not None and max_attempts < 1:
             raise InputError("--max-attempts", "must be at least 1", "pass 1 or more")
         client = state.client

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -27,6 +28,8 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration like 90s, 10m or 2h")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a duration; use e.g. 90s, 10m, 2h or 1h30m")
         if value < 0:
             raise ValueError("a duration cannot be negative")
         return float(value)
@@ -194,18 +197,46 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(candidate), f"invalid TOML: {exc}") from exc
+        at = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        where = f"{candidate}:{at.group(1)}" if at else str(candidate)
+        raise ConfigError(where, f"invalid TOML: {exc}") from exc
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
-        loc = [str(part) for part in error["loc"]]
+        loc = _data_loc(data, error["loc"])
+        if error["type"] == "missing" and len(loc) == len(error["loc"]) - 1:
+            loc.append(str(error["loc"][-1]))
         line = _line_of(text, loc)
         where = f"{candidate}:{line}" if line else str(candidate)
         raise ConfigError(f"{where}: {'.'.join(loc)}", _message(error)) from exc
     config = Config(settings, candidate.resolve())
     _cross_check(config, text)
     return config
+
+
+def _data_loc(data: Any, loc: tuple[int | str, ...]) -> list[str]:
+    """The part of a pydantic error location that names keys in the file.
+
+    Unions add the member they tried (`command.list[str]`); those are not keys, so stop
+    at the first part the data does not contain.
+    """
+    out: list[str] = []
+    node = data
+    for part in loc:
+        in_dict = isinstance(node, dict) and isinstance(part, str) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_dict or in_list):
+            break
+        node = node[part]
+        out.append(str(part))
+    return out or [str(part) for part in loc[:1]]
+
+
+def _where(config: Config, text: str, loc: list[str]) -> str:
+    line = _line_of(text, loc)
+    prefix = f"{config.path}:{line}" if line else str(config.path)
+    return f"{prefix}: {'.'.join(loc)}"
 
 
 def _message(error: Any) -> str:
@@ -219,35 +250,30 @@ def _message(error: Any) -> str:
 
 def _cross_check(config: Config, text: str) -> None:
     settings = config.settings
-    where = str(config.path)
     if settings.defaults.weight not in settings.weights:
-        line = _line_of(text, ["defaults", "weight"])
         raise ConfigError(
-            f"{where}:{line}: defaults.weight",
+            _where(config, text, ["defaults", "weight"]),
             f"unknown weight {settings.defaults.weight!r}",
             f"define it under [weights] or use one of {sorted(settings.weights)}",
         )
     for name, job_type in settings.job_types.items():
         if job_type.weight is not None and job_type.weight not in settings.weights:
-            line = _line_of(text, ["job_types", name, "weight"])
             raise ConfigError(
-                f"{where}:{line}: job_types.{name}.weight",
+                _where(config, text, ["job_types", name, "weight"]),
                 f"unknown weight {job_type.weight!r}",
                 f"define it under [weights] or use one of {sorted(settings.weights)}",
             )
         if job_type.shell != isinstance(job_type.command, str):
-            line = _line_of(text, ["job_types", name, "command"])
             raise ConfigError(
-                f"{where}:{line}: job_types.{name}.command",
+                _where(config, text, ["job_types", name, "command"]),
                 "shell = true needs a command string; otherwise the command is an argv list",
                 "write command = [\"prog\", \"arg\"], or set shell = true with a string",
             )
         if job_type.prompt_file is not None:
             prompt = config.resolve_path(job_type.prompt_file)
             if not prompt.is_file():
-                line = _line_of(text, ["job_types", name, "prompt_file"])
                 raise ConfigError(
-                    f"{where}:{line}: job_types.{name}.prompt_file",
+                    _where(config, text, ["job_types", name, "prompt_file"]),
                     f"{prompt} does not exist",
                     "create the file or fix the path (relative to herder.toml)",
                 )
@@ -256,39 +282,51 @@ def _cross_check(config: Config, text: str) -> None:
 def _line_of(text: str, loc: list[str]) -> int | None:
     """Best-effort line number of a dotted key: find its table header, then the key."""
     lines = text.splitlines()
-    for split in range(len(loc), 0, -1):
+    for split in range(len(loc), -1, -1):
         table, keys = loc[:split], loc[split:]
-        header = _find_header(lines, table)
+        header = _find_header(lines, table) if table else -1
         if header is None:
             continue
         if not keys:
             return header + 1
-        key = keys[0]
-        pattern = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
-        for index in range(header + 1, len(lines)):
-            if lines[index].lstrip().startswith("["):
-                break
-            if pattern.match(lines[index]):
-                return index + 1
-        return header + 1
-    if loc:
-        pattern = re.compile(rf"^\s*[\"']?{re.escape(loc[0])}[\"']?\s*=")
-        for index, line in enumerate(lines):
-            if line.lstrip().startswith("["):
-                break
-            if pattern.match(line):
-                return index + 1
+        found = _find_key(lines, header + 1, keys)
+        if found is not None:
+            return found + 1
+        if table:
+            return header + 1
+    if loc:  # a table that only appears through its sub-tables, like [job_types.x]
+        header = _find_header(lines, loc, prefix=True)
+        if header is not None:
+            return header + 1
     return None
 
 
-def _find_header(lines: list[str], table: list[str]) -> int | None:
+def _find_key(lines: list[str], start: int, keys: list[str]) -> int | None:
+    """The line (0-based) from `start` to the next header that assigns `keys`, written
+    plainly (`a = `), dotted (`a.b = `) or as an inline table (`a = { b = ... }`)."""
+    for count in range(len(keys), 0, -1):
+        dotted = r"\s*\.\s*".join(
+            rf"(?:\"{re.escape(k)}\"|'{re.escape(k)}'|{re.escape(k)})" for k in keys[:count]
+        )
+        pattern = re.compile(rf"^\s*{dotted}\s*[=.]")
+        for index in range(start, len(lines)):
+            if _HEADER.match(lines[index]):
+                break
+            if pattern.match(lines[index]):
+                return index
+    return None
+
+
+_HEADER = re.compile(r"^\s*\[(?!\[)\s*([^\]]+?)\s*\]\s*(?:#.*)?$")
+
+
+def _find_header(lines: list[str], table: list[str], prefix: bool = False) -> int | None:
     wanted = ".".join(table)
     for index, line in enumerate(lines):
-        stripped = line.strip()
-        if stripped.startswith("[") and not stripped.startswith("[["):
-            name = stripped.strip("[]").split("#")[0].strip()
-            name = ".".join(part.strip().strip("\"'") for part in name.split("."))
-            if name == wanted:
+        match = _HEADER.match(line)
+        if match:
+            name = ".".join(part.strip().strip("\"'") for part in match.group(1).split("."))
+            if name == wanted or (prefix and name.startswith(wanted + ".")):
                 return index
     return None
 

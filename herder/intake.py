@@ -23,8 +23,8 @@ from herder.model import JobSpec
 
 ADHOC = "adhoc"
 _FORMATTER = string.Formatter()
-_BUILTINS = frozenset({"prompt", "prompt_file", "job_type"})
 MAX_PAYLOAD_BYTES = 1_000_000
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # the store's integer columns
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class SubmitRequest:
 def parse_payload(text: str) -> dict[str, Any]:
     """A JSON object from --payload."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise InputError(
             "payload", f"not valid JSON ({exc.msg} at column {exc.colno})",
@@ -68,13 +68,17 @@ def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise InputError("-p", f"{item!r} is not key=value", "write -p issue=42")
         try:
-            value: Any = json.loads(raw)
+            value: Any = json.loads(raw, parse_constant=_no_constant)
             if isinstance(value, dict | list):
                 value = raw if raw.strip()[:1] not in "[{" else value
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON (NaN and Infinity are not JSON either): a string
             value = raw
         payload[key.strip()] = value
     return payload
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
 
 
 def resolve(config: Config, request: SubmitRequest) -> JobSpec:
@@ -119,9 +123,7 @@ def resolve(config: Config, request: SubmitRequest) -> JobSpec:
         shell = job_type.shell
         where = f"job_types.{request.job_type}"
         if isinstance(job_type.command, str):
-            quoted = {key: shlex.quote(_text(value)) for key, value in context.items()
-                      if key not in _BUILTINS}
-            quoted.update({key: context[key] for key in _BUILTINS if key in context})
+            quoted = {key: shlex.quote(_text(value)) for key, value in context.items()}
             script = render(job_type.command, quoted, f"{where}.command")
             command: tuple[str, ...] = ("/bin/sh", "-c", script)
         else:
@@ -151,6 +153,10 @@ def resolve(config: Config, request: SubmitRequest) -> JobSpec:
                           defaults.max_attempts)
     if max_attempts < 1:
         raise InputError("max_attempts", "must be at least 1", "pass --max-attempts 1 or more")
+    if max_attempts > INT_MAX:
+        raise InputError("max_attempts", f"must be at most {INT_MAX}")
+    if not INT_MIN <= priority <= INT_MAX:
+        raise InputError("priority", f"must be between {INT_MIN} and {INT_MAX}")
     timeout = _first_optional(request.timeout_seconds, job_type.timeout if job_type else None,
                               defaults.timeout)
     if timeout is not None and timeout <= 0:
@@ -238,11 +244,24 @@ def _first_optional(*values: float | None) -> float | None:
 
 def _check_payload(payload: Mapping[str, Any]) -> None:
     try:
-        encoded = json.dumps(payload)
+        encoded = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InputError("payload", f"not JSON-serialisable: {exc}") from exc
+    if _has_nul(payload):
+        raise InputError("payload", "contains a NUL character", "remove it")
     if len(encoded) > MAX_PAYLOAD_BYTES:
         raise InputError("payload", f"is {len(encoded)} bytes", "keep it under 1 MB")
+
+
+def _has_nul(value: Any) -> bool:
+    """PostgreSQL text and jsonb cannot hold NUL, so no backend accepts it."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _check_executable(program: str, workdir: str, env: Mapping[str, str]) -> None:

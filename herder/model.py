@@ -42,6 +42,9 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"
     LAUNCH_FAILED = "launch_failed"
+    REFUSED = "refused"
+    RAM_CONTENTION = "ram_contention"
+    SPAWN_FAILED = "spawn_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,8 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
+    ram_gb: float = 0.0
+    spawn_failures: int = 0
 
     @property
     def token(self) -> AttemptToken:
@@ -154,6 +159,7 @@ class Decision:
     failure_reason: str | None = None
     spend_failure: bool = False
     spend_lost: bool = False
+    spend_spawn_failure: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,3 +187,77 @@ class HeartbeatReply:
 
     live: frozenset[AttemptToken]
     cancel: frozenset[AttemptToken]
+
+
+class Transport(enum.StrEnum):
+    LOCAL = "local"
+    AGENT = "agent"
+    SSH = "ssh"
+
+
+@dataclass(frozen=True, slots=True)
+class HostRecord:
+    """A host as stored: its configuration plus its last heartbeat (never the token)."""
+
+    label: str
+    ram_total_gb: float
+    ram_reserved_gb: float = 0.0
+    cpus: int = 1
+    enabled: bool = True
+    transport: Transport = Transport.AGENT
+    ssh_target: str | None = None
+    prime_max_workers: int = 1
+    prime_max_weight: str | None = None
+    night_max_workers: int = 1
+    night_max_weight: str | None = None
+    allowed_job_types: frozenset[str] | None = None
+    allowed_weights: frozenset[str] | None = None
+    priority_floor: int | None = None
+    labels: frozenset[str] = frozenset()
+    last_heartbeat: datetime | None = None
+    agent_info: JSONObject = field(default_factory=dict)
+    has_token: bool = False
+
+
+class ReservationKind(enum.StrEnum):
+    SUBAGENT = "subagent"
+    CI = "ci"
+
+
+class ReservationStatus(enum.StrEnum):
+    ACTIVE = "active"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """RAM booked on a host outside the job table, with a TTL."""
+
+    id: int
+    kind: ReservationKind
+    owner: str
+    host: str
+    weight: str
+    ram_gb: float
+    status: ReservationStatus
+    created_at: datetime
+    expires_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostUsage:
+    """What is booked on a host now: active attempts and live reservations."""
+
+    label: str
+    workers: int
+    jobs_gb: float
+    reserved_gb: float
+
+    @property
+    def booked_gb(self) -> float:
+        return self.jobs_gb + self.reserved_gb

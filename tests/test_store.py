@@ -247,7 +247,7 @@ def test_heartbeat_reports_live_and_cancel_sets(store):
 
 
 def test_attempt_list_live_lists_unended_attempts(store):
-    a_id, b_id, c_id = submit(store, spec(), spec(affinity="h2"), spec())
+    _, _, c_id = submit(store, spec(), spec(affinity="h2"), spec())
     a = claim_one(store, host="h1")
     b = claim_one(store, host="h2")
     assert {x.attempt.token for x in store.attempt_list_live()} == {a.token, b.token}

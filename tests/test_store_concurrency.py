@@ -53,8 +53,9 @@ def _claim_worker(url: str, name: str, limit: int, barrier: Any, out: Any) -> No
                      for job in jobs],
                     now,
                 )
-                if len(applied) != len(jobs):
-                    raise AssertionError(f"finish applied {applied} of {jobs}")
+                if len(applied) != len(jobs):  # someone else re-claimed one of ours
+                    lost = sorted({str(j.token) for j in jobs} - {str(t) for t, _ in applied})
+                    raise AssertionError(f"{name}: finishes fenced out for {lost}")
         out.put(("ok", name, claimed))
     except BaseException:
         barrier.abort()
@@ -131,8 +132,11 @@ def test_concurrent_claimers_claim_every_job_exactly_once(store_url, limit):
     assert duplicates == [], f"claimed more than once: {duplicates[:20]}"
     assert sorted(claimed) == sorted(ids)
     assert all(attempt == 1 for pairs in claimed_by.values() for _, attempt in pairs)
-    workers_with_work = [name for name, pairs in claimed_by.items() if pairs]
-    assert len(workers_with_work) >= 2, "the claimers never actually ran side by side"
+    if store_url.startswith("postgres"):
+        # SKIP LOCKED shares the work out; SQLite's busy handler makes no fairness promise
+        # (one process can win every lock), so there only exactly-once is checked.
+        workers_with_work = [name for name, pairs in claimed_by.items() if pairs]
+        assert len(workers_with_work) >= 2, "the claimers never actually ran side by side"
 
     statuses = _rows(store_url, "SELECT status, attempt, count(*) FROM herder_jobs "
                                 "GROUP BY status, attempt")

@@ -120,7 +120,9 @@ def spawn(
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = job_environment(job, host, marker, log_path)
-    with open(log_path, "ab") as log:
+    # "wb": an attempt runs once, so a leftover file (another database sharing this log
+    # folder) is replaced rather than interleaved.
+    with open(log_path, "wb") as log:
         header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
                   f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
                   f"# herder: argv {json.dumps(list(job.command))} in {job.workdir}\n")

@@ -202,6 +202,8 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         updated_at=row["updated_at"],
+        ram_gb=float(row.get("ram_gb") or 0.0),
+        spawn_failures=int(row.get("spawn_failures") or 0),
     )
 
 

@@ -231,6 +231,7 @@ class PostgresStore(Store):
             "failure_reasons": [r.decision.failure_reason for r in results],
             "spend_failures": [int(r.decision.spend_failure) for r in results],
             "spend_losts": [int(r.decision.spend_lost) for r in results],
+            "spend_spawn_failures": [int(r.decision.spend_spawn_failure) for r in results],
             "now": now,
         }
         requeued = False

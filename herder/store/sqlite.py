@@ -330,6 +330,7 @@ class SQLiteStore(Store):
                         "failure_reason": decision.failure_reason,
                         "spend_failure": int(decision.spend_failure),
                         "spend_lost": int(decision.spend_lost),
+                        "spend_spawn_failure": int(decision.spend_spawn_failure),
                         "available_at": to_epoch(decision.available_at),
                         "now": stamp,
                     },

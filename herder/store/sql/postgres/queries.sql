@@ -106,9 +106,10 @@ WITH r AS (
     SELECT * FROM unnest(
         %(job_ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
         %(exit_codes)s::int[], %(statuses)s::text[], %(available_ats)s::timestamptz[],
-        %(failure_reasons)s::text[], %(spend_failures)s::int[], %(spend_losts)s::int[])
+        %(failure_reasons)s::text[], %(spend_failures)s::int[], %(spend_losts)s::int[],
+        %(spend_spawn_failures)s::int[])
       AS r(job_id, attempt, outcome, exit_code, next_status, available_at, failure_reason,
-           spend_failure, spend_lost)
+           spend_failure, spend_lost, spend_spawn_failure)
 ), old AS (
     SELECT j.id, j.status AS old_status, j.cancel_requested, r.*
     FROM herder_jobs j JOIN r ON j.id = r.job_id AND j.attempt = r.attempt
@@ -123,6 +124,7 @@ WITH r AS (
                               THEN 'cancelled' ELSE old.failure_reason END,
         failures = herder_jobs.failures + old.spend_failure,
         lost = herder_jobs.lost + old.spend_lost,
+        spawn_failures = herder_jobs.spawn_failures + old.spend_spawn_failure,
         available_at = COALESCE(old.available_at, herder_jobs.available_at),
         finished_at = CASE WHEN old.next_status = 'queued' AND NOT old.cancel_requested
                            THEN NULL ELSE %(now)s END,

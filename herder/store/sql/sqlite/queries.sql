@@ -88,6 +88,7 @@ UPDATE herder_jobs SET
                           THEN 'cancelled' ELSE :failure_reason END,
     failures = failures + :spend_failure,
     lost = lost + :spend_lost,
+    spawn_failures = spawn_failures + :spend_spawn_failure,
     available_at = COALESCE(:available_at, available_at),
     finished_at = CASE WHEN :next_status = 'queued' AND NOT cancel_requested
                        THEN NULL ELSE :now END,

@@ -1,0 +1,254 @@
+"""Crashes, shutdowns and fencing of `herder up`, with real processes, signals and databases.
+
+* kill -9 of `herder up` while attempts run: survivors are killed by the next `up` before
+  their jobs run again, the attempts are recorded as lost, and no two attempts of a job
+  ever overlap (each job holds an exclusive flock for its whole process tree).
+* SIGTERM: `up` stops its attempts, requeues them as lost and exits 0.
+* Fencing: a runner whose attempt was declared lost elsewhere kills it at its next
+  heartbeat, and its late result is rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from herder.model import AttemptResult, AttemptToken, Decision, JobStatus, Outcome
+from herder.runtime.process import processes_with_token
+from herder.runtime.runner import Runner, RunnerOptions
+from herder.store import open_store
+from runtime_helpers import Harness, shell, wait_for
+
+FLOCK_JOB = """\
+#!/bin/sh
+# One herder job: an exclusive lock per job, held by the whole tree (fd 9 is inherited).
+dir="$(dirname "$0")"
+exec 9>>"$dir/locks/$HERDER_JOB_ID.lock"
+if ! flock -n 9; then
+    echo "OVERLAP $HERDER_JOB_ID $HERDER_ATTEMPT" >> "$dir/overlap.txt"
+    exit 1
+fi
+echo "start $HERDER_JOB_ID $HERDER_ATTEMPT" >> "$dir/record.txt"
+sleep 30 &
+sleep 2
+echo "end $HERDER_JOB_ID $HERDER_ATTEMPT" >> "$dir/record.txt"
+"""
+
+
+@pytest.fixture
+def harness(tmp_path: Path, store_url: str):
+    h = Harness(tmp_path, store_url)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def read_record(path: Path) -> list[tuple[str, int, int]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        kind, job, attempt = line.split()
+        rows.append((kind, int(job), int(attempt)))
+    return rows
+
+
+@pytest.mark.slow
+def test_kill_9_of_up_loses_running_attempts_and_never_overlaps(harness: Harness):
+    h = harness
+    (h.dir / "locks").mkdir()
+    script = h.dir / "job.sh"
+    script.write_text(FLOCK_JOB)
+    script.chmod(0o755)
+    job_ids = [h.submit([str(script)]) for _ in range(6)]
+
+    first = h.up("--concurrency", "3")
+
+    def running() -> list[int]:
+        return [j.id for j in h.client.list([JobStatus.RUNNING])]
+
+    wait_for(lambda: len(running()) == 3, 30, "3 attempts running", h.describe)
+    os.kill(first.pid, signal.SIGKILL)  # only `up` itself: its jobs are in their own sessions
+    first.wait(timeout=10)
+
+    # What was in flight when `up` died: nothing changes in the store until the restart.
+    in_flight = {
+        (job.id, job.attempt): job.status
+        for job in h.client.list([JobStatus.CLAIMED, JobStatus.RUNNING])
+    }
+    assert len([s for s in in_flight.values() if s is JobStatus.RUNNING]) >= 3, in_flight
+    survivors = {}
+    for (job_id, attempt), status in in_flight.items():
+        procs = h.marked(job_id, attempt)
+        if status is JobStatus.RUNNING:
+            assert procs, f"job {job_id} attempt {attempt}: no process survived the kill -9"
+        survivors[(job_id, attempt)] = procs
+    tokens = {p.token for procs in survivors.values() for p in procs}
+
+    second = h.up("--concurrency", "3", "--exit-when-idle")
+    assert h.wait_exit(second, 60, "the restarted `herder up --exit-when-idle`") == 0, (
+        h.describe())
+
+    assert not (h.dir / "overlap.txt").exists(), (h.dir / "overlap.txt").read_text()
+    for procs in survivors.values():
+        for proc in procs:
+            assert not proc.alive(), f"survivor {proc} still runs"
+    assert h.marked() == [], "job processes of this test outlived `up`"
+    for token in tokens:
+        assert processes_with_token(token) == []
+
+    record = read_record(h.dir / "record.txt")
+    starts: dict[int, list[int]] = defaultdict(list)
+    for kind, job_id, attempt in record:
+        if kind == "start":
+            starts[job_id].append(attempt)
+    for job_id in job_ids:
+        job = h.job(job_id)
+        assert job.status is JobStatus.DONE, h.describe()
+        attempts = h.attempts(job_id)
+        numbers = [a.attempt for a in attempts]
+        assert numbers == list(range(1, job.attempt + 1)), numbers
+        assert starts[job_id] == sorted(set(starts[job_id])), (
+            f"job {job_id}: attempts started out of order or twice: {starts[job_id]}")
+        ok = [a for a in attempts if a.outcome is Outcome.OK]
+        assert [a.attempt for a in ok] == [job.attempt], (
+            f"job {job_id} must end done exactly once, on its last attempt: {attempts}")
+        assert ("end", job_id, job.attempt) in record
+        done_events = [e for e in h.events(job_id) if e.to_status is JobStatus.DONE]
+        assert len(done_events) == 1, done_events
+        for a in attempts[:-1]:
+            assert a.outcome is Outcome.LOST, f"job {job_id}: earlier attempt {a} not lost"
+
+    for (job_id, attempt) in in_flight:
+        row = {a.attempt: a for a in h.attempts(job_id)}[attempt]
+        assert row.outcome is Outcome.LOST, row
+        assert row.ended_at is not None
+        finished = [e for e in h.events(job_id) if e.kind == "finished" and e.attempt == attempt]
+        assert len(finished) == 1, finished
+        assert finished[0].detail["outcome"] == "lost"
+        assert finished[0].to_status is JobStatus.QUEUED
+        job = h.job(job_id)
+        assert job.attempt > attempt and job.lost == 1, job
+
+
+@pytest.mark.slow
+def test_sigterm_requeues_running_attempt_and_exits_0(harness: Harness):
+    h = harness
+    job_id = h.submit(shell(
+        'if [ "$HERDER_ATTEMPT" = 1 ]; then sleep 300 & sleep 300 & wait; fi; echo finished'))
+    up = h.up()
+    h.wait_status(job_id, JobStatus.RUNNING)
+    tree = wait_for(lambda: len(procs := h.marked(job_id, 1)) == 3 and procs, 10,
+                    "the attempt's shell and both sleeps", h.describe)
+
+    up.send_signal(signal.SIGTERM)
+    assert h.wait_exit(up, 30, "`herder up` after SIGTERM") == 0, h.describe()
+
+    job = h.job(job_id)
+    assert job.status is JobStatus.QUEUED, h.describe()
+    assert job.lost == 1 and job.failures == 0, job
+    [attempt] = h.attempts(job_id)
+    assert attempt.outcome is Outcome.LOST, attempt
+    assert [p for p in tree if p.alive()] == []
+    assert h.marked(job_id) == []
+
+    again = h.up("--exit-when-idle")
+    assert h.wait_exit(again, 30, "`herder up --exit-when-idle`") == 0, h.describe()
+    job = h.job(job_id)
+    assert job.status is JobStatus.DONE and job.attempt == 2, h.describe()
+    assert [a.outcome for a in h.attempts(job_id)] == [Outcome.LOST, Outcome.OK]
+
+
+# -- fencing ------------------------------------------------------------------------------------
+
+
+class ThreadRunner:
+    """A Runner looping in a thread of this process (as `herder up` would in its own)."""
+
+    def __init__(self, h: Harness) -> None:
+        self.store = open_store(h.db)
+        options = RunnerOptions(
+            host=h.host, log_dir=h.log_dir, concurrency=2, heartbeat_interval=0.2,
+            attempt_lease=60, kill_grace=1, poll_interval=0.2, max_lost=5,
+        )
+        self.runner = Runner(self.store, options)
+        self.result: list[int] = []
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result.append(self.runner.run(install_signals=False))
+        except BaseException as exc:
+            self.errors.append(exc)
+            raise
+
+    def stop(self) -> None:
+        self.runner.request_shutdown()
+        self.runner.request_shutdown()  # the second request kills at once
+        self.thread.join(timeout=20)
+        self.store.close()
+        assert not self.thread.is_alive(), "the runner thread did not stop"
+        assert not self.errors, self.errors
+
+
+@pytest.mark.parametrize("rescued_to", [JobStatus.FAILED, JobStatus.QUEUED])
+def test_runner_kills_attempt_declared_lost_elsewhere(
+    harness: Harness, caplog: pytest.LogCaptureFixture, rescued_to: JobStatus
+):
+    h = harness
+    caplog.set_level(logging.INFO, logger="herder")
+    job_id = h.submit(shell(
+        'if [ "$HERDER_ATTEMPT" = 1 ]; then exec sleep 300; fi; echo second attempt'))
+    runner = ThreadRunner(h)
+    try:
+        h.wait_status(job_id, JobStatus.RUNNING)
+        [proc] = wait_for(lambda: h.marked(job_id, 1), 10, "attempt 1's process", h.describe)
+
+        # A rescuer on another host decides attempt 1 is lost.
+        if rescued_to is JobStatus.FAILED:
+            decision = Decision(JobStatus.FAILED, failure_reason="lost", spend_lost=True)
+        else:
+            decision = Decision(JobStatus.QUEUED, available_at=datetime.now(UTC),
+                                spend_lost=True)
+        token = AttemptToken(job_id, 1)
+        applied = h.store.attempt_finish(
+            [AttemptResult(token, Outcome.LOST, None, decision)], datetime.now(UTC))
+        assert applied == [(token, rescued_to)]
+        [rescued_row] = [a for a in h.attempts(job_id) if a.attempt == 1]
+
+        wait_for(lambda: not proc.alive(), 10, "the fenced-out attempt to be killed",
+                 h.describe)
+        wait_for(lambda: any("result rejected" in r.getMessage() for r in caplog.records), 10,
+                 "the runner to report its late result as rejected",
+                 lambda: "\n".join(r.getMessage() for r in caplog.records))
+        if rescued_to is JobStatus.QUEUED:
+            h.wait_status(job_id, JobStatus.DONE)
+    finally:
+        runner.stop()
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"job {job_id} attempt 1 was fenced out" in m for m in messages), messages
+    assert h.marked(job_id) == []
+    job = h.job(job_id)
+    attempts = {a.attempt: a for a in h.attempts(job_id)}
+    assert attempts[1] == rescued_row, "the late result overwrote the rescuer's attempt row"
+    assert attempts[1].outcome is Outcome.LOST and attempts[1].exit_code is None
+    finished_1 = [e for e in h.events(job_id) if e.kind == "finished" and e.attempt == 1]
+    assert len(finished_1) == 1, finished_1
+    assert job.lost == 1, job
+    if rescued_to is JobStatus.FAILED:
+        assert job.status is JobStatus.FAILED and job.failure_reason == "lost", job
+        assert job.attempt == 1 and list(attempts) == [1]
+    else:
+        assert job.status is JobStatus.DONE and job.attempt == 2, job
+        assert attempts[2].outcome is Outcome.OK

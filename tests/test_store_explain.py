@@ -1,0 +1,130 @@
+"""The claim's picking query walks the partial index `herder_jobs_queued`, not the table.
+
+Planner settings are left alone: the data is shaped like a long-lived queue (20k jobs), the
+statistics are fresh (ANALYZE), and the plan must choose the index by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from herder.store.base import load_queries
+from herder.store.sqlite import parse_sqlite_url
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+ROWS = 20_000
+INDEX = "herder_jobs_queued"
+CLAIM_PARAMS = {"host": "h1", "worker": "w1", "limit": 10, "now": T0}
+
+# queued_every=100: 1% queued and the rest done (a long-lived queue); 1: a fresh backlog.
+SHAPES = [pytest.param(100, id="mostly-done"), pytest.param(1, id="all-queued")]
+
+
+def _picking_select(dialect: str) -> str:
+    """The SELECT inside `job_claim` that chooses which queued rows to claim."""
+    claim = load_queries(dialect)["job_claim"]
+    pattern = {
+        "postgres": r"WITH picked AS \(\s*(SELECT .*?)\s*\), claimed AS",
+        "sqlite": r"WHERE id IN \(\s*(SELECT .*?LIMIT :limit)\s*\)",
+    }[dialect]
+    match = re.search(pattern, claim, re.DOTALL)
+    assert match, f"job_claim ({dialect}) no longer has the expected shape:\n{claim}"
+    return match.group(1)
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def _pg_fill(conn: psycopg.Connection, queued_every: int) -> None:
+    conn.execute(
+        """
+        INSERT INTO herder_jobs (job_type, command, weight, available_at, max_attempts,
+                                 created_at, updated_at, finished_at, status, priority, attempt)
+        SELECT 'adhoc', '["true"]'::jsonb, 'light', %(t)s - g * interval '1 second', 3,
+               %(t)s - g * interval '1 second', %(t)s, %(t)s,
+               CASE WHEN g %% %(every)s = 0 THEN 'queued' ELSE 'done' END,
+               g %% 10, 1
+        FROM generate_series(1, %(rows)s) AS g
+        """,
+        {"t": T0, "every": queued_every, "rows": ROWS},
+    )
+    conn.execute("ANALYZE herder_jobs")
+
+
+def _assert_uses_queued_index(plan: dict[str, Any]) -> None:
+    nodes = list(_plan_nodes(plan))
+    shown = json.dumps(plan, indent=1)
+    assert any(n.get("Index Name") == INDEX for n in nodes), shown
+    assert not any(n["Node Type"] == "Seq Scan" for n in nodes), shown
+    assert not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes), shown
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("queued_every", SHAPES)
+def test_postgres_claim_picks_through_partial_index(postgres_url, queued_every):
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _pg_fill(conn, queued_every)
+
+        [(picking,)] = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + _picking_select("postgres"), CLAIM_PARAMS
+        ).fetchall()
+        _assert_uses_queued_index(picking[0]["Plan"])
+
+        # The same inside the whole claim statement (EXPLAIN without ANALYZE runs nothing).
+        [(whole,)] = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + load_queries("postgres")["job_claim"], CLAIM_PARAMS
+        ).fetchall()
+        ctes = [n for n in _plan_nodes(whole[0]["Plan"]) if n.get("Subplan Name") == "CTE picked"]
+        assert len(ctes) == 1, json.dumps(whole, indent=1)
+        _assert_uses_queued_index(ctes[0])
+        [(count,)] = conn.execute("SELECT count(*) FROM herder_jobs WHERE status = 'queued'")
+        assert count == ROWS // queued_every, "EXPLAIN must not have claimed anything"
+
+
+# -- SQLite -----------------------------------------------------------------------------------
+
+
+def _sqlite_fill(conn: sqlite3.Connection, queued_every: int) -> None:
+    t = T0.timestamp()
+    conn.executemany(
+        "INSERT INTO herder_jobs (job_type, command, weight, available_at, max_attempts,"
+        " created_at, updated_at, finished_at, status, priority, attempt)"
+        " VALUES ('adhoc', '[\"true\"]', 'light', ?, 3, ?, ?, ?, ?, ?, 1)",
+        [
+            (t - g, t - g, t, t, "queued" if g % queued_every == 0 else "done", g % 10)
+            for g in range(1, ROWS + 1)
+        ],
+    )
+    conn.commit()
+    conn.execute("ANALYZE")
+
+
+def _sqlite_plan(conn: sqlite3.Connection, query: str) -> list[str]:
+    params = {**CLAIM_PARAMS, "now": T0.timestamp()}
+    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params)]
+
+
+@pytest.mark.parametrize("queued_every", SHAPES)
+def test_sqlite_claim_picks_through_partial_index(sqlite_url, queued_every):
+    path, _ = parse_sqlite_url(sqlite_url)
+    with sqlite3.connect(path) as conn:
+        _sqlite_fill(conn, queued_every)
+        for query in (_picking_select("sqlite"), load_queries("sqlite")["job_claim"]):
+            plan = _sqlite_plan(conn, query)
+            assert any(INDEX in step for step in plan), plan
+            assert not any("TEMP B-TREE" in step for step in plan), plan
+            assert not any(re.fullmatch(r"SCAN herder_jobs\b(?! USING).*", s) for s in plan), plan
