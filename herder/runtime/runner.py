@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from herder.model import AttemptResult, Job, Outcome
+from herder.model import AttemptResult, AttemptToken, Job, Outcome
 from herder.runtime.executor import LaunchError, RunningAttempt, append_log, spawn
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.process import process_start_time
@@ -62,7 +62,9 @@ class Runner:
         self.clock = clock
         pid = os.getpid()
         self.worker = str(WorkerId(options.host, pid, process_start_time(pid) or 0))
-        self.running: dict[int, RunningAttempt] = {}
+        # Keyed by attempt, not job: a fenced-out attempt of a job may still be stopping when
+        # the same job's next attempt is claimed here, and both must stay supervised.
+        self.running: dict[AttemptToken, RunningAttempt] = {}
         self.rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
                                options.max_lost)
         self._stopping = 0
@@ -150,6 +152,14 @@ class Runner:
         return jobs
 
     def _start(self, job: Job) -> None:
+        for older in self.running.values():
+            if older.job.id == job.id:
+                # The store handed out a newer attempt, so this one was declared lost
+                # elsewhere: it must not overlap the new one. Kill it now.
+                log.warning("job %d attempt %d was fenced out by attempt %d: killing it",
+                            job.id, older.job.attempt, job.attempt)
+                older.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
+                older.kill()
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
                             self.options.kill_grace)
@@ -163,14 +173,14 @@ class Runner:
             attempt.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
             attempt.kill()
             append_log(attempt.log_path, "attempt was fenced out before it started; killed")
-        self.running[job.id] = attempt
+        self.running[job.token] = attempt
         self.started += 1
         log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid)
 
     def _reap(self, mono: float) -> None:
-        for job_id, attempt in list(self.running.items()):
+        for token, attempt in list(self.running.items()):
             if attempt.poll(mono):
-                del self.running[job_id]
+                del self.running[token]
                 outcome = attempt.outcome()
                 elapsed = mono - attempt.started
                 append_log(attempt.log_path, f"exit {attempt.returncode} after {elapsed:.1f}s "
@@ -192,10 +202,10 @@ class Runner:
             log.warning("job %d attempt %d: result rejected (fenced out)", job.id, job.attempt)
 
     def _check_cancels(self, mono: float) -> None:
-        wanted = self.store.job_cancel_requested(list(self.running))
+        wanted = self.store.job_cancel_requested([token.job_id for token in self.running])
         for token in wanted:
-            attempt = self.running.get(token.job_id)
-            if attempt is not None and attempt.token == token:
+            attempt = self.running.get(token)
+            if attempt is not None:
                 log.info("job %d: cancel requested", token.job_id)
                 attempt.request_stop(Outcome.CANCELLED, mono)
 

@@ -13,7 +13,10 @@ FAILURE_REASONS = {
     Outcome.LAUNCH_FAILED: "launch_failed",
     Outcome.LOST: "lost",
     Outcome.CANCELLED: "cancelled",
+    Outcome.RAM_CONTENTION: "spawn_ram",
+    Outcome.SPAWN_FAILED: "spawn_failed",
 }
+SPAWN_OUTCOMES = frozenset({Outcome.RAM_CONTENTION, Outcome.SPAWN_FAILED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,7 @@ class RetryState:
     max_attempts: int
     backoff_base_seconds: float
     backoff_max_seconds: float
+    spawn_failures: int = 0
 
 
 def backoff_seconds(failures: int, base: float, cap: float) -> float:
@@ -35,12 +39,34 @@ def backoff_seconds(failures: int, base: float, cap: float) -> float:
     return float(min(base * (2**exponent), cap))
 
 
-def decide(outcome: Outcome, state: RetryState, now: datetime, max_lost: int = 5) -> Decision:
+def decide(
+    outcome: Outcome,
+    state: RetryState,
+    now: datetime,
+    max_lost: int = 5,
+    *,
+    retry_after: float | None = None,
+    max_spawn_failures: int = 5,
+    spawn_backoff_seconds: float = 300.0,
+) -> Decision:
     """Map an outcome to the job's next state.
 
     A lost attempt (the runner died, the host vanished) is not the job's fault: it is retried
     at once and spends a separate budget, so infrastructure churn cannot fail a healthy job.
+    A refusal (a host's allow-list said no) spends nothing. Spawn failures (RAM contention on
+    the host, an unreachable host) spend their own counter, so host trouble never burns the
+    job's attempts (seed 004: the two-counter split).
     """
+    if outcome is Outcome.REFUSED:
+        delay = retry_after or 0.0
+        return Decision(JobStatus.QUEUED, available_at=now + timedelta(seconds=delay))
+    if outcome in SPAWN_OUTCOMES:
+        reason = FAILURE_REASONS[outcome]
+        if state.spawn_failures + 1 >= max_spawn_failures:
+            return Decision(JobStatus.FAILED, failure_reason=reason, spend_spawn_failure=True)
+        delay = spawn_backoff_seconds if retry_after is None else retry_after
+        return Decision(JobStatus.QUEUED, available_at=now + timedelta(seconds=delay),
+                        failure_reason=reason, spend_spawn_failure=True)
     if outcome is Outcome.OK:
         return Decision(JobStatus.DONE)
     if outcome is Outcome.CANCELLED:

@@ -20,11 +20,17 @@ from herder.model import (
     AttemptToken,
     Event,
     HeartbeatReply,
+    HostRecord,
+    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
     Outcome,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
+    Transport,
 )
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -62,6 +68,39 @@ class LiveAttempt:
     max_attempts: int
     backoff_base_seconds: float
     backoff_max_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DueJob:
+    """A queued job that may run now: what placement needs to know about it."""
+
+    id: int
+    priority: int
+    weight: str
+    job_type: str
+    affinity: str | None
+    created_at: datetime
+    available_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    id: int
+    key: str
+    message: str
+    opened_at: datetime
+    cleared_at: datetime | None
+
+
+class Lease(abc.ABC):
+    """Leadership: at most one holder at a time across every process on the store."""
+
+    @abc.abstractmethod
+    def try_acquire(self) -> bool:
+        """True while this process holds the lease (re-checked on every call)."""
+
+    @abc.abstractmethod
+    def release(self) -> None: ...
 
 
 class Waker(abc.ABC):
@@ -156,6 +195,109 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def event_list(self, job_id: int) -> list[Event]: ...
 
+    # -- fleet ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def host_insert(self, host: HostRecord, now: datetime) -> bool:
+        """False when the label exists already."""
+
+    @abc.abstractmethod
+    def host_update(self, host: HostRecord, now: datetime) -> bool: ...
+
+    @abc.abstractmethod
+    def host_get(self, label: str) -> HostRecord | None: ...
+
+    @abc.abstractmethod
+    def host_list(self) -> list[HostRecord]: ...
+
+    @abc.abstractmethod
+    def host_remove(self, label: str) -> bool:
+        """False when the host is unknown or still has claimed or running jobs."""
+
+    @abc.abstractmethod
+    def host_set_token(self, label: str, token_hash: str | None, now: datetime) -> bool: ...
+
+    @abc.abstractmethod
+    def host_token_hash(self, label: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool: ...
+
+    @abc.abstractmethod
+    def host_usage(self, now: datetime) -> dict[str, HostUsage]: ...
+
+    @abc.abstractmethod
+    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]: ...
+
+    @abc.abstractmethod
+    def job_assign(
+        self,
+        host: str,
+        items: Sequence[tuple[int, float]],
+        max_workers: int,
+        bookable_gb: float,
+        now: datetime,
+    ) -> list[AttemptToken]:
+        """Place (job id, RAM GB) pairs on a host, re-checking its capacity in SQL under a
+        host lock, so two schedulers can never overbook it. Returns what was placed."""
+
+    @abc.abstractmethod
+    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
+        """Claimed jobs placed on a host whose attempt has not started yet."""
+
+    @abc.abstractmethod
+    def attempt_set_worker(self, token: AttemptToken, worker: str) -> None: ...
+
+    @abc.abstractmethod
+    def reservation_create(
+        self,
+        kind: ReservationKind,
+        owner: str,
+        host: str,
+        weight: str,
+        ram_gb: float,
+        count: int,
+        expires_at: datetime,
+        bookable_gb: float | None,
+        now: datetime,
+    ) -> list[Reservation]:
+        """Book up to `count` slots; with `bookable_gb` only as many as fit. A CI slot is
+        idempotent per owner: claiming it again returns the live one."""
+
+    @abc.abstractmethod
+    def reservation_end(
+        self, reservation_id: int, status: ReservationStatus, now: datetime
+    ) -> Reservation | None: ...
+
+    @abc.abstractmethod
+    def reservation_get(self, reservation_id: int) -> Reservation | None: ...
+
+    @abc.abstractmethod
+    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None: ...
+
+    @abc.abstractmethod
+    def reservation_list(self, host: str | None = None) -> list[Reservation]: ...
+
+    @abc.abstractmethod
+    def reservation_expire(self, now: datetime) -> int: ...
+
+    @abc.abstractmethod
+    def alert_open(self, key: str, message: str, now: datetime) -> bool:
+        """True when newly opened; an open alert with the same key dedups it."""
+
+    @abc.abstractmethod
+    def alert_clear(self, key: str, now: datetime) -> bool: ...
+
+    @abc.abstractmethod
+    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]: ...
+
+    @abc.abstractmethod
+    def leader_lease(self) -> Lease: ...
+
+    @abc.abstractmethod
+    def notify(self, topic: str) -> None:
+        """Wake listeners in other processes (PostgreSQL); SQLite's waker needs nothing."""
+
     @abc.abstractmethod
     def listen(self) -> Waker:
         """A waker that returns early when jobs are submitted, requeued or cancelled."""
@@ -247,3 +389,81 @@ def event_from_row(row: Mapping[str, Any]) -> Event:
         attempt=row["attempt"],
         detail=row["detail"] or {},
     )
+
+
+def host_from_row(row: Mapping[str, Any]) -> HostRecord:
+    def names(value: Any) -> frozenset[str] | None:
+        return None if value is None else frozenset(value)
+
+    return HostRecord(
+        label=row["label"],
+        ram_total_gb=float(row["ram_total_gb"]),
+        ram_reserved_gb=float(row["ram_reserved_gb"]),
+        cpus=int(row["cpus"]),
+        enabled=bool(row["enabled"]),
+        transport=Transport(row["transport"]),
+        ssh_target=row["ssh_target"],
+        prime_max_workers=int(row["prime_max_workers"]),
+        prime_max_weight=row["prime_max_weight"],
+        night_max_workers=int(row["night_max_workers"]),
+        night_max_weight=row["night_max_weight"],
+        allowed_job_types=names(row["allowed_job_types"]),
+        allowed_weights=names(row["allowed_weights"]),
+        priority_floor=row["priority_floor"],
+        labels=frozenset(row["labels"] or ()),
+        last_heartbeat=row["last_heartbeat"],
+        agent_info=row["agent_info"] or {},
+        has_token=row["token_hash"] is not None,
+    )
+
+
+def host_params(host: HostRecord) -> dict[str, Any]:
+    """Column values of a host; JSON columns as plain lists (each store wraps them)."""
+    return {
+        "label": host.label,
+        "ram_total_gb": host.ram_total_gb,
+        "ram_reserved_gb": host.ram_reserved_gb,
+        "cpus": host.cpus,
+        "enabled": host.enabled,
+        "transport": str(host.transport),
+        "ssh_target": host.ssh_target,
+        "prime_max_workers": host.prime_max_workers,
+        "prime_max_weight": host.prime_max_weight,
+        "night_max_workers": host.night_max_workers,
+        "night_max_weight": host.night_max_weight,
+        "allowed_job_types": None if host.allowed_job_types is None
+        else sorted(host.allowed_job_types),
+        "allowed_weights": None if host.allowed_weights is None
+        else sorted(host.allowed_weights),
+        "priority_floor": host.priority_floor,
+        "labels": sorted(host.labels),
+    }
+
+
+def reservation_from_row(row: Mapping[str, Any]) -> Reservation:
+    return Reservation(
+        id=int(row["id"]),
+        kind=ReservationKind(row["kind"]),
+        owner=row["owner"],
+        host=row["host"],
+        weight=row["weight"],
+        ram_gb=float(row["ram_gb"]),
+        status=ReservationStatus(row["status"]),
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        ended_at=row["ended_at"],
+    )
+
+
+def alert_from_row(row: Mapping[str, Any]) -> Alert:
+    return Alert(int(row["id"]), row["key"], row["message"], row["opened_at"],
+                 row["cleared_at"])
+
+
+def due_job_from_row(row: Mapping[str, Any]) -> DueJob:
+    return DueJob(int(row["id"]), int(row["priority"]), row["weight"], row["job_type"],
+                  row["affinity"], row["created_at"], row["available_at"])
+
+
+CAPACITY_EPSILON_GB = 1e-9
+"""Float slack when comparing booked RAM with a budget (3 + 3 + 2.4 must fit 8.4)."""

@@ -8,7 +8,9 @@ cancels `NOTIFY herder`, which wakes idle runners at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,27 +27,42 @@ from herder.model import (
     AttemptToken,
     Event,
     HeartbeatReply,
+    HostRecord,
+    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
 )
 from herder.store.base import (
+    CAPACITY_EPSILON_GB,
+    Alert,
+    DueJob,
+    Lease,
     LiveAttempt,
     Store,
     Waker,
+    alert_from_row,
     attempt_from_row,
+    due_job_from_row,
     event_from_row,
+    host_from_row,
+    host_params,
     job_from_row,
     live_attempt_from_row,
     load_migrations,
     load_queries,
+    reservation_from_row,
 )
 from herder.urls import redact_url
 
 Q = load_queries("postgres")
 CHANNEL = "herder"
 _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
+_LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
 
 
 class PostgresWaker(Waker):
@@ -295,8 +312,237 @@ class PostgresStore(Store):
             rows = conn.execute(Q["event_list"], {"job_id": job_id}).fetchall()
         return [event_from_row(row) for row in rows]
 
+    # -- fleet ------------------------------------------------------------------------------
+
+    def host_insert(self, host: HostRecord, now: datetime) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_insert"], _host_params(host, now)).fetchone()
+        return row is not None
+
+    def host_update(self, host: HostRecord, now: datetime) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_update"], _host_params(host, now)).fetchone()
+        return row is not None
+
+    def host_get(self, label: str) -> HostRecord | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_get"], {"label": label}).fetchone()
+        return None if row is None else host_from_row(row)
+
+    def host_list(self) -> list[HostRecord]:
+        with self._pool.connection() as conn:
+            return [host_from_row(row) for row in conn.execute(Q["host_list"]).fetchall()]
+
+    def host_remove(self, label: str) -> bool:
+        with self._pool.connection() as conn:
+            return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
+
+    def host_set_token(self, label: str, token_hash: str | None, now: datetime) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_set_token"],
+                               {"label": label, "token_hash": token_hash, "now": now}).fetchone()
+        return row is not None
+
+    def host_token_hash(self, label: str) -> str | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_token_hash"], {"label": label}).fetchone()
+        return None if row is None else row["token_hash"]
+
+    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_heartbeat"], {
+                "label": label, "now": now, "agent_info": Jsonb(dict(agent_info))}).fetchone()
+        return row is not None
+
+    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["host_usage"], {"now": now}).fetchall()
+        return {r["label"]: HostUsage(r["label"], int(r["workers"]), float(r["jobs_gb"]),
+                                      float(r["reserved_gb"])) for r in rows}
+
+    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["job_list_due"], {"now": now, "limit": limit}).fetchall()
+        return [due_job_from_row(row) for row in rows]
+
+    def job_assign(
+        self,
+        host: str,
+        items: Sequence[tuple[int, float]],
+        max_workers: int,
+        bookable_gb: float,
+        now: datetime,
+    ) -> list[AttemptToken]:
+        placed: list[AttemptToken] = []
+        with self._pool.connection() as conn, conn.transaction():
+            # The host row lock serialises every assigner of this host; capacity is then
+            # re-read inside the lock, so a stale plan can never overbook it.
+            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
+                return []
+            booked = conn.execute(Q["host_booked"], {"label": host, "now": now}).fetchone()
+            assert booked is not None
+            workers, booked_gb = int(booked["workers"]), float(booked["booked_gb"])
+            for job_id, ram_gb in items:
+                if workers + 1 > max_workers:
+                    break
+                if booked_gb + ram_gb > bookable_gb + CAPACITY_EPSILON_GB:
+                    continue
+                row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
+                                                     "ram_gb": ram_gb, "now": now}).fetchone()
+                if row is None:
+                    continue
+                workers += 1
+                booked_gb += ram_gb
+                placed.append(AttemptToken(int(row["id"]), int(row["attempt"])))
+            if placed:
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"assigned:{host}"))
+        return placed
+
+    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["attempt_list_assigned"],
+                                {"host": host, "limit": limit}).fetchall()
+        return [job_from_row(row) for row in rows]
+
+    def attempt_set_worker(self, token: AttemptToken, worker: str) -> None:
+        with self._pool.connection() as conn:
+            conn.execute(Q["attempt_set_worker"], {"job_id": token.job_id,
+                                                   "attempt": token.attempt, "worker": worker})
+
+    def reservation_create(
+        self,
+        kind: ReservationKind,
+        owner: str,
+        host: str,
+        weight: str,
+        ram_gb: float,
+        count: int,
+        expires_at: datetime,
+        bookable_gb: float | None,
+        now: datetime,
+    ) -> list[Reservation]:
+        created: list[Reservation] = []
+        with self._pool.connection() as conn, conn.transaction():
+            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
+                return []
+            if kind is ReservationKind.CI:
+                existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
+                if existing is not None:
+                    return [reservation_from_row(existing)]
+            fit = count
+            if bookable_gb is not None and ram_gb > 0:
+                booked = conn.execute(Q["host_booked"], {"label": host, "now": now}).fetchone()
+                assert booked is not None
+                free = bookable_gb - float(booked["booked_gb"]) + CAPACITY_EPSILON_GB
+                fit = max(0, min(count, math.floor(free / ram_gb)))
+            for _ in range(fit):
+                row = conn.execute(Q["reservation_insert"], {
+                    "kind": str(kind), "owner": owner, "host": host, "weight": weight,
+                    "ram_gb": ram_gb, "detail": Jsonb({}), "now": now,
+                    "expires_at": expires_at}).fetchone()
+                if row is not None:
+                    created.append(reservation_from_row(row))
+        return created
+
+    def reservation_end(
+        self, reservation_id: int, status: ReservationStatus, now: datetime
+    ) -> Reservation | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["reservation_end"], {
+                "id": reservation_id, "status": str(status), "now": now,
+                "detail": Jsonb({})}).fetchone()
+        return None if row is None else reservation_from_row(row)
+
+    def reservation_get(self, reservation_id: int) -> Reservation | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["reservation_get"], {"id": reservation_id}).fetchone()
+        return None if row is None else reservation_from_row(row)
+
+    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["reservation_release_ci"],
+                               {"owner": owner, "now": now}).fetchone()
+        return None if row is None else reservation_from_row(row)
+
+    def reservation_list(self, host: str | None = None) -> list[Reservation]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["reservation_list"], {"host": host}).fetchall()
+        return [reservation_from_row(row) for row in rows]
+
+    def reservation_expire(self, now: datetime) -> int:
+        with self._pool.connection() as conn:
+            return len(conn.execute(Q["reservation_expire"], {"now": now}).fetchall())
+
+    def alert_open(self, key: str, message: str, now: datetime) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["alert_open"],
+                               {"key": key, "message": message, "now": now}).fetchone()
+        return row is not None
+
+    def alert_clear(self, key: str, now: datetime) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["alert_clear"], {"key": key, "now": now}).fetchone()
+        return row is not None
+
+    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(Q["alert_list"],
+                                {"open_only": open_only, "limit": limit}).fetchall()
+        return [alert_from_row(row) for row in rows]
+
+    def leader_lease(self) -> Lease:
+        return PostgresLease(self.url)
+
+    def notify(self, topic: str) -> None:
+        with self._pool.connection() as conn:
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))
+
     def listen(self) -> Waker:
         return PostgresWaker(self.url)
+
+
+class PostgresLease(Lease):
+    """A session advisory lock on a dedicated connection: held while the session lives, so a
+    crashed or partitioned leader loses it when PostgreSQL drops its connection."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def try_acquire(self) -> bool:
+        if self._conn is not None:
+            try:
+                self._conn.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                self._drop()
+        try:
+            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
+        except psycopg.Error:
+            return False
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,)).fetchone()
+        if row is None or not row[0]:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+    def release(self) -> None:
+        self._drop()
+
+
+def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
+    params = host_params(host)
+    for key in ("allowed_job_types", "allowed_weights", "labels"):
+        params[key] = None if params[key] is None else Jsonb(params[key])
+    params["now"] = now
+    return params
 
 
 def _spec_params(spec: JobSpec, now: datetime) -> dict[str, Any]:

@@ -6,7 +6,9 @@ claimers can never read the same queued row and both update it; readers never bl
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -24,31 +26,49 @@ from herder.model import (
     AttemptToken,
     Event,
     HeartbeatReply,
+    HostRecord,
+    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
 )
 from herder.store.base import (
+    CAPACITY_EPSILON_GB,
+    Alert,
+    DueJob,
+    Lease,
     LiveAttempt,
     Store,
     Waker,
+    alert_from_row,
     attempt_from_row,
+    due_job_from_row,
     event_from_row,
+    host_from_row,
+    host_params,
     job_from_row,
     live_attempt_from_row,
     load_migrations,
     load_queries,
+    reservation_from_row,
 )
 
 Q = load_queries("sqlite")
 _TIME_COLUMNS = frozenset(
     {
         "available_at", "created_at", "claimed_at", "started_at", "finished_at", "updated_at",
-        "heartbeat_at", "ended_at", "at",
+        "heartbeat_at", "ended_at", "at", "last_heartbeat", "expires_at", "opened_at",
+        "cleared_at",
     }
 )
-_JSON_COLUMNS = frozenset({"command", "payload", "env", "detail"})
+_JSON_COLUMNS = frozenset(
+    {"command", "payload", "env", "detail", "allowed_job_types", "allowed_weights", "labels",
+     "agent_info"}
+)
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
 
@@ -399,8 +419,223 @@ class SQLiteStore(Store):
         rows = self._conn().execute(Q["event_list"], {"job_id": job_id}).fetchall()
         return [event_from_row(_convert(row)) for row in rows]
 
+    # -- fleet ------------------------------------------------------------------------------
+
+    def host_insert(self, host: HostRecord, now: datetime) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["host_insert"], _host_params(host, now)).fetchone()
+        return row is not None
+
+    def host_update(self, host: HostRecord, now: datetime) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["host_update"], _host_params(host, now)).fetchone()
+        return row is not None
+
+    def host_get(self, label: str) -> HostRecord | None:
+        row = self._conn().execute(Q["host_get"], {"label": label}).fetchone()
+        return None if row is None else host_from_row(_convert(row))
+
+    def host_list(self) -> list[HostRecord]:
+        return [host_from_row(_convert(r)) for r in self._conn().execute(Q["host_list"])]
+
+    def host_remove(self, label: str) -> bool:
+        with self._write() as conn:
+            return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
+
+    def host_set_token(self, label: str, token_hash: str | None, now: datetime) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["host_set_token"], {"label": label, "token_hash": token_hash,
+                                                     "now": now.timestamp()}).fetchone()
+        return row is not None
+
+    def host_token_hash(self, label: str) -> str | None:
+        row = self._conn().execute(Q["host_token_hash"], {"label": label}).fetchone()
+        return None if row is None else row[0]
+
+    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["host_heartbeat"], {
+                "label": label, "now": now.timestamp(),
+                "agent_info": json.dumps(dict(agent_info))}).fetchone()
+        return row is not None
+
+    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
+        rows = self._conn().execute(Q["host_usage"], {"now": now.timestamp()}).fetchall()
+        return {row[0]: HostUsage(row[0], int(row[1]), float(row[2]), float(row[3]))
+                for row in rows}
+
+    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
+        rows = self._conn().execute(
+            Q["job_list_due"], {"now": now.timestamp(), "limit": limit}).fetchall()
+        return [due_job_from_row(_convert(row)) for row in rows]
+
+    def job_assign(
+        self,
+        host: str,
+        items: Sequence[tuple[int, float]],
+        max_workers: int,
+        bookable_gb: float,
+        now: datetime,
+    ) -> list[AttemptToken]:
+        stamp = now.timestamp()
+        placed: list[AttemptToken] = []
+        with self._write() as conn:
+            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
+                return []
+            booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
+            workers, booked_gb = int(booked[0]), float(booked[1])
+            for job_id, ram_gb in items:
+                if workers + 1 > max_workers:
+                    break
+                if booked_gb + ram_gb > bookable_gb + CAPACITY_EPSILON_GB:
+                    continue
+                row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
+                                                     "ram_gb": ram_gb, "now": stamp}).fetchone()
+                if row is None:
+                    continue
+                token = AttemptToken(int(row[0]), int(row[1]))
+                conn.execute(Q["attempt_insert"], {"job_id": token.job_id,
+                                                   "attempt": token.attempt, "host": host,
+                                                   "worker": "", "now": stamp})
+                _event(conn, token.job_id, stamp, "placed", JobStatus.QUEUED, JobStatus.CLAIMED,
+                       token.attempt, {"host": host, "ram_gb": ram_gb})
+                workers += 1
+                booked_gb += ram_gb
+                placed.append(token)
+        return placed
+
+    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
+        rows = self._conn().execute(
+            Q["attempt_list_assigned"], {"host": host, "limit": limit}).fetchall()
+        return [job_from_row(_convert(row)) for row in rows]
+
+    def attempt_set_worker(self, token: AttemptToken, worker: str) -> None:
+        with self._write() as conn:
+            conn.execute(Q["attempt_set_worker"], {"job_id": token.job_id,
+                                                   "attempt": token.attempt, "worker": worker})
+
+    def reservation_create(
+        self,
+        kind: ReservationKind,
+        owner: str,
+        host: str,
+        weight: str,
+        ram_gb: float,
+        count: int,
+        expires_at: datetime,
+        bookable_gb: float | None,
+        now: datetime,
+    ) -> list[Reservation]:
+        stamp = now.timestamp()
+        created: list[Reservation] = []
+        with self._write() as conn:
+            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
+                return []
+            if kind is ReservationKind.CI:
+                existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
+                if existing is not None:
+                    return [reservation_from_row(_convert(existing))]
+            fit = count
+            if bookable_gb is not None and ram_gb > 0:
+                booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
+                free = bookable_gb - float(booked[1]) + CAPACITY_EPSILON_GB
+                fit = max(0, min(count, math.floor(free / ram_gb)))
+            for _ in range(fit):
+                row = conn.execute(Q["reservation_insert"], {
+                    "kind": str(kind), "owner": owner, "host": host, "weight": weight,
+                    "ram_gb": ram_gb, "detail": "{}", "now": stamp,
+                    "expires_at": expires_at.timestamp()}).fetchone()
+                if row is not None:
+                    created.append(reservation_from_row(_convert(row)))
+        return created
+
+    def reservation_end(
+        self, reservation_id: int, status: ReservationStatus, now: datetime
+    ) -> Reservation | None:
+        with self._write() as conn:
+            row = conn.execute(Q["reservation_end"], {
+                "id": reservation_id, "status": str(status), "now": now.timestamp(),
+                "detail": "{}"}).fetchone()
+        return None if row is None else reservation_from_row(_convert(row))
+
+    def reservation_get(self, reservation_id: int) -> Reservation | None:
+        row = self._conn().execute(Q["reservation_get"], {"id": reservation_id}).fetchone()
+        return None if row is None else reservation_from_row(_convert(row))
+
+    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
+        with self._write() as conn:
+            row = conn.execute(Q["reservation_release_ci"],
+                               {"owner": owner, "now": now.timestamp()}).fetchone()
+        return None if row is None else reservation_from_row(_convert(row))
+
+    def reservation_list(self, host: str | None = None) -> list[Reservation]:
+        rows = self._conn().execute(Q["reservation_list"], {"host": host}).fetchall()
+        return [reservation_from_row(_convert(row)) for row in rows]
+
+    def reservation_expire(self, now: datetime) -> int:
+        with self._write() as conn:
+            return len(conn.execute(Q["reservation_expire"],
+                                    {"now": now.timestamp()}).fetchall())
+
+    def alert_open(self, key: str, message: str, now: datetime) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["alert_open"], {"key": key, "message": message,
+                                                 "now": now.timestamp()}).fetchone()
+        return row is not None
+
+    def alert_clear(self, key: str, now: datetime) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["alert_clear"], {"key": key, "now": now.timestamp()}).fetchone()
+        return row is not None
+
+    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
+        rows = self._conn().execute(Q["alert_list"], {"open_only": int(open_only),
+                                                      "limit": limit}).fetchall()
+        return [alert_from_row(_convert(row)) for row in rows]
+
+    def leader_lease(self) -> Lease:
+        return SQLiteLease(self.path + ".leader")
+
+    def notify(self, topic: str) -> None:
+        """Nothing to send: every commit already moves `data_version` for the wakers."""
+
     def listen(self) -> Waker:
         return SQLiteWaker(self.path)
+
+
+class SQLiteLease(Lease):
+    """An exclusive flock on a file beside the database; the kernel drops it with the
+    process, so a crashed leader never blocks its successor."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
+    params = host_params(host)
+    for key in ("allowed_job_types", "allowed_weights", "labels"):
+        params[key] = None if params[key] is None else json.dumps(params[key])
+    params["enabled"] = int(params["enabled"])
+    params["now"] = now.timestamp()
+    return params
 
 
 def _dedup_conflict(dedup_key: str | None) -> InputError:

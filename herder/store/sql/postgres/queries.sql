@@ -193,3 +193,167 @@ WHERE a.ended_at IS NULL AND j.status IN ('claimed', 'running')
 
 -- name: event_list
 SELECT * FROM herder_events WHERE job_id = %(job_id)s ORDER BY id;
+
+-- Fleet: hosts ------------------------------------------------------------------------------
+
+-- name: host_insert
+INSERT INTO herder_hosts (
+    label, ram_total_gb, ram_reserved_gb, cpus, enabled, transport, ssh_target,
+    prime_max_workers, prime_max_weight, night_max_workers, night_max_weight,
+    allowed_job_types, allowed_weights, priority_floor, labels, created_at, updated_at)
+VALUES (
+    %(label)s, %(ram_total_gb)s, %(ram_reserved_gb)s, %(cpus)s, %(enabled)s, %(transport)s,
+    %(ssh_target)s, %(prime_max_workers)s, %(prime_max_weight)s, %(night_max_workers)s,
+    %(night_max_weight)s, %(allowed_job_types)s, %(allowed_weights)s, %(priority_floor)s,
+    %(labels)s, %(now)s, %(now)s)
+ON CONFLICT (label) DO NOTHING
+RETURNING label;
+
+-- name: host_update
+UPDATE herder_hosts SET
+    ram_total_gb = %(ram_total_gb)s, ram_reserved_gb = %(ram_reserved_gb)s, cpus = %(cpus)s,
+    enabled = %(enabled)s, transport = %(transport)s, ssh_target = %(ssh_target)s,
+    prime_max_workers = %(prime_max_workers)s, prime_max_weight = %(prime_max_weight)s,
+    night_max_workers = %(night_max_workers)s, night_max_weight = %(night_max_weight)s,
+    allowed_job_types = %(allowed_job_types)s, allowed_weights = %(allowed_weights)s,
+    priority_floor = %(priority_floor)s, labels = %(labels)s, updated_at = %(now)s
+WHERE label = %(label)s
+RETURNING label;
+
+-- name: host_get
+SELECT * FROM herder_hosts WHERE label = %(label)s;
+
+-- name: host_list
+SELECT * FROM herder_hosts ORDER BY label;
+
+-- name: host_remove
+DELETE FROM herder_hosts h
+WHERE label = %(label)s
+  AND NOT EXISTS (SELECT 1 FROM herder_jobs j
+                  WHERE j.host = h.label AND j.status IN ('claimed', 'running'))
+RETURNING label;
+
+-- name: host_set_token
+UPDATE herder_hosts SET token_hash = %(token_hash)s, updated_at = %(now)s
+WHERE label = %(label)s RETURNING label;
+
+-- name: host_token_hash
+SELECT token_hash FROM herder_hosts WHERE label = %(label)s;
+
+-- name: host_heartbeat
+UPDATE herder_hosts SET last_heartbeat = %(now)s, agent_info = %(agent_info)s
+WHERE label = %(label)s RETURNING label;
+
+-- name: host_usage
+SELECT h.label,
+       coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
+       coalesce(r.reserved_gb, 0) AS reserved_gb
+FROM herder_hosts h
+LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
+           WHERE status IN ('claimed', 'running') GROUP BY host) j ON j.host = h.label
+LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
+           WHERE status = 'active' AND expires_at > %(now)s GROUP BY host) r
+       ON r.host = h.label;
+
+-- name: host_lock
+SELECT label FROM herder_hosts WHERE label = %(label)s FOR UPDATE;
+
+-- name: host_booked
+SELECT (SELECT count(*) FROM herder_jobs
+        WHERE host = %(label)s AND status IN ('claimed', 'running')) AS workers,
+       (SELECT coalesce(sum(ram_gb), 0) FROM herder_jobs
+        WHERE host = %(label)s AND status IN ('claimed', 'running'))
+     + (SELECT coalesce(sum(ram_gb), 0) FROM herder_reservations
+        WHERE host = %(label)s AND status = 'active' AND expires_at > %(now)s) AS booked_gb;
+
+-- Fleet: placement -------------------------------------------------------------------------
+
+-- name: job_list_due
+SELECT id, priority, weight, job_type, affinity, created_at, available_at
+FROM herder_jobs
+WHERE status = 'queued' AND available_at <= %(now)s
+ORDER BY priority, id
+LIMIT %(limit)s;
+
+-- name: job_assign
+WITH claimed AS (
+    UPDATE herder_jobs j
+    SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s, ram_gb = %(ram_gb)s,
+        claimed_at = %(now)s, started_at = NULL, updated_at = %(now)s
+    WHERE j.id = %(job_id)s AND j.status = 'queued'
+    RETURNING j.id, j.attempt
+), att AS (
+    INSERT INTO herder_attempts (job_id, attempt, host, worker, claimed_at, heartbeat_at)
+    SELECT id, attempt, %(host)s, '', %(now)s, %(now)s FROM claimed
+), ev AS (
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+    SELECT id, %(now)s, 'placed', 'queued', 'claimed', attempt,
+           jsonb_build_object('host', %(host)s::text, 'ram_gb', %(ram_gb)s::float8)
+    FROM claimed
+)
+SELECT id, attempt FROM claimed;
+
+-- name: attempt_list_assigned
+SELECT j.* FROM herder_jobs j
+JOIN herder_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
+WHERE j.host = %(host)s AND j.status = 'claimed' AND a.ended_at IS NULL
+ORDER BY j.priority, j.id
+LIMIT %(limit)s;
+
+-- name: attempt_set_worker
+UPDATE herder_attempts SET worker = %(worker)s
+WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND ended_at IS NULL;
+
+-- Fleet: reservations ----------------------------------------------------------------------
+
+-- name: reservation_insert
+INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
+                                 expires_at)
+VALUES (%(kind)s, %(owner)s, %(host)s, %(weight)s, %(ram_gb)s, %(detail)s, %(now)s,
+        %(expires_at)s)
+ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
+RETURNING *;
+
+-- name: reservation_active_ci
+SELECT * FROM herder_reservations WHERE kind = 'ci' AND owner = %(owner)s AND status = 'active';
+
+-- name: reservation_end
+UPDATE herder_reservations SET status = %(status)s, ended_at = %(now)s,
+    detail = detail || %(detail)s
+WHERE id = %(id)s AND status = 'active'
+RETURNING *;
+
+-- name: reservation_release_ci
+UPDATE herder_reservations SET status = 'released', ended_at = %(now)s
+WHERE kind = 'ci' AND owner = %(owner)s AND status = 'active'
+RETURNING *;
+
+-- name: reservation_get
+SELECT * FROM herder_reservations WHERE id = %(id)s;
+
+-- name: reservation_list
+SELECT * FROM herder_reservations
+WHERE status = 'active' AND (%(host)s::text IS NULL OR host = %(host)s::text)
+ORDER BY id;
+
+-- name: reservation_expire
+UPDATE herder_reservations SET status = 'expired', ended_at = %(now)s
+WHERE status = 'active' AND expires_at <= %(now)s
+RETURNING id;
+
+-- Fleet: alerts ----------------------------------------------------------------------------
+
+-- name: alert_open
+INSERT INTO herder_alerts (key, message, opened_at) VALUES (%(key)s, %(message)s, %(now)s)
+ON CONFLICT (key) WHERE cleared_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: alert_clear
+UPDATE herder_alerts SET cleared_at = %(now)s
+WHERE key = %(key)s AND cleared_at IS NULL
+RETURNING id;
+
+-- name: alert_list
+SELECT * FROM herder_alerts
+WHERE (%(open_only)s::boolean IS FALSE OR cleared_at IS NULL)
+ORDER BY id DESC LIMIT %(limit)s;

@@ -137,3 +137,156 @@ WHERE a.ended_at IS NULL AND j.status IN ('claimed', 'running')
 
 -- name: event_list
 SELECT * FROM herder_events WHERE job_id = :job_id ORDER BY id;
+
+-- Fleet: hosts ------------------------------------------------------------------------------
+
+-- name: host_insert
+INSERT INTO herder_hosts (
+    label, ram_total_gb, ram_reserved_gb, cpus, enabled, transport, ssh_target,
+    prime_max_workers, prime_max_weight, night_max_workers, night_max_weight,
+    allowed_job_types, allowed_weights, priority_floor, labels, created_at, updated_at)
+VALUES (
+    :label, :ram_total_gb, :ram_reserved_gb, :cpus, :enabled, :transport,
+    :ssh_target, :prime_max_workers, :prime_max_weight, :night_max_workers,
+    :night_max_weight, :allowed_job_types, :allowed_weights, :priority_floor,
+    :labels, :now, :now)
+ON CONFLICT (label) DO NOTHING
+RETURNING label;
+
+-- name: host_update
+UPDATE herder_hosts SET
+    ram_total_gb = :ram_total_gb, ram_reserved_gb = :ram_reserved_gb, cpus = :cpus,
+    enabled = :enabled, transport = :transport, ssh_target = :ssh_target,
+    prime_max_workers = :prime_max_workers, prime_max_weight = :prime_max_weight,
+    night_max_workers = :night_max_workers, night_max_weight = :night_max_weight,
+    allowed_job_types = :allowed_job_types, allowed_weights = :allowed_weights,
+    priority_floor = :priority_floor, labels = :labels, updated_at = :now
+WHERE label = :label
+RETURNING label;
+
+-- name: host_get
+SELECT * FROM herder_hosts WHERE label = :label;
+
+-- name: host_list
+SELECT * FROM herder_hosts ORDER BY label;
+
+-- name: host_remove
+DELETE FROM herder_hosts
+WHERE label = :label
+  AND NOT EXISTS (SELECT 1 FROM herder_jobs j
+                  WHERE j.host = herder_hosts.label AND j.status IN ('claimed', 'running'))
+RETURNING label;
+
+-- name: host_set_token
+UPDATE herder_hosts SET token_hash = :token_hash, updated_at = :now
+WHERE label = :label RETURNING label;
+
+-- name: host_token_hash
+SELECT token_hash FROM herder_hosts WHERE label = :label;
+
+-- name: host_heartbeat
+UPDATE herder_hosts SET last_heartbeat = :now, agent_info = :agent_info
+WHERE label = :label RETURNING label;
+
+-- name: host_usage
+SELECT h.label,
+       coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
+       coalesce(r.reserved_gb, 0) AS reserved_gb
+FROM herder_hosts h
+LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
+           WHERE status IN ('claimed', 'running') GROUP BY host) j ON j.host = h.label
+LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
+           WHERE status = 'active' AND expires_at > :now GROUP BY host) r
+       ON r.host = h.label;
+
+-- name: host_lock
+SELECT label FROM herder_hosts WHERE label = :label;
+
+-- name: host_booked
+SELECT (SELECT count(*) FROM herder_jobs
+        WHERE host = :label AND status IN ('claimed', 'running')) AS workers,
+       (SELECT coalesce(sum(ram_gb), 0) FROM herder_jobs
+        WHERE host = :label AND status IN ('claimed', 'running'))
+     + (SELECT coalesce(sum(ram_gb), 0) FROM herder_reservations
+        WHERE host = :label AND status = 'active' AND expires_at > :now) AS booked_gb;
+
+-- Fleet: placement -------------------------------------------------------------------------
+
+-- name: job_list_due
+SELECT id, priority, weight, job_type, affinity, created_at, available_at
+FROM herder_jobs
+WHERE status = 'queued' AND available_at <= :now
+ORDER BY priority, id
+LIMIT :limit;
+
+-- name: job_assign
+UPDATE herder_jobs
+SET status = 'claimed', attempt = attempt + 1, host = :host, ram_gb = :ram_gb,
+    claimed_at = :now, started_at = NULL, updated_at = :now
+WHERE id = :job_id AND status = 'queued'
+RETURNING id, attempt;
+
+-- name: attempt_list_assigned
+SELECT j.* FROM herder_jobs j
+JOIN herder_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
+WHERE j.host = :host AND j.status = 'claimed' AND a.ended_at IS NULL
+ORDER BY j.priority, j.id
+LIMIT :limit;
+
+-- name: attempt_set_worker
+UPDATE herder_attempts SET worker = :worker
+WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL;
+
+-- Fleet: reservations ----------------------------------------------------------------------
+
+-- name: reservation_insert
+INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
+                                 expires_at)
+VALUES (:kind, :owner, :host, :weight, :ram_gb, :detail, :now,
+        :expires_at)
+ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
+RETURNING *;
+
+-- name: reservation_active_ci
+SELECT * FROM herder_reservations WHERE kind = 'ci' AND owner = :owner AND status = 'active';
+
+-- name: reservation_end
+UPDATE herder_reservations SET status = :status, ended_at = :now,
+    detail = json_patch(detail, :detail)
+WHERE id = :id AND status = 'active'
+RETURNING *;
+
+-- name: reservation_release_ci
+UPDATE herder_reservations SET status = 'released', ended_at = :now
+WHERE kind = 'ci' AND owner = :owner AND status = 'active'
+RETURNING *;
+
+-- name: reservation_get
+SELECT * FROM herder_reservations WHERE id = :id;
+
+-- name: reservation_list
+SELECT * FROM herder_reservations
+WHERE status = 'active' AND (:host IS NULL OR host = :host)
+ORDER BY id;
+
+-- name: reservation_expire
+UPDATE herder_reservations SET status = 'expired', ended_at = :now
+WHERE status = 'active' AND expires_at <= :now
+RETURNING id;
+
+-- Fleet: alerts ----------------------------------------------------------------------------
+
+-- name: alert_open
+INSERT INTO herder_alerts (key, message, opened_at) VALUES (:key, :message, :now)
+ON CONFLICT (key) WHERE cleared_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: alert_clear
+UPDATE herder_alerts SET cleared_at = :now
+WHERE key = :key AND cleared_at IS NULL
+RETURNING id;
+
+-- name: alert_list
+SELECT * FROM herder_alerts
+WHERE (NOT :open_only OR cleared_at IS NULL)
+ORDER BY id DESC LIMIT :limit;
