@@ -116,6 +116,91 @@ class JobTypeSection(_Strict):
         return value
 
 
+class WindowCapsSection(_Strict):
+    max_workers: int = Field(default=1, ge=0)
+    max_weight: str | None = None
+
+
+class HostSection(_Strict):
+    """A host declared in herder.toml; `herder server` creates or updates it at start."""
+
+    ram_total_gb: float = Field(ge=0)
+    ram_reserved_gb: float = Field(default=0.0, ge=0)
+    cpus: int = Field(default=1, ge=1)
+    transport: str = "agent"
+    ssh_target: str | None = None
+    prime: WindowCapsSection = WindowCapsSection()
+    night: WindowCapsSection = WindowCapsSection()
+    job_types: list[str] | None = None
+    weights: list[str] | None = None
+    priority_floor: int | None = None
+    labels: list[str] = Field(default_factory=list)
+    enabled: bool = True
+
+    @field_validator("transport")
+    @classmethod
+    def _transport(cls, value: str) -> str:
+        if value not in ("local", "agent", "ssh"):
+            raise ValueError("transport must be local, agent or ssh")
+        return value
+
+
+class FleetSection(_Strict):
+    bookable_fraction: float = Field(default=0.8, gt=0, le=1)
+    strategy: str = "best_fit"
+    starvation_wait: Duration = 600.0
+    healthy_within: Duration = 300.0
+    degraded_within: Duration = 900.0
+    night_start: str = "20:00"
+    night_end: str = "03:00"
+    timezone: str = "UTC"
+    escalation: list[str] = Field(
+        default_factory=lambda: ["light", "heavy", "playwright", "orchestrator"]
+    )
+    shedding: list[tuple[float, str | None]] = Field(
+        default_factory=lambda: [(0.75, None), (0.5, "heavy"), (0.25, "heavy"), (0.0, "light")]
+    )
+    max_spawn_failures: int = Field(default=5, ge=1)
+    spawn_backoff: Duration = 300.0
+    scheduler_interval: Duration = 1.0
+    missed_heartbeats: int = Field(default=3, ge=1)
+    reservation_ttl: Duration = 10800.0
+    ci_slot_ttl: Duration = 28800.0
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy(cls, value: str) -> str:
+        if value not in ("best_fit", "spread"):
+            raise ValueError("strategy must be best_fit or spread")
+        return value
+
+    @field_validator("night_start", "night_end")
+    @classmethod
+    def _clock(cls, value: str) -> str:
+        if not re.match(r"^([01]\d|2[0-3]):[0-5]\d$", value):
+            raise ValueError(f"{value!r} is not a time of day like 20:00")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown timezone {value!r}") from exc
+        return value
+
+
+class ServerSection(_Strict):
+    listen: str = "127.0.0.1:8470"
+    api_token_env: str = "HERDER_API_TOKEN"
+    long_poll: Duration = 25.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
 DEFAULT_WEIGHTS: dict[str, float] = {
     "light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0,
 }
@@ -127,6 +212,17 @@ class Settings(_Strict):
     defaults: DefaultsSection = DefaultsSection()
     weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     job_types: dict[str, JobTypeSection] = Field(default_factory=dict)
+    fleet: FleetSection = FleetSection()
+    server: ServerSection = ServerSection()
+    hosts: dict[str, HostSection] = Field(default_factory=dict)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: dict[str, HostSection]) -> dict[str, HostSection]:
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid host label")
+        return value
 
     @field_validator("weights")
     @classmethod
@@ -256,6 +352,25 @@ def _cross_check(config: Config, text: str) -> None:
             f"unknown weight {settings.defaults.weight!r}",
             f"define it under [weights] or use one of {sorted(settings.weights)}",
         )
+    known = set(settings.weights)
+    for name in settings.fleet.escalation:
+        if name not in known:
+            raise ConfigError(_where(config, text, ["fleet", "escalation"]),
+                              f"unknown weight {name!r}",
+                              f"use weights from [weights]: {sorted(known)}")
+    for label, host in settings.hosts.items():
+        for window in ("prime", "night"):
+            weight = getattr(host, window).max_weight
+            if weight is not None and weight not in known:
+                raise ConfigError(_where(config, text, ["hosts", label, window, "max_weight"]),
+                                  f"unknown weight {weight!r}", f"use one of {sorted(known)}")
+        for weight in host.weights or ():
+            if weight not in known:
+                raise ConfigError(_where(config, text, ["hosts", label, "weights"]),
+                                  f"unknown weight {weight!r}", f"use one of {sorted(known)}")
+        if host.transport == "ssh" and not host.ssh_target:
+            raise ConfigError(_where(config, text, ["hosts", label, "ssh_target"]),
+                              "an ssh host needs ssh_target", "set ssh_target = \"user@host\"")
     for name, job_type in settings.job_types.items():
         if job_type.weight is not None and job_type.weight not in settings.weights:
             raise ConfigError(

@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from herder.model import AttemptResult, AttemptToken, Job, Outcome
+from herder.model import AttemptToken, Job, Outcome
 from herder.runtime.executor import LaunchError, RunningAttempt, append_log, spawn
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.process import process_start_time
-from herder.scheduling.policy import RetryState, decide
+from herder.runtime.sources import ClaimSource, PolicyLimits, WorkSource
 from herder.store import Store
 
 log = logging.getLogger("herder.runner")
@@ -51,13 +51,22 @@ class RunnerOptions:
     poll_interval: float = 1.0
     max_lost: int = 5
     exit_when_idle: bool = False
+    max_spawn_failures: int = 5
+    spawn_backoff: float = 300.0
+
+    @property
+    def limits(self) -> PolicyLimits:
+        return PolicyLimits(self.max_lost, self.max_spawn_failures, self.spawn_backoff)
 
 
 class Runner:
     def __init__(
-        self, store: Store, options: RunnerOptions, clock: Callable[[], datetime] = utcnow
+        self,
+        store: Store | None,
+        options: RunnerOptions,
+        clock: Callable[[], datetime] = utcnow,
+        source: WorkSource | None = None,
     ) -> None:
-        self.store = store
         self.options = options
         self.clock = clock
         pid = os.getpid()
@@ -65,8 +74,14 @@ class Runner:
         # Keyed by attempt, not job: a fenced-out attempt of a job may still be stopping when
         # the same job's next attempt is claimed here, and both must stay supervised.
         self.running: dict[AttemptToken, RunningAttempt] = {}
-        self.rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
-                               options.max_lost)
+        if source is None:
+            if store is None:
+                raise ValueError("a runner needs a store or a work source")
+            rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
+                              options.max_lost)
+            source = ClaimSource(store, options.host, options.limits, rescuer)
+        self.source = source
+        source.attach(self.worker)
         self._stopping = 0
         self._next_heartbeat = 0.0
         self._next_maintenance = 0.0
@@ -95,11 +110,9 @@ class Runner:
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
             self._install_signals()
-        counts = self.rescuer.run_once(self.clock())
-        if counts["orphaned"] or counts["stale"]:
-            log.warning("recovered attempts at start: %s", counts)
+        self.source.maintain(self.clock())
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
-        waker = self.store.listen()
+        waker = self.source.waker()
         log.info("runner %s up: concurrency %d", self.worker, self.options.concurrency)
         try:
             while True:
@@ -112,6 +125,7 @@ class Runner:
                     self._next_cancel_check = 0.0
         finally:
             waker.close()
+            self.source.close()
 
     def _turn(self) -> bool | None:
         """One pass; None when the runner should exit."""
@@ -135,18 +149,17 @@ class Runner:
             self._heartbeat(mono)
         if mono >= self._next_maintenance:
             self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
-            self.rescuer.run_once(self.clock())
-        if self.options.exit_when_idle and claimed_none and not self.running:
-            counts = self.store.job_counts()
-            if not any(counts.values()):
-                log.info("nothing queued, claimed or running: exiting")
-                return None
+            self.source.maintain(self.clock())
+        if (self.options.exit_when_idle and claimed_none and not self.running
+                and self.source.idle()):
+            log.info("nothing queued, claimed or running: exiting")
+            return None
         return True
 
     # -- steps ------------------------------------------------------------------------------
 
     def _claim(self, free: int) -> list[Job]:
-        jobs = self.store.job_claim(self.options.host, self.worker, free, self.clock())
+        jobs = self.source.take(free, self.clock())
         for job in jobs:
             self._start(job)
         return jobs
@@ -167,8 +180,8 @@ class Runner:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
             self._finish(job, Outcome.LAUNCH_FAILED, None)
             return
-        if not self.store.attempt_start(job.token, attempt.process.pid, str(attempt.log_path),
-                                        self.clock()):
+        if not self.source.started(job.token, attempt.process.pid, str(attempt.log_path),
+                                   self.clock()):
             # Fenced out between claim and start (declared lost meanwhile): never run it.
             attempt.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
             attempt.kill()
@@ -188,21 +201,15 @@ class Runner:
                 self._finish(attempt.job, outcome, attempt.returncode)
 
     def _finish(self, job: Job, outcome: Outcome, exit_code: int | None) -> None:
-        now = self.clock()
-        state = RetryState(job.failures, job.lost, job.max_attempts, job.backoff_base_seconds,
-                           job.backoff_max_seconds)
-        decision = decide(outcome, state, now, self.options.max_lost)
-        applied = self.store.attempt_finish(
-            [AttemptResult(job.token, outcome, exit_code, decision)], now
-        )
+        status = self.source.finished(job, outcome, exit_code, self.clock())
         self.finished += 1
-        if applied:
-            log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, outcome, applied[0][1])
+        if status is not None:
+            log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, outcome, status)
         else:
             log.warning("job %d attempt %d: result rejected (fenced out)", job.id, job.attempt)
 
     def _check_cancels(self, mono: float) -> None:
-        wanted = self.store.job_cancel_requested([token.job_id for token in self.running])
+        wanted = self.source.cancel_requested([token.job_id for token in self.running])
         for token in wanted:
             attempt = self.running.get(token)
             if attempt is not None:
@@ -212,7 +219,7 @@ class Runner:
     def _heartbeat(self, mono: float) -> None:
         self._next_heartbeat = mono + self.options.heartbeat_interval
         tokens = [attempt.token for attempt in self.running.values()]
-        reply = self.store.attempt_heartbeat(tokens, self.clock())
+        reply = self.source.heartbeat(tokens, self.clock())
         for attempt in self.running.values():
             if attempt.token not in reply.live:
                 log.warning("job %d attempt %d was fenced out: stopping it", attempt.job.id,

@@ -246,7 +246,8 @@ class Store(abc.ABC):
         """Claimed jobs placed on a host whose attempt has not started yet."""
 
     @abc.abstractmethod
-    def attempt_set_worker(self, token: AttemptToken, worker: str) -> None: ...
+    def attempt_set_worker(self, token: AttemptToken, worker: str) -> bool:
+        """Take a placed attempt for one runner; False when another runner has it."""
 
     @abc.abstractmethod
     def reservation_create(

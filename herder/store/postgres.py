@@ -404,10 +404,11 @@ class PostgresStore(Store):
                                 {"host": host, "limit": limit}).fetchall()
         return [job_from_row(row) for row in rows]
 
-    def attempt_set_worker(self, token: AttemptToken, worker: str) -> None:
+    def attempt_set_worker(self, token: AttemptToken, worker: str) -> bool:
         with self._pool.connection() as conn:
-            conn.execute(Q["attempt_set_worker"], {"job_id": token.job_id,
-                                                   "attempt": token.attempt, "worker": worker})
+            row = conn.execute(Q["attempt_set_worker"], {
+                "job_id": token.job_id, "attempt": token.attempt, "worker": worker}).fetchone()
+        return row is not None
 
     def reservation_create(
         self,

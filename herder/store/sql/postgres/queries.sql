@@ -302,7 +302,9 @@ LIMIT %(limit)s;
 
 -- name: attempt_set_worker
 UPDATE herder_attempts SET worker = %(worker)s
-WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND ended_at IS NULL;
+WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND ended_at IS NULL
+  AND (worker = '' OR worker = %(worker)s)
+RETURNING job_id;
 
 -- Fleet: reservations ----------------------------------------------------------------------
 

@@ -235,7 +235,9 @@ LIMIT :limit;
 
 -- name: attempt_set_worker
 UPDATE herder_attempts SET worker = :worker
-WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL;
+WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL
+  AND (worker = '' OR worker = :worker)
+RETURNING job_id;
 
 -- Fleet: reservations ----------------------------------------------------------------------
 
