@@ -401,5 +401,7 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         sys.exit(Runner(store, options).run())
 
 
+import herder.cli_fleet  # noqa: E402, F401  (registers the fleet commands on `main`)
+
 if __name__ == "__main__":
     main()

@@ -44,6 +44,8 @@ class SubmitRequest:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     check_command: bool = True
+    local: bool = True
+    """Submitted on the machine that runs it: the workdir defaults to the current one."""
 
 
 def parse_payload(text: str) -> dict[str, Any]:
@@ -168,10 +170,13 @@ def resolve(config: Config, request: SubmitRequest) -> JobSpec:
         workdir = request.workdir
     elif workdir_template is not None:
         workdir = render(workdir_template, context, f"job_types.{request.job_type}.workdir")
-    else:
+    elif request.local:
         workdir = os.getcwd()
-    workdir = str(Path(os.path.expanduser(workdir)).resolve())
-    if request.check_command:
+    else:
+        workdir = None
+    if workdir is not None and request.local:
+        workdir = str(Path(os.path.expanduser(workdir)).resolve())
+    if request.check_command and workdir is not None:
         if not os.path.isdir(workdir):
             raise InputError("workdir", f"{workdir} is not a directory",
                              "create it or pass --workdir")

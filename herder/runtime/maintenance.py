@@ -55,16 +55,22 @@ def rescue_plan(
     live: Iterable[LiveAttempt],
     now: datetime,
     lease_seconds: float,
-    host: str,
+    host: str | frozenset[str],
     worker_alive: Callable[[WorkerId], bool],
 ) -> list[Rescue]:
-    """Which live attempts to declare lost, and why. Pure but for the liveness probe."""
+    """Which live attempts to declare lost, and why. Pure but for the liveness probe.
+
+    `host` names the host label(s) whose processes run on this machine: their attempts are
+    judged by whether their runner process lives, never by the lease alone, because only
+    here can survivors be killed before the job is requeued.
+    """
+    local = frozenset({host}) if isinstance(host, str) else host
     plan: list[Rescue] = []
     cutoff = now - timedelta(seconds=lease_seconds)
     for item in live:
         attempt = item.attempt
         worker = WorkerId.parse(attempt.worker)
-        if attempt.host == host and worker is not None and worker.host == host:
+        if attempt.host in local and worker is not None and worker.host == attempt.host:
             if not worker_alive(worker):
                 plan.append(Rescue(item, "orphaned"))
             continue  # a live local runner speaks for its own attempts
@@ -79,7 +85,12 @@ def local_worker_alive(worker: WorkerId) -> bool:
 
 class Rescuer:
     def __init__(
-        self, store: Store, host: str, lease_seconds: float, kill_grace: float, max_lost: int
+        self,
+        store: Store,
+        host: str | frozenset[str],
+        lease_seconds: float,
+        kill_grace: float,
+        max_lost: int,
     ) -> None:
         self.store = store
         self.host = host

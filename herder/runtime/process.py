@@ -156,3 +156,25 @@ def _reap(pids: Iterable[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def token_markers() -> dict[str, list[int]]:
+    """Every live process carrying an attempt marker, grouped by marker."""
+    prefix = f"{TOKEN_VARIABLE}=".encode()
+    own = os.getpid()
+    found: dict[str, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(prefix):
+                if not is_zombie(int(entry)):
+                    found.setdefault(item[len(prefix):].decode(errors="replace"), []).append(
+                        int(entry))
+                break
+    return found

@@ -53,6 +53,9 @@ class RunnerOptions:
     exit_when_idle: bool = False
     max_spawn_failures: int = 5
     spawn_backoff: float = 300.0
+    drain_timeout: float | None = None
+    """On the first SIGTERM, let running attempts finish for this long before handing them
+    back; None stops them at once (they are requeued either way)."""
 
     @property
     def limits(self) -> PolicyLimits:
@@ -83,6 +86,7 @@ class Runner:
         self.source = source
         source.attach(self.worker)
         self._stopping = 0
+        self._drain_deadline: float | None = None
         self._next_heartbeat = 0.0
         self._next_maintenance = 0.0
         self._next_cancel_check = 0.0
@@ -132,21 +136,23 @@ class Runner:
         mono = time.monotonic()
         self._reap(mono)
         if self._stopping:
+            self.source.drain()
+            if self._draining(mono):
+                if not self.running:
+                    return None
+                self._supervise(mono)
+                return True
             self._stop_all(mono, Outcome.LOST)
             if not self.running:
                 return None
             return True
-        if self.running and mono >= self._next_cancel_check:
-            self._next_cancel_check = mono + CANCEL_CHECK_PERIOD
-            self._check_cancels(mono)
+        self._supervise(mono)
         free = self.options.concurrency - len(self.running)
         claimed_none = False
         if free > 0 and mono >= self._next_claim:
             claimed = self._claim(free)
             claimed_none = not claimed
             self._next_claim = mono + self.options.poll_interval if claimed_none else 0.0
-        if self.running and mono >= self._next_heartbeat:
-            self._heartbeat(mono)
         if mono >= self._next_maintenance:
             self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
             self.source.maintain(self.clock())
@@ -155,6 +161,22 @@ class Runner:
             log.info("nothing queued, claimed or running: exiting")
             return None
         return True
+
+    def _draining(self, mono: float) -> bool:
+        if self._stopping > 1 or not self.options.drain_timeout:
+            return False
+        if self._drain_deadline is None:
+            self._drain_deadline = mono + self.options.drain_timeout
+            log.info("draining: no new work; %d running attempt(s) get %.0fs to finish",
+                     len(self.running), self.options.drain_timeout)
+        return mono < self._drain_deadline
+
+    def _supervise(self, mono: float) -> None:
+        if self.running and mono >= self._next_cancel_check:
+            self._next_cancel_check = mono + CANCEL_CHECK_PERIOD
+            self._check_cancels(mono)
+        if self.running and mono >= self._next_heartbeat:
+            self._heartbeat(mono)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -206,7 +228,7 @@ class Runner:
         if status is not None:
             log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, outcome, status)
         else:
-            log.warning("job %d attempt %d: result rejected (fenced out)", job.id, job.attempt)
+            log.info("job %d attempt %d: %s reported", job.id, job.attempt, outcome)
 
     def _check_cancels(self, mono: float) -> None:
         wanted = self.source.cancel_requested([token.job_id for token in self.running])

@@ -73,6 +73,9 @@ class WorkSource(abc.ABC):
     @abc.abstractmethod
     def waker(self) -> Waker: ...
 
+    def drain(self) -> None:
+        """Ask for no new work (the runner is shutting down)."""
+
     def maintain(self, now: datetime) -> None:
         """Periodic upkeep (rescuing orphans); nothing by default."""
 
@@ -109,6 +112,9 @@ class StoreSource(WorkSource):
 
     def waker(self) -> Waker:
         return self.store.listen()
+
+    def drain(self) -> None:
+        """Ask for no new work (the runner is shutting down)."""
 
     def maintain(self, now: datetime) -> None:
         self.rescuer.run_once(now)

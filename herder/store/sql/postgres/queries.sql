@@ -296,7 +296,7 @@ SELECT id, attempt FROM claimed;
 -- name: attempt_list_assigned
 SELECT j.* FROM herder_jobs j
 JOIN herder_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
-WHERE j.host = %(host)s AND j.status = 'claimed' AND a.ended_at IS NULL
+WHERE j.host = %(host)s AND j.status = 'claimed' AND a.ended_at IS NULL AND a.worker = ''
 ORDER BY j.priority, j.id
 LIMIT %(limit)s;
 

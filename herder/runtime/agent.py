@@ -1,0 +1,427 @@
+"""`herder agent`: runs a host's jobs, talking to the server over outbound HTTP(S) only.
+
+The agent is the same runner loop as `herder up` with an HTTP work source. Assignments come
+from a long-poll (an idle agent waits on an open request, so a placed job starts within
+milliseconds); reports (start, finish) go through an ordered outbox that retries until the
+server answers, so a server restart loses nothing and the agent keeps its running jobs.
+The agent gates itself before asking for work and re-checks each assignment against its own
+local allow-lists, refusing (fail-closed) what violates them; it checks real free RAM before
+spawning and hands a job back when the host is short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.process import kill_tree, token_markers
+from herder.runtime.sources import WorkSource
+from herder.store import Waker
+
+log = logging.getLogger("herder.agent")
+
+RAM_FACTOR = 1.2
+"""Spawn only when MemAvailable covers the job's budget with 20% headroom (seed 004, exit 3)."""
+LOG_CHUNK = 512 * 1024
+
+
+class AgentAuthError(Exception):
+    """The server rejected the agent's token: retrying cannot help."""
+
+
+@dataclass(frozen=True)
+class LocalGate:
+    """The agent's own allow-lists; None means "no local restriction"."""
+
+    job_types: frozenset[str] | None = None
+    weights: frozenset[str] | None = None
+    priority_floor: int | None = None
+
+    def refusal(self, job: Job) -> str | None:
+        if self.job_types is not None and job.job_type not in self.job_types:
+            return f"job type {job.job_type!r} is not allowed on this host"
+        if self.weights is not None and job.weight not in self.weights:
+            return f"weight {job.weight!r} is not allowed on this host"
+        if self.priority_floor is not None and job.priority < self.priority_floor:
+            return f"priority {job.priority} is below this host's floor {self.priority_floor}"
+        return None
+
+
+def mem_available_gb(path: str = "/proc/meminfo") -> float | None:
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / (1024 * 1024)
+    except OSError:
+        return None
+    return None
+
+
+class ServerClient:
+    """HTTP calls with the host token; transient failures are retried with backoff."""
+
+    def __init__(self, server: str, token: str, label: str, verify: bool | str = True,
+                 timeout: float = 10.0) -> None:
+        self.label = label
+        self.http = httpx.Client(
+            base_url=server.rstrip("/"), verify=verify, timeout=timeout,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "herder-agent"},
+        )
+
+    def call(self, method: str, path: str, *, retry: bool = True,
+             stop: threading.Event | None = None, **kwargs: Any) -> Any:
+        delay = 0.2
+        while True:
+            try:
+                response = self.http.request(method, f"/api/v1/agent/{self.label}{path}",
+                                             **kwargs)
+                if response.status_code in (401, 403):
+                    raise AgentAuthError(response.json().get("detail", response.text))
+                if response.status_code < 500:
+                    response.raise_for_status()
+                    return response.json()
+                problem = f"HTTP {response.status_code}"
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if not retry or (stop is not None and stop.is_set()):
+                raise ConnectionError(problem)
+            log.warning("server unreachable (%s); retrying in %.1fs", problem, delay)
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class _Event(Waker):
+    def __init__(self, event: threading.Event) -> None:
+        self._event = event
+
+    def wait(self, timeout: float) -> bool:
+        woke = self._event.wait(timeout)
+        self._event.clear()
+        return woke
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Shipping:
+    path: Path
+    offset: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class HttpSource(WorkSource):
+    def __init__(
+        self,
+        client: ServerClient,
+        gate: LocalGate,
+        concurrency: int,
+        heartbeat_interval: float = 10.0,
+        long_poll: float = 25.0,
+        check_ram: bool = True,
+        kill_grace: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.label = client.label
+        self.gate = gate
+        self.concurrency = concurrency
+        self.heartbeat_interval = heartbeat_interval
+        self.long_poll = long_poll
+        self.check_ram = check_ram
+        self.kill_grace = kill_grace
+        self.in_flight: Callable[[], int] = lambda: 0
+        self.draining = threading.Event()
+        self.server_gate: dict[str, Any] = {}
+        self._inbox: queue.Queue[Job] = queue.Queue()
+        self._outbox: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._shipping: dict[AttemptToken, _Shipping] = {}
+        self._cancels: set[AttemptToken] = set()
+        self._next_cancel_check = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def attach(self, worker: str) -> None:
+        super().attach(worker)
+        self._host_heartbeat(retry=True)
+        for target, name in ((self._poll_loop, "herder-agent-poll"),
+                             (self._outbox_loop, "herder-agent-outbox"),
+                             (self._ship_loop, "herder-agent-logs")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        deadline = time.monotonic() + 30.0
+        outbox = self._threads[1] if len(self._threads) > 1 else None
+        if outbox is not None:
+            outbox.join(max(0.0, deadline - time.monotonic()))
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(1.0)
+        self.client.close()
+
+    # -- the runner's side --------------------------------------------------------------------
+
+    def take(self, free: int, now: datetime) -> list[Job]:
+        jobs: list[Job] = []
+        while len(jobs) < free:
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            refusal = self.gate.refusal(job)
+            if refusal is not None:
+                log.warning("job %d refused: %s", job.id, refusal)
+                self._report(job.token, "finish", {"outcome": str(Outcome.REFUSED),
+                                                   "retry_after": 0, "detail": refusal})
+                continue
+            if self.check_ram and job.ram_gb > 0:
+                available = mem_available_gb()
+                if available is not None and available < job.ram_gb * RAM_FACTOR:
+                    log.warning("job %d handed back: needs %.1f GB x %.1f, %.1f GB available",
+                                job.id, job.ram_gb, RAM_FACTOR, available)
+                    self._report(job.token, "finish", {"outcome": str(Outcome.RAM_CONTENTION),
+                                                       "detail": f"{available:.1f} GB free"})
+                    continue
+            jobs.append(job)
+        return jobs
+
+    def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
+        self._shipping[token] = _Shipping(Path(log_path))
+        self._report(token, "start", {"pid": pid, "log_path": log_path})
+        return True
+
+    def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
+        try:
+            reply = self._heartbeat_call(tokens, retry=False)
+        except ConnectionError:
+            # Lost the server: keep every running job; the fence decides later.
+            return HeartbeatReply(frozenset(tokens), frozenset())
+        live = frozenset(AttemptToken(j, a) for j, a in reply["live"])
+        # An attempt whose start report is still in the outbox is not live on the server yet.
+        pending = frozenset(t for t in tokens if self._pending_start(t))
+        cancel = frozenset(AttemptToken(j, a) for j, a in reply["cancel"])
+        return HeartbeatReply(live | pending, cancel)
+
+    def finished(self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
+                 retry_after: float | None = None) -> JobStatus | None:
+        self._ship(job.token, final=True)
+        self._shipping.pop(job.token, None)
+        self._report(job.token, "finish", {"outcome": str(outcome), "exit_code": exit_code,
+                                           "retry_after": retry_after})
+        return None
+
+    def cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
+        now = time.monotonic()
+        if now >= self._next_cancel_check and job_ids:
+            self._next_cancel_check = now + 0.5
+            try:
+                reply = self.client.call("GET", "/cancels", retry=False,
+                                         params={"jobs": ",".join(map(str, job_ids))})
+                self._cancels = {AttemptToken(j, a) for j, a in reply["cancel"]}
+            except ConnectionError:
+                pass
+        return set(self._cancels)
+
+    def idle(self) -> bool:
+        return False
+
+    def drain(self) -> None:
+        self.draining.set()
+
+    def waker(self) -> Waker:
+        return _Event(self._wake)
+
+    def maintain(self, now: datetime) -> None:
+        """Kill what a previous agent of this host left running, and report it lost."""
+        for marker, pids in token_markers().items():
+            token, worker = parse_marker(marker)
+            if token is None or worker is None or worker.host != self.label:
+                continue
+            if str(worker) == self.worker or local_worker_alive(worker):
+                continue
+            log.warning("attempt %s survived a dead agent (pids %s): killing it", token, pids)
+            if kill_tree(None, marker, self.kill_grace):
+                self._report(token, "finish", {"outcome": str(Outcome.LOST)})
+
+    # -- threads --------------------------------------------------------------------------------
+
+    def _pending_start(self, token: AttemptToken) -> bool:
+        with self._outbox.mutex:
+            return any(item is not None and item[0] == str(token) and item[1] == "start"
+                       for item in self._outbox.queue)
+
+    def _report(self, token: AttemptToken, kind: str, body: dict[str, Any]) -> None:
+        self._outbox.put((str(token), kind, body))
+
+    def _outbox_loop(self) -> None:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            token_text, kind, body = item
+            job_id, attempt = token_text.split(".")
+            try:
+                reply = self.client.call("POST", f"/attempts/{job_id}/{attempt}/{kind}",
+                                         json=body, stop=self._stop)
+                if not reply.get("accepted", True):
+                    log.warning("attempt %s: %s rejected by the server (fenced out)",
+                                token_text, kind)
+                elif kind == "finish":
+                    log.info("attempt %s reported: %s", token_text, reply.get("status"))
+            except (ConnectionError, AgentAuthError) as exc:
+                log.error("attempt %s: %s not reported: %s", token_text, kind, exc)
+
+    def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool) -> dict[str, Any]:
+        reply: dict[str, Any] = self.client.call(
+            "POST", "/heartbeat", retry=retry, stop=self._stop,
+            json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
+                  "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
+                           "draining": self.draining.is_set()}})
+        if reply.get("host"):
+            self.server_gate = reply["host"]
+        return reply
+
+    def _host_heartbeat(self, retry: bool) -> None:
+        with contextlib.suppress(ConnectionError):
+            self._heartbeat_call([], retry=retry)
+
+    def _free(self) -> int:
+        """Self-gate: enabled, the current window's worker cap, what is in flight."""
+        gate = self.server_gate
+        if self.draining.is_set() or not gate.get("enabled", False):
+            return 0
+        cap = min(self.concurrency, int(gate.get("max_workers", 0)))
+        return max(0, cap - self.in_flight() - self._inbox.qsize())
+
+    def _poll_loop(self) -> None:
+        next_heartbeat = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_heartbeat:
+                    next_heartbeat = time.monotonic() + self.heartbeat_interval
+                    self._host_heartbeat(retry=False)
+                free = self._free()
+                if free <= 0:
+                    self._stop.wait(min(1.0, self.heartbeat_interval))
+                    continue
+                wait = min(self.long_poll, max(0.5, next_heartbeat - time.monotonic()))
+                reply = self.client.call("GET", "/assignments", stop=self._stop,
+                                         params={"worker": self.worker, "free": free,
+                                                 "wait": wait},
+                                         timeout=wait + 10.0)
+                for view in reply["jobs"]:
+                    self._inbox.put(job_from_assignment(view))
+                if reply["jobs"]:
+                    self._wake.set()
+            except AgentAuthError as exc:
+                log.error("the server refused this agent's token: %s", exc)
+                self._stop.wait(30.0)
+            except ConnectionError:
+                continue
+            except Exception:
+                log.exception("poll failed")
+                self._stop.wait(1.0)
+
+    def _ship_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            for token in list(self._shipping):
+                self._ship(token, final=False)
+
+    def _ship(self, token: AttemptToken, final: bool) -> None:
+        shipping = self._shipping.get(token)
+        if shipping is None:
+            return
+        with shipping.lock:
+            while True:
+                try:
+                    with open(shipping.path, "rb") as handle:
+                        handle.seek(shipping.offset)
+                        data = handle.read(LOG_CHUNK)
+                except OSError:
+                    return
+                if not data:
+                    return
+                try:
+                    self.client.call("POST", f"/attempts/{token.job_id}/{token.attempt}/log",
+                                     retry=final, stop=self._stop, content=data,
+                                     params={"offset": shipping.offset})
+                except (ConnectionError, AgentAuthError):
+                    return
+                shipping.offset += len(data)
+
+
+def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:
+    token_text, _, worker_text = marker.partition("@")
+    job_id, _, attempt = token_text.partition(".")
+    if not (job_id.isdigit() and attempt.isdigit()):
+        return None, None
+    return AttemptToken(int(job_id), int(attempt)), WorkerId.parse(worker_text)
+
+
+def job_from_assignment(view: dict[str, Any]) -> Job:
+    def stamp(value: str | None) -> datetime:
+        return datetime.fromisoformat(value) if value else datetime.now().astimezone()
+
+    return Job(
+        id=int(view["id"]), job_type=view["job_type"], command=tuple(view["command"]),
+        shell=bool(view["shell"]), payload=view["payload"], priority=int(view["priority"]),
+        weight=view["weight"], dedup_key=None, affinity=None,
+        available_at=stamp(view.get("available_at")), max_attempts=int(view["max_attempts"]),
+        timeout_seconds=view["timeout_seconds"], env=view["env"], workdir=view["workdir"],
+        backoff_base_seconds=float(view["backoff_base_seconds"]),
+        backoff_max_seconds=float(view["backoff_max_seconds"]), status=JobStatus.CLAIMED,
+        attempt=int(view["attempt"]), failures=int(view["failures"]), lost=int(view["lost"]),
+        host=None, exit_code=None, failure_reason=None, cancel_requested=False,
+        created_at=stamp(view.get("created_at")), claimed_at=None, started_at=None,
+        finished_at=None, updated_at=stamp(view.get("updated_at")),
+        ram_gb=float(view["ram_gb"]), spawn_failures=int(view["spawn_failures"]),
+    )
+
+
+SYSTEMD_UNIT = """\
+[Unit]
+Description=herder agent for host {label}
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User={user}
+WorkingDirectory={workdir}
+# HERDER_AGENT_TOKEN=... lives here, mode 0600; never on the command line.
+EnvironmentFile={env_file}
+ExecStart={herder} agent --server {server} --host {label}
+# SIGTERM drains: no new work, running jobs finish or are handed back after the deadline.
+KillMode=mixed
+TimeoutStopSec={stop_seconds}
+Restart=always
+RestartSec=15
+
+[Install]
+WantedBy=multi-user.target
+"""

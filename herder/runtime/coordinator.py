@@ -1,0 +1,390 @@
+"""`herder server`: the store, the scheduler (leader only), maintenance, local hosts, and
+what the HTTP API asks of them. The API module stays a thin translation layer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from herder.api.board import AssignmentBoard
+from herder.config import Config
+from herder.errors import InputError, NotFound
+from herder.model import (
+    AttemptResult,
+    AttemptToken,
+    HostRecord,
+    Job,
+    JobStatus,
+    Outcome,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
+    Transport,
+)
+from herder.runtime.maintenance import Rescuer
+from herder.runtime.runner import Runner, RunnerOptions, default_host
+from herder.runtime.scheduler import Fleet, Scheduler, expires, lease_seconds, take_snapshot
+from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
+from herder.scheduling.health import accepts_work
+from herder.scheduling.placement import explain, place
+from herder.store import Store
+from herder.views import iso
+
+log = logging.getLogger("herder.coordinator")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Coordinator:
+    def __init__(self, store: Store, config: Config, host: str | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.settings = config.settings
+        self.fleet = Fleet.from_settings(config.settings)
+        self.board = AssignmentBoard()
+        self.host = host or config.settings.herder.host or default_host()
+        runtime = self.settings.runtime
+        self.limits = PolicyLimits(runtime.max_lost, self.settings.fleet.max_spawn_failures,
+                                   self.settings.fleet.spawn_backoff)
+        self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
+        self.scheduler = Scheduler(store, self.fleet, on_assigned=self.board.notify)
+        self.is_leader = False
+        self._stop = threading.Event()
+        self._poke = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._runners: list[Runner] = []
+        self.log_dir = config.log_dir
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def sync_hosts(self) -> None:
+        """Create or update the hosts herder.toml declares; `enabled` (drain) stays the
+        operator's, so a restart never undoes `herder host drain`."""
+        now = utcnow()
+        for label, section in self.settings.hosts.items():
+            record = HostRecord(
+                label=label, ram_total_gb=section.ram_total_gb,
+                ram_reserved_gb=section.ram_reserved_gb, cpus=section.cpus,
+                enabled=section.enabled, transport=Transport(section.transport),
+                ssh_target=section.ssh_target,
+                prime_max_workers=section.prime.max_workers,
+                prime_max_weight=section.prime.max_weight,
+                night_max_workers=section.night.max_workers,
+                night_max_weight=section.night.max_weight,
+                allowed_job_types=None if section.job_types is None
+                else frozenset(section.job_types),
+                allowed_weights=None if section.weights is None else frozenset(section.weights),
+                priority_floor=section.priority_floor, labels=frozenset(section.labels),
+            )
+            existing = self.store.host_get(label)
+            if existing is None:
+                self.store.host_insert(record, now)
+            else:
+                self.store.host_update(replace(record, enabled=existing.enabled), now)
+
+    def start(self) -> None:
+        self.sync_hosts()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn(self._scheduler_loop, "herder-scheduler")
+        runtime = self.settings.runtime
+        for host in self.store.host_list():
+            if host.transport is not Transport.LOCAL:
+                continue
+            options = RunnerOptions(
+                host=host.label, log_dir=self.log_dir,
+                concurrency=max(host.prime_max_workers, host.night_max_workers, 1),
+                heartbeat_interval=runtime.heartbeat_interval,
+                attempt_lease=self.lease_seconds, kill_grace=runtime.kill_grace,
+                poll_interval=runtime.poll_interval, max_lost=runtime.max_lost,
+                max_spawn_failures=self.limits.max_spawn_failures,
+                spawn_backoff=self.limits.spawn_backoff_seconds,
+            )
+            rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
+                              runtime.max_lost)
+            source = AssignmentSource(self.store, host.label, self.limits, rescuer)
+            runner = Runner(None, options, source=source)
+            self._runners.append(runner)
+            self._spawn(lambda r=runner: r.run(install_signals=False), f"herder-local-{host.label}")
+            self._spawn(lambda label=host.label: self._local_heartbeat(label),
+                        f"herder-heartbeat-{host.label}")
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._poke.set()
+        for runner in self._runners:
+            runner.request_shutdown()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def poke(self) -> None:
+        """Something changed here (a submit, a finish): run a placement cycle soon."""
+        self._poke.set()
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    def _scheduler_loop(self) -> None:
+        lease = self.store.leader_lease()
+        waker = self.store.listen()
+        local_labels = frozenset({self.host} | {h.label for h in self.store.host_list()
+                                                if h.transport is Transport.LOCAL})
+        runtime = self.settings.runtime
+        rescuer = Rescuer(self.store, local_labels, self.lease_seconds, runtime.kill_grace,
+                          runtime.max_lost)
+        interval = self.settings.fleet.scheduler_interval
+        next_maintenance = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.is_leader = lease.try_acquire()
+                    if self.is_leader:
+                        now = utcnow()
+                        self.scheduler.run_once(now)
+                        if time.monotonic() >= next_maintenance:
+                            next_maintenance = time.monotonic() + 1.0
+                            rescued = rescuer.run_once(now)
+                            expired = self.store.reservation_expire(now)
+                            if any(rescued.values()) or expired:
+                                log.info("maintenance: %s, %d reservations expired",
+                                         rescued, expired)
+                except Exception:
+                    log.exception("scheduler cycle failed; retrying")
+                    self._stop.wait(1.0)
+                self._wait(waker, interval)
+        finally:
+            waker.close()
+            lease.release()
+
+    def _wait(self, waker: Any, interval: float) -> None:
+        """Until poked, woken by the store, or the interval passes; then debounce a burst."""
+        deadline = time.monotonic() + interval
+        while not self._stop.is_set():
+            if self._poke.is_set():
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or waker.wait(min(0.05, remaining)):
+                break
+        self._poke.clear()
+        time.sleep(0.005)
+
+    def _local_heartbeat(self, label: str) -> None:
+        interval = min(self.settings.runtime.heartbeat_interval, 30.0)
+        while not self._stop.is_set():
+            try:
+                self.store.host_heartbeat(label, utcnow(), {"via": "server", "pid": os.getpid()})
+            except Exception:
+                log.exception("local heartbeat for %s failed", label)
+            self._stop.wait(interval)
+
+    # -- what the API asks ------------------------------------------------------------------------
+
+    def _job_on_host(self, label: str, token: AttemptToken) -> Job:
+        job = self.store.job_get(token.job_id)
+        if job is None or job.host != label or job.attempt < token.attempt:
+            raise PermissionError(f"attempt {token} is not on host {label}")
+        return job
+
+    def take_assigned(self, label: str, worker: str, free: int) -> list[Job]:
+        if free <= 0:
+            return []
+        jobs = self.store.attempt_list_assigned(label, free)
+        return [job for job in jobs if self.store.attempt_set_worker(job.token, worker)]
+
+    def assignment_view(self, job: Job) -> dict[str, Any]:
+        return {
+            "id": job.id, "attempt": job.attempt, "job_type": job.job_type,
+            "command": list(job.command), "shell": job.shell, "payload": dict(job.payload),
+            "priority": job.priority, "weight": job.weight, "ram_gb": job.ram_gb,
+            "env": dict(job.env), "workdir": job.workdir, "timeout_seconds": job.timeout_seconds,
+            "max_attempts": job.max_attempts, "failures": job.failures, "lost": job.lost,
+            "spawn_failures": job.spawn_failures,
+            "backoff_base_seconds": job.backoff_base_seconds,
+            "backoff_max_seconds": job.backoff_max_seconds,
+            "available_at": iso(job.available_at), "created_at": iso(job.created_at),
+            "updated_at": iso(job.updated_at),
+        }
+
+    def start_attempt(self, label: str, token: AttemptToken, pid: int,
+                      _agent_log_path: str | None) -> bool:
+        try:
+            self._job_on_host(label, token)
+        except PermissionError:
+            return False
+        path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
+        return self.store.attempt_start(token, pid, str(path), utcnow())
+
+    def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
+                       exit_code: int | None, retry_after: float | None) -> JobStatus | None:
+        try:
+            job = self._job_on_host(label, token)
+        except PermissionError:
+            return None
+        if job.attempt != token.attempt:
+            return None
+        now = utcnow()
+        result = decide_for(job, outcome, now, self.limits, retry_after)
+        applied = self.store.attempt_finish(
+            [AttemptResult(token, outcome, exit_code, result.decision)], now)
+        self.poke()
+        return applied[0][1] if applied else None
+
+    def live_tokens(self, label: str) -> set[AttemptToken]:
+        return {live.attempt.token for live in self.store.attempt_list_live(label)}
+
+    def cancels_for(self, label: str, job_ids: list[int]) -> set[AttemptToken]:
+        return self.store.job_cancel_requested(job_ids) & self.live_tokens(label)
+
+    def write_log(self, label: str, token: AttemptToken, offset: int, data: bytes) -> int:
+        """Write an agent's log bytes at `offset` (idempotent when a chunk is resent)."""
+        self._job_on_host(label, token)
+        path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, data, offset)
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def host_gate(self, host: HostRecord, now: datetime) -> dict[str, Any]:
+        """What an agent needs to gate itself before taking work."""
+        caps = self.fleet.caps(host, now)
+        return {
+            "label": host.label, "enabled": host.enabled,
+            "window": self.fleet.policy.schedule.window_at(now),
+            "max_workers": caps.max_workers, "max_weight": caps.max_weight,
+            "allowed_job_types": None if host.allowed_job_types is None
+            else sorted(host.allowed_job_types),
+            "allowed_weights": None if host.allowed_weights is None
+            else sorted(host.allowed_weights),
+            "priority_floor": host.priority_floor,
+            "weights": dict(self.fleet.weights.budgets),
+            "escalation": list(self.fleet.weights.chain),
+        }
+
+    def host_views(self) -> list[dict[str, Any]]:
+        now = utcnow()
+        usage = self.store.host_usage(now)
+        return [host_view(self.fleet, host, usage.get(host.label), now)
+                for host in self.store.host_list()]
+
+    def why(self, job_id: int) -> str:
+        return why(self.store, self.fleet, job_id, utcnow())
+
+    def reserve(self, owner: str, label: str, weight: str, count: int) -> list[Reservation]:
+        host = self.store.host_get(label)
+        if host is None:
+            raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
+        self.config.check_weight(weight)
+        budget = self.fleet.weights.budget(weight)
+        now = utcnow()
+        return self.store.reservation_create(
+            ReservationKind.SUBAGENT, owner, label, weight, budget, count,
+            expires(now, self.settings.fleet.reservation_ttl), self.fleet.bookable(host), now)
+
+    def complete_reservation(self, reservation_id: int,
+                             status: ReservationStatus) -> Reservation:
+        return complete_reservation(self.store, reservation_id, status, utcnow())
+
+    def claim_slot(self, run_id: str, label: str, weight: str) -> Reservation:
+        return claim_slot(self.store, self.config, self.fleet, run_id, label, weight, utcnow())
+
+
+# -- shared by the CLI (direct store access) and the server ---------------------------------------
+
+
+def host_view(fleet: Fleet, host: HostRecord, usage: Any, now: datetime) -> dict[str, Any]:
+    bookable = fleet.bookable(host)
+    booked = usage.booked_gb if usage else 0.0
+    caps = fleet.caps(host, now)
+    return {
+        "label": host.label, "enabled": host.enabled, "transport": str(host.transport),
+        "health": str(fleet.health(host, now)), "last_heartbeat": iso(host.last_heartbeat),
+        "ram_total_gb": host.ram_total_gb, "ram_reserved_gb": host.ram_reserved_gb,
+        "bookable_gb": round(bookable, 3), "booked_gb": round(booked, 3),
+        "free_gb": round(bookable - booked, 3), "cpus": host.cpus,
+        "workers": usage.workers if usage else 0,
+        "window": fleet.policy.schedule.window_at(now),
+        "max_workers": caps.max_workers, "max_weight": caps.max_weight,
+        "prime": {"max_workers": host.prime_max_workers, "max_weight": host.prime_max_weight},
+        "night": {"max_workers": host.night_max_workers, "max_weight": host.night_max_weight},
+        "allowed_job_types": None if host.allowed_job_types is None
+        else sorted(host.allowed_job_types),
+        "allowed_weights": None if host.allowed_weights is None
+        else sorted(host.allowed_weights),
+        "priority_floor": host.priority_floor, "labels": sorted(host.labels),
+        "ssh_target": host.ssh_target,
+    }
+
+
+def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
+    """One line: why this job is (not) running."""
+    job = store.job_get(job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    if job.status is JobStatus.RUNNING:
+        return f"running on {job.host} (attempt {job.attempt})"
+    if job.status is JobStatus.CLAIMED:
+        return f"placed on {job.host}, waiting for it to start (attempt {job.attempt})"
+    if job.status.terminal:
+        reason = f" ({job.failure_reason})" if job.failure_reason else ""
+        return f"{job.status}{reason}; exit code {job.exit_code}"
+    if job.available_at > now:
+        wait = (job.available_at - now).total_seconds()
+        after = f" after {job.failure_reason}" if job.failure_reason else ""
+        return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(job.available_at)})"
+    hosts = store.host_list()
+    if not hosts:
+        ahead = sum(1 for other in store.job_list_due(now, 100_000)
+                    if (other.priority, other.id) < (job.priority, job.id))
+        return (f"queued; no hosts are registered, so `herder up` runs it "
+                f"({ahead} job(s) ahead of it)")
+    snapshot = take_snapshot(store, fleet, now)
+    return explain(job_id, place(snapshot), snapshot)
+
+
+def complete_reservation(store: Store, reservation_id: int, status: ReservationStatus,
+                         now: datetime) -> Reservation:
+    if status not in (ReservationStatus.DONE, ReservationStatus.FAILED,
+                      ReservationStatus.CANCELLED):
+        raise InputError("status", f"{status!r} cannot complete a reservation",
+                         "use done, failed or cancelled")
+    ended = store.reservation_end(reservation_id, status, now)
+    if ended is not None:
+        return ended
+    existing = store.reservation_get(reservation_id)
+    if existing is None:
+        raise NotFound(f"no reservation {reservation_id}")
+    return existing
+
+
+def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: str,
+               weight: str, now: datetime) -> Reservation:
+    if store.host_get(label) is None:
+        raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
+    config.check_weight(weight)
+    created = store.reservation_create(
+        ReservationKind.CI, run_id, label, weight, fleet.weights.budget(weight), 1,
+        expires(now, config.settings.fleet.ci_slot_ttl), None, now)
+    return created[0]
+
+
+def accepting(fleet: Fleet, host: HostRecord, now: datetime) -> bool:
+    return host.enabled and accepts_work(fleet.health(host, now))
+
+
+def server_log_path(log_dir: Path, token: AttemptToken) -> Path:
+    return log_dir / str(token.job_id) / f"{token.attempt}.log"

@@ -1,0 +1,179 @@
+"""The scheduler: snapshot the store, run the pure placement, commit the plan.
+
+Placement is a pure function of the snapshot; this module only reads and writes. A plan is
+committed host by host with `job_assign`, which re-checks capacity in SQL under a host lock,
+so a stale snapshot or a second scheduler can delay a job but never overbook a host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta
+
+from herder.config import Settings
+from herder.model import HostRecord
+from herder.scheduling.capacity import (
+    Shedding,
+    WeightTable,
+    WindowCaps,
+    WindowSchedule,
+    bookable_gb,
+)
+from herder.scheduling.health import HealthThresholds, HostHealth, accepts_work, host_health
+from herder.scheduling.placement import (
+    HostLoad,
+    HostSpec,
+    PendingJob,
+    PlacementPolicy,
+    Plan,
+    Snapshot,
+    place,
+)
+from herder.store import Store
+
+log = logging.getLogger("herder.scheduler")
+
+NO_HEALTHY_HOST = "fleet:no_healthy_host"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The fleet-wide rules from herder.toml, in the pure core's terms."""
+
+    weights: WeightTable
+    policy: PlacementPolicy
+    thresholds: HealthThresholds
+    max_due: int = 100_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Fleet:
+        fleet = settings.fleet
+        schedule = WindowSchedule(
+            timezone=fleet.timezone,
+            night_start=time.fromisoformat(fleet.night_start),
+            night_end=time.fromisoformat(fleet.night_end),
+        )
+        policy = PlacementPolicy(
+            bookable_fraction=fleet.bookable_fraction,
+            strategy=fleet.strategy,
+            starvation_wait_seconds=fleet.starvation_wait,
+            shedding=Shedding(tuple((ratio, weight) for ratio, weight in fleet.shedding)),
+            schedule=schedule,
+        )
+        return cls(
+            weights=WeightTable(dict(settings.weights), tuple(fleet.escalation)),
+            policy=policy,
+            thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
+        )
+
+    def caps(self, host: HostRecord, now: datetime) -> WindowCaps:
+        if self.policy.schedule.window_at(now) == "night":
+            return WindowCaps(host.night_max_workers, host.night_max_weight)
+        return WindowCaps(host.prime_max_workers, host.prime_max_weight)
+
+    def bookable(self, host: HostRecord) -> float:
+        return bookable_gb(host.ram_total_gb, host.ram_reserved_gb,
+                           self.policy.bookable_fraction)
+
+    def health(self, host: HostRecord, now: datetime) -> HostHealth:
+        return host_health(host.last_heartbeat, now, self.thresholds)
+
+
+def host_spec(host: HostRecord) -> HostSpec:
+    return HostSpec(
+        label=host.label,
+        ram_total_gb=host.ram_total_gb,
+        ram_reserved_gb=host.ram_reserved_gb,
+        cpus=host.cpus,
+        enabled=host.enabled,
+        transport=str(host.transport),
+        prime=WindowCaps(host.prime_max_workers, host.prime_max_weight),
+        night=WindowCaps(host.night_max_workers, host.night_max_weight),
+        allowed_job_types=host.allowed_job_types,
+        allowed_weights=host.allowed_weights,
+        priority_floor=host.priority_floor,
+        labels=host.labels,
+    )
+
+
+def take_snapshot(store: Store, fleet: Fleet, now: datetime) -> Snapshot:
+    """Everything placement needs, read from the store at `now`."""
+    hosts = store.host_list()
+    usage = store.host_usage(now)
+    loads = {}
+    for host in hosts:
+        used = usage.get(host.label)
+        loads[host.label] = HostLoad(
+            host.label, fleet.health(host, now),
+            used.workers if used else 0, used.booked_gb if used else 0.0,
+        )
+    jobs = [
+        PendingJob(job.id, job.priority, job.weight, job.job_type, job.affinity, None,
+                   job.available_at)
+        for job in store.job_list_due(now, fleet.max_due)
+    ]
+    return Snapshot(now, jobs, [host_spec(h) for h in hosts], loads, fleet.weights,
+                    fleet.policy)
+
+
+@dataclass
+class Scheduler:
+    """One placement cycle per `run_once(now)`; the service loop decides when."""
+
+    store: Store
+    fleet: Fleet
+    on_assigned: Callable[[set[str]], None] = lambda hosts: None
+    last_plan: Plan | None = field(default=None, init=False)
+
+    def run_once(self, now: datetime) -> dict[str, int]:
+        snapshot = take_snapshot(self.store, self.fleet, now)
+        plan = place(snapshot)
+        self.last_plan = plan
+        by_host: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        weights = {job.id: job.weight for job in snapshot.jobs}
+        for assignment in plan.assignments:
+            budget = self.fleet.weights.budget(weights[assignment.job_id])
+            by_host[assignment.host].append((assignment.job_id, budget))
+        records = {host.label: host for host in self.store.host_list()}
+        placed = 0
+        hosts_with_work: set[str] = set()
+        for label, items in by_host.items():
+            host = records.get(label)
+            if host is None:
+                continue
+            tokens = self.store.job_assign(label, items, self.fleet.caps(host, now).max_workers,
+                                           self.fleet.bookable(host), now)
+            if tokens:
+                placed += len(tokens)
+                hosts_with_work.add(label)
+        if hosts_with_work:
+            self.on_assigned(hosts_with_work)
+        healthy = self._alert(snapshot, now)
+        return {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
+                "healthy_hosts": healthy}
+
+    def _alert(self, snapshot: Snapshot, now: datetime) -> int:
+        """Raise one deduplicated alert while no enabled host can take work."""
+        enabled = [h for h in snapshot.hosts if h.enabled]
+        healthy = [h for h in enabled if accepts_work(snapshot.loads[h.label].health)]
+        if enabled and not healthy:
+            stale = ", ".join(f"{h.label} ({snapshot.loads[h.label].health})" for h in enabled)
+            if self.store.alert_open(NO_HEALTHY_HOST,
+                                     f"no healthy host can take work: {stale}", now):
+                log.error("ALERT: no healthy host can take work: %s", stale)
+        elif self.store.alert_clear(NO_HEALTHY_HOST, now):
+            log.warning("alert cleared: %d healthy host(s)", len(healthy))
+        return len(healthy)
+
+
+def lease_seconds(settings: Settings, heartbeat_interval: float) -> float:
+    """How long an attempt may stay silent before it is declared lost."""
+    return max(settings.runtime.attempt_lease,
+               settings.fleet.missed_heartbeats * heartbeat_interval)
+
+
+def expires(now: datetime, seconds: float) -> datetime:
+    return now + timedelta(seconds=seconds)

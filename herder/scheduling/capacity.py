@@ -1,0 +1,149 @@
+"""How much a host may take: RAM budgets per weight, time windows, and fleet-wide shedding.
+
+All of it is arithmetic over plain values; the clock is an argument, never read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, time
+from types import MappingProxyType
+from zoneinfo import ZoneInfo
+
+PRIME = "prime"
+NIGHT = "night"
+ESCALATION_CHAIN = ("light", "heavy", "playwright", "orchestrator")
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCaps:
+    """What a host takes during one window; `max_weight=None` means any weight."""
+
+    max_workers: int
+    max_weight: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSchedule:
+    """Splits the day into prime and night, so hosts can run more (or nothing) at night.
+
+    The night runs from `night_start` (inclusive) to `night_end` (exclusive) on the wall
+    clock of `timezone` and may wrap midnight (the default 20:00–03:00 does). Equal start
+    and end mean there is no night at all.
+    """
+
+    timezone: str = "UTC"
+    night_start: time = time(20, 0)
+    night_end: time = time(3, 0)
+
+    def window_at(self, now: datetime) -> str:
+        """"prime" or "night" at `now`; a naive `now` is taken as UTC."""
+        if now.tzinfo is None:
+            now = now.replace(tzinfo=UTC)
+        clock = now.astimezone(ZoneInfo(self.timezone)).time().replace(tzinfo=None)
+        start, end = self.night_start, self.night_end
+        if start <= end:
+            return NIGHT if start <= clock < end else PRIME
+        return NIGHT if clock >= start or clock < end else PRIME
+
+
+DEFAULT_SCHEDULE = WindowSchedule()
+
+
+@dataclass(frozen=True, slots=True)
+class WeightTable:
+    """RAM budget per weight and the escalation chain that orders them.
+
+    Weights outside the chain (e.g. `subagent`, which books no host RAM) rank below every
+    chain weight, so any window or shedding cap lets them through.
+    """
+
+    budgets: Mapping[str, float]
+    chain: tuple[str, ...] = ESCALATION_CHAIN
+
+    def __post_init__(self) -> None:
+        # A private read-only copy: the table is shared by every cycle and must not drift.
+        object.__setattr__(self, "budgets", MappingProxyType(dict(self.budgets)))
+
+    def budget(self, weight: str) -> float:
+        """GB booked by one attempt of this weight; KeyError for an unknown weight."""
+        return self.budgets[weight]
+
+    def known(self, weight: str) -> bool:
+        return weight in self.budgets
+
+    def rank(self, weight: str) -> int:
+        """Index in the chain; -1 (below everything) for weights outside it."""
+        try:
+            return self.chain.index(weight)
+        except ValueError:
+            return -1
+
+    def allows(self, max_weight: str | None, weight: str) -> bool:
+        """Whether a cap of `max_weight` (None = no cap) admits `weight`."""
+        return max_weight is None or self.rank(weight) <= self.rank(max_weight)
+
+    def heavier(self, weight: str) -> str | None:
+        """The next weight to escalate to; None at the ceiling or outside the chain."""
+        rank = self.rank(weight)
+        if rank < 0 or rank + 1 >= len(self.chain):
+            return None
+        return self.chain[rank + 1]
+
+
+DEFAULT_WEIGHTS = WeightTable(
+    {"light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0}
+)
+
+SEED_SHEDDING_STEPS: tuple[tuple[float, str | None], ...] = (
+    (0.75, None),
+    (0.5, "heavy"),
+    (0.25, "heavy"),
+    (0.0, "light"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Shedding:
+    """Fleet capacity ratio → the heaviest weight still placed, so a shrunken fleet keeps
+    its remaining slots for the light, urgent work (seed 003 §2.3).
+
+    `steps` go from the highest threshold down; the first threshold the ratio reaches
+    decides, and a ratio below every threshold gets the last step's weight.
+    """
+
+    steps: tuple[tuple[float, str | None], ...] = SEED_SHEDDING_STEPS
+
+    def __post_init__(self) -> None:
+        thresholds = [threshold for threshold, _ in self.steps]
+        if not thresholds:
+            raise ValueError("shedding needs at least one step")
+        if thresholds != sorted(thresholds, reverse=True):
+            raise ValueError("shedding steps must go from the highest ratio down")
+
+    def max_weight(self, ratio: float) -> str | None:
+        for threshold, weight in self.steps:
+            if ratio >= threshold:
+                return weight
+        return self.steps[-1][1]
+
+
+SEED_SHEDDING = Shedding()
+
+
+def bookable_gb(total_gb: float, reserved_gb: float, fraction: float = 0.8) -> float:
+    """RAM the scheduler may book on a host: a fraction of what the OS reservation leaves,
+    so measured use above the budgets still has headroom (seed 004: 0.8 × (32 − 4) = 22.4)."""
+    return max(0.0, fraction * (total_gb - reserved_gb))
+
+
+def capacity_ratio(healthy_slots: int, enabled_slots: int) -> float:
+    """Share of the enabled slots that sit on hosts accepting work.
+
+    With no enabled slots at all the ratio is 1.0: nothing was lost, and every host is
+    already refused for being disabled or closed, so shedding would only blur the reason.
+    """
+    if enabled_slots <= 0:
+        return 1.0
+    return min(1.0, max(0.0, healthy_slots / enabled_slots))

@@ -1,0 +1,664 @@
+"""Where each queued job runs this cycle, and why every other host said no.
+
+`place` is one pass over the queue in (priority, id) order. Each host is checked by a
+pipeline of small filters (in the order `Reason` lists them); the hosts that pass are
+scored (best fit or spread, the job's preferred host first, ties by label); RAM and slots
+are booked as the pass goes.
+
+The pass must stay under a second at 10k hosts × 100k jobs, so it never walks
+jobs × hosts:
+
+* hosts that accept work are grouped into classes with identical static caps
+  (allow-lists, priority floor, window max weight); each class keeps its open hosts sorted
+  by free RAM, so the best host of a class is one bisect;
+* jobs are grouped into shapes (weight, job type, affinity, priority band between the
+  hosts' floors); a shape's static verdict per class is computed once, and once a shape
+  finds no host every later job of it waits in O(1), because capacity only shrinks
+  during a pass;
+* why a job waits is worked out lazily, per shape, from the state at the end of the pass.
+  That is still a true refusal for every host (capacity only shrank since the job was
+  looked at) and it is the state the operator sees when asking.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from operator import attrgetter
+
+from herder.scheduling.capacity import (
+    DEFAULT_SCHEDULE,
+    DEFAULT_WEIGHTS,
+    NIGHT,
+    SEED_SHEDDING,
+    Shedding,
+    WeightTable,
+    WindowCaps,
+    WindowSchedule,
+    bookable_gb,
+    capacity_ratio,
+)
+from herder.scheduling.health import HostHealth, accepts_work
+
+RAM_TOLERANCE_GB = 1e-9
+"""Slack on the RAM check so float sums (22.4 − 3 − 3 …) never refuse an exact fit."""
+
+BEST_FIT = "best_fit"
+SPREAD = "spread"
+STRATEGIES = (BEST_FIT, SPREAD)
+ONE_WORKER = WindowCaps(max_workers=1)
+
+
+class Reason(enum.StrEnum):
+    """Why a host refused a job, in the order the filters run."""
+
+    DISABLED = "disabled"
+    HEALTH = "health"
+    WINDOW_CLOSED = "window_closed"
+    JOB_TYPE_NOT_ALLOWED = "job_type_not_allowed"
+    WEIGHT_NOT_ALLOWED = "weight_not_allowed"
+    PRIORITY_FLOOR = "priority_floor"
+    AFFINITY = "affinity"
+    UNKNOWN_WEIGHT = "unknown_weight"
+    MAX_WEIGHT = "max_weight"
+    SHED = "shed"
+    SLOTS_FULL = "slots_full"
+    RAM = "ram"
+    RESERVED = "reserved"
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """A host as configured: size, caps per window, and the allow-lists it enforces."""
+
+    label: str
+    ram_total_gb: float
+    ram_reserved_gb: float = 0.0
+    cpus: int = 1
+    enabled: bool = True
+    transport: str = "agent"
+    prime: WindowCaps = ONE_WORKER
+    night: WindowCaps = ONE_WORKER
+    allowed_job_types: frozenset[str] | None = None
+    allowed_weights: frozenset[str] | None = None
+    priority_floor: int | None = None
+    labels: frozenset[str] = frozenset()
+
+    def caps(self, window: str) -> WindowCaps:
+        return self.night if window == NIGHT else self.prime
+
+
+@dataclass(frozen=True, slots=True)
+class HostLoad:
+    """A host right now: its health, active attempts, and GB booked by them and by
+    reservations (subagent and CI slots)."""
+
+    label: str
+    health: HostHealth
+    workers: int
+    booked_gb: float
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """What placement needs of a queued job. `affinity` binds it to one host;
+    `preferred_host` only wins ties among hosts that can take it."""
+
+    id: int
+    priority: int
+    weight: str
+    job_type: str
+    affinity: str | None = None
+    preferred_host: str | None = None
+    waiting_since: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    bookable_fraction: float = 0.8
+    strategy: str = BEST_FIT
+    starvation_wait_seconds: float = 600.0
+    shedding: Shedding = SEED_SHEDDING
+    schedule: WindowSchedule = DEFAULT_SCHEDULE
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}")
+
+
+DEFAULT_POLICY = PlacementPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one placement pass looks at. A host without a load entry counts as
+    health unknown, no workers, nothing booked. Datetimes must all be aware (or all naive
+    UTC)."""
+
+    now: datetime
+    jobs: Sequence[PendingJob]
+    hosts: Sequence[HostSpec]
+    loads: Mapping[str, HostLoad]
+    weights: WeightTable = DEFAULT_WEIGHTS
+    policy: PlacementPolicy = DEFAULT_POLICY
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    host: str
+    reason: Reason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    job_id: int
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of one pass.
+
+    `assignments` are in the order they were decided. `waiting` has, for every job not
+    placed, one rejection per host in the snapshot's host order; jobs of one shape share
+    one tuple, and the tuples are built on first access. `reservations` maps a host to the
+    starving job it is held for.
+    """
+
+    assignments: tuple[Assignment, ...]
+    waiting: Mapping[int, tuple[Rejection, ...]]
+    reservations: Mapping[str, int]
+
+
+# --- the pass -------------------------------------------------------------------------
+
+
+class _Host:
+    """A host's mutable state during one pass (never escapes `place`)."""
+
+    __slots__ = (
+        "alive",
+        "bookable",
+        "free",
+        "group",
+        "health",
+        "key",
+        "label",
+        "max_weight",
+        "max_workers",
+        "open",
+        "rank",
+        "reserved_for",
+        "slots",
+        "spec",
+    )
+
+    def __init__(self, spec: HostSpec, rank: int, load: HostLoad | None, cycle: _Cycle) -> None:
+        caps = spec.caps(cycle.window)
+        self.spec = spec
+        self.label = spec.label
+        self.rank = rank
+        self.health = load.health if load is not None else HostHealth.UNKNOWN
+        self.max_workers = max(0, caps.max_workers)
+        self.max_weight = caps.max_weight
+        self.bookable = bookable_gb(spec.ram_total_gb, spec.ram_reserved_gb, cycle.fraction)
+        self.free = self.bookable - (load.booked_gb if load is not None else 0.0)
+        self.slots = self.max_workers - (load.workers if load is not None else 0)
+        self.alive = spec.enabled and accepts_work(self.health) and self.max_workers > 0
+        self.open = self.alive and self.slots > 0
+        self.group = -1
+        self.key: tuple[float, int] = (0.0, 0)
+        self.reserved_for: int | None = None
+
+
+class _Shape:
+    """Jobs that every filter treats alike; the preferred host is per job, not per shape."""
+
+    __slots__ = (
+        "affinity",
+        "budget",
+        "dead",
+        "group_set",
+        "groups",
+        "job_type",
+        "known",
+        "lists",
+        "need",
+        "priority",
+        "rejections",
+        "reserve_dead",
+        "shed_ok",
+        "target",
+        "threshold",
+        "weight",
+    )
+
+    def __init__(self, job: PendingJob, weights: WeightTable, shed_max: str | None) -> None:
+        self.weight = job.weight
+        self.job_type = job.job_type
+        self.affinity = job.affinity
+        self.priority = job.priority
+        self.known = weights.known(job.weight)
+        self.budget = weights.budget(job.weight) if self.known else 0.0
+        self.need = self.budget - RAM_TOLERANCE_GB
+        self.threshold = (self.need,)
+        self.shed_ok = weights.allows(shed_max, job.weight)
+        self.groups: list[int] = []
+        self.lists: list[list[tuple[float, int]]] = []
+        self.group_set: frozenset[int] = frozenset()
+        self.target: _Host | None = None
+        self.dead = False
+        self.reserve_dead = False
+        self.rejections: tuple[Rejection, ...] | None = None
+
+
+class _Cycle:
+    """One placement pass. Mutable inside, but nothing mutable leaves `place`."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        policy = snapshot.policy
+        self.snapshot = snapshot
+        self.weights = snapshot.weights
+        self.window = policy.schedule.window_at(snapshot.now)
+        self.fraction = policy.bookable_fraction
+        self.best_fit = policy.strategy == BEST_FIT
+
+        labels = sorted(spec.label for spec in snapshot.hosts)
+        rank_of = {label: rank for rank, label in enumerate(labels)}
+        if len(rank_of) != len(labels):
+            raise ValueError("host labels must be unique")
+        loads = snapshot.loads
+        self.hosts = [_Host(spec, rank_of[spec.label], loads.get(spec.label), self)
+                      for spec in snapshot.hosts]
+        self.by_label = {host.label: host for host in self.hosts}
+        self.by_rank = sorted(self.hosts, key=attrgetter("rank"))
+
+        enabled_slots = sum(host.max_workers for host in self.hosts if host.spec.enabled)
+        healthy_slots = sum(host.max_workers for host in self.hosts
+                            if host.spec.enabled and accepts_work(host.health))
+        self.ratio = capacity_ratio(healthy_slots, enabled_slots)
+        self.shed_max = policy.shedding.max_weight(self.ratio)
+        self.shed_detail = f"fleet at {self.ratio:.0%} capacity, max weight {self.shed_max}"
+
+        # Classes of hosts that accept work and share every static cap.
+        class_of: dict[tuple[object, ...], int] = {}
+        self.members: list[list[_Host]] = []
+        self.lists: list[list[tuple[float, int]]] = []
+        self.free_slots = 0
+        for host in self.by_rank:
+            if not host.alive:
+                continue
+            spec = host.spec
+            caps_key = (spec.allowed_job_types, spec.allowed_weights, spec.priority_floor,
+                        host.max_weight)
+            group = class_of.setdefault(caps_key, len(class_of))
+            if group == len(self.members):
+                self.members.append([])
+                self.lists.append([])
+            host.group = group
+            self.members[group].append(host)
+            if host.open:
+                host.key = self._key(host)
+                self.lists[group].append(host.key)
+                self.free_slots += host.slots
+        for keys in self.lists:
+            keys.sort()
+        self.floors = sorted({spec.priority_floor for spec in snapshot.hosts
+                              if spec.priority_floor is not None})
+        self.heaps: dict[tuple[int, float], list[tuple[float, int]]] = {}
+        self.reservations: dict[str, int] = {}
+
+    def _key(self, host: _Host) -> tuple[float, int]:
+        """Sort key in a class list: the first key that fits is the best host."""
+        return (host.free, host.rank) if self.best_fit else (-host.free, host.rank)
+
+    # filters ------------------------------------------------------------------------
+
+    def static_refusal(self, host: _Host, shape: _Shape) -> tuple[Reason, str] | None:
+        """The filters that do not change during a pass, in `Reason` order."""
+        spec = host.spec
+        if not spec.enabled:
+            return Reason.DISABLED, "disabled"
+        if not accepts_work(host.health):
+            return Reason.HEALTH, str(host.health)
+        if host.max_workers <= 0:
+            return Reason.WINDOW_CLOSED, ("closed at night" if self.window == NIGHT
+                                          else "closed in prime time")
+        if spec.allowed_job_types is not None and shape.job_type not in spec.allowed_job_types:
+            return Reason.JOB_TYPE_NOT_ALLOWED, f"refuses job type {shape.job_type}"
+        if spec.allowed_weights is not None and shape.weight not in spec.allowed_weights:
+            return Reason.WEIGHT_NOT_ALLOWED, f"refuses weight {shape.weight}"
+        if spec.priority_floor is not None and shape.priority < spec.priority_floor:
+            return Reason.PRIORITY_FLOOR, f"priority floor {spec.priority_floor}"
+        if shape.affinity is not None and shape.affinity != host.label:
+            return Reason.AFFINITY, f"job bound to {shape.affinity}"
+        if not shape.known:
+            return Reason.UNKNOWN_WEIGHT, f"unknown weight {shape.weight}"
+        if not self.weights.allows(host.max_weight, shape.weight):
+            return Reason.MAX_WEIGHT, f"max weight {host.max_weight}"
+        if not shape.shed_ok:
+            return Reason.SHED, self.shed_detail
+        return None
+
+    def refusal(self, host: _Host, shape: _Shape) -> tuple[Reason, str]:
+        """Why `host` refuses the shape at the end of the pass."""
+        static = self.static_refusal(host, shape)
+        if static is not None:
+            return static
+        if host.slots <= 0:
+            used = host.max_workers - host.slots
+            return Reason.SLOTS_FULL, f"{used}/{host.max_workers} workers"
+        if host.free < shape.need:
+            return Reason.RAM, ram_detail(host.free, shape.budget)
+        if host.reserved_for is not None:
+            return Reason.RESERVED, f"held for job {host.reserved_for}"
+        raise AssertionError(f"placement invariant broken: {host.label} fits a waiting job")
+
+    def rejections(self, shape: _Shape) -> tuple[Rejection, ...]:
+        return tuple(Rejection(host.label, *self.refusal(host, shape)) for host in self.hosts)
+
+    # the pass -----------------------------------------------------------------------
+
+    def shape(self, job: PendingJob) -> _Shape:
+        shape = _Shape(job, self.weights, self.shed_max)
+        if shape.affinity is None:
+            shape.groups = [group for group, members in enumerate(self.members)
+                            if self.static_refusal(members[0], shape) is None]
+            shape.lists = [self.lists[group] for group in shape.groups]
+            shape.group_set = frozenset(shape.groups)
+            shape.dead = not shape.groups
+        else:
+            target = self.by_label.get(shape.affinity)
+            if target is not None and self.static_refusal(target, shape) is None:
+                shape.target = target
+            shape.dead = shape.target is None
+        shape.reserve_dead = shape.dead
+        return shape
+
+    def choose(self, shape: _Shape, preferred: str | None) -> _Host | None:
+        """The host this job goes to, or None when no host can take it now."""
+        need = shape.need
+        if preferred is not None:
+            host = self.by_label.get(preferred)
+            if (host is not None and host.open and host.free >= need
+                    and (host is shape.target if shape.affinity is not None
+                         else host.group in shape.group_set)):
+                return host
+        if shape.affinity is not None:
+            target = shape.target
+            if target is not None and target.open and target.free >= need:
+                return target
+            return None
+        best: tuple[float, int] | None = None
+        if self.best_fit:
+            threshold = shape.threshold
+            for keys in shape.lists:
+                index = bisect_left(keys, threshold)
+                if index < len(keys):
+                    key = keys[index]
+                    if best is None or key < best:
+                        best = key
+        else:
+            ceiling = -need
+            for keys in shape.lists:
+                if keys:
+                    key = keys[0]
+                    if key[0] <= ceiling and (best is None or key < best):
+                        best = key
+        return None if best is None else self.by_rank[best[1]]
+
+    def book(self, host: _Host, budget: float) -> None:
+        keys = self.lists[host.group]
+        del keys[bisect_left(keys, host.key)]
+        host.free -= budget
+        host.slots -= 1
+        self.free_slots -= 1
+        if host.slots > 0:
+            host.key = self._key(host)
+            insort(keys, host.key)
+        else:
+            host.open = False
+
+    def reserve(self, shape: _Shape, job_id: int) -> None:
+        """Hold the host where a starving job could fit soonest, so smaller jobs stop
+        backfilling the RAM it waits for."""
+        chosen: _Host | None = None
+        if shape.affinity is not None:
+            target = shape.target
+            if (target is not None and target.reserved_for is None
+                    and target.bookable >= shape.need):
+                chosen = target
+        else:
+            best: tuple[float, int] | None = None
+            for group in shape.groups:
+                heap = self._heap(group, shape)
+                if heap and (best is None or heap[0] < best):
+                    best = heap[0]
+            if best is not None:
+                chosen = self.by_rank[best[1]]
+        if chosen is None:
+            shape.reserve_dead = True
+            return
+        chosen.reserved_for = job_id
+        self.reservations[chosen.label] = job_id
+        if chosen.open:
+            keys = self.lists[chosen.group]
+            del keys[bisect_left(keys, chosen.key)]
+            self.free_slots -= chosen.slots
+            chosen.open = False
+
+    def _heap(self, group: int, shape: _Shape) -> list[tuple[float, int]]:
+        """Unreserved hosts of a class big enough for the shape, most free RAM on top.
+
+        Entries go stale as RAM is booked; free RAM only falls during a pass, so a stale
+        entry is re-pushed with its current value and the top is exact once it is fresh.
+        """
+        heap = self.heaps.get((group, shape.budget))
+        if heap is None:
+            heap = [(-host.free, host.rank) for host in self.members[group]
+                    if host.reserved_for is None and host.bookable >= shape.need]
+            heapq.heapify(heap)
+            self.heaps[(group, shape.budget)] = heap
+        while heap:
+            negative_free, rank = heap[0]
+            host = self.by_rank[rank]
+            if host.reserved_for is not None:
+                heapq.heappop(heap)
+            elif -negative_free != host.free:
+                heapq.heapreplace(heap, (-host.free, rank))
+            else:
+                break
+        return heap
+
+    def run(self) -> Plan:
+        snapshot = self.snapshot
+        jobs = sorted(snapshot.jobs, key=attrgetter("priority", "id"))
+        if len({job.id for job in jobs}) != len(jobs):
+            raise ValueError("job ids must be unique")
+        cutoff = snapshot.now - timedelta(seconds=snapshot.policy.starvation_wait_seconds)
+        shapes: dict[tuple[str, str, str | None, int], _Shape] = {}
+        band_of: dict[int, int] = {}
+        floors = self.floors
+        assignments: list[Assignment] = []
+        waiting: dict[int, _Shape] = {}
+        for job in jobs:
+            priority = job.priority
+            band = band_of.get(priority)
+            if band is None:
+                band = band_of[priority] = bisect_right(floors, priority)
+            key = (job.weight, job.job_type, job.affinity, band)
+            shape = shapes.get(key)
+            if shape is None:
+                shape = shapes[key] = self.shape(job)
+            if not shape.dead:
+                host = self.choose(shape, job.preferred_host) if self.free_slots > 0 else None
+                if host is not None:
+                    self.book(host, shape.budget)
+                    assignments.append(Assignment(job.id, host.label))
+                    continue
+                shape.dead = True
+            waiting[job.id] = shape
+            since = job.waiting_since
+            if since is not None and since <= cutoff and not shape.reserve_dead:
+                self.reserve(shape, job.id)
+        return Plan(tuple(assignments), _Waiting(self, waiting), dict(self.reservations))
+
+
+class _Waiting(Mapping[int, tuple[Rejection, ...]]):
+    """Job id → rejections, built per shape on first access and then shared."""
+
+    __slots__ = ("_cycle", "_shapes")
+
+    def __init__(self, cycle: _Cycle, shapes: dict[int, _Shape]) -> None:
+        self._cycle = cycle
+        self._shapes = shapes
+
+    def __getitem__(self, job_id: int) -> tuple[Rejection, ...]:
+        shape = self._shapes[job_id]
+        if shape.rejections is None:
+            shape.rejections = self._cycle.rejections(shape)
+        return shape.rejections
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._shapes
+
+    def __repr__(self) -> str:
+        return f"<{len(self._shapes)} waiting jobs>"
+
+
+def place(snapshot: Snapshot) -> Plan:
+    """Decide where each queued job runs this cycle; see the module docstring."""
+    return _Cycle(snapshot).run()
+
+
+def ram_detail(free_gb: float, budget_gb: float) -> str:
+    shown = 0.0 if -0.05 < free_gb < 0.05 else free_gb
+    return f"{shown:.1f} GB free, needs {budget_gb:g}"
+
+
+# --- herder why JOB -------------------------------------------------------------------
+
+_EXPLAIN_ORDER = (
+    Reason.RAM,
+    Reason.SLOTS_FULL,
+    Reason.RESERVED,
+    Reason.MAX_WEIGHT,
+    Reason.SHED,
+    Reason.HEALTH,
+    Reason.WINDOW_CLOSED,
+    Reason.PRIORITY_FLOOR,
+    Reason.WEIGHT_NOT_ALLOWED,
+    Reason.JOB_TYPE_NOT_ALLOWED,
+    Reason.DISABLED,
+    Reason.UNKNOWN_WEIGHT,
+    Reason.AFFINITY,
+)
+_MORE = {
+    Reason.RAM: "hosts short of RAM",
+    Reason.SLOTS_FULL: "hosts full",
+    Reason.RESERVED: "hosts held",
+    Reason.MAX_WEIGHT: "hosts with a lower max weight",
+    Reason.SHED: "hosts shed",
+    Reason.HEALTH: "hosts down or unknown",
+    Reason.WINDOW_CLOSED: "hosts closed now",
+    Reason.PRIORITY_FLOOR: "hosts with a higher priority floor",
+    Reason.WEIGHT_NOT_ALLOWED: "hosts refusing the weight",
+    Reason.JOB_TYPE_NOT_ALLOWED: "hosts refusing the job type",
+    Reason.DISABLED: "hosts disabled",
+    Reason.UNKNOWN_WEIGHT: "hosts",
+    Reason.AFFINITY: "hosts",
+}
+_LIST_ALL_UP_TO = 6
+
+
+def explain(job_id: int, plan: Plan, snapshot: Snapshot) -> str:
+    """One line for `herder why JOB`: where it went, or what every host said, the hosts
+    closest to taking it first and crowds of alike refusals folded into a count."""
+    for assignment in plan.assignments:
+        if assignment.job_id == job_id:
+            return f"placed on {assignment.host}"
+    job = next((job for job in snapshot.jobs if job.id == job_id), None)
+    rejections = plan.waiting.get(job_id)
+    if job is None or rejections is None:
+        return f"job {job_id} is not queued in this snapshot"
+    weights = snapshot.weights
+    if weights.known(job.weight):
+        head = f"needs {weights.budget(job.weight):g} GB ({job.weight})"
+    else:
+        head = f"unknown weight {job.weight!r}"
+    held = [host for host, holder in plan.reservations.items() if holder == job_id]
+    if held:
+        head = f"held {held[0]} for it (starving); {head}"
+    if not rejections:
+        return f"{head}: no hosts registered"
+    return f"{head}: {_fold(rejections, job, plan, snapshot)}"
+
+
+def _fold(
+    rejections: Sequence[Rejection], job: PendingJob, plan: Plan, snapshot: Snapshot
+) -> str:
+    groups: dict[Reason, list[Rejection]] = {reason: [] for reason in _EXPLAIN_ORDER}
+    for rejection in rejections:
+        groups[rejection.reason].append(rejection)
+    ram = groups[Reason.RAM]
+    if len(ram) > 1:
+        free = _free_after(plan, snapshot, {rejection.host for rejection in ram})
+        ram.sort(key=lambda rejection: (-free.get(rejection.host, 0.0), rejection.host))
+    everything = len(rejections) <= _LIST_ALL_UP_TO
+    parts: list[str] = []
+    for reason in _EXPLAIN_ORDER:
+        group = groups[reason]
+        if not group:
+            continue
+        if reason is Reason.AFFINITY:
+            others = "other host" if len(group) == 1 else "other hosts"
+            parts.append(f"bound to {job.affinity}, {len(group)} {others} skipped")
+        elif everything:
+            parts.extend(_phrase(rejection) for rejection in group)
+        elif len(group) == 1:
+            parts.append(_phrase(group[0]))
+        else:
+            parts.append(f"{_phrase(group[0])} and {len(group) - 1} more {_MORE[reason]}")
+    return ", ".join(parts)
+
+
+def _phrase(rejection: Rejection) -> str:
+    host, reason, detail = rejection.host, rejection.reason, rejection.detail
+    if reason is Reason.RAM:
+        return f"{host} has {detail.partition(', needs')[0]}"
+    if reason is Reason.SLOTS_FULL:
+        return f"{host} full ({detail})"
+    if reason is Reason.SHED:
+        return f"{host} shed ({detail})"
+    return f"{host} {detail}"
+
+
+def _free_after(plan: Plan, snapshot: Snapshot, labels: set[str]) -> dict[str, float]:
+    """Free GB on these hosts once the plan's assignments are booked."""
+    placed = {a.job_id: a.host for a in plan.assignments if a.host in labels}
+    weights = snapshot.weights
+    free: dict[str, float] = {}
+    for spec in snapshot.hosts:
+        if spec.label in labels:
+            load = snapshot.loads.get(spec.label)
+            booked = load.booked_gb if load is not None else 0.0
+            bookable = bookable_gb(spec.ram_total_gb, spec.ram_reserved_gb,
+                                   snapshot.policy.bookable_fraction)
+            free[spec.label] = bookable - booked
+    if placed:
+        for job in snapshot.jobs:
+            host = placed.get(job.id)
+            if host is not None and weights.known(job.weight):
+                free[host] -= weights.budget(job.weight)
+    return free
