@@ -392,6 +392,9 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
         coordinator = Coordinator(state.client.store, state.config, label)
+        if not coordinator.public_url:
+            scheme = "https" if cert else "http"
+            coordinator.public_url = f"{scheme}://{bind}:{port_text}"
         app = create_app(coordinator)
     uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
                 ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
@@ -473,3 +476,54 @@ def install_systemd(server_url: str, label: str, user: str, env_file: str,
                                    env_file=env_file, herder=herder_path, server=server_url,
                                    stop_seconds=drain_seconds + 30))
 
+
+
+@main.command("run-attempt")
+@click.option("--server", "server_url", required=True)
+@click.option("--host", "label", required=True)
+@click.option("--job", "job_id", type=int, required=True)
+@click.option("--attempt", type=int, required=True)
+@click.option("--token", envvar="HERDER_AGENT_TOKEN", help="[env HERDER_AGENT_TOKEN]")
+@click.option("--token-file", envvar="HERDER_TOKEN_FILE",
+              default=lambda: os.path.expanduser("~/.config/herder/agent-token"),
+              help="Where this host keeps its token [env HERDER_TOKEN_FILE].")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False))
+@click.option("--no-ram-check", is_flag=True)
+@click.option("--log-dir", type=click.Path(file_okay=False))
+@pass_state
+def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt: int,
+                token: str | None, token_file: str, ca: str | None, no_ram_check: bool,
+                log_dir: str | None) -> None:
+    """Run one placed attempt on this host and report it (what ssh push runs remotely).
+
+    Exit codes: 0 ran and reported, 1 bad arguments or no such attempt, 3 RAM contention.
+    """
+    from pathlib import Path
+
+    from herder.model import AttemptToken, Outcome
+    from herder.runtime.agent import LocalGate, ServerClient, SingleAttemptSource, fetch_attempt
+    from herder.runtime.runner import Runner, RunnerOptions
+
+    _logging("info")
+    if not token:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError:
+            fail(f"no token: set HERDER_AGENT_TOKEN or write it to {token_file}", code=1)
+    runtime = state.config.settings.runtime
+    client = ServerClient(server_url, token, label, verify=ca or True)
+    job = fetch_attempt(client, AttemptToken(job_id, attempt))
+    if job is None:
+        fail(f"attempt {job_id}.{attempt} is not placed on {label}", code=1)
+    source = SingleAttemptSource(client, LocalGate(), job, check_ram=not no_ram_check,
+                                 heartbeat_interval=runtime.heartbeat_interval,
+                                 kill_grace=runtime.kill_grace)
+    options = RunnerOptions(
+        host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir, concurrency=1,
+        heartbeat_interval=runtime.heartbeat_interval, attempt_lease=runtime.attempt_lease,
+        kill_grace=runtime.kill_grace, poll_interval=0.2, exit_when_idle=True,
+        drain_timeout=None,
+    )
+    Runner(None, options, source=source).run()
+    if source.handed_back is Outcome.RAM_CONTENTION:
+        sys.exit(3)

@@ -166,6 +166,8 @@ class FleetSection(_Strict):
     missed_heartbeats: int = Field(default=3, ge=1)
     reservation_ttl: Duration = 10800.0
     ci_slot_ttl: Duration = 28800.0
+    ssh_command: list[str] = Field(default_factory=lambda: ["ssh"])
+    remote_herder: str = "herder"
 
     @field_validator("strategy")
     @classmethod
@@ -199,6 +201,8 @@ class ServerSection(_Strict):
     long_poll: Duration = 25.0
     tls_cert: str | None = None
     tls_key: str | None = None
+    public_url: str | None = None
+    """How remote hosts reach this server (ssh push); default http(s)://listen."""
 
 
 DEFAULT_WEIGHTS: dict[str, float] = {

@@ -240,6 +240,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                 return {"jobs": [coordinator.assignment_view(job) for job in jobs]}
             await coordinator.board.wait(label, seen, remaining)
 
+    @app.get("/api/v1/agent/{label}/attempts/{job_id}/{attempt}")
+    async def attempt_get(label: AgentHost, job_id: int, attempt: int) -> dict[str, Any]:
+        job = await call(store.job_get, job_id)
+        if (job is None or job.host != label or job.attempt != attempt
+                or job.status is not JobStatus.CLAIMED):
+            return {"job": None}
+        return {"job": coordinator.assignment_view(job)}
+
     @app.post("/api/v1/agent/{label}/attempts/{job_id}/{attempt}/start")
     async def attempt_start(label: AgentHost, job_id: int, attempt: int,
                             body: StartBody) -> dict[str, Any]:

@@ -140,6 +140,7 @@ class HttpSource(WorkSource):
         long_poll: float = 25.0,
         check_ram: bool = True,
         kill_grace: float = 10.0,
+        poll: bool = True,
     ) -> None:
         self.client = client
         self.label = client.label
@@ -149,6 +150,8 @@ class HttpSource(WorkSource):
         self.long_poll = long_poll
         self.check_ram = check_ram
         self.kill_grace = kill_grace
+        self.poll = poll
+        self.handed_back: Outcome | None = None
         self.in_flight: Callable[[], int] = lambda: 0
         self.draining = threading.Event()
         self.server_gate: dict[str, Any] = {}
@@ -166,9 +169,10 @@ class HttpSource(WorkSource):
     def attach(self, worker: str) -> None:
         super().attach(worker)
         self._host_heartbeat(retry=True)
-        for target, name in ((self._poll_loop, "herder-agent-poll"),
-                             (self._outbox_loop, "herder-agent-outbox"),
-                             (self._ship_loop, "herder-agent-logs")):
+        loops = [(self._outbox_loop, "herder-agent-outbox"), (self._ship_loop, "herder-agent-logs")]
+        if self.poll:
+            loops.append((self._poll_loop, "herder-agent-poll"))
+        for target, name in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -176,7 +180,7 @@ class HttpSource(WorkSource):
     def close(self) -> None:
         self._outbox.put(None)
         deadline = time.monotonic() + 30.0
-        outbox = self._threads[1] if len(self._threads) > 1 else None
+        outbox = self._threads[0] if self._threads else None
         if outbox is not None:
             outbox.join(max(0.0, deadline - time.monotonic()))
         self._stop.set()
@@ -193,22 +197,30 @@ class HttpSource(WorkSource):
                 job = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            refusal = self.gate.refusal(job)
-            if refusal is not None:
-                log.warning("job %d refused: %s", job.id, refusal)
-                self._report(job.token, "finish", {"outcome": str(Outcome.REFUSED),
-                                                   "retry_after": 0, "detail": refusal})
-                continue
-            if self.check_ram and job.ram_gb > 0:
-                available = mem_available_gb()
-                if available is not None and available < job.ram_gb * RAM_FACTOR:
-                    log.warning("job %d handed back: needs %.1f GB x %.1f, %.1f GB available",
-                                job.id, job.ram_gb, RAM_FACTOR, available)
-                    self._report(job.token, "finish", {"outcome": str(Outcome.RAM_CONTENTION),
-                                                       "detail": f"{available:.1f} GB free"})
-                    continue
-            jobs.append(job)
+            if self.admit(job):
+                jobs.append(job)
         return jobs
+
+    def admit(self, job: Job) -> bool:
+        """The agent's own checks before spawning; a refused job is handed back."""
+        refusal = self.gate.refusal(job)
+        if refusal is not None:
+            log.warning("job %d refused: %s", job.id, refusal)
+            self.handed_back = Outcome.REFUSED
+            self._report(job.token, "finish", {"outcome": str(Outcome.REFUSED),
+                                               "retry_after": 0, "detail": refusal})
+            return False
+        if self.check_ram and job.ram_gb > 0:
+            available = mem_available_gb()
+            if available is not None and available < job.ram_gb * RAM_FACTOR:
+                log.warning("job %d handed back: needs %.1f GB x %.1f, %.1f GB available",
+                            job.id, job.ram_gb, RAM_FACTOR, available)
+                self.handed_back = Outcome.RAM_CONTENTION
+                self._report(job.token, "finish", {"outcome": str(Outcome.RAM_CONTENTION),
+                                                   "detail": f"{available:.1f} GB free"})
+                return False
+        return True
+
 
     def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
         self._shipping[token] = _Shipping(Path(log_path))
@@ -373,6 +385,36 @@ class HttpSource(WorkSource):
                 except (ConnectionError, AgentAuthError):
                     return
                 shipping.offset += len(data)
+
+
+def fetch_attempt(client: ServerClient, token: AttemptToken) -> Job | None:
+    """One placed attempt of the client's host (for `herder run-attempt` over ssh)."""
+    try:
+        view = client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False)
+    except ConnectionError:
+        return None
+    return job_from_assignment(view["job"]) if view.get("job") else None
+
+
+class SingleAttemptSource(HttpSource):
+    """Runs exactly one placed attempt, then lets the runner exit (ssh push)."""
+
+    def __init__(self, client: ServerClient, gate: LocalGate, job: Job, **kwargs: Any) -> None:
+        super().__init__(client, gate, concurrency=1, poll=False, **kwargs)
+        self.job = job
+        self.taken = False
+
+    def take(self, free: int, now: datetime) -> list[Job]:
+        if self.taken or free <= 0:
+            return []
+        self.taken = True
+        return [self.job] if self.admit(self.job) else []
+
+    def idle(self) -> bool:
+        return self.taken
+
+    def maintain(self, now: datetime) -> None:
+        """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
 
 
 def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:

@@ -31,6 +31,7 @@ from herder.runtime.maintenance import Rescuer
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import Fleet, Scheduler, expires, lease_seconds, take_snapshot
 from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
+from herder.runtime.ssh import SshLauncher
 from herder.scheduling.health import accepts_work
 from herder.scheduling.placement import explain, place
 from herder.store import Store
@@ -55,7 +56,9 @@ class Coordinator:
         self.limits = PolicyLimits(runtime.max_lost, self.settings.fleet.max_spawn_failures,
                                    self.settings.fleet.spawn_backoff)
         self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
-        self.scheduler = Scheduler(store, self.fleet, on_assigned=self.board.notify)
+        self.board_listeners: list[Any] = []
+        self.scheduler = Scheduler(store, self.fleet, on_assigned=self._assigned)
+        self.public_url = config.settings.server.public_url or ""
         self.is_leader = False
         self._stop = threading.Event()
         self._poke = threading.Event()
@@ -94,6 +97,8 @@ class Coordinator:
         self.sync_hosts()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._spawn(self._scheduler_loop, "herder-scheduler")
+        if any(h.transport is Transport.SSH for h in self.store.host_list()):
+            self._spawn(self._ssh_loop, "herder-ssh")
         runtime = self.settings.runtime
         for host in self.store.host_list():
             if host.transport is not Transport.LOCAL:
@@ -129,6 +134,11 @@ class Coordinator:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _assigned(self, hosts: set[str]) -> None:
+        self.board.notify(hosts)
+        for listener in self.board_listeners:
+            listener()
 
     def poke(self) -> None:
         """Something changed here (a submit, a finish): run a placement cycle soon."""
@@ -179,6 +189,26 @@ class Coordinator:
                 break
         self._poke.clear()
         time.sleep(0.005)
+
+    def _ssh_loop(self) -> None:
+        fleet = self.settings.fleet
+        pid = os.getpid()
+        from herder.runtime.process import process_start_time
+
+        launcher = SshLauncher(
+            self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
+            self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}")
+        self.board_listeners.append(launcher.wake.set)
+        try:
+            while not self._stop.is_set():
+                try:
+                    launcher.run_once()
+                except Exception:
+                    log.exception("ssh launcher cycle failed")
+                launcher.wake.wait(0.2)
+                launcher.wake.clear()
+        finally:
+            launcher.stop()
 
     def _local_heartbeat(self, label: str) -> None:
         interval = min(self.settings.runtime.heartbeat_interval, 30.0)

@@ -51,6 +51,7 @@ BEST_FIT = "best_fit"
 SPREAD = "spread"
 STRATEGIES = (BEST_FIT, SPREAD)
 ONE_WORKER = WindowCaps(max_workers=1)
+BOUND_ELSEWHERE = "job bound to another host"
 
 
 class Reason(enum.StrEnum):
@@ -187,6 +188,7 @@ class _Host:
         "free",
         "group",
         "health",
+        "index",
         "key",
         "label",
         "max_weight",
@@ -198,9 +200,12 @@ class _Host:
         "spec",
     )
 
-    def __init__(self, spec: HostSpec, rank: int, load: HostLoad | None, cycle: _Cycle) -> None:
+    def __init__(
+        self, spec: HostSpec, index: int, rank: int, load: HostLoad | None, cycle: _Cycle
+    ) -> None:
         caps = spec.caps(cycle.window)
         self.spec = spec
+        self.index = index
         self.label = spec.label
         self.rank = rank
         self.health = load.health if load is not None else HostHealth.UNKNOWN
@@ -221,6 +226,7 @@ class _Shape:
 
     __slots__ = (
         "affinity",
+        "band",
         "budget",
         "dead",
         "group_set",
@@ -238,7 +244,10 @@ class _Shape:
         "weight",
     )
 
-    def __init__(self, job: PendingJob, weights: WeightTable, shed_max: str | None) -> None:
+    def __init__(
+        self, job: PendingJob, band: int, weights: WeightTable, shed_max: str | None
+    ) -> None:
+        self.band = band
         self.weight = job.weight
         self.job_type = job.job_type
         self.affinity = job.affinity
@@ -273,8 +282,8 @@ class _Cycle:
         if len(rank_of) != len(labels):
             raise ValueError("host labels must be unique")
         loads = snapshot.loads
-        self.hosts = [_Host(spec, rank_of[spec.label], loads.get(spec.label), self)
-                      for spec in snapshot.hosts]
+        self.hosts = [_Host(spec, index, rank_of[spec.label], loads.get(spec.label), self)
+                      for index, spec in enumerate(snapshot.hosts)]
         self.by_label = {host.label: host for host in self.hosts}
         self.by_rank = sorted(self.hosts, key=attrgetter("rank"))
 
@@ -312,6 +321,9 @@ class _Cycle:
                               if spec.priority_floor is not None})
         self.heaps: dict[tuple[int, float], list[tuple[float, int]]] = {}
         self.reservations: dict[str, int] = {}
+        self.early: dict[tuple[str, str, int], list[Rejection | None]] = {}
+        self.interned: dict[tuple[int, Reason, str], Rejection] = {}
+        self.bound_elsewhere: list[Rejection] | None = None
 
     def _key(self, host: _Host) -> tuple[float, int]:
         """Sort key in a class list: the first key that fits is the best host."""
@@ -319,13 +331,14 @@ class _Cycle:
 
     # filters ------------------------------------------------------------------------
 
-    def static_refusal(self, host: _Host, shape: _Shape) -> tuple[Reason, str] | None:
-        """The filters that do not change during a pass, in `Reason` order."""
+    def early_refusal(self, host: _Host, shape: _Shape) -> tuple[Reason, str] | None:
+        """The host-side filters that ignore where the job is bound, in `Reason` order."""
         spec = host.spec
         if not spec.enabled:
             return Reason.DISABLED, "disabled"
         if not accepts_work(host.health):
-            return Reason.HEALTH, str(host.health)
+            return Reason.HEALTH, ("down" if host.health is HostHealth.DOWN
+                                   else f"health {host.health}")
         if host.max_workers <= 0:
             return Reason.WINDOW_CLOSED, ("closed at night" if self.window == NIGHT
                                           else "closed in prime time")
@@ -335,8 +348,15 @@ class _Cycle:
             return Reason.WEIGHT_NOT_ALLOWED, f"refuses weight {shape.weight}"
         if spec.priority_floor is not None and shape.priority < spec.priority_floor:
             return Reason.PRIORITY_FLOOR, f"priority floor {spec.priority_floor}"
+        return None
+
+    def static_refusal(self, host: _Host, shape: _Shape) -> tuple[Reason, str] | None:
+        """Every filter that does not change during a pass, in `Reason` order."""
+        early = self.early_refusal(host, shape)
+        if early is not None:
+            return early
         if shape.affinity is not None and shape.affinity != host.label:
-            return Reason.AFFINITY, f"job bound to {shape.affinity}"
+            return Reason.AFFINITY, BOUND_ELSEWHERE
         if not shape.known:
             return Reason.UNKNOWN_WEIGHT, f"unknown weight {shape.weight}"
         if not self.weights.allows(host.max_weight, shape.weight):
@@ -360,12 +380,50 @@ class _Cycle:
         raise AssertionError(f"placement invariant broken: {host.label} fits a waiting job")
 
     def rejections(self, shape: _Shape) -> tuple[Rejection, ...]:
-        return tuple(Rejection(host.label, *self.refusal(host, shape)) for host in self.hosts)
+        """One rejection per host, in the snapshot's order.
+
+        Bound jobs are the many small shapes (one per target host), so their tuples reuse
+        the interned early refusals and one shared "bound elsewhere" rejection per host.
+        """
+        early = self._early_rejections(shape)
+        if shape.affinity is None:
+            return tuple(
+                rejection if rejection is not None
+                else Rejection(host.label, *self.refusal(host, shape))
+                for rejection, host in zip(early, self.hosts, strict=True)
+            )
+        if self.bound_elsewhere is None:
+            self.bound_elsewhere = [Rejection(host.label, Reason.AFFINITY, BOUND_ELSEWHERE)
+                                    for host in self.hosts]
+        out = [rejection if rejection is not None else bound
+               for rejection, bound in zip(early, self.bound_elsewhere, strict=True)]
+        target = self.by_label.get(shape.affinity)
+        if target is not None and early[target.index] is None:
+            out[target.index] = Rejection(target.label, *self.refusal(target, shape))
+        return tuple(out)
+
+    def _early_rejections(self, shape: _Shape) -> list[Rejection | None]:
+        key = (shape.job_type, shape.weight, shape.band)
+        early = self.early.get(key)
+        if early is None:
+            early = []
+            for host in self.hosts:
+                refusal = self.early_refusal(host, shape)
+                if refusal is None:
+                    early.append(None)
+                    continue
+                interned_key = (host.index, *refusal)
+                rejection = self.interned.get(interned_key)
+                if rejection is None:
+                    rejection = self.interned[interned_key] = Rejection(host.label, *refusal)
+                early.append(rejection)
+            self.early[key] = early
+        return early
 
     # the pass -----------------------------------------------------------------------
 
-    def shape(self, job: PendingJob) -> _Shape:
-        shape = _Shape(job, self.weights, self.shed_max)
+    def shape(self, job: PendingJob, band: int) -> _Shape:
+        shape = _Shape(job, band, self.weights, self.shed_max)
         if shape.affinity is None:
             shape.groups = [group for group, members in enumerate(self.members)
                             if self.static_refusal(members[0], shape) is None]
@@ -494,7 +552,7 @@ class _Cycle:
             key = (job.weight, job.job_type, job.affinity, band)
             shape = shapes.get(key)
             if shape is None:
-                shape = shapes[key] = self.shape(job)
+                shape = shapes[key] = self.shape(job, band)
             if not shape.dead:
                 host = self.choose(shape, job.preferred_host) if self.free_slots > 0 else None
                 if host is not None:
@@ -577,7 +635,7 @@ _MORE = {
     Reason.JOB_TYPE_NOT_ALLOWED: "hosts refusing the job type",
     Reason.DISABLED: "hosts disabled",
     Reason.UNKNOWN_WEIGHT: "hosts",
-    Reason.AFFINITY: "hosts",
+    Reason.AFFINITY: "hosts bound elsewhere",
 }
 _LIST_ALL_UP_TO = 6
 
@@ -600,14 +658,18 @@ def explain(job_id: int, plan: Plan, snapshot: Snapshot) -> str:
     held = [host for host, holder in plan.reservations.items() if holder == job_id]
     if held:
         head = f"held {held[0]} for it (starving); {head}"
+    if job.affinity is not None:
+        # Only the bound host matters; the rest refused it for being someone else.
+        bound = [rejection for rejection in rejections if rejection.host == job.affinity]
+        if not bound:
+            return f"{head}, bound to {job.affinity}, which is not a registered host"
+        return f"{head}, bound to {job.affinity}: {_phrase(bound[0])}"
     if not rejections:
         return f"{head}: no hosts registered"
-    return f"{head}: {_fold(rejections, job, plan, snapshot)}"
+    return f"{head}: {_fold(rejections, plan, snapshot)}"
 
 
-def _fold(
-    rejections: Sequence[Rejection], job: PendingJob, plan: Plan, snapshot: Snapshot
-) -> str:
+def _fold(rejections: Sequence[Rejection], plan: Plan, snapshot: Snapshot) -> str:
     groups: dict[Reason, list[Rejection]] = {reason: [] for reason in _EXPLAIN_ORDER}
     for rejection in rejections:
         groups[rejection.reason].append(rejection)
@@ -621,10 +683,7 @@ def _fold(
         group = groups[reason]
         if not group:
             continue
-        if reason is Reason.AFFINITY:
-            others = "other host" if len(group) == 1 else "other hosts"
-            parts.append(f"bound to {job.affinity}, {len(group)} {others} skipped")
-        elif everything:
+        if everything:
             parts.extend(_phrase(rejection) for rejection in group)
         elif len(group) == 1:
             parts.append(_phrase(group[0]))

@@ -1,0 +1,140 @@
+"""SSH push: the server starts each attempt on a `transport = "ssh"` host with the system
+`ssh` client (BatchMode, the user's ssh config). The remote side runs `herder run-attempt`,
+which fetches the attempt, runs it under the same supervision as an agent and reports back
+over the HTTP API with the host's own token (kept on that host, never sent by the server).
+
+The ssh process lives as long as the attempt. When it ends before the attempt started, its
+exit code says why (seed 004): 255 the host is unreachable, 1 bad arguments, 3 RAM
+contention; those become spawn failures with a backoff. Once the attempt runs, only its own
+reports and heartbeats count: a dropped connection does not requeue a job that may still be
+running (the lease decides).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from herder.model import AttemptResult, AttemptToken, Job, JobStatus, Outcome, Transport
+from herder.runtime.sources import PolicyLimits, decide_for
+from herder.store import Store
+
+log = logging.getLogger("herder.ssh")
+
+EXIT_BAD_ARGS = 1
+EXIT_RAM_CONTENTION = 3
+EXIT_UNREACHABLE = 255
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def outcome_for_exit(code: int) -> Outcome:
+    """What an ssh exit before the attempt started means for the job."""
+    if code == EXIT_RAM_CONTENTION:
+        return Outcome.RAM_CONTENTION
+    if code == EXIT_BAD_ARGS:
+        return Outcome.LAUNCH_FAILED
+    return Outcome.SPAWN_FAILED
+
+
+def remote_command(remote_herder: str, server_url: str, label: str,
+                   token: AttemptToken) -> str:
+    return (f"{remote_herder} run-attempt --server {shlex.quote(server_url)} "
+            f"--host {shlex.quote(label)} --job {token.job_id} --attempt {token.attempt}")
+
+
+@dataclass
+class _Launch:
+    label: str
+    job: Job
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+class SshLauncher:
+    def __init__(
+        self,
+        store: Store,
+        server_url: str,
+        ssh_command: Sequence[str],
+        remote_herder: str,
+        limits: PolicyLimits,
+        log_dir: Path,
+        worker: str,
+    ) -> None:
+        self.store = store
+        self.server_url = server_url
+        self.ssh_command = list(ssh_command)
+        self.remote_herder = remote_herder
+        self.limits = limits
+        self.log_dir = log_dir
+        self.worker = worker
+        self.running: dict[AttemptToken, _Launch] = {}
+        self.wake = threading.Event()
+
+    def run_once(self) -> dict[str, int]:
+        """Launch what was placed on ssh hosts; settle ssh processes that ended."""
+        counts = {"launched": 0, "ended": 0}
+        for token, launch in list(self.running.items()):
+            code = launch.process.poll()
+            if code is None:
+                continue
+            del self.running[token]
+            counts["ended"] += 1
+            self._settle(launch, code)
+        for host in self.store.host_list():
+            if host.transport is not Transport.SSH or not host.ssh_target:
+                continue
+            for job in self.store.attempt_list_assigned(host.label, 100):
+                if not self.store.attempt_set_worker(job.token, self.worker):
+                    continue
+                self._launch(host.label, host.ssh_target, job)
+                counts["launched"] += 1
+        return counts
+
+    def _launch(self, label: str, target: str, job: Job) -> None:
+        command = [*self.ssh_command, "-o", "BatchMode=yes", target,
+                   remote_command(self.remote_herder, self.server_url, label, job.token)]
+        path = self.log_dir / str(job.id) / f"{job.attempt}.ssh.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as output:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        log.info("job %d attempt %d: ssh %s (pid %d)", job.id, job.attempt, target,
+                 process.pid)
+        self.running[job.token] = _Launch(label, job, process, path)
+
+    def _settle(self, launch: _Launch, code: int) -> None:
+        job = self.store.job_get(launch.job.id)
+        if job is None or job.attempt != launch.job.attempt or job.status.terminal:
+            return
+        if job.status is JobStatus.QUEUED:
+            return
+        if job.status is JobStatus.RUNNING:
+            if code == 0:
+                outcome = Outcome.LOST  # the remote side exited without reporting
+            else:
+                log.warning("job %d: ssh exited %d while the attempt runs; the lease decides",
+                            job.id, code)
+                return
+        else:
+            outcome = outcome_for_exit(code)
+        now = utcnow()
+        result = decide_for(job, outcome, now, self.limits)
+        applied = self.store.attempt_finish(
+            [AttemptResult(job.token, outcome, code, result.decision)], now)
+        if applied:
+            log.warning("job %d attempt %d: ssh exit %d -> %s (%s)", job.id, job.attempt, code,
+                        outcome, applied[0][1])
+
+    def stop(self) -> None:
+        for launch in self.running.values():
+            launch.process.terminate()
