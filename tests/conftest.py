@@ -101,9 +101,14 @@ def postgres_url(postgres_database: str) -> str:
     """URL of the session database with the herder tables emptied and ids restarted."""
     with psycopg.connect(postgres_database, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '10s'")
+        # Every herder table but the schema version, so later migrations are covered too.
+        tables = [row[0] for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            " AND tablename LIKE 'herder\\_%' AND tablename <> 'herder_schema'")]
+        assert set(HERDER_TABLES) <= set(tables), tables
         conn.execute(
             sql.SQL("TRUNCATE {} RESTART IDENTITY").format(
-                sql.SQL(", ").join(sql.Identifier(t) for t in HERDER_TABLES)
+                sql.SQL(", ").join(sql.Identifier(t) for t in tables)
             )
         )
     return postgres_database

@@ -1,0 +1,197 @@
+"""SSH push against a real sshd on 127.0.0.1, started by the test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from herder.model import JobStatus
+from herder.store import open_store
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(SSHD) and not os.environ.get("CI"),
+    reason="sshd is not installed (apt-get install openssh-server)",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def until(check: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Sshd:
+    config: Path
+    alias: str
+    dead_alias: str
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    folder = tmp_path / "ssh"
+    folder.mkdir(mode=0o700)
+    Path("/run/sshd").mkdir(exist_ok=True)
+    for name in ("hostkey", "userkey"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                        str(folder / name)], check=True)
+    (folder / "authorized_keys").write_text((folder / "userkey.pub").read_text())
+    (folder / "authorized_keys").chmod(0o600)
+    port, dead_port = free_port(), free_port()
+    (folder / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {folder / 'hostkey'}\n"
+        f"AuthorizedKeysFile {folder / 'authorized_keys'}\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        f"StrictModes no\nUsePAM no\nPidFile {folder / 'sshd.pid'}\n")
+    client = folder / "ssh_config"
+    common = (f"  HostName 127.0.0.1\n  User {os.environ.get('USER', 'root')}\n"
+              f"  IdentityFile {folder / 'userkey'}\n  StrictHostKeyChecking no\n"
+              "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n  ConnectTimeout 3\n")
+    client.write_text(f"Host herder-test\n  Port {port}\n{common}"
+                      f"Host herder-dead\n  Port {dead_port}\n{common}")
+    process = subprocess.Popen([SSHD, "-D", "-f", str(folder / "sshd_config"), "-E",
+                                str(folder / "sshd.log")])
+    try:
+        until(lambda: subprocess.run(
+            ["ssh", "-F", str(client), "-o", "BatchMode=yes", "herder-test", "true"],
+            capture_output=True).returncode == 0, 15, "sshd to accept a login")
+        yield Sshd(client, "herder-test", "herder-dead")
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def herder(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "herder.cli", "--config",
+                           str(tmp / "herder.toml"), *args], cwd=tmp, capture_output=True,
+                          text=True, check=check, timeout=60)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, sshd: Sshd, store_url: str) -> Iterator[tuple[Path, str]]:
+    remote_config = tmp_path / "remote.toml"
+    remote_config.write_text(f'[herder]\nlog_dir = "{tmp_path / "remote-logs"}"\n'
+                             '[runtime]\nheartbeat_interval = "0.3s"\n')
+    remote = (f"HERDER_TOKEN_FILE={tmp_path / 'token'} {sys.executable} -m herder.cli "
+              f"--config {remote_config}")
+    (tmp_path / "herder.toml").write_text(
+        f'[herder]\ndb = "{store_url}"\nlog_dir = "{tmp_path / "logs"}"\n'
+        '[runtime]\nheartbeat_interval = "0.3s"\nattempt_lease = "3s"\nkill_grace = "1s"\n'
+        '[defaults]\nbackoff_base = "0s"\n'
+        f'[fleet]\nscheduler_interval = "0.2s"\nspawn_backoff = "0s"\nmax_spawn_failures = 2\n'
+        f'ssh_command = ["ssh", "-F", "{sshd.config}"]\nremote_herder = "{remote}"\n')
+    yield tmp_path, store_url
+
+
+@pytest.fixture
+def server(fleet: tuple[Path, str]) -> Iterator[tuple[Path, str]]:
+    tmp, url = fleet
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "herder.cli", "--config", str(tmp / "herder.toml"), "server",
+         "--listen", f"127.0.0.1:{port}"], cwd=tmp, stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "server.log", "wb"), start_new_session=True)
+    try:
+        yield tmp, url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(20)
+
+
+def add_ssh_host(tmp: Path, label: str, target: str) -> str:
+    token = herder(tmp, "host", "add", label, "--ram", "16", "--transport", "ssh",
+                   "--ssh-target", target, "--prime-workers", "2",
+                   "--night-workers", "2").stdout.strip()
+    herder(tmp, "heartbeat", "--host", label)
+    return token
+
+
+def test_ssh_push_runs_the_attempt_remotely_and_reports_over_the_api(
+    tmp_path: Path, sshd: Sshd, fleet: tuple[Path, str]
+) -> None:
+    tmp, url = fleet
+    token = add_ssh_host(tmp, "s1", sshd.alias)
+    (tmp / "token").write_text(token)
+    job_id = int(herder(tmp, "submit", "--", "sh", "-c",
+                        'echo "ran on $HERDER_HOST as attempt $HERDER_ATTEMPT"').stdout)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "herder.cli", "--config", str(tmp / "herder.toml"), "server",
+         "--listen", f"127.0.0.1:{port}"], cwd=tmp, stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "server.log", "wb"), start_new_session=True)
+    store = open_store(url)
+    try:
+        job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+                    "the ssh job to end")
+        assert job.status is JobStatus.DONE, (tmp / "server.log").read_text()
+        assert job.host == "s1"
+        attempts = store.attempt_list(job_id)
+        assert [a.outcome for a in attempts] == ["ok"]
+        # The log was written remotely and shipped to the server's log folder.
+        log = Path(attempts[0].log_path or "").read_text()
+        assert "ran on s1 as attempt 1" in log
+        assert (tmp / "remote-logs" / str(job_id) / "1.log").exists()
+    finally:
+        store.close()
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(20)
+
+
+def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
+    tmp_path: Path, sshd: Sshd, server: tuple[Path, str]
+) -> None:
+    tmp, url = server
+    add_ssh_host(tmp, "dead", sshd.dead_alias)
+    job_id = int(herder(tmp, "submit", "--", "true").stdout)
+    store = open_store(url)
+    try:
+        job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+                    "the job to fail")
+        assert job.status is JobStatus.FAILED
+        assert job.failure_reason == "spawn_failed"
+        assert job.spawn_failures == 2  # max_spawn_failures
+        assert job.failures == 0  # host trouble never spends the job's own attempts
+        attempts = store.attempt_list(job_id)
+        assert [a.exit_code for a in attempts] == [255, 255]
+        assert all(a.started_at is None for a in attempts)
+    finally:
+        store.close()
+
+
+def test_remote_side_without_a_token_exits_1_and_the_job_is_retried_then_failed(
+    tmp_path: Path, sshd: Sshd, server: tuple[Path, str]
+) -> None:
+    tmp, url = server
+    add_ssh_host(tmp, "s2", sshd.alias)  # no token file on the "remote" side
+    job_id = int(herder(tmp, "submit", "--max-attempts", "2", "--", "true").stdout)
+    store = open_store(url)
+    try:
+        job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+                    "the job to fail")
+        assert job.status is JobStatus.FAILED
+        attempts = store.attempt_list(job_id)
+        assert job.failure_reason == "launch_failed", attempts
+        assert [a.exit_code for a in store.attempt_list(job_id)] == [1, 1]
+    finally:
+        store.close()
