@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     try:
         until(lambda: subprocess.run(
             ["ssh", "-F", str(client), "-o", "BatchMode=yes", "herder-test", "true"],
-            capture_output=True).returncode == 0, 15, "sshd to accept a login")
+            check=False, capture_output=True).returncode == 0, 15, "sshd to accept a login")
         yield Sshd(client, "herder-test", "herder-dead")
     finally:
         process.terminate()
@@ -104,19 +105,24 @@ def fleet(tmp_path: Path, sshd: Sshd, store_url: str) -> Iterator[tuple[Path, st
     yield tmp_path, store_url
 
 
-@pytest.fixture
-def server(fleet: tuple[Path, str]) -> Iterator[tuple[Path, str]]:
-    tmp, url = fleet
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "herder.cli", "--config", str(tmp / "herder.toml"), "server",
-         "--listen", f"127.0.0.1:{port}"], cwd=tmp, stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "server.log", "wb"), start_new_session=True)
+@contextmanager
+def running_server(tmp: Path) -> Iterator[None]:
+    with open(tmp / "server.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "herder.cli", "--config", str(tmp / "herder.toml"),
+             "server", "--listen", f"127.0.0.1:{free_port()}"], cwd=tmp,
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     try:
-        yield tmp, url
+        yield
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(20)
+
+
+@pytest.fixture
+def server(fleet: tuple[Path, str]) -> Iterator[tuple[Path, str]]:
+    with running_server(fleet[0]):
+        yield fleet
 
 
 def add_ssh_host(tmp: Path, label: str, target: str) -> str:
@@ -135,13 +141,8 @@ def test_ssh_push_runs_the_attempt_remotely_and_reports_over_the_api(
     (tmp / "token").write_text(token)
     job_id = int(herder(tmp, "submit", "--", "sh", "-c",
                         'echo "ran on $HERDER_HOST as attempt $HERDER_ATTEMPT"').stdout)
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "herder.cli", "--config", str(tmp / "herder.toml"), "server",
-         "--listen", f"127.0.0.1:{port}"], cwd=tmp, stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "server.log", "wb"), start_new_session=True)
     store = open_store(url)
-    try:
+    with running_server(tmp):
         job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
                     "the ssh job to end")
         assert job.status is JobStatus.DONE, (tmp / "server.log").read_text()
@@ -152,10 +153,7 @@ def test_ssh_push_runs_the_attempt_remotely_and_reports_over_the_api(
         log = Path(attempts[0].log_path or "").read_text()
         assert "ran on s1 as attempt 1" in log
         assert (tmp / "remote-logs" / str(job_id) / "1.log").exists()
-    finally:
-        store.close()
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(20)
+    store.close()
 
 
 def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
