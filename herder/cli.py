@@ -404,4 +404,8 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
 import herder.cli_fleet  # noqa: E402, F401  (registers the fleet commands on `main`)
 
 if __name__ == "__main__":
-    main()
+    # `python -m herder.cli` runs this file as `__main__`, a second copy of the module;
+    # herder.cli_fleet registered its commands on the importable `herder.cli.main`.
+    from herder.cli import main as registered_main
+
+    registered_main()

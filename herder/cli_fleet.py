@@ -527,3 +527,12 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     Runner(None, options, source=source).run()
     if source.handed_back is Outcome.RAM_CONTENTION:
         sys.exit(3)
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="Keep the demo's folder (database, logs).")
+def demo(keep: bool) -> None:
+    """See a fleet work: a server, three agents posing as hosts, a mixed workload."""
+    from herder.demo import run_demo
+
+    sys.exit(run_demo(click.echo, keep=keep))

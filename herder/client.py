@@ -1,6 +1,6 @@
 """The Python API: submit, get, list, cancel, retry and wait, as the CLI does them.
 
-    from herder import Client
+    from herder.client import Client
 
     with Client("sqlite:///herder.db") as herder:
         job_id = herder.submit(command=["pytest", "-q"], weight="heavy").job_id

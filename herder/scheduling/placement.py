@@ -688,7 +688,9 @@ def _fold(rejections: Sequence[Rejection], plan: Plan, snapshot: Snapshot) -> st
         elif len(group) == 1:
             parts.append(_phrase(group[0]))
         else:
-            parts.append(f"{_phrase(group[0])} and {len(group) - 1} more {_MORE[reason]}")
+            more = len(group) - 1
+            noun = _MORE[reason] if more > 1 else _MORE[reason].replace("hosts", "host", 1)
+            parts.append(f"{_phrase(group[0])} and {more} more {noun}")
     return ", ".join(parts)
 
 
