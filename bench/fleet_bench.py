@@ -84,7 +84,9 @@ def herder(folder: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "herder.cli", "--config", str(folder / "herder.toml"), *args]
 
 
-def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    command: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with open(log, "ab") as output:
         return subprocess.Popen(command, stdout=output, stderr=output, start_new_session=True,
                                 env={**os.environ, **(env or {})})
