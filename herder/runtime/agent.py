@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -77,8 +78,10 @@ class ServerClient:
     def __init__(self, server: str, token: str, label: str, verify: bool | str = True,
                  timeout: float = 10.0) -> None:
         self.label = label
+        trust: bool | ssl.SSLContext = (
+            ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
         self.http = httpx.Client(
-            base_url=server.rstrip("/"), verify=verify, timeout=timeout,
+            base_url=server.rstrip("/"), verify=trust, timeout=timeout,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "herder-agent"},
         )
 
