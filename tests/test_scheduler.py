@@ -1,0 +1,167 @@
+"""The scheduler commits plans without ever overbooking a host, and one leader schedules."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from herder.config import Settings
+from herder.model import HostRecord, JobSpec, JobStatus
+from herder.runtime.scheduler import Fleet, Scheduler
+from herder.store import open_store
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # prime window (night is 20:00–03:00 UTC)
+
+
+def test_two_schedulers_racing_never_overbook_a_host(store_url):
+    """Each scheduler plans from its own snapshot; the SQL re-check under the host lock is
+    what keeps the other one's stale plan from overbooking."""
+    fleet = Fleet.from_settings(Settings())
+    setup = open_store(store_url)
+    hosts = [HostRecord("a", 20, prime_max_workers=3), HostRecord("b", 10, prime_max_workers=2)]
+    for host in hosts:
+        setup.host_insert(host, NOW)
+        setup.host_heartbeat(host.label, NOW, {})
+    weights = ["light", "heavy", "light", "playwright"] * 25
+    setup.job_insert([JobSpec(command=("true",), weight=w) for w in weights], NOW)
+    setup.close()
+
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def schedule() -> None:
+        store = open_store(store_url)
+        try:
+            scheduler = Scheduler(store, fleet)
+            barrier.wait()
+            for _ in range(5):
+                scheduler.run_once(NOW)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=schedule) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+
+    store = open_store(store_url)
+    try:
+        active = store.job_list([JobStatus.CLAIMED, JobStatus.RUNNING], 1000)
+        assert active, "the schedulers placed nothing"
+        for host in hosts:
+            mine = [job for job in active if job.host == host.label]
+            assert len(mine) <= host.prime_max_workers
+            booked = sum(fleet.weights.budget(job.weight) for job in mine)
+            assert booked <= fleet.bookable(host) + 1e-9, (host.label, booked)
+            assert all(job.ram_gb == fleet.weights.budget(job.weight) for job in mine)
+        # every placed job has exactly one attempt: nothing was placed twice
+        for job in active:
+            assert job.attempt == 1
+            assert len(store.attempt_list(job.id)) == 1
+    finally:
+        store.close()
+
+
+def test_a_stale_plan_cannot_overbook_because_assign_rechecks_capacity(store):
+    """Two schedulers planned from the same empty snapshot: each plan alone fits host `a`
+    (3 workers, 16 GB bookable), together they would not. The second commit is cut short."""
+    store.host_insert(HostRecord("a", 20, prime_max_workers=3), NOW)
+    ids = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",), weight="heavy") for _ in range(4)], NOW)]
+    first = store.job_assign("a", [(ids[0], 8.0), (ids[1], 8.0)], 3, 16.0, NOW)
+    second = store.job_assign("a", [(ids[2], 8.0), (ids[3], 8.0)], 3, 16.0, NOW)
+    assert len(first) == 2
+    assert second == [], "16 GB are booked already: nothing more fits"
+    usage = store.host_usage(NOW)["a"]
+    assert usage.workers == 2 and usage.booked_gb == 16.0
+    # the slot cap is re-checked too, and reservations count as booked RAM
+    light = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",), weight="light") for _ in range(3)], NOW)]
+    store.host_update(HostRecord("a", 40, prime_max_workers=3), NOW)
+    assert len(store.job_assign("a", [(j, 3.0) for j in light], 3, 32.0, NOW)) == 1
+    assert store.host_usage(NOW)["a"].workers == 3
+
+
+def test_leader_lease_is_exclusive_and_passes_on_release(store_url):
+    first, second = open_store(store_url), open_store(store_url)
+    lease_a, lease_b = first.leader_lease(), second.leader_lease()
+    try:
+        assert lease_a.try_acquire()
+        assert not lease_b.try_acquire()
+        assert lease_a.try_acquire(), "the holder keeps it"
+        lease_a.release()
+        assert lease_b.try_acquire()
+        assert not lease_a.try_acquire()
+    finally:
+        lease_a.release()
+        lease_b.release()
+        first.close()
+        second.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def leader(port: int) -> bool | None:
+    try:
+        return bool(httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).json()["leader"])
+    except httpx.HTTPError:
+        return None
+
+
+@pytest.mark.slow
+def test_a_replica_takes_over_when_the_leader_is_killed(postgres_url, tmp_path):
+    config = tmp_path / "herder.toml"
+    config.write_text(f'[herder]\ndb = "{postgres_url}"\nlog_dir = "{tmp_path}/logs"\n'
+                      '[fleet]\nscheduler_interval = "0.2s"\n')
+    cli = [sys.executable, "-m", "herder.cli", "--config", str(config)]
+    store = open_store(postgres_url)
+    store.host_insert(HostRecord("h", 16, prime_max_workers=1, night_max_workers=1),
+                      datetime.now(UTC))
+    replicas: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for _ in range(2):
+            port = free_port()
+            replicas[port] = subprocess.Popen(
+                [*cli, "server", "--listen", f"127.0.0.1:{port}"], cwd=tmp_path,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while sorted(leader(p) or False for p in replicas) != [False, True]:
+            assert time.monotonic() < deadline, {p: leader(p) for p in replicas}
+            time.sleep(0.1)
+        old = next(p for p in replicas if leader(p))
+        other = next(p for p in replicas if p != old)
+        os.killpg(replicas[old].pid, signal.SIGKILL)
+        replicas[old].wait(10)
+        while not leader(other):
+            assert time.monotonic() < deadline + 30, "no replica took over"
+            time.sleep(0.1)
+        # The new leader schedules: a job is placed on the (heartbeating) host.
+        store.host_heartbeat("h", datetime.now(UTC), {})
+        job_id = store.job_insert([JobSpec(command=("true",))], datetime.now(UTC))[0].job_id
+        while (job := store.job_get(job_id)) is None or job.status is JobStatus.QUEUED:
+            assert time.monotonic() < deadline + 60, "the new leader placed nothing"
+            time.sleep(0.05)
+        assert job.host == "h"
+    finally:
+        store.close()
+        for process in replicas.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(20)
