@@ -146,32 +146,37 @@ class PostgresStore(Store):
     def job_insert(
         self, specs: Sequence[JobSpec], now: datetime, force: bool = False
     ) -> list[InsertResult]:
-        results: list[InsertResult] = []
-        with self._pool.connection() as conn, conn.transaction():
-            if force:
-                for key in {spec.dedup_key for spec in specs if spec.dedup_key is not None}:
-                    conn.execute(Q["job_dedup_release"], {"dedup_key": key, "now": now})
-            with conn.pipeline():
-                cursors = [conn.execute(Q["job_insert"], _spec_params(spec, now))
-                           for spec in specs]
-            created = False
-            for spec, cursor in zip(specs, cursors, strict=True):
-                row = cursor.fetchone()
-                if row is not None:
-                    created = True
-                    results.append(InsertResult(int(row["id"]), True, JobStatus.QUEUED))
-                    continue
-                holder = conn.execute(
-                    Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
-                ).fetchone()
-                if holder is None:  # the holder ended between our insert and this read
-                    raise StoreUnavailable("dedup holder vanished; retry the submit")
-                results.append(
-                    InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
-                )
-            if created:
-                conn.execute("SELECT pg_notify(%s, 'job')", (CHANNEL,))
-        return results
+        with self._pool.connection() as conn:
+            if len(specs) == 1 and not force:
+                # The common case is one statement in autocommit: one round trip, and the
+                # NOTIFY that wakes idle runners rides along in it.
+                return [self._insert_one(conn, specs[0], now)]
+            with conn.transaction():
+                if force:
+                    for key in {s.dedup_key for s in specs if s.dedup_key is not None}:
+                        conn.execute(Q["job_dedup_release"], {"dedup_key": key, "now": now})
+                with conn.pipeline():
+                    cursors = [conn.execute(Q["job_insert"], _spec_params(spec, now))
+                               for spec in specs]
+                rows = [cursor.fetchone() for cursor in cursors]
+                return [self._result(conn, spec, row) for spec, row in zip(specs, rows,
+                                                                           strict=True)]
+
+    def _insert_one(
+        self, conn: psycopg.Connection[DictRow], spec: JobSpec, now: datetime
+    ) -> InsertResult:
+        row = conn.execute(Q["job_insert"], _spec_params(spec, now)).fetchone()
+        return self._result(conn, spec, row)
+
+    def _result(
+        self, conn: psycopg.Connection[DictRow], spec: JobSpec, row: DictRow | None
+    ) -> InsertResult:
+        if row is not None:
+            return InsertResult(int(row["id"]), True, JobStatus.QUEUED)
+        holder = conn.execute(Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}).fetchone()
+        if holder is None:  # the holder ended between our insert and this read
+            raise StoreUnavailable("dedup holder vanished; retry the submit")
+        return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
 
     def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
         with self._pool.connection() as conn:
@@ -251,17 +256,10 @@ class PostgresStore(Store):
             "spend_spawn_failures": [int(r.decision.spend_spawn_failure) for r in results],
             "now": now,
         }
-        requeued = False
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn:
             rows = conn.execute(Q["attempt_finish"], params).fetchall()
-            applied = [
-                (AttemptToken(int(r["id"]), int(r["attempt"])), JobStatus(r["status"]))
-                for r in rows
-            ]
-            requeued = any(status is JobStatus.QUEUED for _, status in applied)
-            if requeued:
-                conn.execute("SELECT pg_notify(%s, 'job')", (CHANNEL,))
-        return applied
+        return [(AttemptToken(int(r["id"]), int(r["attempt"])), JobStatus(r["status"]))
+                for r in rows]
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         with self._pool.connection() as conn, conn.transaction():

@@ -278,25 +278,25 @@ class SQLiteStore(Store):
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
+        detail = json.dumps({"host": host, "worker": worker})
         with self._write() as conn:
             rows = conn.execute(
                 Q["job_claim"], {"host": host, "limit": limit, "now": stamp}
             ).fetchall()
-            jobs = sorted((job_from_row(_convert(row)) for row in rows),
-                          key=lambda job: (job.priority, job.id))
             conn.executemany(
                 Q["attempt_insert"],
-                [{"job_id": job.id, "attempt": job.attempt, "host": host, "worker": worker,
-                  "now": stamp} for job in jobs],
+                [{"job_id": row["id"], "attempt": row["attempt"], "host": host,
+                  "worker": worker, "now": stamp} for row in rows],
             )
-            detail = json.dumps({"host": host, "worker": worker})
             conn.executemany(
                 Q["event_insert"],
-                [{"job_id": job.id, "now": stamp, "kind": "claimed", "from_status": "queued",
-                  "to_status": "claimed", "attempt": job.attempt, "detail": detail}
-                 for job in jobs],
+                [{"job_id": row["id"], "now": stamp, "kind": "claimed", "from_status": "queued",
+                  "to_status": "claimed", "attempt": row["attempt"], "detail": detail}
+                 for row in rows],
             )
-        return jobs
+        # Rows become jobs after COMMIT: the write lock is held only for the statements.
+        return sorted((job_from_row(_convert(row)) for row in rows),
+                      key=lambda job: (job.priority, job.id))
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
@@ -340,7 +340,6 @@ class SQLiteStore(Store):
                 token = result.token
                 decision = result.decision
                 keys = {"job_id": token.job_id, "attempt": token.attempt}
-                old = conn.execute(Q["attempt_finish_status"], keys).fetchone()
                 row = conn.execute(
                     Q["attempt_finish"],
                     {
@@ -363,7 +362,7 @@ class SQLiteStore(Store):
                      "now": stamp},
                 )
                 status = JobStatus(row[2])
-                _event(conn, token.job_id, stamp, "finished", JobStatus(old[0]), status,
+                _event(conn, token.job_id, stamp, "finished", JobStatus(row[3]), status,
                        token.attempt,
                        {"outcome": str(result.outcome), "exit_code": result.exit_code})
                 applied.append((token, status))

@@ -21,7 +21,7 @@ WITH ins AS (
     INSERT INTO herder_events (job_id, at, kind, to_status)
     SELECT id, %(now)s, 'submitted', 'queued' FROM ins
 )
-SELECT id FROM ins;
+SELECT id, pg_notify('herder', 'job') AS woke FROM ins;
 
 -- name: job_dedup_holder
 SELECT id, status FROM herder_jobs
@@ -102,6 +102,10 @@ WHERE a.job_id = t.job_id AND a.attempt = t.attempt AND a.ended_at IS NULL
 RETURNING a.job_id, a.attempt, j.cancel_requested;
 
 -- name: attempt_finish
+-- One statement, one round trip: the guard on (id, attempt, status) is re-checked by
+-- PostgreSQL if a concurrent update got there first. The status the job left is read from
+-- started_at (only a started attempt has one), so no locking read is needed. A requeue
+-- wakes idle runners.
 WITH r AS (
     SELECT * FROM unnest(
         %(job_ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
@@ -110,29 +114,28 @@ WITH r AS (
         %(spend_spawn_failures)s::int[])
       AS r(job_id, attempt, outcome, exit_code, next_status, available_at, failure_reason,
            spend_failure, spend_lost, spend_spawn_failure)
-), old AS (
-    SELECT j.id, j.status AS old_status, j.cancel_requested, r.*
-    FROM herder_jobs j JOIN r ON j.id = r.job_id AND j.attempt = r.attempt
-    WHERE j.status IN ('claimed', 'running')
-    FOR UPDATE OF j
 ), j AS (
     UPDATE herder_jobs SET
-        status = CASE WHEN old.cancel_requested AND old.next_status = 'queued'
-                      THEN 'cancelled' ELSE old.next_status END,
-        exit_code = old.exit_code,
-        failure_reason = CASE WHEN old.cancel_requested AND old.next_status = 'queued'
-                              THEN 'cancelled' ELSE old.failure_reason END,
-        failures = herder_jobs.failures + old.spend_failure,
-        lost = herder_jobs.lost + old.spend_lost,
-        spawn_failures = herder_jobs.spawn_failures + old.spend_spawn_failure,
-        available_at = COALESCE(old.available_at, herder_jobs.available_at),
-        finished_at = CASE WHEN old.next_status = 'queued' AND NOT old.cancel_requested
+        status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
+                      THEN 'cancelled' ELSE r.next_status END,
+        exit_code = r.exit_code,
+        failure_reason = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
+                              THEN 'cancelled' ELSE r.failure_reason END,
+        failures = herder_jobs.failures + r.spend_failure,
+        lost = herder_jobs.lost + r.spend_lost,
+        spawn_failures = herder_jobs.spawn_failures + r.spend_spawn_failure,
+        available_at = COALESCE(r.available_at, herder_jobs.available_at),
+        finished_at = CASE WHEN r.next_status = 'queued' AND NOT herder_jobs.cancel_requested
                            THEN NULL ELSE %(now)s END,
         cancel_requested = false,
         updated_at = %(now)s
-    FROM old WHERE herder_jobs.id = old.id
-    RETURNING herder_jobs.id, herder_jobs.attempt, herder_jobs.status, old.old_status,
-              old.outcome, old.exit_code
+    FROM r
+    WHERE herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
+      AND herder_jobs.status IN ('claimed', 'running')
+    RETURNING herder_jobs.id, herder_jobs.attempt, herder_jobs.status,
+              CASE WHEN herder_jobs.started_at IS NULL THEN 'claimed' ELSE 'running' END
+                  AS old_status,
+              r.outcome, r.exit_code
 ), a AS (
     UPDATE herder_attempts SET ended_at = %(now)s, exit_code = j.exit_code, outcome = j.outcome
     FROM j WHERE herder_attempts.job_id = j.id AND herder_attempts.attempt = j.attempt
@@ -142,7 +145,9 @@ WITH r AS (
            jsonb_build_object('outcome', outcome, 'exit_code', exit_code)
     FROM j
 )
-SELECT id, attempt, status FROM j;
+SELECT id, attempt, status,
+       CASE WHEN status = 'queued' THEN pg_notify('herder', 'job') END AS woke
+FROM j;
 
 -- name: job_cancel
 WITH j AS (

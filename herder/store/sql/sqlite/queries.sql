@@ -41,11 +41,13 @@ WHERE status IN ('queued', 'claimed', 'running')
 GROUP BY status;
 
 -- name: job_claim
+-- INDEXED BY: without statistics SQLite may prefer another index and sort every queued row
+-- on each claim; the partial index gives the order for free.
 UPDATE herder_jobs
 SET status = 'claimed', attempt = attempt + 1, host = :host,
     claimed_at = :now, started_at = NULL, updated_at = :now
 WHERE id IN (
-    SELECT id FROM herder_jobs
+    SELECT id FROM herder_jobs INDEXED BY herder_jobs_queued
     WHERE status = 'queued' AND available_at <= :now
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
@@ -95,10 +97,8 @@ UPDATE herder_jobs SET
     cancel_requested = 0,
     updated_at = :now
 WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
-RETURNING id, attempt, status;
-
--- name: attempt_finish_status
-SELECT status FROM herder_jobs WHERE id = :job_id;
+RETURNING id, attempt, status,
+    CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status;
 
 -- name: attempt_finish_record
 UPDATE herder_attempts SET ended_at = :now, exit_code = :exit_code, outcome = :outcome

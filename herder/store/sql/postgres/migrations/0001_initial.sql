@@ -39,7 +39,8 @@ CREATE INDEX herder_jobs_queued ON herder_jobs (priority, id) WHERE status = 'qu
 CREATE UNIQUE INDEX herder_jobs_dedup ON herder_jobs (dedup_key)
     WHERE dedup_key IS NOT NULL AND NOT dedup_released
       AND status IN ('queued', 'claimed', 'running', 'done');
-CREATE INDEX herder_jobs_status ON herder_jobs (status, id);
+-- No index on status alone: every status change would add an entry to it. Listing by status
+-- walks the primary key backwards; the active statuses have partial indexes of their own.
 
 CREATE TABLE herder_attempts (
     job_id       bigint NOT NULL,
@@ -56,16 +57,18 @@ CREATE TABLE herder_attempts (
     outcome      text,
     PRIMARY KEY (job_id, attempt)
 );
-CREATE INDEX herder_attempts_live ON herder_attempts (host, heartbeat_at) WHERE ended_at IS NULL;
+-- Only the primary key: heartbeats and the final update of an attempt stay HOT (no index
+-- entries); live attempts are found through the jobs' partial indexes.
 
 CREATE TABLE herder_events (
-    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
     job_id      bigint NOT NULL,
     at          timestamptz NOT NULL,
     kind        text NOT NULL,
     from_status text,
     to_status   text,
     attempt     integer,
-    detail      jsonb NOT NULL DEFAULT '{}'
+    detail      jsonb NOT NULL DEFAULT '{}',
+    -- One index serves both uniqueness and a job's history in order.
+    PRIMARY KEY (job_id, id)
 );
-CREATE INDEX herder_events_job ON herder_events (job_id, id);

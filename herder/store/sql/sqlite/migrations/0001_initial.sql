@@ -37,7 +37,6 @@ CREATE INDEX herder_jobs_queued ON herder_jobs (priority, id) WHERE status = 'qu
 CREATE UNIQUE INDEX herder_jobs_dedup ON herder_jobs (dedup_key)
     WHERE dedup_key IS NOT NULL AND dedup_released = 0
       AND status IN ('queued', 'claimed', 'running', 'done');
-CREATE INDEX herder_jobs_status ON herder_jobs (status, id);
 
 CREATE TABLE herder_attempts (
     job_id       INTEGER NOT NULL,
@@ -54,7 +53,6 @@ CREATE TABLE herder_attempts (
     outcome      TEXT,
     PRIMARY KEY (job_id, attempt)
 ) WITHOUT ROWID;
-CREATE INDEX herder_attempts_live ON herder_attempts (host, heartbeat_at) WHERE ended_at IS NULL;
 
 CREATE TABLE herder_events (
     id          INTEGER PRIMARY KEY,
