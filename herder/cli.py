@@ -73,7 +73,27 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class HerderGroup(click.Group):
+    """Click's usage errors as one line too (`herder: error: ...`), exit 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "herder"
+            fail(f"{exc.format_message()} (see `{where} --help`)")
+        except click.ClickException as exc:
+            fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            fail("aborted", 1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=HerderGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--db", envvar="HERDER_DB", help="sqlite:///path or postgresql://... "
               "[env HERDER_DB; default ./herder.db]")
 @click.option("--config", "config_path", envvar="HERDER_CONFIG", type=click.Path(),

@@ -11,7 +11,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from herder.errors import ConfigError, InputError
 from herder.urls import DEFAULT_DB
@@ -23,6 +31,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+MAX_DURATION = 366 * 86400.0
+"""Longer is surely a typo, and would overflow datetime arithmetic downstream."""
+
+
 def parse_duration(value: object) -> float:
     """Seconds from a number or a string like `90s`, `10m`, `2h`, `1h30m`, `250ms`."""
     if isinstance(value, bool):
@@ -32,12 +44,14 @@ def parse_duration(value: object) -> float:
             raise ValueError(f"{value!r} is not a duration; use e.g. 90s, 10m, 2h or 1h30m")
         if value < 0:
             raise ValueError("a duration cannot be negative")
+        if value > MAX_DURATION:
+            raise ValueError(f"{value!r}s is longer than a year; use at most 365d worth")
         return float(value)
     if isinstance(value, str):
         match = _DURATION.match(value)
         if match and any(match.groups()):
             hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
-            return hours * 3600 + minutes * 60 + seconds + millis / 1000
+            return parse_duration(hours * 3600 + minutes * 60 + seconds + millis / 1000)
         try:
             return parse_duration(float(value))
         except ValueError:
@@ -46,6 +60,30 @@ def parse_duration(value: object) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def quoted_placeholder(script: str) -> str | None:
+    """The first {placeholder} that stands inside single or double quotes in a shell script."""
+    quote: str | None = None
+    index = 0
+    while index < len(script):
+        char = script[index]
+        if char == "\\" and quote != "'":
+            index += 2
+            continue
+        if quote is None and char in "'\"":
+            quote = char
+        elif quote is not None and char == quote:
+            quote = None
+        elif char == "{":
+            if script.startswith("{{", index):
+                index += 2
+                continue
+            match = re.match(r"\{(\w+)\}", script[index:])
+            if match and quote is not None:
+                return match.group(1)
+        index += 1
+    return None
 
 
 class _Strict(BaseModel):
@@ -114,6 +152,26 @@ class JobTypeSection(_Strict):
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
         return value
+
+    @field_validator("export")
+    @classmethod
+    def _export(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"payload field {name!r} cannot become HERDER_PAYLOAD_"
+                                 f"{name.upper()}; use letters, digits and _")
+        return value
+
+    @model_validator(mode="after")
+    def _quoted_placeholders(self) -> JobTypeSection:
+        """herder shell-quotes every value it fills in; a placeholder the template itself
+        wraps in quotes would be re-opened by the shell ("$(...)" runs inside "...")."""
+        if self.shell and isinstance(self.command, str):
+            name = quoted_placeholder(self.command)
+            if name is not None:
+                raise ValueError(f"{{{name}}} is inside quotes in a shell command; remove the "
+                                 "quotes around it (herder quotes every value itself)")
+        return self
 
 
 class WindowCapsSection(_Strict):
@@ -357,7 +415,8 @@ def _cross_check(config: Config, text: str) -> None:
             f"define it under [weights] or use one of {sorted(settings.weights)}",
         )
     known = set(settings.weights)
-    for name in settings.fleet.escalation:
+    explicit = "escalation" in settings.fleet.model_fields_set
+    for name in settings.fleet.escalation if explicit else ():
         if name not in known:
             raise ConfigError(_where(config, text, ["fleet", "escalation"]),
                               f"unknown weight {name!r}",

@@ -78,6 +78,7 @@ class ServerClient:
     def __init__(self, server: str, token: str, label: str, verify: bool | str = True,
                  timeout: float = 10.0) -> None:
         self.label = label
+        self.max_delay = 30.0
         trust: bool | ssl.SSLContext = (
             ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
         self.http = httpx.Client(
@@ -107,7 +108,7 @@ class ServerClient:
                 stop.wait(delay)
             else:
                 time.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            delay = min(delay * 2, self.max_delay)
 
     def close(self) -> None:
         self.http.close()
@@ -146,6 +147,9 @@ class HttpSource(WorkSource):
         poll: bool = True,
     ) -> None:
         self.client = client
+        # Retry no slower than the heartbeat: after an outage the server must hear from this
+        # agent (and get its queued reports) within one lease, or it declares them lost.
+        client.max_delay = min(client.max_delay, max(heartbeat_interval, 0.2))
         self.label = client.label
         self.gate = gate
         self.concurrency = concurrency

@@ -156,16 +156,27 @@ class Coordinator:
                           runtime.max_lost)
         interval = self.settings.fleet.scheduler_interval
         next_maintenance = 0.0
+        leader_since: float | None = None
         try:
             while not self._stop.is_set():
                 try:
                     self.is_leader = lease.try_acquire()
+                    if not self.is_leader:
+                        leader_since = None
                     if self.is_leader:
                         now = utcnow()
+                        if leader_since is None:
+                            leader_since = time.monotonic()
                         self.scheduler.run_once(now)
                         if time.monotonic() >= next_maintenance:
                             next_maintenance = time.monotonic() + 1.0
-                            rescued = rescuer.run_once(now)
+                            # A new leader (a restart, a takeover) has heard from no agent
+                            # yet: give them one lease to heartbeat before judging attempts
+                            # stale, or an outage longer than the lease would declare every
+                            # running remote attempt lost (and its agent would kill it).
+                            rescued: dict[str, int] = {}
+                            if time.monotonic() - leader_since >= self.lease_seconds:
+                                rescued = rescuer.run_once(now)
                             expired = self.store.reservation_expire(now)
                             if any(rescued.values()) or expired:
                                 log.info("maintenance: %s, %d reservations expired",
@@ -265,6 +276,11 @@ class Coordinator:
         if job.attempt != token.attempt:
             return None
         now = utcnow()
+        if outcome is Outcome.REFUSED:
+            # Placement does not know what an agent's local allow-list refuses and would put
+            # the job on the same host again at once: a hot loop that also holds the host's
+            # slot for good, starving every job behind it. Hand it back after a backoff.
+            retry_after = max(retry_after or 0.0, self.limits.spawn_backoff_seconds)
         result = decide_for(job, outcome, now, self.limits, retry_after)
         applied = self.store.attempt_finish(
             [AttemptResult(token, outcome, exit_code, result.decision)], now)

@@ -64,7 +64,9 @@ class Fleet:
             schedule=schedule,
         )
         return cls(
-            weights=WeightTable(dict(settings.weights), tuple(fleet.escalation)),
+            # The default chain keeps only the weights this config defines.
+            weights=WeightTable(dict(settings.weights),
+                                tuple(w for w in fleet.escalation if w in settings.weights)),
             policy=policy,
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
         )

@@ -52,6 +52,8 @@ SPREAD = "spread"
 STRATEGIES = (BEST_FIT, SPREAD)
 ONE_WORKER = WindowCaps(max_workers=1)
 BOUND_ELSEWHERE = "job bound to another host"
+POOL_AFTER = 8
+"""A shape whose jobs fit more host classes than this searches one merged list instead."""
 
 
 class Reason(enum.StrEnum):
@@ -266,6 +268,11 @@ class _Shape:
         self.rejections: tuple[Rejection, ...] | None = None
 
 
+_ClassKey = tuple[frozenset[str], frozenset[str], int, frozenset[str]]
+"""Job types allowed, weights allowed, floor (as a band of queued priorities), weights under
+the window's max weight — each as far as the queued jobs can tell them apart."""
+
+
 class _Cycle:
     """One placement pass. Mutable inside, but nothing mutable leaves `place`."""
 
@@ -294,21 +301,28 @@ class _Cycle:
         self.shed_max = policy.shedding.max_weight(self.ratio)
         self.shed_detail = f"fleet at {self.ratio:.0%} capacity, max weight {self.shed_max}"
 
-        # Classes of hosts that accept work and share every static cap.
-        class_of: dict[tuple[object, ...], int] = {}
+        # Classes of hosts that accept work and give every queued job the same verdict.
+        self.queue_types = frozenset(job.job_type for job in snapshot.jobs)
+        self.queue_weights = frozenset(job.weight for job in snapshot.jobs)
+        self.queue_priorities = sorted({job.priority for job in snapshot.jobs})
+        self.capped: dict[str | None, frozenset[str]] = {}
+        class_of: dict[_ClassKey, int] = {}
+        self.class_keys: list[_ClassKey] = []
         self.members: list[list[_Host]] = []
         self.lists: list[list[tuple[float, int]]] = []
+        self.holders: list[list[list[tuple[float, int]]]] = []
+        self.pools: dict[tuple[int, ...], list[tuple[float, int]]] = {}
         self.free_slots = 0
         for host in self.by_rank:
             if not host.alive:
                 continue
-            spec = host.spec
-            caps_key = (spec.allowed_job_types, spec.allowed_weights, spec.priority_floor,
-                        host.max_weight)
-            group = class_of.setdefault(caps_key, len(class_of))
+            class_key = self._class_key(host)
+            group = class_of.setdefault(class_key, len(class_of))
             if group == len(self.members):
+                self.class_keys.append(class_key)
                 self.members.append([])
                 self.lists.append([])
+                self.holders.append([self.lists[group]])
             host.group = group
             self.members[group].append(host)
             if host.open:
@@ -319,11 +333,28 @@ class _Cycle:
             keys.sort()
         self.floors = sorted({spec.priority_floor for spec in snapshot.hosts
                               if spec.priority_floor is not None})
-        self.heaps: dict[tuple[int, float], list[tuple[float, int]]] = {}
+        self.heaps: dict[tuple[tuple[int, ...], float], list[tuple[float, int]]] = {}
         self.reservations: dict[str, int] = {}
         self.early: dict[tuple[str, str, int], list[Rejection | None]] = {}
         self.interned: dict[tuple[int, Reason, str], Rejection] = {}
         self.bound_elsewhere: list[Rejection] | None = None
+
+    def _class_key(self, host: _Host) -> _ClassKey:
+        """The host's static caps as far as the queued jobs can tell them apart, so hosts
+        configured one by one still fall into few classes."""
+        spec = host.spec
+        types = self.queue_types if spec.allowed_job_types is None else (
+            self.queue_types & spec.allowed_job_types)
+        weights = self.queue_weights if spec.allowed_weights is None else (
+            self.queue_weights & spec.allowed_weights)
+        floor = 0 if spec.priority_floor is None else bisect_left(
+            self.queue_priorities, spec.priority_floor)
+        capped = self.capped.get(host.max_weight)
+        if capped is None:
+            capped = self.capped[host.max_weight] = frozenset(
+                weight for weight in self.queue_weights
+                if self.weights.allows(host.max_weight, weight))
+        return (types, weights, floor, capped)
 
     def _key(self, host: _Host) -> tuple[float, int]:
         """Sort key in a class list: the first key that fits is the best host."""
@@ -425,9 +456,11 @@ class _Cycle:
     def shape(self, job: PendingJob, band: int) -> _Shape:
         shape = _Shape(job, band, self.weights, self.shed_max)
         if shape.affinity is None:
-            shape.groups = [group for group, members in enumerate(self.members)
-                            if self.static_refusal(members[0], shape) is None]
-            shape.lists = [self.lists[group] for group in shape.groups]
+            shape.groups = self._feasible_classes(shape)
+            if len(shape.groups) > POOL_AFTER:
+                shape.lists = [self._pool(tuple(shape.groups))]
+            else:
+                shape.lists = [self.lists[group] for group in shape.groups]
             shape.group_set = frozenset(shape.groups)
             shape.dead = not shape.groups
         else:
@@ -437,6 +470,27 @@ class _Cycle:
             shape.dead = shape.target is None
         shape.reserve_dead = shape.dead
         return shape
+
+    def _feasible_classes(self, shape: _Shape) -> list[int]:
+        """The classes whose hosts pass every static filter for an unbound shape: the same
+        verdict as `static_refusal`, read off the class keys (one set lookup per cap)."""
+        if not (shape.known and shape.shed_ok):
+            return []
+        job_type, weight = shape.job_type, shape.weight
+        band = bisect_left(self.queue_priorities, shape.priority)
+        return [group for group, (types, weights, floor, capped) in enumerate(self.class_keys)
+                if job_type in types and weight in weights and floor <= band
+                and weight in capped]
+
+    def _pool(self, groups: tuple[int, ...]) -> list[tuple[float, int]]:
+        """One sorted list over the open hosts of many classes, kept up to date by `book`."""
+        pool = self.pools.get(groups)
+        if pool is None:
+            pool = self.pools[groups] = sorted(key for group in groups
+                                               for key in self.lists[group])
+            for group in groups:
+                self.holders[group].append(pool)
+        return pool
 
     def choose(self, shape: _Shape, preferred: str | None) -> _Host | None:
         """The host this job goes to, or None when no host can take it now."""
@@ -471,16 +525,19 @@ class _Cycle:
         return None if best is None else self.by_rank[best[1]]
 
     def book(self, host: _Host, budget: float) -> None:
-        keys = self.lists[host.group]
-        del keys[bisect_left(keys, host.key)]
+        old = host.key
         host.free -= budget
         host.slots -= 1
         self.free_slots -= 1
         if host.slots > 0:
-            host.key = self._key(host)
-            insort(keys, host.key)
+            new = host.key = self._key(host)
+            for keys in self.holders[host.group]:
+                del keys[bisect_left(keys, old)]
+                insort(keys, new)
         else:
             host.open = False
+            for keys in self.holders[host.group]:
+                del keys[bisect_left(keys, old)]
 
     def reserve(self, shape: _Shape, job_id: int) -> None:
         """Hold the host where a starving job could fit soonest, so smaller jobs stop
@@ -493,8 +550,11 @@ class _Cycle:
                 chosen = target
         else:
             best: tuple[float, int] | None = None
-            for group in shape.groups:
-                heap = self._heap(group, shape)
+            groups = shape.groups
+            # Like `choose`: one heap per class when they are few, one merged heap if many.
+            for key in ([(group,) for group in groups] if len(groups) <= POOL_AFTER
+                        else [tuple(groups)]):
+                heap = self._heap(key, shape)
                 if heap and (best is None or heap[0] < best):
                     best = heap[0]
             if best is not None:
@@ -505,23 +565,23 @@ class _Cycle:
         chosen.reserved_for = job_id
         self.reservations[chosen.label] = job_id
         if chosen.open:
-            keys = self.lists[chosen.group]
-            del keys[bisect_left(keys, chosen.key)]
+            for keys in self.holders[chosen.group]:
+                del keys[bisect_left(keys, chosen.key)]
             self.free_slots -= chosen.slots
             chosen.open = False
 
-    def _heap(self, group: int, shape: _Shape) -> list[tuple[float, int]]:
-        """Unreserved hosts of a class big enough for the shape, most free RAM on top.
+    def _heap(self, groups: tuple[int, ...], shape: _Shape) -> list[tuple[float, int]]:
+        """Unreserved hosts of these classes big enough for the shape, most free RAM on top.
 
         Entries go stale as RAM is booked; free RAM only falls during a pass, so a stale
         entry is re-pushed with its current value and the top is exact once it is fresh.
         """
-        heap = self.heaps.get((group, shape.budget))
+        heap = self.heaps.get((groups, shape.budget))
         if heap is None:
-            heap = [(-host.free, host.rank) for host in self.members[group]
+            heap = [(-host.free, host.rank) for group in groups for host in self.members[group]
                     if host.reserved_for is None and host.bookable >= shape.need]
             heapq.heapify(heap)
-            self.heaps[(group, shape.budget)] = heap
+            self.heaps[(groups, shape.budget)] = heap
         while heap:
             negative_free, rank = heap[0]
             host = self.by_rank[rank]
@@ -535,9 +595,10 @@ class _Cycle:
 
     def run(self) -> Plan:
         snapshot = self.snapshot
-        jobs = sorted(snapshot.jobs, key=attrgetter("priority", "id"))
-        if len({job.id for job in jobs}) != len(jobs):
-            raise ValueError("job ids must be unique")
+        # Two stable sorts on plain ints beat one on (priority, id) tuples, and are nearly
+        # free when the store already returns the queue in that order.
+        jobs = sorted(snapshot.jobs, key=attrgetter("id"))
+        jobs.sort(key=attrgetter("priority"))
         cutoff = snapshot.now - timedelta(seconds=snapshot.policy.starvation_wait_seconds)
         shapes: dict[tuple[str, str, str | None, int], _Shape] = {}
         band_of: dict[int, int] = {}
@@ -564,6 +625,9 @@ class _Cycle:
             since = job.waiting_since
             if since is not None and since <= cutoff and not shape.reserve_dead:
                 self.reserve(shape, job.id)
+        placed = {assignment.job_id for assignment in assignments}
+        if len(placed) + len(waiting) != len(jobs) or not placed.isdisjoint(waiting):
+            raise ValueError("job ids must be unique")
         return Plan(tuple(assignments), _Waiting(self, waiting), dict(self.reservations))
 
 
@@ -666,19 +730,25 @@ def explain(job_id: int, plan: Plan, snapshot: Snapshot) -> str:
         return f"{head}, bound to {job.affinity}: {_phrase(bound[0])}"
     if not rejections:
         return f"{head}: no hosts registered"
-    return f"{head}: {_fold(rejections, plan, snapshot)}"
+    return f"{head}: {_fold(rejections, plan, snapshot, held[0] if held else None)}"
 
 
-def _fold(rejections: Sequence[Rejection], plan: Plan, snapshot: Snapshot) -> str:
+def _fold(
+    rejections: Sequence[Rejection], plan: Plan, snapshot: Snapshot, held: str | None
+) -> str:
+    """Group refusals by reason, closest to fitting first; the held host leads."""
+    parts: list[str] = []
     groups: dict[Reason, list[Rejection]] = {reason: [] for reason in _EXPLAIN_ORDER}
     for rejection in rejections:
-        groups[rejection.reason].append(rejection)
+        if rejection.host == held:
+            parts.append(_phrase(rejection))
+        else:
+            groups[rejection.reason].append(rejection)
     ram = groups[Reason.RAM]
     if len(ram) > 1:
         free = _free_after(plan, snapshot, {rejection.host for rejection in ram})
         ram.sort(key=lambda rejection: (-free.get(rejection.host, 0.0), rejection.host))
     everything = len(rejections) <= _LIST_ALL_UP_TO
-    parts: list[str] = []
     for reason in _EXPLAIN_ORDER:
         group = groups[reason]
         if not group:

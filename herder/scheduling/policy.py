@@ -57,6 +57,8 @@ def decide(
     the host, an unreachable host) spend their own counter, so host trouble never burns the
     job's attempts (seed 004: the two-counter split).
     """
+    if retry_after is not None:
+        retry_after = max(0.0, retry_after)
     if outcome is Outcome.REFUSED:
         delay = retry_after or 0.0
         return Decision(JobStatus.QUEUED, available_at=now + timedelta(seconds=delay))

@@ -1,0 +1,450 @@
+"""herder.toml: the sample loads, durations parse, every error names file, line and key."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from cli_helpers import ok, run_herder
+
+from herder.config import Config, Settings, load_config, parse_duration, sample_config
+from herder.errors import ConfigError, InputError
+from herder.urls import DEFAULT_DB
+
+MARK = "# <-"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """No HERDER_* from the outside, and a cwd without a herder.toml."""
+    monkeypatch.delenv("HERDER_DB", raising=False)
+    monkeypatch.delenv("HERDER_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def write(tmp_path: Path, text: str, name: str = "herder.toml") -> Path:
+    path = (tmp_path / name).resolve()
+    path.write_text(text)
+    return path
+
+
+def marked_line(text: str) -> int:
+    """1-based number of the one line carrying the `# <-` marker."""
+    found = [n for n, line in enumerate(text.splitlines(), 1) if MARK in line]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# -- the sample -------------------------------------------------------------------------------
+
+
+def test_sample_written_by_init_loads_with_the_documented_defaults(tmp_path):
+    ok(run_herder("init", cwd=tmp_path))
+    path = tmp_path / "herder.toml"
+    assert path.read_text() == sample_config()
+    config = load_config(path)
+    assert config.path == path.resolve()
+    defaults = Settings()
+    # "Every key is optional; the values shown are the defaults."
+    assert config.settings.runtime == defaults.runtime
+    assert config.settings.defaults == defaults.defaults
+    assert config.settings.weights == defaults.weights
+    assert config.settings.herder.log_dir == defaults.herder.log_dir
+    assert sorted(config.settings.job_types) == ["hello", "pytest"]
+    hello = config.settings.job_types["hello"]
+    assert hello.env == {"WHO": "{name}"}
+    assert hello.timeout == 60.0
+    assert config.settings.job_types["pytest"].max_attempts == 2
+    # The sample's relative db lives next to the file, wherever herder runs from.
+    assert config.db_url() == f"sqlite:///{tmp_path.resolve() / 'herder.db'}"
+
+
+def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path):
+    lines = sample_config().splitlines()
+    start = lines.index("# [job_types.claude-issue]")
+    uncommented = lines[:start] + [line.removeprefix("# ") for line in lines[start:]]
+    path = write(tmp_path, "\n".join(uncommented) + "\n")
+    with pytest.raises(ConfigError, match=r"job_types\.claude-issue\.prompt_file"):
+        load_config(path)
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "issue.md").write_text("Fix issue {issue}\n")
+    job_type = load_config(path).settings.job_types["claude-issue"]
+    assert job_type.export == ["issue", "repo"]
+    assert job_type.timeout == 7200.0
+    assert job_type.priority == 10
+
+
+def test_no_config_file_means_defaults(tmp_path):
+    config = load_config()
+    assert config.path is None
+    assert config.settings == Settings()
+    assert config.base_dir == Path.cwd()
+
+
+def test_explicit_config_that_does_not_exist_is_an_error(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"missing\.toml: file not found"):
+        load_config(tmp_path / "missing.toml")
+    monkeypatch.setenv("HERDER_CONFIG", str(tmp_path / "also-missing.toml"))
+    with pytest.raises(ConfigError, match=r"also-missing\.toml: file not found"):
+        load_config()
+
+
+def test_herder_config_env_names_the_file(tmp_path, monkeypatch):
+    path = write(tmp_path, "[runtime]\nconcurrency = 7\n", "elsewhere.toml")
+    monkeypatch.setenv("HERDER_CONFIG", str(path))
+    assert load_config().settings.runtime.concurrency == 7
+
+
+def test_custom_weights_are_usable_by_defaults_and_job_types(tmp_path):
+    path = write(tmp_path, """
+[defaults]
+weight = "gpu"
+
+[weights]
+gpu = 16
+tiny = 0.5
+light = 3
+heavy = 8
+playwright = 6
+orchestrator = 12
+
+[job_types.train]
+command = ["python3", "train.py"]
+weight = "tiny"
+""")
+    config = load_config(path)
+    assert config.settings.weights == {"gpu": 16.0, "tiny": 0.5, "light": 3.0, "heavy": 8.0,
+                                       "playwright": 6.0, "orchestrator": 12.0}
+    assert config.settings.defaults.weight == "gpu"
+    config.check_weight("tiny")
+    with pytest.raises(InputError, match="unknown weight 'subagent'"):
+        config.check_weight("subagent")
+
+
+# -- durations --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90.0),
+        ("10m", 600.0),
+        ("2h", 7200.0),
+        ("1h30m", 5400.0),
+        ("1h 30m 15s", 5415.0),
+        ("250ms", 0.25),
+        ("1m250ms", 60.25),
+        ("1.5h", 5400.0),
+        ("0.5s", 0.5),
+        ("45", 45.0),
+        ("0", 0.0),
+        (" 10m ", 600.0),
+        (90, 90.0),
+        (2.5, 2.5),
+        (0, 0.0),
+    ],
+)
+def test_durations_parse(text, seconds):
+    value = parse_duration(text)
+    assert isinstance(value, float)
+    assert value == seconds
+
+
+@pytest.mark.parametrize(
+    "junk",
+    ["", "  ", "abc", "10x", "1d", "-5s", "-1", "m", "h", "ms", "30m1h", "1h30", "10 minutes",
+     "nan", "inf", "-inf", "1e999", -1, -0.5, math.nan, math.inf, True, False, None, [10]],
+)
+def test_duration_junk_is_rejected(junk):
+    with pytest.raises(ValueError, match=r"duration"):
+        parse_duration(junk)
+
+
+def test_durations_in_the_config_accept_strings_and_numbers(tmp_path):
+    path = write(tmp_path, """
+[runtime]
+heartbeat_interval = 5
+attempt_lease = "1m30s"
+kill_grace = 2.5
+poll_interval = "250ms"
+""")
+    runtime = load_config(path).settings.runtime
+    assert (runtime.heartbeat_interval, runtime.attempt_lease, runtime.kill_grace,
+            runtime.poll_interval) == (5.0, 90.0, 2.5, 0.25)
+
+
+# -- errors name the file, the key and the line -----------------------------------------------
+
+BAD_CONFIGS = {
+    "unknown key": ("runtime.concurancy", """
+[herder]
+log_dir = "logs"
+
+[runtime]
+concurrency = 2
+concurancy = 4  # <-
+"""),
+    "unknown section": ("runtim", """
+[herder]
+log_dir = "logs"
+[runtim]  # <-
+concurrency = 2
+"""),
+    "unknown top-level key": ("colour", """
+colour = "blue"  # <-
+[runtime]
+concurrency = 2
+"""),
+    "unknown key in a job type": ("job_types.build.comand", """
+[job_types.build]
+command = ["make"]
+comand = ["make"]  # <-
+"""),
+    "bad type": ("runtime.concurrency", """
+[runtime]
+poll_interval = "1s"
+concurrency = "four"  # <-
+"""),
+    "out of range": ("defaults.max_attempts", """
+[defaults]
+priority = 5
+max_attempts = 0  # <-
+"""),
+    "zero poll interval": ("runtime.poll_interval", """
+[runtime]
+
+poll_interval = "0s"  # <-
+"""),
+    "bad duration": ("job_types.build.timeout", """
+[job_types.lint]
+command = ["ruff", "check"]
+timeout = "5m"
+
+[job_types.build]
+command = ["make"]
+timeout = "30x"  # <-
+"""),
+    "command of the wrong type": ("job_types.build.command", """
+[job_types.build]
+weight = "heavy"
+command = 5  # <-
+"""),
+    "empty command": ("job_types.build.command", """
+[job_types.build]
+command = []  # <-
+"""),
+    "missing command": ("job_types.build.command", """
+[defaults]
+priority = 1
+[job_types.build]  # <-
+weight = "heavy"
+"""),
+    "bad env name": ("job_types.build.env", """
+[job_types.build]
+command = ["make"]
+env = { "NOT VALID" = "x" }  # <-
+"""),
+    "unknown weight in defaults": ("defaults.weight", """
+[runtime]
+concurrency = 2
+
+[defaults]
+priority = 5
+weight = "enormous"  # <-
+"""),
+    "unknown weight in defaults, header with a comment": ("defaults.weight", """
+[defaults]  # team defaults
+priority = 5
+weight = "enormous"  # <-
+"""),
+    "unknown weight in a job type": ("job_types.build.weight", """
+[job_types.lint]
+command = ["ruff"]
+weight = "light"
+
+[job_types.build]
+command = ["make"]
+weight = "enormous"  # <-
+"""),
+    "unknown weight in a dotted job type": ("job_types.build.weight", """
+[job_types]
+build.command = ["make"]
+build.weight = "enormous"  # <-
+"""),
+    "unknown weight after custom weights": ("job_types.build.weight", """
+[weights]
+light = 2
+heavy = 4
+playwright = 6
+orchestrator = 12
+
+[job_types.build]
+command = ["make"]
+weight = "subagent"  # <-
+"""),
+    "shell with an argv list": ("job_types.build.command", """
+[job_types.build]
+shell = true
+command = ["make", "all"]  # <-
+"""),
+    "string command without shell": ("job_types.build.command", """
+[job_types.build]
+command = "make all"  # <-
+"""),
+    "missing prompt file": ("job_types.agent.prompt_file", """
+[job_types.agent]
+command = ["claude", "-p", "{prompt}"]
+prompt_file = "prompts/nope.md"  # <-
+weight = "heavy"
+"""),
+}
+
+
+@pytest.mark.parametrize(("key", "text"), BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
+def test_config_error_names_file_line_and_key(tmp_path, key, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert isinstance(raised.value, InputError)
+    assert message.startswith(f"{path}:{marked_line(text)}: {key}: "), message
+    assert "None" not in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[runtime]\nconcurrency = 2\npoll_interval =   # <-\n",
+        "[runtime]\nconcurrency = 2\nconcurrency = 3  # <-\n",
+        "[runtime  # <-\nconcurrency = 2\n",
+        '[job_types.x]\ncommand = ["a", "b"\n\n[defaults]  # <-\n',
+    ],
+    ids=["missing value", "duplicate key", "unclosed header", "unclosed array"],
+)
+def test_invalid_toml_names_file_and_line(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}:{marked_line(text)}: invalid TOML: "), message
+
+
+def test_custom_weights_without_the_default_weight_name_defaults_weight(tmp_path):
+    """[weights] replaces the built-in classes, so the implicit default "light" is gone."""
+    path = write(tmp_path, "[weights]\ngpu = 16\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: defaults.weight: unknown weight 'light'"), message
+    assert "['gpu']" in message
+
+
+def test_first_of_several_errors_is_reported_with_its_own_line(tmp_path):
+    text = """
+[runtime]
+concurrency = 0  # <-
+
+[defaults]
+max_attempts = 0
+"""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=rf":{marked_line(text)}: runtime\.concurrency: "):
+        load_config(path)
+
+
+def test_error_path_is_the_path_given(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    write(tmp_path, "[runtime]\nconcurrency = -1\n", "conf/team.toml")
+    with pytest.raises(ConfigError) as raised:
+        load_config("conf/team.toml")
+    assert str(raised.value).startswith("conf/team.toml:2: runtime.concurrency: ")
+
+
+# -- the database URL -------------------------------------------------------------------------
+
+
+def config_with_db(tmp_path: Path, db: str | None) -> Config:
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    line = f'db = "{db}"\n' if db is not None else ""
+    return load_config(write(project, f"[herder]\n{line}"))
+
+
+def test_db_defaults_to_herder_db_here(tmp_path):
+    assert config_with_db(tmp_path, None).db_url() == DEFAULT_DB == "sqlite:///herder.db"
+    assert load_config().db_url() == DEFAULT_DB
+
+
+def test_relative_sqlite_path_in_config_resolves_against_the_config_directory(
+    tmp_path, monkeypatch
+):
+    config = config_with_db(tmp_path, "sqlite:///data/queue.db")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    expected = (tmp_path / "project" / "data" / "queue.db").resolve()
+    assert config.db_url() == f"sqlite:///{expected}"
+    assert config.db_url().startswith("sqlite:////")
+
+
+@pytest.mark.parametrize(
+    "db", ["sqlite:////var/tmp/abs.db", "postgresql://herder@db.internal:5432/jobs"]
+)
+def test_absolute_and_postgres_urls_in_config_are_kept(tmp_path, db):
+    assert config_with_db(tmp_path, db).db_url() == db
+
+
+def test_db_precedence_override_then_env_then_config_then_default(tmp_path, monkeypatch):
+    config = config_with_db(tmp_path, "sqlite:///from-config.db")
+    from_config = f"sqlite:///{(tmp_path / 'project' / 'from-config.db').resolve()}"
+    assert config.db_url() == from_config
+    monkeypatch.setenv("HERDER_DB", "sqlite:///from-env.db")
+    # The environment's relative path is the caller's (cwd), not the config's.
+    assert config.db_url() == "sqlite:///from-env.db"
+    assert config.db_url("postgresql://u@h/override") == "postgresql://u@h/override"
+    assert config.db_url("sqlite:///flag.db") == "sqlite:///flag.db"
+    monkeypatch.delenv("HERDER_DB")
+    assert config.db_url() == from_config
+    assert config_with_db(tmp_path, None).db_url() == DEFAULT_DB
+
+
+def test_log_dir_resolves_against_the_config_directory(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    config = load_config(write(project, '[herder]\nlog_dir = "logs/here"\n'))
+    assert config.log_dir == project.resolve() / "logs" / "here"
+
+
+def test_shell_placeholder_inside_quotes_is_rejected_with_the_fix(tmp_path):
+    path = tmp_path / "herder.toml"
+    path.write_text('[job_types.say]\nshell = true\ncommand = "echo \\"{msg}\\""\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert "job_types.say" in str(error.value)
+    assert "{msg} is inside quotes" in str(error.value)
+    path.write_text('[job_types.say]\nshell = true\ncommand = "echo {msg} | tr a b"\n')
+    assert load_config(path).settings.job_types["say"].shell
+
+
+def test_export_of_a_field_that_cannot_be_an_environment_name_is_rejected(tmp_path):
+    path = tmp_path / "herder.toml"
+    path.write_text('[job_types.x]\ncommand = ["true"]\nexport = ["my-field"]\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert ":3: job_types.x.export" in str(error.value)
+
+
+def test_custom_weights_without_the_default_chain_still_load(tmp_path):
+    path = tmp_path / "herder.toml"
+    path.write_text('[defaults]\nweight = "small"\n[weights]\nsmall = 1\nbig = 4\n')
+    assert load_config(path).settings.weights == {"small": 1.0, "big": 4.0}
+    path.write_text('[weights]\nlight = 1\n[fleet]\nescalation = ["light", "huge"]\n')
+    with pytest.raises(ConfigError, match=r"fleet\.escalation"):
+        load_config(path)
+
+
+def test_durations_longer_than_a_year_are_rejected():
+    with pytest.raises(ValueError, match="longer than a year"):
+        parse_duration("99999999h")

@@ -1,0 +1,445 @@
+"""Intake: a submit request is validated and rendered into a JobSpec before the store sees it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from herder.config import Config, load_config
+from herder.errors import InputError
+from herder.intake import SubmitRequest, parse_assignments, parse_payload, resolve
+
+CONFIG = """
+[defaults]
+priority = 50
+weight = "light"
+max_attempts = 4
+timeout = "1h"
+backoff_base = "5s"
+backoff_max = "5m"
+
+[job_types.greet]
+command = ["echo", "hello {name}", "n={count}"]
+env = { WHO = "{name}", COUNT = "{count}", FIXED = "plain" }
+workdir = "{repo}"
+weight = "heavy"
+priority = 7
+max_attempts = 2
+timeout = "30m"
+backoff_base = "1s"
+backoff_max = "8s"
+
+[job_types.plain]
+command = ["true"]
+
+[job_types.agent]
+command = ["cat", "{prompt_file}"]
+prompt_file = "prompts/task.md"
+env = { PROMPT = "{prompt}", ISSUE = "{issue}" }
+export = ["issue", "repo"]
+
+[job_types.say]
+shell = true
+command = "printf '%s' {msg} > said.txt"
+
+[job_types.shellprompt]
+shell = true
+command = "printf '%s' {prompt} > said.txt"
+prompt_file = "prompts/task.md"
+
+[job_types.attr]
+command = ["echo", "{name.__class__}"]
+
+[job_types.index]
+command = ["echo", "{name[0]}"]
+
+[job_types.conversion]
+command = ["echo", "{name!r}"]
+
+[job_types.spec]
+command = ["echo", "{name:>10}"]
+
+[job_types.positional]
+command = ["echo", "{}"]
+
+[job_types.braces]
+command = ["echo", "{{literal}}", "{name}"]
+
+[job_types.unclosed]
+command = ["echo", "{name"]
+
+[job_types.missing]
+command = ["no-such-program-for-herder-tests"]
+
+[job_types.bypath]
+command = ["./tools/run.sh", "{name}"]
+"""
+
+PROMPT = "Fix issue #42.\nDon't touch `main`; keep $HOME and \"quotes\" as they are.\n"
+
+
+@pytest.fixture
+def config(tmp_path, monkeypatch) -> Config:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "task.md").write_text(PROMPT)
+    (tmp_path / "repo").mkdir()
+    path = tmp_path / "herder.toml"
+    path.write_text(CONFIG)
+    return load_config(path)
+
+
+def request(job_type: str | None = None, command=None, **fields) -> SubmitRequest:
+    return SubmitRequest(job_type=job_type, command=command, **fields)
+
+
+def rejected(config: Config, req: SubmitRequest) -> InputError:
+    with pytest.raises(InputError) as raised:
+        resolve(config, req)
+    return raised.value
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def test_placeholders_fill_command_env_and_workdir_from_the_payload(config, tmp_path):
+    repo = tmp_path / "repo"
+    spec = resolve(config, request("greet", payload={"name": "Ada Lovelace", "count": 3,
+                                                     "repo": str(repo)}))
+    assert spec.command == ("echo", "hello Ada Lovelace", "n=3")
+    assert spec.env == {"WHO": "Ada Lovelace", "COUNT": "3", "FIXED": "plain"}
+    assert spec.workdir == str(repo.resolve())
+    assert spec.job_type == "greet"
+    assert spec.shell is False
+    assert spec.payload == {"name": "Ada Lovelace", "count": 3, "repo": str(repo)}
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(3, "3"), (True, "true"), (None, "null"), (1.5, "1.5"), ([1, "a"], '[1, "a"]'),
+     ({"k": 1}, '{"k": 1}'), ("", "")],
+)
+def test_non_string_payload_values_render_as_json(config, tmp_path, value, text):
+    spec = resolve(config, request("greet", payload={"name": "x", "count": value,
+                                                     "repo": str(tmp_path)}))
+    assert spec.command[2] == f"n={text}"
+    assert spec.env["COUNT"] == text
+
+
+def test_settings_come_from_request_then_job_type_then_defaults(config, tmp_path):
+    payload = {"name": "x", "count": 1, "repo": str(tmp_path)}
+    typed = resolve(config, request("greet", payload=payload))
+    assert (typed.weight, typed.priority, typed.max_attempts, typed.timeout_seconds) == (
+        "heavy", 7, 2, 1800.0)
+    assert (typed.backoff_base_seconds, typed.backoff_max_seconds) == (1.0, 8.0)
+    overridden = resolve(config, request("greet", payload=payload, weight="light", priority=-3,
+                                         max_attempts=9, timeout_seconds=12.5,
+                                         env={"WHO": "override", "EXTRA": "1"}))
+    assert (overridden.weight, overridden.priority, overridden.max_attempts,
+            overridden.timeout_seconds) == ("light", -3, 9, 12.5)
+    assert overridden.env["WHO"] == "override"
+    assert overridden.env["EXTRA"] == "1"
+    plain = resolve(config, request("plain"))
+    assert (plain.weight, plain.priority, plain.max_attempts, plain.timeout_seconds) == (
+        "light", 50, 4, 3600.0)
+    assert (plain.backoff_base_seconds, plain.backoff_max_seconds) == (5.0, 300.0)
+
+
+def test_adhoc_command_runs_here_with_the_request_env(config, tmp_path):
+    spec = resolve(config, request(command=["echo", "{not a placeholder}"], env={"A": "1"},
+                                   dedup_key="k1", affinity="box"))
+    assert spec.job_type == "adhoc"
+    assert spec.command == ("echo", "{not a placeholder}")
+    assert spec.env == {"A": "1"}
+    assert spec.workdir == str(tmp_path.resolve())
+    assert (spec.dedup_key, spec.affinity) == ("k1", "box")
+
+
+def test_literal_braces_are_escaped_by_doubling(config):
+    spec = resolve(config, request("braces", payload={"name": "n"}))
+    assert spec.command == ("echo", "{literal}", "n")
+
+
+@pytest.mark.parametrize(
+    ("job_type", "where"),
+    [("greet", "job_types.greet.command"), ("agent", "job_types.agent.env.ISSUE")],
+)
+def test_missing_payload_field_names_payload_dot_field(config, job_type, where):
+    error = rejected(config, request(job_type, payload={"count": 1}))
+    missing = "name" if job_type == "greet" else "issue"
+    assert error.field == f"payload.{missing}"
+    assert where in error.problem
+    assert f"-p {missing}=" in str(error)
+
+
+def test_missing_workdir_field_names_payload_dot_field(config):
+    error = rejected(config, request("greet", payload={"name": "x", "count": 1}))
+    assert error.field == "payload.repo"
+    assert "job_types.greet.workdir" in error.problem
+
+
+@pytest.mark.parametrize("job_type", ["attr", "index", "conversion", "spec", "positional"])
+def test_placeholders_other_than_plain_names_are_rejected(config, job_type):
+    error = rejected(config, request(job_type, payload={"name": "secret"}))
+    assert error.field == f"job_types.{job_type}.command"
+    assert "not a plain name" in error.problem
+
+
+def test_unclosed_placeholder_is_a_bad_template(config):
+    error = rejected(config, request("unclosed", payload={"name": "x"}))
+    assert error.field == "job_types.unclosed.command"
+    assert "bad template" in error.problem
+
+
+def test_prompt_file_gives_its_text_as_prompt_and_its_path_as_prompt_file(config, tmp_path):
+    spec = resolve(config, request("agent", payload={"issue": 42, "repo": "/src/app"}))
+    prompt_path = str((tmp_path / "prompts" / "task.md").resolve())
+    assert spec.command == ("cat", prompt_path)
+    assert spec.env["PROMPT"] == PROMPT
+    assert spec.env["ISSUE"] == "42"
+
+
+def test_export_sets_herder_payload_variables(config):
+    spec = resolve(config, request("agent", payload={"issue": 42, "repo": "/src/app",
+                                                     "other": "x"}))
+    assert spec.env["HERDER_PAYLOAD_ISSUE"] == "42"
+    assert spec.env["HERDER_PAYLOAD_REPO"] == "/src/app"
+    assert "HERDER_PAYLOAD_OTHER" not in spec.env
+
+
+def test_missing_exported_field_names_it(config):
+    error = rejected(config, request("agent", payload={"issue": 42}))
+    assert error.field == "payload.repo"
+
+
+def test_prompt_file_that_vanished_after_loading_is_an_input_error(config, tmp_path):
+    (tmp_path / "prompts" / "task.md").unlink()
+    error = rejected(config, request("agent", payload={"issue": 1, "repo": "r"}))
+    assert error.field == "job_types.agent.prompt_file"
+
+
+# -- shell job types --------------------------------------------------------------------------
+
+
+def run_rendered(command: tuple[str, ...], cwd: Path) -> None:
+    subprocess.run(command, cwd=cwd, check=True, timeout=10, env={"PATH": os.defpath})
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "x; touch pwned",
+        "x && touch pwned",
+        "$(touch pwned)",
+        "`touch pwned`",
+        "'; touch pwned; echo '",
+        "x\ntouch pwned",
+        "x | touch pwned",
+        "> pwned",
+    ],
+)
+def test_shell_job_type_quotes_payload_values(config, tmp_path, attack):
+    """An injection attempt stays one quoted word: run it and look for its side effect."""
+    spec = resolve(config, request("say", payload={"msg": attack}))
+    assert spec.shell is True
+    assert spec.command[:2] == ("/bin/sh", "-c")
+    run_rendered(spec.command, tmp_path)
+    assert not (tmp_path / "pwned").exists(), spec.command
+    assert (tmp_path / "said.txt").read_text() == attack
+
+
+def test_shell_job_type_quotes_the_prompt_text_too(config, tmp_path):
+    spec = resolve(config, request("shellprompt"))
+    run_rendered(spec.command, tmp_path)
+    assert (tmp_path / "said.txt").read_text() == PROMPT
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                    max_size=40))
+def test_shell_quoting_round_trips_any_text(config, tmp_path, text):
+    spec = resolve(config, request("say", payload={"msg": text}))
+    run_rendered(spec.command, tmp_path)
+    assert (tmp_path / "said.txt").read_bytes() == text.encode()
+
+
+def test_argv_job_type_keeps_a_value_with_spaces_as_one_argument(config, tmp_path):
+    spec = resolve(config, request("greet", payload={"name": "a; touch pwned", "count": 1,
+                                                     "repo": str(tmp_path)}))
+    out = subprocess.run(spec.command, capture_output=True, text=True, check=True, timeout=10)
+    assert out.stdout == "hello a; touch pwned n=1\n"
+    assert not (tmp_path / "pwned").exists()
+
+
+# -- what is rejected -------------------------------------------------------------------------
+
+
+def test_unknown_job_type_lists_the_known_ones(config):
+    error = rejected(config, request("nope"))
+    assert error.field == "job_type"
+    assert "'nope'" in error.problem
+    assert "greet" in str(error) and "plain" in str(error)
+
+
+def test_unknown_weight_lists_the_known_ones(config):
+    error = rejected(config, request(command=["true"], weight="colossal"))
+    assert error.field == "weight"
+    assert "'colossal'" in error.problem
+    assert "heavy, light" in str(error)
+
+
+def test_job_type_with_a_command_too_is_rejected(config):
+    assert rejected(config, request("plain", command=["echo"])).field == "command"
+
+
+@pytest.mark.parametrize("command", [None, []])
+def test_nothing_to_run_is_rejected(config, command):
+    assert rejected(config, request(command=command)).field == "command"
+
+
+def test_command_not_on_path_is_rejected(config):
+    error = rejected(config, request(command=["no-such-program-for-herder-tests", "-x"]))
+    assert error.field == "command"
+    assert "not found on PATH" in error.problem
+    assert rejected(config, request("missing")).field == "command"
+
+
+def test_command_by_path_must_be_an_executable_file(config, tmp_path):
+    error = rejected(config, request("bypath", payload={"name": "n"}))
+    assert error.field == "command"
+    assert "'./tools/run.sh' is not an executable file" in error.problem
+    script = tmp_path / "tools" / "run.sh"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\necho $1\n")
+    assert rejected(config, request("bypath", payload={"name": "n"})).field == "command"
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    spec = resolve(config, request("bypath", payload={"name": "n"}))
+    assert spec.command == ("./tools/run.sh", "n")
+    error = rejected(config, request(command=[str(tmp_path / "tools")]))
+    assert error.field == "command"
+
+
+def test_relative_command_path_is_checked_in_the_workdir(config, tmp_path):
+    (tmp_path / "repo" / "go.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "repo" / "go.sh").chmod(0o755)
+    assert rejected(config, request(command=["./go.sh"])).field == "command"
+    spec = resolve(config, request(command=["./go.sh"], workdir=str(tmp_path / "repo")))
+    assert spec.workdir == str((tmp_path / "repo").resolve())
+
+
+def test_command_is_looked_up_on_the_jobs_own_path(config, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "herder-test-tool").write_text("#!/bin/sh\n")
+    (bin_dir / "herder-test-tool").chmod(0o755)
+    assert rejected(config, request(command=["herder-test-tool"])).field == "command"
+    spec = resolve(config, request(command=["herder-test-tool"], env={"PATH": str(bin_dir)}))
+    assert spec.command == ("herder-test-tool",)
+
+
+def test_no_check_skips_the_command_and_workdir_checks(config, tmp_path):
+    spec = resolve(config, request(command=["no-such-program-for-herder-tests"],
+                                   workdir=str(tmp_path / "not-yet"), check_command=False))
+    assert spec.command == ("no-such-program-for-herder-tests",)
+    assert spec.workdir == str((tmp_path / "not-yet").resolve())
+
+
+def test_workdir_must_exist(config, tmp_path):
+    error = rejected(config, request(command=["true"], workdir=str(tmp_path / "nope")))
+    assert error.field == "workdir"
+    assert "is not a directory" in error.problem
+    (tmp_path / "file").write_text("")
+    assert rejected(config, request(command=["true"], workdir=str(tmp_path / "file"))).field \
+        == "workdir"
+    templated = rejected(config, request("greet", payload={"name": "x", "count": 1,
+                                                           "repo": str(tmp_path / "gone")}))
+    assert templated.field == "workdir"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": -1}, "max_attempts"),
+        ({"max_attempts": 2**31}, "max_attempts"),
+        ({"priority": 2**31}, "priority"),
+        ({"priority": -(2**31) - 1}, "priority"),
+        ({"timeout_seconds": 0}, "timeout"),
+        ({"timeout_seconds": -5}, "timeout"),
+        ({"dedup_key": "  "}, "dedup_key"),
+        ({"payload": {"x": float("nan")}}, "payload"),
+        ({"payload": {"x": [float("inf")]}}, "payload"),
+        ({"payload": {"x": "a\x00b"}}, "payload"),
+        ({"payload": {"a\x00": 1}}, "payload"),
+        ({"payload": {"x": object()}}, "payload"),
+        ({"payload": {"x": "y" * 1_000_001}}, "payload"),
+    ],
+)
+def test_bad_fields_are_rejected_by_name(config, fields, field):
+    assert rejected(config, request(command=["true"], **fields)).field == field
+
+
+def test_extreme_but_valid_values_are_accepted(config):
+    spec = resolve(config, request(command=["true"], priority=-(2**31), max_attempts=2**31 - 1,
+                                   payload={"text": "\\u0000 is only text", "n": 10**30}))
+    assert (spec.priority, spec.max_attempts) == (-(2**31), 2**31 - 1)
+
+
+# -- parsing -p and --payload ------------------------------------------------------------------
+
+
+def test_assignments_keep_json_types():
+    assert parse_assignments([
+        "n=42", "yes=true", "no=false", "s=abc", "f=1.5", "z=null", 'q="42"', 'obj={"a": 1}',
+        "arr=[1, 2]", "empty=", "eq=a=b", " spaced =x", "neg=-3", "nan=NaN", "inf=Infinity",
+        "text=hello world",
+    ]) == {
+        "n": 42, "yes": True, "no": False, "s": "abc", "f": 1.5, "z": None, "q": "42",
+        "obj": {"a": 1}, "arr": [1, 2], "empty": "", "eq": "a=b", "spaced": "x", "neg": -3,
+        "nan": "NaN", "inf": "Infinity", "text": "hello world",
+    }
+    parsed = parse_assignments(["n=42", "t=true", "s=abc"])
+    assert type(parsed["n"]) is int
+    assert type(parsed["t"]) is bool
+    assert type(parsed["s"]) is str
+
+
+def test_later_assignment_wins():
+    assert parse_assignments(["a=1", "a=2"]) == {"a": 2}
+
+
+@pytest.mark.parametrize("item", ["novalue", "=x", "  =x", ""])
+def test_assignment_without_key_is_rejected(item):
+    with pytest.raises(InputError) as raised:
+        parse_assignments([item])
+    assert raised.value.field == "-p"
+
+
+def test_payload_parses_a_json_object():
+    assert parse_payload('{"issue": 42, "labels": ["bug"], "ok": true}') == {
+        "issue": 42, "labels": ["bug"], "ok": True}
+
+
+@pytest.mark.parametrize(
+    "text", ["[1, 2]", "42", '"text"', "null", "true", "{bad", "", '{"a": NaN}',
+             '{"a": Infinity}', "{'a': 1}"],
+)
+def test_payload_that_is_not_a_json_object_is_rejected(text):
+    with pytest.raises(InputError) as raised:
+        parse_payload(text)
+    assert raised.value.field == "payload"
+    assert raised.value.fix is not None
+
+
+def test_payload_round_trips_through_json_unchanged(config):
+    payload = {"unicode": "naïve ☃", "nested": {"list": [1, 2.5, None, False]}}
+    spec = resolve(config, request(command=["true"], payload=parse_payload(json.dumps(payload))))
+    assert spec.payload == payload

@@ -1,0 +1,274 @@
+"""The retry policy as a pure function: outcomes, failure budgets, lost budgets and backoff."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from herder.model import JobStatus, Outcome
+from herder.scheduling.policy import SPAWN_OUTCOMES, RetryState, backoff_seconds, decide
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+FAILING = (Outcome.FAILED, Outcome.TIMEOUT, Outcome.LAUNCH_FAILED)
+REASONS = {
+    Outcome.FAILED: "exit_nonzero",
+    Outcome.TIMEOUT: "timeout",
+    Outcome.LAUNCH_FAILED: "launch_failed",
+}
+
+# Realistic durations: up to about a year, in seconds (herder.toml durations are finite).
+durations = st.floats(min_value=0.0, max_value=3.2e7, allow_nan=False, allow_infinity=False)
+positive = st.floats(min_value=1e-3, max_value=3.2e7, allow_nan=False, allow_infinity=False)
+nows = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+
+
+def state(failures: int = 0, lost: int = 0, max_attempts: int = 3, base: float = 10.0,
+          cap: float = 600.0) -> RetryState:
+    return RetryState(failures, lost, max_attempts, base, cap)
+
+
+@st.composite
+def retry_states(draw: st.DrawFn) -> RetryState:
+    max_attempts = draw(st.integers(min_value=1, max_value=50))
+    return RetryState(
+        failures=draw(st.integers(min_value=0, max_value=max_attempts - 1)),
+        lost=draw(st.integers(min_value=0, max_value=20)),
+        max_attempts=max_attempts,
+        backoff_base_seconds=draw(durations),
+        backoff_max_seconds=draw(durations),
+        spawn_failures=draw(st.integers(min_value=0, max_value=20)),
+    )
+
+
+# -- examples ---------------------------------------------------------------------------------
+
+
+def test_ok_is_done_without_spending_anything():
+    decision = decide(Outcome.OK, state(failures=2, lost=4), NOW)
+    assert decision.status is JobStatus.DONE
+    assert decision.failure_reason is None
+    assert not decision.spend_failure
+    assert not decision.spend_lost
+
+
+def test_cancelled_is_cancelled_without_spending_anything():
+    decision = decide(Outcome.CANCELLED, state(failures=0, max_attempts=1), NOW)
+    assert decision.status is JobStatus.CANCELLED
+    assert decision.failure_reason == "cancelled"
+    assert not decision.spend_failure
+    assert not decision.spend_lost
+
+
+@pytest.mark.parametrize("outcome", FAILING, ids=str)
+def test_first_failure_requeues_after_the_base_backoff(outcome):
+    decision = decide(outcome, state(failures=0, max_attempts=3, base=10, cap=600), NOW)
+    assert decision.status is JobStatus.QUEUED
+    assert decision.available_at == NOW + timedelta(seconds=10)
+    assert decision.failure_reason == REASONS[outcome]
+    assert decision.spend_failure
+    assert not decision.spend_lost
+
+
+@pytest.mark.parametrize("outcome", FAILING, ids=str)
+def test_last_allowed_failure_fails_the_job(outcome):
+    decision = decide(outcome, state(failures=2, max_attempts=3), NOW)
+    assert decision.status is JobStatus.FAILED
+    assert decision.failure_reason == REASONS[outcome]
+    assert decision.spend_failure
+    assert decision.available_at is None
+
+
+def test_max_attempts_one_fails_on_the_first_failure():
+    assert decide(Outcome.FAILED, state(max_attempts=1), NOW).status is JobStatus.FAILED
+
+
+def test_backoff_doubles_then_caps():
+    assert [backoff_seconds(n, 10, 600) for n in range(1, 9)] == [
+        10, 20, 40, 80, 160, 320, 600, 600,
+    ]
+
+
+@pytest.mark.parametrize(("failures", "base"), [(0, 10), (-3, 10), (1, 0), (5, -1)])
+def test_backoff_is_zero_without_failures_or_base(failures, base):
+    assert backoff_seconds(failures, base, 600) == 0.0
+
+
+def test_backoff_survives_huge_failure_counts():
+    assert backoff_seconds(10_000, 10, 600) == 600
+
+
+def test_lost_requeues_at_once_and_spends_only_the_lost_budget():
+    decision = decide(Outcome.LOST, state(failures=2, lost=0, max_attempts=3), NOW, max_lost=5)
+    assert decision.status is JobStatus.QUEUED
+    assert decision.available_at == NOW
+    assert decision.spend_lost
+    assert not decision.spend_failure
+
+
+def test_lost_fails_at_max_lost():
+    decision = decide(Outcome.LOST, state(lost=4), NOW, max_lost=5)
+    assert decision.status is JobStatus.FAILED
+    assert decision.failure_reason == "lost"
+    assert decision.spend_lost
+    assert not decision.spend_failure
+
+
+# -- properties -------------------------------------------------------------------------------
+
+
+@given(
+    outcome=st.sampled_from(FAILING),
+    max_attempts=st.integers(min_value=1, max_value=40),
+    base=durations,
+    cap=durations,
+    now=nows,
+)
+def test_failures_fail_the_job_exactly_at_max_attempts(outcome, max_attempts, base, cap, now):
+    """Replaying decisions like the store applies them: max_attempts failures, then failed."""
+    failures = 0
+    decisions = []
+    while True:
+        decision = decide(outcome, RetryState(failures, 0, max_attempts, base, cap), now)
+        decisions.append(decision)
+        assert decision.spend_failure and not decision.spend_lost
+        assert decision.failure_reason == REASONS[outcome]
+        failures += 1
+        if decision.status is not JobStatus.QUEUED:
+            break
+        assert len(decisions) <= max_attempts
+    assert decision.status is JobStatus.FAILED
+    assert failures == len(decisions) == max_attempts
+
+
+@given(
+    failures=st.integers(min_value=1, max_value=200),
+    base=positive,
+    cap=durations,
+)
+def test_backoff_is_monotone_and_never_exceeds_the_cap(failures, base, cap):
+    here = backoff_seconds(failures, base, cap)
+    after = backoff_seconds(failures + 1, base, cap)
+    assert 0.0 <= here <= after <= cap
+
+
+@given(failures=st.integers(min_value=1, max_value=40), base=positive)
+def test_backoff_below_the_cap_is_base_times_two_to_the_n_minus_one(failures, base):
+    exact = base * 2 ** (failures - 1)
+    assert backoff_seconds(failures, base, exact * 2) == exact
+    assert backoff_seconds(failures, base, exact) == exact
+    assert backoff_seconds(failures, base, exact / 2) == exact / 2
+
+
+@given(
+    outcome=st.sampled_from(FAILING),
+    retry=retry_states(),
+    now=nows,
+)
+def test_requeue_waits_exactly_the_backoff_and_never_before_now(outcome, retry, now):
+    decision = decide(outcome, retry, now)
+    if decision.status is JobStatus.QUEUED:
+        assert decision.available_at is not None
+        assert decision.available_at >= now
+        expected = backoff_seconds(retry.failures + 1, retry.backoff_base_seconds,
+                                   retry.backoff_max_seconds)
+        assert decision.available_at == now + timedelta(seconds=expected)
+    else:
+        assert retry.failures + 1 == retry.max_attempts
+
+
+@given(
+    retry=retry_states(),
+    max_lost=st.integers(min_value=1, max_value=30),
+    now=nows,
+)
+def test_lost_never_spends_failures_and_fails_only_at_max_lost(retry, max_lost, now):
+    decision = decide(Outcome.LOST, retry, now, max_lost=max_lost)
+    assert decision.spend_lost
+    assert not decision.spend_failure
+    if retry.lost + 1 >= max_lost:
+        assert decision.status is JobStatus.FAILED
+        assert decision.failure_reason == "lost"
+    else:
+        assert decision.status is JobStatus.QUEUED
+        assert decision.available_at == now
+
+
+@given(max_attempts=st.integers(min_value=1, max_value=10),
+       max_lost=st.integers(min_value=1, max_value=30), now=nows)
+def test_a_job_survives_max_lost_minus_one_losses_whatever_its_failure_budget(
+    max_attempts, max_lost, now
+):
+    """Replay losses on a job one failure from failing: only max_lost losses fail it."""
+    lost = 0
+    while True:
+        retry = RetryState(max_attempts - 1, lost, max_attempts, 10.0, 600.0)
+        decision = decide(Outcome.LOST, retry, now, max_lost=max_lost)
+        lost += 1
+        if decision.status is JobStatus.FAILED:
+            break
+        assert decision.status is JobStatus.QUEUED
+    assert lost == max_lost
+
+
+def test_refused_requeues_after_retry_after_and_spends_nothing():
+    decision = decide(Outcome.REFUSED, state(failures=2, lost=4), NOW, retry_after=30)
+    assert decision.status is JobStatus.QUEUED
+    assert decision.available_at == NOW + timedelta(seconds=30)
+    assert not (decision.spend_failure or decision.spend_lost or decision.spend_spawn_failure)
+    assert decide(Outcome.REFUSED, state(), NOW).available_at == NOW
+
+
+@given(
+    outcome=st.sampled_from(sorted(SPAWN_OUTCOMES)),
+    retry=retry_states(),
+    max_spawn_failures=st.integers(min_value=1, max_value=30),
+    spawn_backoff=durations,
+    retry_after=st.none() | durations,
+    now=nows,
+)
+def test_spawn_failures_spend_only_their_own_budget(
+    outcome, retry, max_spawn_failures, spawn_backoff, retry_after, now
+):
+    decision = decide(outcome, retry, now, retry_after=retry_after,
+                      max_spawn_failures=max_spawn_failures,
+                      spawn_backoff_seconds=spawn_backoff)
+    assert decision.spend_spawn_failure
+    assert not decision.spend_failure and not decision.spend_lost
+    if retry.spawn_failures + 1 >= max_spawn_failures:
+        assert decision.status is JobStatus.FAILED
+    else:
+        assert decision.status is JobStatus.QUEUED
+        delay = spawn_backoff if retry_after is None else retry_after
+        assert decision.available_at == now + timedelta(seconds=delay)
+
+
+@given(
+    outcome=st.sampled_from(list(Outcome)),
+    retry=retry_states(),
+    max_lost=st.integers(min_value=1, max_value=30),
+    retry_after=st.none() | durations,
+    now=nows,
+)
+def test_every_decision_is_consistent(outcome, retry, max_lost, retry_after, now):
+    decision = decide(outcome, retry, now, max_lost=max_lost, retry_after=retry_after)
+    spent = [decision.spend_failure, decision.spend_lost, decision.spend_spawn_failure]
+    assert sum(spent) <= 1
+    if decision.status is JobStatus.FAILED:
+        assert sum(spent) == 1
+        assert decision.failure_reason is not None
+    if decision.available_at is not None:
+        assert decision.status is JobStatus.QUEUED
+        assert decision.available_at >= now
+    if decision.status is JobStatus.QUEUED:
+        assert decision.available_at is not None
+    if decision.status is JobStatus.DONE:
+        assert outcome is Outcome.OK
+    if outcome is Outcome.OK:
+        assert decision.status is JobStatus.DONE
+    if outcome is Outcome.CANCELLED:
+        assert decision.status is JobStatus.CANCELLED
