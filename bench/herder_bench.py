@@ -80,7 +80,7 @@ os.environ.setdefault("PGPORT", "5432")
 sys.path.insert(0, SHARED)
 sys.path.insert(0, REPO)
 
-import common  # noqa: E402
+import common  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
 import psycopg  # noqa: E402
 
 from herder.model import (  # noqa: E402
@@ -112,9 +112,14 @@ LATENCY_SAMPLES = int(os.environ.get("LATENCY_SAMPLES", "200"))
 LATENCY_CONCURRENCY = int(os.environ.get("LATENCY_CONCURRENCY", "2"))
 WITH_START = os.environ.get("WITH_START", "0") == "1"
 HERDER_SQLITE_ANALYZE = os.environ.get("HERDER_SQLITE_ANALYZE", "0") == "1"
-# First-run preload per batch size for a 5 s run (scaled by RAW_SECONDS); later runs of the
-# same implementation and batch use max(this, 2.5 x the best rate seen x RAW_SECONDS).
-PRELOAD_GUESS = {1: 20_000, 10: 60_000, 100: 120_000}
+# First-run preload per implementation and batch size for a 5 s run (scaled by RAW_SECONDS);
+# later runs of the same group and batch use max(this, 2.5 x the best rate seen x RAW_SECONDS),
+# and a run that went dry is redone once with 3x its preload. The raw tables load fast
+# (server-side / executemany), so they get generous first guesses.
+PRELOAD_GUESS = {
+    "herder": {1: 20_000, 10: 60_000, 100: 120_000},
+    "raw": {1: 150_000, 10: 400_000, 100: 800_000},
+}
 PRELOAD_CHUNK = 5000
 
 NOOP = JobSpec(command=("true",), job_type="noop")
@@ -157,6 +162,14 @@ def pg_fresh_database() -> None:
 
 def pg_wait_autovacuum() -> None:
     common.wait_until(lambda: int(pg_exec(common.AUTOVACUUM_BUSY_SQL)[0][0]))
+
+
+def pg_wal_lsn() -> str:
+    return str(pg_exec("SELECT pg_current_wal_lsn()::text")[0][0])
+
+
+def pg_wal_bytes_since(lsn: str) -> int:
+    return int(pg_exec(f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{lsn}')")[0][0])
 
 
 def pg_xact_commit() -> int:
@@ -490,7 +503,7 @@ def claim_child(args: ChildArgs) -> None:
 
 def run_claimers(cfg: ClaimConfig, target: str
                  ) -> tuple[list[LoopResult], dict[str, Any], int | None]:
-    """Fork the claimers, start them together; (results, cpu stats, xact delta)."""
+    """Fork the claimers, start them together; (results, cpu stats + WAL bytes, xact delta)."""
     pg = cfg.backend == "pg"
     ctx = mp.get_context("fork")
     go = ctx.Event()
@@ -506,10 +519,13 @@ def run_claimers(cfg: ClaimConfig, target: str
     if pg:
         pg_wait_autovacuum()
     x0 = pg_xact_commit() if pg else None
+    lsn = pg_wal_lsn() if pg else ""
     c0 = common.cpu_snapshot()
     go.set()
     results = [out.get(timeout=RAW_SECONDS + 300) for _ in procs]
-    cpu = common.cpu_stats(c0, common.cpu_snapshot())
+    cpu: dict[str, Any] = common.cpu_stats(c0, common.cpu_snapshot())
+    if pg:
+        cpu["wal_bytes"] = pg_wal_bytes_since(lsn)
     for p in procs:
         p.join()
     xacts = pg_xact_commit() - x0 if x0 is not None else None
@@ -533,8 +549,9 @@ class Preloads:
     def __init__(self) -> None:
         self.best: dict[tuple[str, int], float] = {}
 
-    def size(self, key: str, batch: int) -> int:
-        guess = PRELOAD_GUESS.get(batch, 120_000) * RAW_SECONDS / 5
+    def size(self, key: str, impl: str, batch: int) -> int:
+        guesses = PRELOAD_GUESS["herder" if impl == "herder" else "raw"]
+        guess = guesses.get(batch, max(guesses.values())) * RAW_SECONDS / 5
         seen = self.best.get((key, batch), 0.0) * 2.5 * RAW_SECONDS
         return int(math.ceil(max(guess, seen) / 1000) * 1000)
 
@@ -549,8 +566,8 @@ def claim_run(cfg: ClaimConfig, rep: int) -> None:
     """One timed claim->finish run (retried once with a bigger preload if it ran dry)."""
     key = f"{cfg.group}/{cfg.sync}"
     retried = False
+    preload = PRELOADS.size(key, cfg.impl, cfg.batch)
     while True:
-        preload = PRELOADS.size(key, cfg.batch)
         db_path = ""  # the SQLite file, for the checks
         if cfg.impl == "herder" and cfg.backend == "pg":
             herder_pg_reset(preload)
@@ -575,6 +592,7 @@ def claim_run(cfg: ClaimConfig, rep: int) -> None:
         if info["dry"] and not retried and not errors:
             say(f"  {cfg.group} {cfg.variant}: queue of {preload} ran dry; retrying with more")
             retried = True
+            preload = max(3 * preload, PRELOADS.size(key, cfg.impl, cfg.batch))
             continue
         break
     check = verify_claim(cfg.impl, cfg.backend, db_path)
@@ -593,6 +611,8 @@ def claim_run(cfg: ClaimConfig, rep: int) -> None:
         say(f"  errors: {errors[:3]}")
     if xacts is not None and n:
         extra["xacts_per_job"] = round(xacts / n, 3)
+    if "wal_bytes" in extra and n:
+        extra["wal_bytes_per_job"] = round(extra["wal_bytes"] / n)
     common.record(cfg.group, cfg.variant, rep, n, secs, **extra)
 
 
@@ -641,9 +661,12 @@ def measured(pg: bool) -> Iterator[dict[str, Any]]:
     if pg:
         pg_wait_autovacuum()
     x0 = pg_xact_commit() if pg else None
+    lsn = pg_wal_lsn() if pg else ""
     c0 = common.cpu_snapshot()
     yield extra
     extra.update(common.cpu_stats(c0, common.cpu_snapshot()))
+    if pg:
+        extra["wal_bytes"] = pg_wal_bytes_since(lsn)
     if x0 is not None:
         extra["xacts"] = pg_xact_commit() - x0
 
@@ -668,6 +691,7 @@ def enqueue_herder(backend: str, sync: str, batch: int, rep: int) -> None:
 
         with measured(backend == "pg") as extra:
             n, secs, cpu_s = timed_loop(step, ENQ_SECONDS)
+            store.close()  # the backend flushes its transaction stats on disconnect
     finally:
         store.close()
     rows = (pg_exec("SELECT count(*) FROM herder_jobs")[0][0] if backend == "pg"
@@ -675,6 +699,7 @@ def enqueue_herder(backend: str, sync: str, batch: int, rep: int) -> None:
     xacts = extra.pop("xacts", None)
     if xacts is not None:
         extra["xacts_per_job"] = round(xacts / max(n, 1), 3)
+        extra["wal_bytes_per_job"] = round(extra["wal_bytes"] / max(n, 1))
     common.record(group, variant, rep, n, secs, **extra, client_cpu_s=round(cpu_s, 4),
                   rows_in_db=int(rows), valid=int(rows) == n)
 
@@ -711,12 +736,15 @@ def enqueue_raw_pg(mode: str, rep: int) -> None:
     try:
         with measured(True) as extra:
             n, secs, cpu_s = timed_loop(step, ENQ_SECONDS)
+            conn.close()  # the backend flushes its transaction stats on disconnect
     finally:
         conn.close()
     rows = int(pg_exec("SELECT count(*) FROM raw_jobs")[0][0])
     xacts = extra.pop("xacts")
     common.record("herder-raw-pg", variant, rep, n, secs, **extra,
-                  xacts_per_job=round(xacts / max(n, 1), 3), client_cpu_s=round(cpu_s, 4),
+                  xacts_per_job=round(xacts / max(n, 1), 3),
+                  wal_bytes_per_job=round(extra["wal_bytes"] / max(n, 1)),
+                  client_cpu_s=round(cpu_s, 4),
                   rows_in_db=rows, valid=rows == n)
 
 
