@@ -3,18 +3,21 @@
 `place` is one pass over the queue in (priority, id) order. Each host is checked by a
 pipeline of small filters (in the order `Reason` lists them); the hosts that pass are
 scored (best fit or spread, the job's preferred host first, ties by label); RAM and slots
-are booked as the pass goes.
+are booked as the pass goes. A job that has waited past the starvation limit and fits
+nowhere holds the host it could fit on soonest, so jobs after it stop backfilling that
+host's RAM. Reservations only hold back jobs behind the starving one in (priority, id)
+order; nothing is carried from one pass to the next.
 
 The pass must stay under a second at 10k hosts × 100k jobs, so it never walks
 jobs × hosts:
 
-* hosts that accept work are grouped into classes with identical static caps
-  (allow-lists, priority floor, window max weight); each class keeps its open hosts sorted
-  by free RAM, so the best host of a class is one bisect;
-* jobs are grouped into shapes (weight, job type, affinity, priority band between the
-  hosts' floors); a shape's static verdict per class is computed once, and once a shape
-  finds no host every later job of it waits in O(1), because capacity only shrinks
-  during a pass;
+* hosts that accept work fall into classes: hosts whose caps (allow-lists, priority floor,
+  window max weight) give every queued job the same verdict. Each class keeps its open
+  hosts sorted by free RAM, so a class's best host is one bisect; a job that fits many
+  classes searches one merged list instead (`POOL_AFTER`);
+* jobs fall into shapes (weight, job type, affinity, priority band between the floors);
+  a shape's verdict per class is computed once, and once a shape finds no host every
+  later job of it waits in O(1), because capacity only shrinks during a pass;
 * why a job waits is worked out lazily, per shape, from the state at the end of the pass.
   That is still a true refusal for every host (capacity only shrank since the job was
   looked at) and it is the state the operator sees when asking.
