@@ -248,8 +248,10 @@ class HttpSource(WorkSource):
 
     def finished(self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
                  retry_after: float | None = None) -> JobStatus | None:
-        self._ship(job.token, final=True)
-        self._shipping.pop(job.token, None)
+        # The rest of the log, then the result, both from the outbox thread: shipping here
+        # would retry on the runner's thread and stop all supervision (timeouts, reaping,
+        # heartbeats, drain) for as long as the server is unreachable.
+        self._report(job.token, "log", {})
         self._report(job.token, "finish", {"outcome": str(outcome), "exit_code": exit_code,
                                            "retry_after": retry_after})
         return None
@@ -304,6 +306,11 @@ class HttpSource(WorkSource):
                 return
             token_text, kind, body = item
             job_id, attempt = token_text.split(".")
+            if kind == "log":
+                token = AttemptToken(int(job_id), int(attempt))
+                self._ship(token, final=True)
+                self._shipping.pop(token, None)
+                continue
             try:
                 reply = self.client.call("POST", f"/attempts/{job_id}/{attempt}/{kind}",
                                          json=body, stop=self._stop)
