@@ -125,6 +125,16 @@ def marked_processes(select: Callable[[str], bool]) -> list[Proc]:
     return found
 
 
+def process_group(pid: int) -> int | None:
+    """The process group of pid (field 5 of /proc/PID/stat), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return int(data[data.rfind(b")") + 2 :].split()[2])
+
+
 def kill_all(procs: Iterable[Proc]) -> None:
     for proc in procs:
         if proc.alive():
@@ -180,6 +190,7 @@ class Harness:
     ) -> None:
         self.dir = directory
         self.db = db_url
+        # Every host label of this test starts with it (see `up`), so markers find them all.
         self.host = f"t{secrets.token_hex(5)}"
         self.config = write_config(directory, runtime, defaults, extra_config)
         self.log_dir = directory / "logs"
@@ -200,7 +211,7 @@ class Harness:
     def cli(self, *args: str, timeout: float = 60, check: bool = True
             ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(self.argv(*args), cwd=self.dir, env=cli_environment(),
-                                capture_output=True, text=True, timeout=timeout)
+                                capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise AssertionError(f"herder {' '.join(args)} exited {result.returncode}\n"
                                  f"stdout: {result.stdout}\nstderr: {result.stderr}")
@@ -217,8 +228,10 @@ class Harness:
         self.procs.append(process)
         return process
 
-    def up(self, *args: str) -> subprocess.Popen[Any]:
-        return self.spawn("up", "--host", self.host, *args)
+    def up(self, *args: str, host: str | None = None) -> subprocess.Popen[Any]:
+        """`herder up` as this test's host (or another label starting with it)."""
+        assert host is None or host.startswith(self.host)
+        return self.spawn("up", "--host", host or self.host, *args)
 
     def wait_exit(self, process: subprocess.Popen[Any], timeout: float, what: str) -> int:
         try:
@@ -227,12 +240,13 @@ class Harness:
             raise AssertionError(f"{what} did not exit within {timeout:.0f}s\n"
                                  f"--- state ---\n{self.describe()}") from None
 
+    def stderr_of(self, process: subprocess.Popen[Any]) -> str:
+        return self._stderr[self.procs.index(process)].read_text(errors="replace")
+
     def wait_ready(self, process: subprocess.Popen[Any], timeout: float = 20) -> None:
         """Until `herder up` logs that its loop is up (its first rescue pass is done)."""
-        index = self.procs.index(process)
-        path = [p for p in self._stderr if p.name.startswith(f"herder-{index}-")][0]
-        wait_for(lambda: b" up: concurrency " in path.read_bytes() or process.poll() is not None,
-                 timeout, "herder up to be ready", self.describe)
+        wait_for(lambda: " up: concurrency " in self.stderr_of(process)
+                 or process.poll() is not None, timeout, "herder up to be ready", self.describe)
         assert process.poll() is None, f"herder up exited {process.returncode}\n{self.describe()}"
 
     # -- jobs -------------------------------------------------------------------------------
@@ -267,7 +281,7 @@ class Harness:
         """This test's job processes, optionally of one job / attempt."""
         def select(token: str) -> bool:
             head, sep, worker = token.partition("@")
-            if not sep or not worker.startswith(f"{self.host}/"):
+            if not sep or not worker.split("/", 1)[0].startswith(self.host):
                 return False
             job, _, number = head.partition(".")
             return ((job_id is None or job == str(job_id))
@@ -291,7 +305,7 @@ class Harness:
                 lines.append(f"process {proc.pid} {proc.token} {' '.join(proc.argv)}")
         for path in self._stderr:
             with contextlib.suppress(OSError):
-                tail = path.read_text(errors="replace").splitlines()[-15:]
+                tail = path.read_text(errors="replace").splitlines()[-40:]
                 lines.append(f"--- {path.name} ---")
                 lines.extend(tail)
         return "\n".join(lines)
@@ -306,7 +320,8 @@ class Harness:
                 break
             kill_all(left)
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: not any(p.alive() for p in left), 5, "leftovers to die")
+                wait_for(lambda procs=left: not any(p.alive() for p in procs), 5,
+                         "leftovers to die")
         self.client.close()
 
 
