@@ -62,6 +62,7 @@ class RunningAttempt:
     kill_at: float | None = None
     killed: bool = False
     returncode: int | None = None
+    logged_exit: bool = False
 
     @property
     def token(self) -> AttemptToken:
@@ -87,7 +88,8 @@ class RunningAttempt:
         """Advance timeouts and kills; True once the whole tree is gone."""
         if self.returncode is None:
             self.returncode = self.process.poll()
-        if self.deadline is not None and now >= self.deadline and self.stop_outcome is None:
+        if (self.deadline is not None and now >= self.deadline and self.stop_outcome is None
+                and self.returncode is None):
             self.request_stop(Outcome.TIMEOUT, now)
         if self.kill_at is not None and now >= self.kill_at and not self.killed:
             self.kill()

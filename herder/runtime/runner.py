@@ -8,6 +8,7 @@ within milliseconds without a busy poll.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from herder.runtime.executor import LaunchError, RunningAttempt, append_log, spa
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import ClaimSource, PolicyLimits, WorkSource
-from herder.store import Store
+from herder.store import Store, Waker
 
 log = logging.getLogger("herder.runner")
 
@@ -118,18 +119,43 @@ class Runner:
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
         waker = self.source.waker()
         log.info("runner %s up: concurrency %d", self.worker, self.options.concurrency)
+        trouble = 0.0
         try:
             while True:
-                woke = self._turn()
-                if woke is None:
-                    return 0
+                try:
+                    if self._turn() is None:
+                        return 0
+                    trouble = 0.0
+                except Exception as exc:
+                    # The store (or the server) is unreachable: keep supervising what runs,
+                    # retry the rest. Results not yet recorded stay in `running` and are
+                    # reported again on the next turn.
+                    trouble = min(max(trouble * 2, 0.25), 5.0)
+                    log.error("runner turn failed (%s: %s); retrying in %.2fs",
+                              type(exc).__name__, exc, trouble)
                 timeout = BUSY_TICK if self.running else self.options.poll_interval
-                if waker.wait(timeout):
-                    self._next_claim = 0.0
-                    self._next_cancel_check = 0.0
+                try:
+                    if waker.wait(trouble or timeout):
+                        self._next_claim = 0.0
+                        self._next_cancel_check = 0.0
+                except Exception as exc:
+                    log.error("waker failed (%s); reconnecting", exc)
+                    waker = self._reconnect(waker)
         finally:
             waker.close()
             self.source.close()
+
+    def _reconnect(self, waker: Waker) -> Waker:
+        with contextlib.suppress(Exception):
+            waker.close()
+        while True:
+            try:
+                return self.source.waker()
+            except Exception as exc:
+                log.error("cannot reconnect the waker (%s); retrying", exc)
+                time.sleep(1.0)
+                with contextlib.suppress(Exception):
+                    self._reap(time.monotonic())
 
     def _turn(self) -> bool | None:
         """One pass; None when the runner should exit."""
@@ -215,12 +241,16 @@ class Runner:
     def _reap(self, mono: float) -> None:
         for token, attempt in list(self.running.items()):
             if attempt.poll(mono):
-                del self.running[token]
                 outcome = attempt.outcome()
-                elapsed = mono - attempt.started
-                append_log(attempt.log_path, f"exit {attempt.returncode} after {elapsed:.1f}s "
-                                             f"({outcome})")
+                if not attempt.logged_exit:
+                    attempt.logged_exit = True
+                    elapsed = mono - attempt.started
+                    append_log(attempt.log_path, f"exit {attempt.returncode} after "
+                                                 f"{elapsed:.1f}s ({outcome})")
+                # Forget the attempt only once its result is recorded: if the store is
+                # down, the next turn reports it again.
                 self._finish(attempt.job, outcome, attempt.returncode)
+                del self.running[token]
 
     def _finish(self, job: Job, outcome: Outcome, exit_code: int | None) -> None:
         status = self.source.finished(job, outcome, exit_code, self.clock())
