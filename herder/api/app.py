@@ -227,13 +227,17 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         }
 
     @app.get("/api/v1/agent/{label}/assignments")
-    async def assignments(label: AgentHost, worker: str, free: int = 1,
+    async def assignments(label: AgentHost, worker: str, request: Request, free: int = 1,
                           wait: float = 0.0) -> dict[str, Any]:
         check_worker(label, worker)
         wait = max(0.0, min(wait, config.settings.server.long_poll))
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             seen = coordinator.board.version(label)
+            if await request.is_disconnected():
+                # The agent is gone (killed, restarted): taking work for it now would bind
+                # the attempts to a dead worker until their lease runs out.
+                return {"jobs": []}
             jobs = await call(coordinator.take_assigned, label, worker, max(0, free))
             remaining = deadline - asyncio.get_running_loop().time()
             if jobs or remaining <= 0:

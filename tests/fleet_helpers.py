@@ -1,0 +1,607 @@
+"""Helpers for the fleet integration tests (tests/test_fleet.py, tests/test_fleet_faults.py).
+
+A `FleetHarness` owns one test's fleet: a herder.toml with fast timings in tmp_path, a real
+`herder server` on a free 127.0.0.1 port, real `herder agent` processes posing as different
+hosts on this one machine, and `herder` CLI calls. Every process runs in its own process
+group; job processes (which live in sessions of their own) are found by their attempt marker
+and their log path under tmp_path, so `close()` kills exactly this test's processes.
+
+Synchronisation is always on an observed event (a store row, an HTTP answer, a log line, a
+file) with a deadline; `wait_for` fails with what did not happen and the state around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from herder.model import Attempt, Job, JobStatus
+from herder.runtime.process import TOKEN_VARIABLE, process_alive, process_start_time
+from herder.store import Store, open_store
+
+T = TypeVar("T")
+
+FAST_RUNTIME: dict[str, Any] = {
+    "heartbeat_interval": "0.3s",
+    "attempt_lease": "2s",
+    "kill_grace": "1s",
+    "poll_interval": "0.2s",
+}
+FAST_DEFAULTS: dict[str, Any] = {"backoff_base": "0s", "backoff_max": "1s"}
+FAST_FLEET: dict[str, Any] = {
+    "scheduler_interval": "0.2s",
+    "missed_heartbeats": 3,
+    "spawn_backoff": "1s",
+}
+SCRUBBED_ENV = ("HERDER_DB", "HERDER_CONFIG", "HERDER_API_TOKEN", "HERDER_AGENT_TOKEN",
+                "HERDER_SERVER", TOKEN_VARIABLE)
+WEIGHTS = {"light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0}
+
+
+# -- waiting ------------------------------------------------------------------------------------
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    detail: Callable[[], object] | None = None,
+    interval: float = 0.05,
+) -> T:
+    """Poll `predicate` until it returns something truthy; fail clearly after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            message = f"timed out after {timeout:.1f}s waiting for {what}"
+            if detail is not None:
+                message += f"\n--- state ---\n{detail()}"
+            raise AssertionError(message)
+        time.sleep(interval)
+
+
+def holds_for(
+    predicate: Callable[[], bool],
+    seconds: float,
+    what: str,
+    detail: Callable[[], object] | None = None,
+    interval: float = 0.05,
+) -> None:
+    """Assert that `predicate` stays true for `seconds` (how a test checks that something
+    does NOT happen: over a window of several scheduler cycles)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not predicate():
+            message = f"expected {what} to hold for {seconds:.1f}s, but it stopped holding"
+            if detail is not None:
+                message += f"\n--- state ---\n{detail()}"
+            raise AssertionError(message)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
+# -- small things -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    raise TypeError(f"no TOML literal for {value!r}")
+
+
+def cli_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def bookable(ram_gb: float, reserved_gb: float = 0.0) -> float:
+    return 0.8 * (ram_gb - reserved_gb)
+
+
+# -- job scripts and what they record ----------------------------------------------------------
+
+
+def recorder(events: Path, body: str = "sleep 0.5", lock: Path | None = None,
+             overlap: Path | None = None) -> list[str]:
+    """argv of an ad-hoc job that appends `start` and `end` lines (host, job, attempt,
+    weight, time) to `events`. With `lock`, an flock taken for the whole run detects a second
+    attempt of the same job running at once: it appends OVERLAP to `overlap` and exits 1."""
+    line = '"$HERDER_HOST $HERDER_JOB_ID $HERDER_ATTEMPT $HERDER_WEIGHT'
+    script = ""
+    if lock is not None:
+        assert overlap is not None
+        script += (f"exec 9>>'{lock}'; flock -n 9 || "
+                   f"{{ echo {line} OVERLAP $(date +%s.%N)\" >> '{overlap}'; exit 1; }}; ")
+    script += (f"echo {line} start $(date +%s.%N)\" >> '{events}'; {body}; "
+               f"echo {line} end $(date +%s.%N)\" >> '{events}'")
+    return ["/bin/sh", "-c", script]
+
+
+@dataclass(frozen=True)
+class Interval:
+    host: str
+    job: int
+    attempt: int
+    weight: str
+    start: float
+    end: float | None
+
+
+def read_intervals(events: Path) -> list[Interval]:
+    """One interval per (job, attempt) from a recorder's file; `end` None while running."""
+    starts: dict[tuple[int, int], tuple[str, str, float]] = {}
+    ends: dict[tuple[int, int], float] = {}
+    if not events.exists():
+        return []
+    for raw in events.read_text().splitlines():
+        parts = raw.split()
+        if len(parts) != 6:
+            continue
+        host, job, attempt, weight, kind, stamp = parts
+        key = (int(job), int(attempt))
+        if kind == "start":
+            assert key not in starts, f"job {job} attempt {attempt} started twice"
+            starts[key] = (host, weight, float(stamp))
+        elif kind == "end":
+            ends[key] = float(stamp)
+    return [Interval(host, job, attempt, weight, start, ends.get((job, attempt)))
+            for (job, attempt), (host, weight, start) in sorted(starts.items())]
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@dataclass(frozen=True)
+class Peak:
+    workers: int
+    ram_gb: float
+    at: float
+    running: tuple[tuple[int, str], ...]
+
+
+def peaks(intervals: Iterable[Interval],
+          budgets: Mapping[str, float] = WEIGHTS) -> dict[str, tuple[Peak, Peak]]:
+    """Per host: (the most jobs running at once, the most RAM booked at once) from the
+    recorded intervals. At equal times an end comes before a start (capacity is freed when
+    an attempt ends, and the next one can only start after that)."""
+    by_host: dict[str, list[tuple[float, int, Interval]]] = defaultdict(list)
+    for interval in intervals:
+        assert interval.end is not None, f"{interval} never ended"
+        by_host[interval.host].append((interval.start, 1, interval))
+        by_host[interval.host].append((interval.end, 0, interval))
+    result: dict[str, tuple[Peak, Peak]] = {}
+    for host, points in by_host.items():
+        points.sort(key=lambda point: (point[0], point[1]))
+        running: dict[int, Interval] = {}
+        most_workers = Peak(0, 0.0, 0.0, ())
+        most_ram = Peak(0, 0.0, 0.0, ())
+        for stamp, kind, interval in points:
+            if kind == 0:
+                running.pop(interval.job, None)
+                continue
+            running[interval.job] = interval
+            ram = sum(budgets[item.weight] for item in running.values())
+            now = Peak(len(running), ram, stamp,
+                       tuple(sorted((item.job, item.weight) for item in running.values())))
+            if now.workers > most_workers.workers:
+                most_workers = now
+            if now.ram_gb > most_ram.ram_gb:
+                most_ram = now
+        result[host] = (most_workers, most_ram)
+    return result
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A job process seen in /proc; pid plus kernel start time, so a reused pid is not it."""
+
+    pid: int
+    start: int
+    marker: str
+    argv: tuple[str, ...]
+
+    def alive(self) -> bool:
+        return process_alive(self.pid, self.start)
+
+    @property
+    def job(self) -> int:
+        return int(self.marker.partition("@")[0].partition(".")[0])
+
+    @property
+    def attempt(self) -> int:
+        return int(self.marker.partition("@")[0].partition(".")[2])
+
+    @property
+    def worker(self) -> str:
+        return self.marker.partition("@")[2]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return {}
+    env: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            env[name.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _argv(pid: int) -> tuple[str, ...]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return ()
+    return tuple(part.decode(errors="replace") for part in data.split(b"\0") if part)
+
+
+def job_processes(root: Path) -> list[Proc]:
+    """Live job processes whose log is under `root` (this test's agents' log folders)."""
+    prefix = str(root)
+    own = os.getpid()
+    found: list[Proc] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        pid = int(entry)
+        env = _environ(pid)
+        marker = env.get(TOKEN_VARIABLE)
+        if marker is None or not env.get("HERDER_LOG", "").startswith(prefix):
+            continue
+        start = process_start_time(pid)
+        if start is not None and process_alive(pid, start):
+            found.append(Proc(pid, start, marker, _argv(pid)))
+    return found
+
+
+def kill_group(process: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+
+
+# -- the harness ------------------------------------------------------------------------------
+
+
+@dataclass
+class Started:
+    name: str
+    process: subprocess.Popen[Any]
+    stderr: Path
+
+
+class FleetHarness:
+    def __init__(
+        self,
+        root: Path,
+        db: str,
+        runtime: Mapping[str, Any] | None = None,
+        fleet: Mapping[str, Any] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        extra: str = "",
+    ) -> None:
+        self.root = root
+        self.db = db
+        self.config = root / "herder.toml"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.started: list[Started] = []
+        self.server: subprocess.Popen[Any] | None = None
+        self.agents: dict[str, subprocess.Popen[Any]] = {}
+        self.tokens: dict[str, str] = {}
+        self._store: Store | None = None
+        self._http = httpx.Client(base_url=self.url, timeout=10.0)
+        self.write_config(runtime, fleet, defaults, extra)
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def write_config(
+        self,
+        runtime: Mapping[str, Any] | None = None,
+        fleet: Mapping[str, Any] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        extra: str = "",
+    ) -> None:
+        """(Re)write herder.toml: fast timings, overridden by the given sections."""
+        sections = {
+            "herder": {"log_dir": "server-logs"},
+            "runtime": {**FAST_RUNTIME, **(runtime or {})},
+            "defaults": {**FAST_DEFAULTS, **(defaults or {})},
+            "fleet": {**FAST_FLEET, **(fleet or {})},
+        }
+        lines: list[str] = []
+        for name, values in sections.items():
+            lines.append(f"[{name}]")
+            lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
+            lines.append("")
+        self.config.write_text("\n".join(lines) + "\n" + extra)
+
+    # -- store --------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_store(self.db)
+        return self._store
+
+    def job(self, job_id: int) -> Job:
+        job = self.store.job_get(job_id)
+        assert job is not None, f"no job {job_id}"
+        return job
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        return self.store.attempt_list(job_id)
+
+    def wait_status(self, job_id: int, statuses: JobStatus | Iterable[JobStatus],
+                    timeout: float = 30.0) -> Job:
+        wanted = {statuses} if isinstance(statuses, JobStatus) else set(statuses)
+
+        def reached() -> Job | None:
+            job = self.job(job_id)
+            return job if job.status in wanted else None
+
+        return wait_for(reached, timeout, f"job {job_id} to be {'/'.join(sorted(wanted))}",
+                        self.describe)
+
+    # -- cli ----------------------------------------------------------------------------------
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "herder.cli", "--db", self.db, "--config",
+                str(self.config), *args]
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 60.0
+            ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(self.argv(*args), cwd=self.root, env=cli_environment(),
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"herder {' '.join(args)} exited {result.returncode}\n"
+                                 f"stdout: {result.stdout}\nstderr: {result.stderr}")
+        return result
+
+    def cli_many(self, *calls: Sequence[str], check: bool = True
+                 ) -> list[subprocess.CompletedProcess[str]]:
+        """Independent CLI calls at once (a Python start each); results in call order."""
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return list(pool.map(lambda args: self.cli(*args, check=check), calls))
+
+    def add_hosts(self, hosts: Mapping[str, Sequence[str]]) -> None:
+        """Several `herder host add LABEL OPTIONS...` at once."""
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda item: self.add_host(item[0], *item[1]), hosts.items()))
+
+    def add_host(self, label: str, *options: str) -> str:
+        """`herder host add LABEL ...`; returns the agent token it printed on stdout."""
+        result = self.cli("host", "add", label, *options)
+        lines = result.stdout.split()
+        assert len(lines) == 1 and lines[0].startswith("hdr_"), result.stdout
+        self.tokens[label] = lines[0]
+        return lines[0]
+
+    def why(self, job_id: int) -> str:
+        """`herder why JOB` (the CLI, straight from the store)."""
+        return self.cli("why", str(job_id)).stdout.strip()
+
+    def hosts(self) -> dict[str, dict[str, Any]]:
+        """`herder hosts --json` by label."""
+        views = json.loads(self.cli("hosts", "--json").stdout)
+        return {view["label"]: view for view in views}
+
+    def why_api(self, job_id: int) -> str:
+        """The server's answer to why (cheap enough to poll; the CLI costs a Python start)."""
+        response = self.api("GET", f"/api/v1/jobs/{job_id}/why")
+        assert response.status_code == 200, response.text
+        return str(response.json()["why"])
+
+    def hosts_api(self) -> dict[str, dict[str, Any]]:
+        response = self.api("GET", "/api/v1/hosts")
+        assert response.status_code == 200, response.text
+        return {view["label"]: view for view in response.json()}
+
+    def submit_cli(self, *args: str) -> int:
+        out = self.cli("submit", *args).stdout.split()
+        assert len(out) == 1 and out[0].isdigit(), out
+        return int(out[0])
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[Any]:
+        stderr = self.root / f"{len(self.started):02d}-{name}.stderr"
+        with open(stderr, "wb") as err:
+            process = subprocess.Popen(self.argv(*args), cwd=self.root, env=cli_environment(),
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=err, start_new_session=True)
+        self.started.append(Started(name, process, stderr))
+        return process
+
+    def stderr_of(self, process: subprocess.Popen[Any]) -> str:
+        for started in self.started:
+            if started.process is process:
+                return started.stderr.read_text(errors="replace")
+        raise KeyError(process.pid)
+
+    def start_server(self, *extra: str, wait: bool = True) -> subprocess.Popen[Any]:
+        """`herder server` on this fleet's port; with `wait`, until it answers /healthz
+        (agents started meanwhile retry until it does)."""
+        assert self.server is None or self.server.poll() is not None, "a server runs already"
+        process = self.spawn("server", "server", "--listen", f"127.0.0.1:{self.port}", *extra)
+        self.server = process
+        if wait:
+            self.wait_server()
+        return process
+
+    def wait_server(self) -> None:
+        process = self.server
+        assert process is not None
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"herder server exited {process.returncode}\n"
+                                     f"{self.describe()}")
+            try:
+                return self._http.get("/healthz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 30, "herder server to answer /healthz", self.describe)
+
+    def stop_server(self, sig: int = signal.SIGKILL, timeout: float = 20.0) -> None:
+        """Kill the server's process group and wait until it is gone (the port is free)."""
+        process = self.server
+        assert process is not None
+        kill_group(process, sig)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            raise AssertionError(f"herder server ignored signal {sig}") from None
+        self.server = None
+
+    def start_agent(self, label: str, *extra: str, token: str | None = None,
+                    ram_check: bool = False, wait: bool = True) -> subprocess.Popen[Any]:
+        """`herder agent` for `label` with its own log folder; waits until its runner loop is
+        up (it has heartbeated and run its orphan recovery)."""
+        args = ["agent", "--server", self.url, "--token", token or self.tokens[label],
+                "--host", label, "--log-dir", str(self.root / "agents" / label),
+                "--drain-timeout", "5s", *extra]
+        if not ram_check:
+            args.append("--no-ram-check")
+        process = self.spawn(f"agent-{label}", *args)
+        self.agents[label] = process
+        if wait:
+            self.wait_agent(label)
+        return process
+
+    def start_agents(self, *labels: str) -> None:
+        """Several agents at once (each with default options); waits until all are up."""
+        for label in labels:
+            self.start_agent(label, wait=False)
+        for label in labels:
+            self.wait_agent(label)
+
+    def wait_agent(self, label: str) -> None:
+        process = self.agents[label]
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"agent {label} exited {process.returncode}\n"
+                                     f"{self.describe()}")
+            text = self.stderr_of(process)
+            return f"runner {label}/" in text and " up: concurrency " in text
+
+        wait_for(ready, 30, f"agent {label} to be up", self.describe)
+
+    def kill_agent(self, label: str, sig: int = signal.SIGKILL) -> None:
+        """Signal the agent's process group only (its jobs run in sessions of their own)."""
+        kill_group(self.agents[label], sig)
+
+    def job_processes(self, job_id: int | None = None) -> list[Proc]:
+        found = job_processes(self.root)
+        return [proc for proc in found if job_id is None or proc.job == job_id]
+
+    # -- http ---------------------------------------------------------------------------------
+
+    def api(self, method: str, path: str, token: str | None = None,
+            **kwargs: Any) -> httpx.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return self._http.request(method, path, headers=headers, **kwargs)
+
+    def submit(self, command: Sequence[str] | None = None, **body: Any) -> int:
+        """POST /api/v1/jobs (the server's intake); returns the job id."""
+        if command is not None:
+            body["command"] = list(command)
+        response = self.api("POST", "/api/v1/jobs", json=body)
+        assert response.status_code == 201, (response.status_code, response.text)
+        return int(response.json()["id"])
+
+    # -- diagnostics --------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """Jobs with attempts, hosts, live job processes and the tail of every stderr."""
+        lines: list[str] = []
+        with contextlib.suppress(Exception):
+            for host in self.store.host_list():
+                lines.append(f"host {host.label}: enabled={host.enabled} "
+                             f"heartbeat={host.last_heartbeat}")
+            for job in self.store.job_list(None, 60):
+                lines.append(f"job {job.id} {job.job_type}/{job.weight}/p{job.priority}: "
+                             f"{job.status} on {job.host} attempt={job.attempt} "
+                             f"failures={job.failures} lost={job.lost} "
+                             f"reason={job.failure_reason}")
+                for a in self.attempts(job.id)[-6:]:
+                    lines.append(f"    #{a.attempt} {a.host} worker={a.worker!r} pid={a.pid} "
+                                 f"started={a.started_at is not None} outcome={a.outcome} "
+                                 f"exit={a.exit_code}")
+        with contextlib.suppress(Exception):
+            for proc in self.job_processes():
+                lines.append(f"process {proc.pid} {proc.marker} {' '.join(proc.argv)[:80]}")
+        for started in self.started:
+            with contextlib.suppress(OSError):
+                tail = started.stderr.read_text(errors="replace").splitlines()[-20:]
+                state = started.process.poll()
+                lines.append(f"--- {started.stderr.name} (exit {state}) ---")
+                lines.extend(tail)
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for started in self.started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(started.process.pid, signal.SIGCONT)
+            kill_group(started.process)
+        # Job processes run in sessions of their own: find them by marker and log path.
+        for _ in range(5):
+            left = self.job_processes()
+            if not left:
+                break
+            for proc in left:
+                if proc.alive():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda procs=left: not any(p.alive() for p in procs), 5,
+                         "leftover job processes to die")
+        self._http.close()
+        if self._store is not None:
+            self._store.close()
