@@ -434,13 +434,22 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, label: 
     _logging(log_level)
     state: State = ctx.obj
     with edge():
+        if not label:
+            raise InputError("--host", "is required", "pass the host label it was added with")
+        runtime = state.config.settings.runtime
+        if runtime.kill_grace >= runtime.attempt_lease:
+            logging.getLogger("herder.agent").warning(
+                "kill_grace (%.0fs) is not shorter than attempt_lease (%.0fs): after a crash "
+                "the server may rerun a job before its old processes are gone",
+                runtime.kill_grace, runtime.attempt_lease)
+        # First, before any thread exists: the guardian that cleans up if this agent dies.
+        from herder.runtime.agent import start_guardian
+
+        start_guardian(label, runtime.kill_grace)
         if not server_url:
             raise InputError("--server", "is required", "pass --server https://host:8470")
         if not token:
             raise InputError("--token", "is required", "pass --token or set HERDER_AGENT_TOKEN")
-        if not label:
-            raise InputError("--host", "is required", "pass the host label it was added with")
-        runtime = state.config.settings.runtime
         drain = _duration(drain_timeout, "--drain-timeout")
         client = ServerClient(server_url, token, label, verify=ca or True)
         source = HttpSource(

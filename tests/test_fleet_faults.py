@@ -66,12 +66,12 @@ def alive(procs: list[Proc]) -> list[Proc]:
 @pytest.mark.slow
 def test_kill9_agent_jobs_are_requeued_and_rerun_elsewhere(make_fleet, tmp_path, store_url):
     """alpha's agent dies with -9 while a job runs there. The server declares the attempt
-    lost once its lease runs out and the job runs again on beta; alpha's restarted agent
-    kills the job processes the dead agent left behind.
+    lost once its lease runs out and the job runs again on beta, never overlapping attempt 1.
 
-    The job's first attempt would run for a minute: its processes live in a session of
-    their own, so they survive the agent. Whether a rerun ever overlaps them is recorded
-    by the flock and reported at the end (see the xfail there)."""
+    The job's first attempt would run for a minute and its processes live in a session of
+    their own, so they survive the agent: the agent's guardian (a watchdog in its own
+    session) kills them as soon as the agent dies, within kill_grace, well inside the
+    lease. The flock records any overlap."""
     fleet = make_fleet(tmp_path, store_url)
     fleet.add_hosts({
         "alpha": ("--ram", "32", "--prime-workers", "2", "--night-workers", "2"),
@@ -109,10 +109,6 @@ def test_kill9_agent_jobs_are_requeued_and_rerun_elsewhere(make_fleet, tmp_path,
     wait_for(lambda: not alive(survivors), 15,
              "the restarted alpha agent to kill the dead agent's job processes",
              fleet.describe)
-    recovered = time.monotonic()
-    restarted = fleet.stderr_of(fleet.agents["alpha"])
-    if survived_rerun:
-        assert f"attempt {job_id}.1 survived a dead agent" in restarted, restarted
     done = fleet.wait_status(job_id, JobStatus.DONE)
     assert done.lost == 1, done
     winner = attempt_of(fleet, job_id, done.attempt)
@@ -120,23 +116,22 @@ def test_kill9_agent_jobs_are_requeued_and_rerun_elsewhere(make_fleet, tmp_path,
     assert [i.attempt for i in read_intervals(events) if i.end is not None] == [done.attempt]
 
     overlaps = read_lines(overlap)
-    if overlaps:
-        pytest.xfail(
-            "GUARANTEE BROKEN (never twice at once): after kill -9 of alpha's agent its job "
-            f"processes {[p.pid for p in survivors]} kept running; the server declared "
-            f"attempt 1 lost {lost_after:.1f}s after the kill and placed attempt 2 on beta "
-            f"{rerun_seen - killed:.1f}s after it; the survivors were still alive then "
-            f"({[p.pid for p in survived_rerun]}) and died only when alpha's agent was "
-            f"restarted, {recovered - killed:.1f}s after the kill. Meanwhile "
-            f"{len(overlaps)} attempt(s) found the job's lock held: {overlaps[:3]}")
+    assert not overlaps, (
+        f"never twice at once is broken: after kill -9 of alpha's agent its job processes "
+        f"{[p.pid for p in survivors]} were alive when attempt 2 ran on beta "
+        f"({rerun_seen - killed:.1f}s after the kill; still alive then: "
+        f"{[p.pid for p in survived_rerun]}); {len(overlaps)} attempt(s) found the job's lock "
+        f"held: {overlaps[:3]}")
+    # The agent's guardian killed them, before the server declared the attempt lost.
+    assert not survived_rerun, survived_rerun
 
 
 @pytest.mark.slow
 def test_agent_restarted_within_the_lease_kills_survivors_before_the_rerun(
         make_fleet, tmp_path, sqlite_url):
-    """The orphan recovery that does hold: when the agent comes back before the lease runs
-    out, it kills the dead agent's job processes first and reports them lost itself, so the
-    rerun never overlaps them."""
+    """The agent's guardian kills the dead agent's job processes at once; when the agent
+    comes back before the lease runs out, it reports the dead agent's attempt lost itself
+    (the server's lease rescue is not needed), and the rerun never overlaps."""
     fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": "8s"})
     fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
@@ -149,12 +144,12 @@ def test_agent_restarted_within_the_lease_kills_survivors_before_the_rerun(
     assert survivors
 
     fleet.kill_agent("alpha")
-    assert alive(survivors), "job processes live in sessions of their own"
+    wait_for(lambda: not alive(survivors), 10,
+             "the dead agent's guardian to kill its job processes", fleet.describe)
     fleet.start_agent("alpha")
-    restarted = fleet.stderr_of(fleet.agents["alpha"])
-    assert f"attempt {job_id}.1 survived a dead agent" in restarted, restarted
-    assert not alive(survivors)  # killed before the agent's loop came up
     done = fleet.wait_status(job_id, JobStatus.DONE)
+    restarted = fleet.stderr_of(fleet.agents["alpha"])
+    assert f"attempt {job_id}.1 belonged to a dead agent" in restarted, restarted
     first = attempt_of(fleet, job_id, 1)
     assert first is not None and first.outcome is Outcome.LOST
     # Declared lost by the restarted agent's report, not by the server's lease rescue.

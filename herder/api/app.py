@@ -220,10 +220,15 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         tokens = [AttemptToken(job_id, attempt) for job_id, attempt in body.running]
         reply = await call(store.attempt_heartbeat, tokens, stamp)
         host = await call(store.host_get, label)
+        attempts = await call(store.attempt_list_live, label)
         return {
             "live": sorted([t.job_id, t.attempt] for t in reply.live),
             "cancel": sorted([t.job_id, t.attempt] for t in reply.cancel),
             "host": coordinator.host_gate(host, stamp) if host else None,
+            # Every live attempt on this host and its runner, so a restarted agent can
+            # report what its dead predecessor was running.
+            "attempts": [[a.attempt.job_id, a.attempt.attempt, a.attempt.worker]
+                         for a in attempts],
         }
 
     @app.get("/api/v1/agent/{label}/assignments")

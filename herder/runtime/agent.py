@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import queue
+import signal
 import ssl
 import threading
 import time
@@ -28,7 +29,7 @@ import httpx
 
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.maintenance import WorkerId, local_worker_alive
-from herder.runtime.process import kill_tree, token_markers
+from herder.runtime.process import kill_tree, process_start_time, token_markers
 from herder.runtime.sources import WorkSource
 from herder.store import Waker
 
@@ -50,6 +51,14 @@ class LocalGate:
     job_types: frozenset[str] | None = None
     weights: frozenset[str] | None = None
     priority_floor: int | None = None
+
+    def view(self) -> dict[str, Any]:
+        """Advertised to the server, so placement respects it and refusals stay rare."""
+        return {
+            "job_types": None if self.job_types is None else sorted(self.job_types),
+            "weights": None if self.weights is None else sorted(self.weights),
+            "priority_floor": self.priority_floor,
+        }
 
     def refusal(self, job: Job) -> str | None:
         if self.job_types is not None and job.job_type not in self.job_types:
@@ -162,6 +171,7 @@ class HttpSource(WorkSource):
         self.in_flight: Callable[[], int] = lambda: 0
         self.draining = threading.Event()
         self.server_gate: dict[str, Any] = {}
+        self.host_attempts: list[tuple[AttemptToken, str]] = []
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._outbox: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue()
         self._wake = threading.Event()
@@ -278,7 +288,12 @@ class HttpSource(WorkSource):
         return _Event(self._wake)
 
     def maintain(self, now: datetime) -> None:
-        """Kill what a previous agent of this host left running, and report it lost."""
+        """Kill what a previous agent of this host left running, and report it lost.
+
+        Survivors are found by their markers (the guardian normally got there first); the
+        server's list of this host's live attempts names the rest, so a restarted agent
+        hands them back at once instead of after the lease."""
+        reported: set[AttemptToken] = set()
         for marker, pids in token_markers().items():
             token, worker = parse_marker(marker)
             if token is None or worker is None or worker.host != self.label:
@@ -288,6 +303,18 @@ class HttpSource(WorkSource):
             log.warning("attempt %s survived a dead agent (pids %s): killing it", token, pids)
             if kill_tree(None, marker, self.kill_grace):
                 self._report(token, "finish", {"outcome": str(Outcome.LOST)})
+                reported.add(token)
+        for token, worker_text in self.host_attempts:
+            worker = WorkerId.parse(worker_text)
+            if (token in reported or worker is None or worker.host != self.label
+                    or worker_text == self.worker or local_worker_alive(worker)):
+                continue
+            if kill_tree(None, f"{token}@{worker_text}", self.kill_grace):
+                log.warning("attempt %s belonged to a dead agent of this host: reporting it "
+                            "lost", token)
+                self._report(token, "finish", {"outcome": str(Outcome.LOST)})
+                reported.add(token)
+        self.host_attempts = [(t, w) for t, w in self.host_attempts if t not in reported]
 
     # -- threads --------------------------------------------------------------------------------
 
@@ -327,9 +354,10 @@ class HttpSource(WorkSource):
             "POST", "/heartbeat", retry=retry, stop=self._stop,
             json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
                   "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
-                           "draining": self.draining.is_set()}})
+                           "draining": self.draining.is_set(), "gate": self.gate.view()}})
         if reply.get("host"):
             self.server_gate = reply["host"]
+        self.host_attempts = [(AttemptToken(j, a), w) for j, a, w in reply.get("attempts", [])]
         return reply
 
     def _host_heartbeat(self, retry: bool) -> None:
@@ -429,6 +457,38 @@ class SingleAttemptSource(HttpSource):
 
     def maintain(self, now: datetime) -> None:
         """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
+
+
+def start_guardian(label: str, grace: float) -> int:
+    """Fork a watchdog that outlives a crashed agent and kills the jobs it leaves behind.
+
+    Job processes run in sessions of their own, so `kill -9` of the agent does not reach
+    them; left alone they would still run when the server, after the lease, runs the job
+    elsewhere. The guardian sits in its own session blocked on a pipe from the agent; when
+    the agent dies the pipe reaches EOF and the guardian kills every process carrying the
+    agent's attempt markers (SIGTERM, then SIGKILL after `grace`), well inside the lease.
+    Call it before any thread starts. Returns the pipe's write end, which the agent keeps.
+    """
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    worker = str(WorkerId(label, parent, process_start_time(parent) or 0))
+    child = os.fork()
+    if child:
+        os.close(read_end)
+        return write_end
+    try:  # the guardian
+        os.close(write_end)
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        while os.read(read_end, 64):
+            pass
+        suffix = f"@{worker}"
+        for marker in token_markers():
+            if marker.endswith(suffix):
+                kill_tree(None, marker, grace)
+    finally:
+        os._exit(0)
 
 
 def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:

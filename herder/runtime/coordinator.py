@@ -277,10 +277,10 @@ class Coordinator:
             return None
         now = utcnow()
         if outcome is Outcome.REFUSED:
-            # Placement does not know what an agent's local allow-list refuses and would put
-            # the job on the same host again at once: a hot loop that also holds the host's
-            # slot for good, starving every job behind it. Hand it back after a backoff.
-            retry_after = max(retry_after or 0.0, self.limits.spawn_backoff_seconds)
+            # Agents advertise their allow-lists with every heartbeat and placement honours
+            # them, so a refusal means the server's view was a heartbeat old. Wait one
+            # heartbeat before offering the job again, never in a hot loop.
+            retry_after = max(retry_after or 0.0, self.settings.runtime.heartbeat_interval)
         result = decide_for(job, outcome, now, self.limits, retry_after)
         applied = self.store.attempt_finish(
             [AttemptResult(token, outcome, exit_code, result.decision)], now)

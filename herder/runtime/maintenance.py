@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from herder.model import AttemptResult, Outcome
+from herder.model import AttemptResult, Decision, JobStatus, Outcome
 from herder.runtime.executor import attempt_marker
 from herder.runtime.process import kill_tree, process_alive
 from herder.scheduling.policy import RetryState, decide
@@ -116,7 +116,12 @@ class Rescuer:
             counts[rescue.reason] += 1
             state = RetryState(rescue.live.failures, rescue.live.lost, rescue.live.max_attempts,
                                rescue.live.backoff_base_seconds, rescue.live.backoff_max_seconds)
-            decision = decide(Outcome.LOST, state, now, self.max_lost)
+            if attempt.started_at is None:
+                # Placed but never delivered (its host's agent died or never polled): the
+                # job never ran, so this spends nothing; the host's health stops placements.
+                decision = Decision(JobStatus.QUEUED, available_at=now)
+            else:
+                decision = decide(Outcome.LOST, state, now, self.max_lost)
             results.append(AttemptResult(attempt.token, Outcome.LOST, None, decision))
             log.warning("attempt %s on %s is %s; declared lost", attempt.token, attempt.host,
                         rescue.reason)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
+from typing import Any
 
 from herder.config import Settings
 from herder.model import HostRecord
@@ -84,7 +85,20 @@ class Fleet:
         return host_health(host.last_heartbeat, now, self.thresholds)
 
 
+def _narrow(server: frozenset[str] | None, agent: Any) -> frozenset[str] | None:
+    if not isinstance(agent, list):
+        return server
+    local = frozenset(str(name) for name in agent)
+    return local if server is None else server & local
+
+
 def host_spec(host: HostRecord) -> HostSpec:
+    """The host as placement sees it: its record, narrowed by the allow-lists its agent
+    advertises, so the agent's fail-closed check rarely has to refuse anything."""
+    gate = host.agent_info.get("gate") if isinstance(host.agent_info, dict) else None
+    gate = gate if isinstance(gate, dict) else {}
+    floors = [f for f in (host.priority_floor, gate.get("priority_floor"))
+              if isinstance(f, int)]
     return HostSpec(
         label=host.label,
         ram_total_gb=host.ram_total_gb,
@@ -94,9 +108,9 @@ def host_spec(host: HostRecord) -> HostSpec:
         transport=str(host.transport),
         prime=WindowCaps(host.prime_max_workers, host.prime_max_weight),
         night=WindowCaps(host.night_max_workers, host.night_max_weight),
-        allowed_job_types=host.allowed_job_types,
-        allowed_weights=host.allowed_weights,
-        priority_floor=host.priority_floor,
+        allowed_job_types=_narrow(host.allowed_job_types, gate.get("job_types")),
+        allowed_weights=_narrow(host.allowed_weights, gate.get("weights")),
+        priority_floor=max(floors) if floors else None,
         labels=host.labels,
     )
 
