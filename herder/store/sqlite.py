@@ -80,16 +80,36 @@ def from_epoch(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
+def _json(value: str | None) -> Any:
+    if value is None:
+        return None
+    if value == "{}":  # the common payload and env: skip the parser
+        return {}
+    return json.loads(value)
+
+
+def _time(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+_Plan = tuple[tuple[str, Any], ...]
+_PLANS: dict[tuple[str, ...], _Plan] = {}
+
+
+def _plan(keys: tuple[str, ...]) -> _Plan:
+    """How to convert each column of a result shape; built once per shape (claims are hot)."""
+    plan = _PLANS.get(keys)
+    if plan is None:
+        plan = _PLANS[keys] = tuple(
+            (key, _time if key in _TIME_COLUMNS else _json if key in _JSON_COLUMNS else None)
+            for key in keys)
+    return plan
+
+
 def _convert(row: sqlite3.Row) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in row.keys():  # noqa: SIM118 - sqlite3.Row is not a mapping
-        value = row[key]
-        if key in _TIME_COLUMNS:
-            value = from_epoch(value)
-        elif key in _JSON_COLUMNS and value is not None:
-            value = json.loads(value)
-        out[key] = value
-    return out
+    keys = tuple(row.keys())
+    return {key: (value if convert is None else convert(value))
+            for (key, convert), value in zip(_plan(keys), row, strict=True)}
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -333,40 +353,36 @@ class SQLiteStore(Store):
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
+        if not results:
+            return []
         stamp = now.timestamp()
-        applied: list[tuple[AttemptToken, JobStatus]] = []
+        by_token = {result.token: result for result in results}
+        batch = json.dumps([
+            {"job_id": r.token.job_id, "attempt": r.token.attempt,
+             "next_status": str(r.decision.status), "exit_code": r.exit_code,
+             "failure_reason": r.decision.failure_reason,
+             "spend_failure": int(r.decision.spend_failure),
+             "spend_lost": int(r.decision.spend_lost),
+             "spend_spawn_failure": int(r.decision.spend_spawn_failure),
+             "available_at": to_epoch(r.decision.available_at)}
+            for r in by_token.values()])
         with self._write() as conn:
-            for result in results:
-                token = result.token
-                decision = result.decision
-                keys = {"job_id": token.job_id, "attempt": token.attempt}
-                row = conn.execute(
-                    Q["attempt_finish"],
-                    {
-                        **keys,
-                        "next_status": str(decision.status),
-                        "exit_code": result.exit_code,
-                        "failure_reason": decision.failure_reason,
-                        "spend_failure": int(decision.spend_failure),
-                        "spend_lost": int(decision.spend_lost),
-                        "spend_spawn_failure": int(decision.spend_spawn_failure),
-                        "available_at": to_epoch(decision.available_at),
-                        "now": stamp,
-                    },
-                ).fetchone()
-                if row is None:
-                    continue
-                conn.execute(
-                    Q["attempt_finish_record"],
-                    {**keys, "exit_code": result.exit_code, "outcome": str(result.outcome),
-                     "now": stamp},
-                )
-                status = JobStatus(row[2])
-                _event(conn, token.job_id, stamp, "finished", JobStatus(row[3]), status,
-                       token.attempt,
-                       {"outcome": str(result.outcome), "exit_code": result.exit_code})
-                applied.append((token, status))
-        return applied
+            rows = conn.execute(Q["attempt_finish"], {"results": batch, "now": stamp}).fetchall()
+            if not rows:
+                return []
+            applied = [(AttemptToken(int(row[0]), int(row[1])), JobStatus(row[2]),
+                        JobStatus(row[3])) for row in rows]
+            conn.execute(Q["attempt_finish_record"], {"now": stamp, "applied": json.dumps([
+                {"job_id": token.job_id, "attempt": token.attempt,
+                 "exit_code": by_token[token].exit_code,
+                 "outcome": str(by_token[token].outcome)} for token, _, _ in applied])})
+            conn.executemany(Q["event_insert"], [
+                {"job_id": token.job_id, "now": stamp, "kind": "finished",
+                 "from_status": str(old), "to_status": str(status), "attempt": token.attempt,
+                 "detail": json.dumps({"outcome": str(by_token[token].outcome),
+                                       "exit_code": by_token[token].exit_code})}
+                for token, status, old in applied])
+        return [(token, status) for token, status, _ in applied]
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         stamp = now.timestamp()

@@ -82,27 +82,45 @@ RETURNING job_id, attempt,
     (SELECT cancel_requested FROM herder_jobs WHERE id = :job_id);
 
 -- name: attempt_finish
+-- Set-based: one statement for the whole batch, the results passed as one JSON array. The
+-- status the job left is read from started_at (only a started attempt has one).
 UPDATE herder_jobs SET
-    status = CASE WHEN cancel_requested AND :next_status = 'queued'
-                  THEN 'cancelled' ELSE :next_status END,
-    exit_code = :exit_code,
-    failure_reason = CASE WHEN cancel_requested AND :next_status = 'queued'
-                          THEN 'cancelled' ELSE :failure_reason END,
-    failures = failures + :spend_failure,
-    lost = lost + :spend_lost,
-    spawn_failures = spawn_failures + :spend_spawn_failure,
-    available_at = COALESCE(:available_at, available_at),
-    finished_at = CASE WHEN :next_status = 'queued' AND NOT cancel_requested
+    status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
+                  THEN 'cancelled' ELSE r.next_status END,
+    exit_code = r.exit_code,
+    failure_reason = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
+                          THEN 'cancelled' ELSE r.failure_reason END,
+    failures = herder_jobs.failures + r.spend_failure,
+    lost = herder_jobs.lost + r.spend_lost,
+    spawn_failures = herder_jobs.spawn_failures + r.spend_spawn_failure,
+    available_at = COALESCE(r.available_at, herder_jobs.available_at),
+    finished_at = CASE WHEN r.next_status = 'queued' AND NOT herder_jobs.cancel_requested
                        THEN NULL ELSE :now END,
     cancel_requested = 0,
     updated_at = :now
-WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+FROM (SELECT json_extract(value, '$.job_id') AS job_id,
+             json_extract(value, '$.attempt') AS attempt,
+             json_extract(value, '$.next_status') AS next_status,
+             json_extract(value, '$.exit_code') AS exit_code,
+             json_extract(value, '$.failure_reason') AS failure_reason,
+             json_extract(value, '$.spend_failure') AS spend_failure,
+             json_extract(value, '$.spend_lost') AS spend_lost,
+             json_extract(value, '$.spend_spawn_failure') AS spend_spawn_failure,
+             json_extract(value, '$.available_at') AS available_at
+      FROM json_each(:results)) AS r
+WHERE herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
+  AND herder_jobs.status IN ('claimed', 'running')
 RETURNING id, attempt, status,
     CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status;
 
 -- name: attempt_finish_record
-UPDATE herder_attempts SET ended_at = :now, exit_code = :exit_code, outcome = :outcome
-WHERE job_id = :job_id AND attempt = :attempt;
+UPDATE herder_attempts SET ended_at = :now, exit_code = r.exit_code, outcome = r.outcome
+FROM (SELECT json_extract(value, '$.job_id') AS job_id,
+             json_extract(value, '$.attempt') AS attempt,
+             json_extract(value, '$.exit_code') AS exit_code,
+             json_extract(value, '$.outcome') AS outcome
+      FROM json_each(:applied)) AS r
+WHERE herder_attempts.job_id = r.job_id AND herder_attempts.attempt = r.attempt;
 
 -- name: job_cancel
 UPDATE herder_jobs SET
