@@ -5,6 +5,7 @@ Time is an argument of every store method: tests pass an explicit clock and neve
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -676,3 +677,17 @@ def test_waker_wakes_on_submit(store):
         assert waker.wait(30.0) is True
     finally:
         waker.close()
+
+
+def test_statistics_refresh_runs_when_many_rows_changed(store):
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    store.job_insert([JobSpec(command=("true",)) for _ in range(1500)], now)
+    if store.dialect == "sqlite":
+        assert store.statistics_refresh() is True  # PRAGMA optimize decides by itself
+        return
+    # PostgreSQL's activity counters reach pg_stat a moment after the writes.
+    deadline = time.monotonic() + 15
+    while not store.statistics_refresh():
+        assert time.monotonic() < deadline, "1,500 inserts never made the statistics stale"
+        time.sleep(0.1)
+    assert store.statistics_refresh() is False, "right after ANALYZE nothing is stale"

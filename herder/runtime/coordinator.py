@@ -178,6 +178,7 @@ class Coordinator:
                             if time.monotonic() - leader_since >= self.lease_seconds:
                                 rescued = rescuer.run_once(now)
                             expired = self.store.reservation_expire(now)
+                            self.store.statistics_refresh()
                             if any(rescued.values()) or expired:
                                 log.info("maintenance: %s, %d reservations expired",
                                          rescued, expired)

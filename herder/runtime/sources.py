@@ -118,6 +118,7 @@ class StoreSource(WorkSource):
 
     def maintain(self, now: datetime) -> None:
         self.rescuer.run_once(now)
+        self.store.statistics_refresh()
 
 
 class ClaimSource(StoreSource):

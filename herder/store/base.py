@@ -296,6 +296,11 @@ class Store(abc.ABC):
     def leader_lease(self) -> Lease: ...
 
     @abc.abstractmethod
+    def statistics_refresh(self) -> bool:
+        """Refresh the planner's statistics of the jobs table when many rows changed since
+        the last refresh; True when it ran. The claim's plan depends on them."""
+
+    @abc.abstractmethod
     def notify(self, topic: str) -> None:
         """Wake listeners in other processes (PostgreSQL); SQLite's waker needs nothing."""
 

@@ -492,6 +492,16 @@ class PostgresStore(Store):
     def leader_lease(self) -> Lease:
         return PostgresLease(self.url)
 
+    def statistics_refresh(self) -> bool:
+        # Autovacuum analyzes too, but only after a naptime; until then a burst of submits
+        # into a young table leaves the planner sorting every queued row on each claim.
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["statistics_stale"]).fetchone()
+            if row is None or not row["stale"]:
+                return False
+            conn.execute("ANALYZE herder_jobs")
+        return True
+
     def notify(self, topic: str) -> None:
         with self._pool.connection() as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))

@@ -612,6 +612,11 @@ class SQLiteStore(Store):
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")
 
+    def statistics_refresh(self) -> bool:
+        """SQLite's own advice: `PRAGMA optimize` now and then analyzes what needs it."""
+        self._conn().execute("PRAGMA optimize")
+        return True
+
     def notify(self, topic: str) -> None:
         """Nothing to send: every commit already moves `data_version` for the wakers."""
 

@@ -364,3 +364,10 @@ RETURNING id;
 SELECT * FROM herder_alerts
 WHERE (%(open_only)s::boolean IS FALSE OR cleared_at IS NULL)
 ORDER BY id DESC LIMIT %(limit)s;
+
+-- Maintenance --------------------------------------------------------------------------------
+
+-- name: statistics_stale
+SELECT n_mod_since_analyze > greatest(1000, 0.1 * n_live_tup) AS stale
+FROM pg_stat_user_tables
+WHERE relid = 'herder_jobs'::regclass;
