@@ -154,3 +154,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if _postgres_unreachable:
         terminalreporter.section("PostgreSQL NOT TESTED", sep="!", red=True, bold=True)
         terminalreporter.line(_postgres_unreachable[0], red=True, bold=True)
+
+
+# Shared fixtures that live beside their helpers.
+from fleet_helpers import make_fleet  # noqa: E402, F401

@@ -21,13 +21,15 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
+from runtime_helpers import wait_for
 
 from herder.model import Attempt, Job, JobStatus
 from herder.runtime.process import TOKEN_VARIABLE, process_alive, process_start_time
@@ -53,27 +55,6 @@ WEIGHTS = {"light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, 
 
 
 # -- waiting ------------------------------------------------------------------------------------
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float,
-    what: str,
-    detail: Callable[[], object] | None = None,
-    interval: float = 0.05,
-) -> T:
-    """Poll `predicate` until it returns something truthy; fail clearly after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            message = f"timed out after {timeout:.1f}s waiting for {what}"
-            if detail is not None:
-                message += f"\n--- state ---\n{detail()}"
-            raise AssertionError(message)
-        time.sleep(interval)
 
 
 def holds_for(
@@ -605,3 +586,20 @@ class FleetHarness:
         self._http.close()
         if self._store is not None:
             self._store.close()
+
+
+@pytest.fixture
+def make_fleet(tmp_path: Path) -> Iterator[type[FleetHarness]]:
+    """Build harnesses with `make_fleet(tmp_path, db, ...)`; all are closed at teardown."""
+    made: list[FleetHarness] = []
+
+    class Tracked(FleetHarness):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    try:
+        yield Tracked
+    finally:
+        for harness in made:
+            harness.close()

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from fleet_helpers import (
     WEIGHTS,
-    FleetHarness,
     bookable,
     holds_for,
     peaks,
@@ -27,24 +25,6 @@ from fleet_helpers import (
 )
 
 from herder.model import JobStatus, Outcome
-
-
-@pytest.fixture
-def make_fleet(tmp_path: Path) -> Iterator[type[FleetHarness]]:
-    """Build harnesses with `make_fleet(tmp_path, db, ...)`; all are closed at teardown."""
-    made: list[FleetHarness] = []
-
-    class Tracked(FleetHarness):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    try:
-        yield Tracked
-    finally:
-        for harness in made:
-            harness.close()
-
 
 # -- 1. RAM and worker caps hold across several agents ---------------------------------------
 

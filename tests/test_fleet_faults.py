@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,20 +31,6 @@ LEASE = 2.0  # FAST_RUNTIME's attempt_lease (> missed_heartbeats × heartbeat_in
 FIRST_ATTEMPT_HANGS = 'if [ "$HERDER_ATTEMPT" = 1 ]; then sleep 60; else sleep 0.3; fi'
 
 
-@pytest.fixture
-def make_fleet(tmp_path: Path) -> Iterator[type[FleetHarness]]:
-    made: list[FleetHarness] = []
-
-    class Tracked(FleetHarness):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    try:
-        yield Tracked
-    finally:
-        for harness in made:
-            harness.close()
 
 
 def attempt_of(fleet: FleetHarness, job_id: int, number: int):

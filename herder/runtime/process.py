@@ -57,23 +57,7 @@ def process_alive(pid: int, start_time: int | None = None) -> bool:
 
 def processes_with_token(token: str) -> list[int]:
     """Pids whose environment carries HERDER_ATTEMPT_TOKEN=token (excluding this process)."""
-    needle = f"{TOKEN_VARIABLE}={token}".encode()
-    own = os.getpid()
-    found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if pid == own:
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                environ = handle.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and not is_zombie(pid):
-            found.append(pid)
-    return found
+    return token_markers().get(token, [])
 
 
 def signal_tree(pgid: int | None, token: str | None, sig: int) -> int:
@@ -158,23 +142,25 @@ def _reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+def _other_pids() -> list[int]:
+    own = os.getpid()
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != own]
+
+
 def token_markers() -> dict[str, list[int]]:
     """Every live process carrying an attempt marker, grouped by marker."""
     prefix = f"{TOKEN_VARIABLE}=".encode()
-    own = os.getpid()
     found: dict[str, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == own:
-            continue
+    for pid in _other_pids():
         try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
                 environ = handle.read()
         except OSError:
             continue
         for item in environ.split(b"\0"):
             if item.startswith(prefix):
-                if not is_zombie(int(entry)):
-                    found.setdefault(item[len(prefix):].decode(errors="replace"), []).append(
-                        int(entry))
+                if not is_zombie(pid):
+                    marker = item[len(prefix):].decode(errors="replace")
+                    found.setdefault(marker, []).append(pid)
                 break
     return found
