@@ -60,7 +60,9 @@ def hosts(state: State, as_json: bool) -> None:
                    "RAM FREE/BOOKABLE"):
         table.add_column(column)
     for view in views:
-        table.add_row(view["label"], "enabled" if view["enabled"] else "drained",
+        condition = "drained" if not view["enabled"] else (
+            f"agent {view['agent']}" if view["agent"] else "enabled")
+        table.add_row(view["label"], condition,
                       view["health"], view["transport"], view["window"],
                       f"{view['workers']}/{view['max_workers']}", view["max_weight"] or "any",
                       f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")

@@ -172,6 +172,7 @@ class HttpSource(WorkSource):
         self.draining = threading.Event()
         self.server_gate: dict[str, Any] = {}
         self.host_attempts: list[tuple[AttemptToken, str]] = []
+        self.stopped = False
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._outbox: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue()
         self._wake = threading.Event()
@@ -195,11 +196,15 @@ class HttpSource(WorkSource):
             self._threads.append(thread)
 
     def close(self) -> None:
+        self.stopped = True
         self._outbox.put(None)
         deadline = time.monotonic() + 30.0
         outbox = self._threads[0] if self._threads else None
         if outbox is not None:
             outbox.join(max(0.0, deadline - time.monotonic()))
+        # Last word: this host takes no work until an agent heartbeats for it again.
+        with contextlib.suppress(ConnectionError, AgentAuthError):
+            self._heartbeat_call([], retry=False)
         self._stop.set()
         for thread in self._threads:
             thread.join(1.0)
@@ -354,7 +359,8 @@ class HttpSource(WorkSource):
             "POST", "/heartbeat", retry=retry, stop=self._stop,
             json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
                   "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
-                           "draining": self.draining.is_set(), "gate": self.gate.view()}})
+                           "draining": self.draining.is_set(), "stopped": self.stopped,
+                           "gate": self.gate.view()}})
         if reply.get("host"):
             self.server_gate = reply["host"]
         self.host_attempts = [(AttemptToken(j, a), w) for j, a, w in reply.get("attempts", [])]

@@ -357,8 +357,11 @@ def host_view(fleet: Fleet, host: HostRecord, usage: Any, now: datetime) -> dict
     bookable = fleet.bookable(host)
     booked = usage.booked_gb if usage else 0.0
     caps = fleet.caps(host, now)
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    agent = "stopped" if info.get("stopped") else "draining" if info.get("draining") else None
     return {
-        "label": host.label, "enabled": host.enabled, "transport": str(host.transport),
+        "label": host.label, "enabled": host.enabled, "agent": agent,
+        "transport": str(host.transport),
         "health": str(fleet.health(host, now)), "last_heartbeat": iso(host.last_heartbeat),
         "ram_total_gb": host.ram_total_gb, "ram_reserved_gb": host.ram_reserved_gb,
         "bookable_gb": round(bookable, 3), "booked_gb": round(booked, 3),

@@ -99,12 +99,15 @@ def host_spec(host: HostRecord) -> HostSpec:
     gate = gate if isinstance(gate, dict) else {}
     floors = [f for f in (host.priority_floor, gate.get("priority_floor"))
               if isinstance(f, int)]
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    # An agent that is draining or has stopped takes no work, whatever its heartbeat's age.
+    available = not (info.get("draining") or info.get("stopped"))
     return HostSpec(
         label=host.label,
         ram_total_gb=host.ram_total_gb,
         ram_reserved_gb=host.ram_reserved_gb,
         cpus=host.cpus,
-        enabled=host.enabled,
+        enabled=host.enabled and available,
         transport=str(host.transport),
         prime=WindowCaps(host.prime_max_workers, host.prime_max_weight),
         night=WindowCaps(host.night_max_workers, host.night_max_weight),

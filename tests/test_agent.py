@@ -1,0 +1,70 @@
+"""`herder agent` on SIGTERM drains: no new work, running jobs finish, or are handed back
+once the drain deadline passes. And the systemd unit it prints."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from fleet_helpers import wait_for
+
+from herder.model import JobStatus, Outcome
+
+
+def test_sigterm_lets_the_running_job_finish_and_takes_nothing_new(
+        make_fleet, tmp_path, sqlite_url):
+    fleet = make_fleet(tmp_path, sqlite_url)
+    fleet.add_host("d1", "--ram", "16", "--prime-workers", "2", "--night-workers", "2")
+    fleet.start_server(wait=False)
+    agent = fleet.start_agent("d1", "--drain-timeout", "60s")
+    marker = tmp_path / "running"
+    first = fleet.submit(["/bin/sh", "-c", f"touch {marker}; sleep 1.5; echo finished"])
+    wait_for(marker.exists, 20, "the first job to start", fleet.describe)
+
+    fleet.kill_agent("d1", signal.SIGTERM)
+    wait_for(lambda: "draining" in fleet.stderr_of(agent), 10, "the agent to drain",
+             fleet.describe)
+    second = fleet.submit(["/bin/true"])
+    assert agent.wait(30) == 0, fleet.stderr_of(agent)
+    done = fleet.job(first)
+    assert done.status is JobStatus.DONE, fleet.describe()
+    assert [a.outcome for a in fleet.attempts(first)] == [Outcome.OK]
+    # A draining agent asks for no work: the second job was never started anywhere.
+    assert all(a.started_at is None for a in fleet.attempts(second))
+    assert fleet.job(second).status in (JobStatus.QUEUED, JobStatus.CLAIMED)
+
+
+def test_past_the_drain_deadline_running_jobs_are_handed_back(make_fleet, tmp_path, sqlite_url):
+    fleet = make_fleet(tmp_path, sqlite_url)
+    fleet.add_host("d2", "--ram", "16", "--prime-workers", "1", "--night-workers", "1")
+    fleet.start_server(wait=False)
+    agent = fleet.start_agent("d2", "--drain-timeout", "1s")
+    marker = tmp_path / "running"
+    job_id = fleet.submit(["/bin/sh", "-c", f"touch {marker}; sleep 120"])
+    wait_for(marker.exists, 20, "the job to start", fleet.describe)
+    processes = fleet.job_processes(job_id)
+    assert processes
+
+    fleet.kill_agent("d2", signal.SIGTERM)
+    assert agent.wait(30) == 0, fleet.stderr_of(agent)
+    job = fleet.wait_status(job_id, JobStatus.QUEUED)
+    assert [a.outcome for a in fleet.attempts(job_id)] == [Outcome.LOST]
+    assert job.failures == 0 and job.lost == 1
+    assert not [p for p in processes if p.alive()], "handed back means stopped"
+    # The stopped agent said so with its last heartbeat: nothing is placed on d2 any more.
+    wait_for(lambda: "d2 disabled" in fleet.why_api(job_id), 10,
+             "why to say the stopped host takes no work", fleet.describe)
+    assert [a.outcome for a in fleet.attempts(job_id)] == [Outcome.LOST]
+
+
+def test_install_systemd_prints_a_unit_without_the_token():
+    result = subprocess.run(
+        [sys.executable, "-m", "herder.cli", "agent", "install-systemd", "--server",
+         "https://coordinator:8470", "--host", "bms-4", "--user", "herder"],
+        capture_output=True, text=True, check=True)
+    unit = result.stdout
+    assert "Restart=always" in unit
+    assert "--server https://coordinator:8470 --host bms-4" in unit
+    assert "User=herder" in unit and "EnvironmentFile=" in unit
+    assert "hdr_" not in unit and "--token" not in unit
