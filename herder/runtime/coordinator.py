@@ -9,7 +9,6 @@ import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from herder.api.board import AssignmentBoard
@@ -32,7 +31,6 @@ from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import Fleet, Scheduler, expires, lease_seconds, take_snapshot
 from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
 from herder.runtime.ssh import SshLauncher
-from herder.scheduling.health import accepts_work
 from herder.scheduling.placement import explain, place
 from herder.store import Store
 from herder.views import iso
@@ -430,11 +428,3 @@ def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: s
         ReservationKind.CI, run_id, label, weight, fleet.weights.budget(weight), 1,
         expires(now, config.settings.fleet.ci_slot_ttl), None, now)
     return created[0]
-
-
-def accepting(fleet: Fleet, host: HostRecord, now: datetime) -> bool:
-    return host.enabled and accepts_work(fleet.health(host, now))
-
-
-def server_log_path(log_dir: Path, token: AttemptToken) -> Path:
-    return log_dir / str(token.job_id) / f"{token.attempt}.log"
