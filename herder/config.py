@@ -227,6 +227,16 @@ class FleetSection(_Strict):
     ssh_command: list[str] = Field(default_factory=lambda: ["ssh"])
     remote_herder: str = "herder"
 
+    @field_validator("shedding", mode="before")
+    @classmethod
+    def _shedding(cls, value: Any) -> Any:
+        """TOML has no null: "any" (or "") stands for "every weight" in a step."""
+        if isinstance(value, list):
+            return [[step[0], None if step[1] in ("", "any") else step[1]]
+                    if isinstance(step, list | tuple) and len(step) == 2 else step
+                    for step in value]
+        return value
+
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, value: str) -> str:
@@ -421,6 +431,12 @@ def _cross_check(config: Config, text: str) -> None:
             raise ConfigError(_where(config, text, ["fleet", "escalation"]),
                               f"unknown weight {name!r}",
                               f"use weights from [weights]: {sorted(known)}")
+    shedding = settings.fleet.shedding if "shedding" in settings.fleet.model_fields_set else ()
+    for _ratio, weight in shedding:
+        if weight is not None and weight not in known:
+            raise ConfigError(_where(config, text, ["fleet", "shedding"]),
+                              f"unknown weight {weight!r}",
+                              f"use \"any\" or one of {sorted(known)}")
     for label, host in settings.hosts.items():
         for window in ("prime", "night"):
             weight = getattr(host, window).max_weight

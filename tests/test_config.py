@@ -63,7 +63,9 @@ def test_sample_written_by_init_loads_with_the_documented_defaults(tmp_path):
 def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path):
     lines = sample_config().splitlines()
     start = lines.index("# [job_types.claude-issue]")
-    uncommented = lines[:start] + [line.removeprefix("# ") for line in lines[start:]]
+    end = next(i for i, line in enumerate(lines) if line.startswith("# --- A fleet"))
+    uncommented = (lines[:start] + [line.removeprefix("# ") for line in lines[start:end]]
+                   + lines[end:])
     path = write(tmp_path, "\n".join(uncommented) + "\n")
     with pytest.raises(ConfigError, match=r"job_types\.claude-issue\.prompt_file"):
         load_config(path)
@@ -448,3 +450,27 @@ def test_custom_weights_without_the_default_chain_still_load(tmp_path):
 def test_durations_longer_than_a_year_are_rejected():
     with pytest.raises(ValueError, match="longer than a year"):
         parse_duration("99999999h")
+
+
+def test_the_samples_commented_fleet_section_is_real_config(tmp_path):
+    """Uncommenting the documented [fleet], [server] and [hosts.*] keys must give a config
+    that loads, so the sample never documents a key that does not exist."""
+    text = sample_config()
+    head, _, tail = text.partition("# --- A fleet")
+    lines = [line[2:] if line.startswith("# ") and ("=" in line or line.startswith("# ["))
+             else "" for line in tail.splitlines()]
+    for name in ("server.crt", "server.key"):
+        (tmp_path / name).write_text("x")
+    path = tmp_path / "herder.toml"
+    path.write_text(head + "\n".join(lines))
+    settings = load_config(path).settings
+    assert settings.hosts["bms-4"].night.max_weight == "orchestrator"
+    assert settings.fleet.shedding[0] == (0.75, None)
+    assert settings.server.public_url == "https://coordinator:8470"
+
+
+def test_unknown_weight_in_shedding_is_rejected(tmp_path):
+    path = tmp_path / "herder.toml"
+    path.write_text('[fleet]\nshedding = [[0.5, "huge"]]\n')
+    with pytest.raises(ConfigError, match=r"fleet\.shedding"):
+        load_config(path)

@@ -61,7 +61,9 @@ class Fleet:
             bookable_fraction=fleet.bookable_fraction,
             strategy=fleet.strategy,
             starvation_wait_seconds=fleet.starvation_wait,
-            shedding=Shedding(tuple((ratio, weight) for ratio, weight in fleet.shedding)),
+            # The default steps name default weights; a config without them sheds nothing.
+            shedding=Shedding(tuple((ratio, weight if weight in settings.weights else None)
+                                    for ratio, weight in fleet.shedding)),
             schedule=schedule,
         )
         return cls(
