@@ -190,22 +190,16 @@ def host_enable(state: State, label: str) -> None:
     click.echo(f"host {label}: enabled")
 
 
-@host.command("disable")
-@click.argument("label")
-@pass_state
-def host_disable(state: State, label: str) -> None:
-    """Same as drain: take nothing new, finish what runs."""
-    _set_enabled(state, label, False)
-    click.echo(f"host {label}: drained (running jobs finish; nothing new is placed)")
-
-
 @host.command("drain")
 @click.argument("label")
 @pass_state
 def host_drain(state: State, label: str) -> None:
-    """Take nothing new; running jobs finish."""
+    """Take nothing new; running jobs finish. `disable` is another name for it."""
     _set_enabled(state, label, False)
     click.echo(f"host {label}: drained (running jobs finish; nothing new is placed)")
+
+
+host.add_command(host_drain, name="disable")
 
 
 @host.command("remove")

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from runtime_helpers import wait_for
+from runtime_helpers import _argv, wait_for
 
 from herder.model import Attempt, Job, JobStatus
 from herder.runtime.process import TOKEN_VARIABLE, process_alive, process_start_time
@@ -243,15 +243,6 @@ def _environ(pid: int) -> dict[str, str]:
         if sep:
             env[name.decode(errors="replace")] = value.decode(errors="replace")
     return env
-
-
-def _argv(pid: int) -> tuple[str, ...]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return ()
-    return tuple(part.decode(errors="replace") for part in data.split(b"\0") if part)
 
 
 def job_processes(root: Path) -> list[Proc]:

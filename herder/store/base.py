@@ -7,6 +7,7 @@ grep finds the Python call and both SQL versions.
 from __future__ import annotations
 
 import abc
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -473,3 +474,17 @@ def due_job_from_row(row: Mapping[str, Any]) -> DueJob:
 
 CAPACITY_EPSILON_GB = 1e-9
 """Float slack when comparing booked RAM with a budget (3 + 3 + 2.4 must fit 8.4)."""
+
+
+def ram_fits(booked_gb: float, ram_gb: float, bookable_gb: float) -> bool:
+    """The capacity re-check both stores run under the host lock before placing a job."""
+    return booked_gb + ram_gb <= bookable_gb + CAPACITY_EPSILON_GB
+
+
+def slots_that_fit(count: int, ram_gb: float, booked_gb: float,
+                   bookable_gb: float | None) -> int:
+    """How many of `count` reservations of `ram_gb` fit; all when unbounded or free."""
+    if bookable_gb is None or ram_gb <= 0:
+        return count
+    free = bookable_gb - booked_gb + CAPACITY_EPSILON_GB
+    return max(0, min(count, math.floor(free / ram_gb)))

@@ -9,7 +9,6 @@ cancels `NOTIFY herder`, which wakes idle runners at once.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -38,7 +37,6 @@ from herder.model import (
     ReservationStatus,
 )
 from herder.store.base import (
-    CAPACITY_EPSILON_GB,
     Alert,
     DueJob,
     Lease,
@@ -55,7 +53,9 @@ from herder.store.base import (
     live_attempt_from_row,
     load_migrations,
     load_queries,
+    ram_fits,
     reservation_from_row,
+    slots_that_fit,
 )
 from herder.urls import redact_url
 
@@ -383,7 +383,7 @@ class PostgresStore(Store):
             for job_id, ram_gb in items:
                 if workers + 1 > max_workers:
                     break
-                if booked_gb + ram_gb > bookable_gb + CAPACITY_EPSILON_GB:
+                if not ram_fits(booked_gb, ram_gb, bookable_gb):
                     continue
                 row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
                                                      "ram_gb": ram_gb, "now": now}).fetchone()
@@ -428,12 +428,9 @@ class PostgresStore(Store):
                 existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
                 if existing is not None:
                     return [reservation_from_row(existing)]
-            fit = count
-            if bookable_gb is not None and ram_gb > 0:
-                booked = conn.execute(Q["host_booked"], {"label": host, "now": now}).fetchone()
-                assert booked is not None
-                free = bookable_gb - float(booked["booked_gb"]) + CAPACITY_EPSILON_GB
-                fit = max(0, min(count, math.floor(free / ram_gb)))
+            booked = conn.execute(Q["host_booked"], {"label": host, "now": now}).fetchone()
+            assert booked is not None
+            fit = slots_that_fit(count, ram_gb, float(booked["booked_gb"]), bookable_gb)
             for _ in range(fit):
                 row = conn.execute(Q["reservation_insert"], {
                     "kind": str(kind), "owner": owner, "host": host, "weight": weight,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import sqlite3
 import threading
@@ -37,7 +36,6 @@ from herder.model import (
     ReservationStatus,
 )
 from herder.store.base import (
-    CAPACITY_EPSILON_GB,
     Alert,
     DueJob,
     Lease,
@@ -54,7 +52,9 @@ from herder.store.base import (
     live_attempt_from_row,
     load_migrations,
     load_queries,
+    ram_fits,
     reservation_from_row,
+    slots_that_fit,
 )
 
 Q = load_queries("sqlite")
@@ -502,7 +502,7 @@ class SQLiteStore(Store):
             for job_id, ram_gb in items:
                 if workers + 1 > max_workers:
                     break
-                if booked_gb + ram_gb > bookable_gb + CAPACITY_EPSILON_GB:
+                if not ram_fits(booked_gb, ram_gb, bookable_gb):
                     continue
                 row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
                                                      "ram_gb": ram_gb, "now": stamp}).fetchone()
@@ -551,11 +551,8 @@ class SQLiteStore(Store):
                 existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
                 if existing is not None:
                     return [reservation_from_row(_convert(existing))]
-            fit = count
-            if bookable_gb is not None and ram_gb > 0:
-                booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
-                free = bookable_gb - float(booked[1]) + CAPACITY_EPSILON_GB
-                fit = max(0, min(count, math.floor(free / ram_gb)))
+            booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
+            fit = slots_that_fit(count, ram_gb, float(booked[1]), bookable_gb)
             for _ in range(fit):
                 row = conn.execute(Q["reservation_insert"], {
                     "kind": str(kind), "owner": owner, "host": host, "weight": weight,
