@@ -61,6 +61,8 @@ class HeartbeatBody(Body):
     worker: str
     running: list[tuple[int, int]] = Field(default_factory=list)
     info: dict[str, Any] = Field(default_factory=dict)
+    with_attempts: bool = False
+    """Also list every live attempt of the host (an agent asks once, when it starts)."""
 
 
 class StartBody(Body):
@@ -220,7 +222,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         tokens = [AttemptToken(job_id, attempt) for job_id, attempt in body.running]
         reply = await call(store.attempt_heartbeat, tokens, stamp)
         host = await call(store.host_get, label)
-        attempts = await call(store.attempt_list_live, label)
+        attempts = await call(store.attempt_list_live, label) if body.with_attempts else []
         return {
             "live": sorted([t.job_id, t.attempt] for t in reply.live),
             "cancel": sorted([t.job_id, t.attempt] for t in reply.cancel),

@@ -186,7 +186,9 @@ class HttpSource(WorkSource):
 
     def attach(self, worker: str) -> None:
         super().attach(worker)
-        self._host_heartbeat(retry=True)
+        # The first heartbeat also fetches the host's live attempts, for `maintain` to hand
+        # back what a dead predecessor of this agent was running.
+        self._host_heartbeat(retry=True, with_attempts=True)
         loops = [(self._outbox_loop, "herder-agent-outbox"), (self._ship_loop, "herder-agent-logs")]
         if self.poll:
             loops.append((self._poll_loop, "herder-agent-poll"))
@@ -354,21 +356,25 @@ class HttpSource(WorkSource):
             except (ConnectionError, AgentAuthError) as exc:
                 log.error("attempt %s: %s not reported: %s", token_text, kind, exc)
 
-    def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool) -> dict[str, Any]:
+    def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool,
+                        with_attempts: bool = False) -> dict[str, Any]:
         reply: dict[str, Any] = self.client.call(
             "POST", "/heartbeat", retry=retry, stop=self._stop,
             json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
+                  "with_attempts": with_attempts,
                   "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
                            "draining": self.draining.is_set(), "stopped": self.stopped,
                            "gate": self.gate.view()}})
         if reply.get("host"):
             self.server_gate = reply["host"]
-        self.host_attempts = [(AttemptToken(j, a), w) for j, a, w in reply.get("attempts", [])]
+        if with_attempts:
+            self.host_attempts = [(AttemptToken(j, a), w)
+                                  for j, a, w in reply.get("attempts", [])]
         return reply
 
-    def _host_heartbeat(self, retry: bool) -> None:
+    def _host_heartbeat(self, retry: bool, with_attempts: bool = False) -> None:
         with contextlib.suppress(ConnectionError):
-            self._heartbeat_call([], retry=retry)
+            self._heartbeat_call([], retry=retry, with_attempts=with_attempts)
 
     def _free(self) -> int:
         """Self-gate: enabled, the current window's worker cap, what is in flight."""
