@@ -20,10 +20,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 from herder.client import Client
 from herder.model import Attempt, Event, Job, JobStatus
@@ -327,3 +329,13 @@ class Harness:
 
 def shell(script: str) -> list[str]:
     return ["/bin/sh", "-c", script]
+
+
+@pytest.fixture
+def harness(tmp_path: Path, store_url: str) -> Iterator[Harness]:
+    """One test's `Harness` (see above), closed at teardown."""
+    h = Harness(tmp_path, store_url)
+    try:
+        yield h
+    finally:
+        h.close()

@@ -48,14 +48,6 @@ echo "end $HERDER_JOB_ID $HERDER_ATTEMPT" >> "$dir/record.txt"
 """
 
 
-@pytest.fixture
-def harness(tmp_path: Path, store_url: str):
-    h = Harness(tmp_path, store_url)
-    try:
-        yield h
-    finally:
-        h.close()
-
 
 def read_record(path: Path) -> list[tuple[str, int, int]]:
     if not path.exists():

@@ -19,14 +19,6 @@ from herder.runtime.process import process_alive
 KILL_GRACE = 1.0
 
 
-@pytest.fixture
-def harness(tmp_path: Path, store_url: str):
-    h = Harness(tmp_path, store_url)
-    try:
-        yield h
-    finally:
-        h.close()
-
 
 def sleeps(procs: list[Proc]) -> list[Proc]:
     return [p for p in procs if p.argv[:2] == ("sleep", "300")]
