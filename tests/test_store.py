@@ -691,3 +691,67 @@ def test_statistics_refresh_runs_when_many_rows_changed(store):
         assert time.monotonic() < deadline, "1,500 inserts never made the statistics stale"
         time.sleep(0.1)
     assert store.statistics_refresh() is False, "right after ANALYZE nothing is stale"
+
+
+def _raw_execute(store: Store, url: str, statements: list[tuple[str, tuple]]) -> None:
+    """Write rows the way an older herder did, below the store's API."""
+    if store.dialect == "sqlite":
+        import sqlite3
+
+        from herder.store.sqlite import parse_sqlite_url
+        conn = sqlite3.connect(parse_sqlite_url(url)[0])
+        with conn:
+            for text, params in statements:
+                conn.execute(text.replace("%s", "?"), params)
+        conn.close()
+        return
+    import psycopg
+    with psycopg.connect(url, autocommit=True) as pg:
+        for text, params in statements:
+            pg.execute(text, params)
+
+
+def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, monkeypatch):
+    """A v2 database (live attempt rows in herder_attempts) keeps its live attempts."""
+    import importlib
+
+    with open_store(blank_store_url, migrate=False) as store:
+        module = importlib.import_module(type(store).__module__)
+        everything = load_migrations(store.dialect)
+        monkeypatch.setattr(module, "load_migrations",
+                            lambda dialect: [m for m in everything if m[0] <= 2])
+        assert store.migrate() == [1, 2]
+        running, queued, done = submit(store, *(spec(command=("true", str(n))) for n in range(3)))
+        t = (lambda s: at(s).timestamp()) if store.dialect == "sqlite" else at
+        attempt = ("INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, "
+                   "claimed_at, started_at, heartbeat_at, ended_at, exit_code, outcome) "
+                   "VALUES (%s, 1, 'h1', 'w1', %s, %s, %s, %s, %s, %s, %s, %s)")
+        _raw_execute(store, blank_store_url, [
+            ("UPDATE herder_jobs SET status = 'running', attempt = 1, host = 'h1', "
+             "claimed_at = %s, started_at = %s WHERE id = %s", (t(1), t(2), running)),
+            (attempt, (running, 42, "/logs/1.log", t(1), t(2), t(5), None, None, None)),
+            # a stray unended attempt of a job that has moved on: closed as lost
+            ("UPDATE herder_jobs SET attempt = 1 WHERE id = %s", (queued,)),
+            (attempt, (queued, None, None, t(1), None, t(3), None, None, None)),
+            ("UPDATE herder_jobs SET status = 'done', attempt = 1, host = 'h1', "
+             "claimed_at = %s, finished_at = %s WHERE id = %s", (t(1), t(4), done)),
+            (attempt, (done, 7, None, t(1), t(2), t(3), t(4), 0, "ok")),
+        ])
+        monkeypatch.undo()
+        assert store.migrate() == [v for v, _, _ in everything if v > 2]
+
+        live = store.attempt_list_live()
+        assert [(la.attempt.job_id, la.attempt.worker, la.attempt.pid, la.attempt.log_path,
+                 la.attempt.heartbeat_at, la.job_status) for la in live] == [
+            (running, "w1", 42, "/logs/1.log", at(5), JobStatus.RUNNING)]
+        [stray] = store.attempt_list(queued)
+        assert (stray.ended_at, stray.outcome) == (at(3), Outcome.LOST)
+        [ended] = store.attempt_list(done)
+        assert (ended.pid, ended.ended_at, ended.exit_code) == (7, at(4), 0)
+        # the moved attempt still heartbeats and finishes under its fencing token
+        token = AttemptToken(running, 1)
+        assert store.attempt_heartbeat([token], at(6)).live == frozenset({token})
+        assert finish(store, token, Outcome.OK, at(7), exit_code=0) == [(token, JobStatus.DONE)]
+        [history] = store.attempt_list(running)
+        assert (history.worker, history.pid, history.heartbeat_at, history.ended_at) == (
+            "w1", 42, at(6), at(7))

@@ -132,3 +132,104 @@ def test_sqlite_claim_picks_through_partial_index(sqlite_url, queued_every, anal
             assert any(INDEX in step for step in plan), plan
             assert not any("TEMP B-TREE" in step for step in plan), plan
             assert not any(re.fullmatch(r"SCAN herder_jobs\b(?! USING).*", s) for s in plan), plan
+
+
+# -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
+
+_PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",
+             "job_ids": "bigint[]", "attempts": "int[]", "outcomes": "text[]",
+             "exit_codes": "int[]", "statuses": "text[]", "available_ats": "timestamptz[]",
+             "failure_reasons": "text[]", "spend_failures": "int[]", "spend_losts": "int[]",
+             "spend_spawn_failures": "int[]"}
+
+
+def _generic_plan(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> dict[str, Any]:
+    """EXPLAIN the plan PostgreSQL caches for `query` once it stops re-planning per call."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, query)
+    types = ", ".join(_PG_TYPES[name] for name in names)
+    conn.execute("DEALLOCATE ALL")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE herder_probe ({types}) AS {text}")
+    # EXECUTE's arguments are expressions with no type of their own: bind them client-side.
+    execute = psycopg.ClientCursor(conn).mogrify(
+        "EXPLAIN (FORMAT JSON) EXECUTE herder_probe (" + ", ".join(["%s"] * len(names)) + ")",
+        [params[n] for n in names])
+    conn.execute("BEGIN")
+    try:
+        [(plan,)] = conn.execute(execute).fetchall()
+    finally:
+        conn.execute("ROLLBACK")
+    return plan[0]["Plan"]
+
+
+@pytest.mark.postgres
+def test_postgres_generic_claim_plan_walks_the_partial_index(postgres_url):
+    """The plan PostgreSQL caches for the claim statement the store runs walks the index."""
+    from herder.store.postgres import _claim_query
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _pg_fill(conn, 1)
+        plan = _generic_plan(conn, _claim_query(10), CLAIM_PARAMS)
+        ctes = [n for n in _plan_nodes(plan) if n.get("Subplan Name") == "CTE picked"]
+        assert len(ctes) == 1, json.dumps(plan, indent=1)
+        _assert_uses_queued_index(ctes[0])
+
+
+@pytest.mark.postgres
+def test_postgres_batch_finish_looks_jobs_up_by_key(postgres_url):
+    """Statistics taken before any job was active must not steer the batch finish through
+    the active-jobs index, where it would rescan the batch once per active job."""
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _pg_fill(conn, 1)  # analyzed with nothing claimed
+        conn.execute("UPDATE herder_jobs SET status = 'claimed', host = 'h1' WHERE id <= 500")
+        ids = list(range(1, 101))
+        params = {"job_ids": ids, "attempts": [1] * 100, "outcomes": ["ok"] * 100,
+                  "exit_codes": [0] * 100, "statuses": ["done"] * 100,
+                  "available_ats": [None] * 100, "failure_reasons": [None] * 100,
+                  "spend_failures": [0] * 100, "spend_losts": [0] * 100,
+                  "spend_spawn_failures": [0] * 100, "now": T0}
+        queries = load_queries("postgres")
+        for query, params_of in ((queries["attempt_finish"], params),
+                                 (queries["attempt_heartbeat"],
+                                  {"job_ids": ids, "attempts": [1] * 100, "now": T0})):
+            plan = _generic_plan(conn, query, params_of)
+            nodes = list(_plan_nodes(plan))
+            shown = json.dumps(plan, indent=1)
+            assert not any(n.get("Index Name") == "herder_jobs_host_active" for n in nodes), shown
+            assert any(n.get("Index Name") == "herder_jobs_pkey" for n in nodes), shown
+            assert not any(n["Node Type"] == "Seq Scan" and n.get("Relation Name")
+                           in ("herder_jobs", "herder_attempts") for n in nodes), shown
+
+
+@pytest.mark.postgres
+def test_postgres_claim_settles_on_a_cached_plan(postgres_url):
+    """The claim stops being re-planned on every call. Its LIMIT is a literal for this: with
+    a parameter there, the generic plan's cost is estimated for an unknown limit, so
+    PostgreSQL keeps planning each claim afresh."""
+    from herder.model import AttemptResult, Decision, JobStatus, Outcome
+    from herder.store.postgres import PostgresStore
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _pg_fill(conn, 1)  # a 20k-job backlog
+    store = PostgresStore(postgres_url, max_connections=1)
+    try:
+        for _ in range(20):
+            jobs = store.job_claim("h1", "w1", 5, T0)
+            store.attempt_heartbeat([job.token for job in jobs], T0)
+            store.attempt_finish([AttemptResult(job.token, Outcome.OK, 0,
+                                                Decision(JobStatus.DONE)) for job in jobs], T0)
+        with store._pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            ).fetchall()
+    finally:
+        store.close()
+    [row] = [r for r in rows if "WITH picked AS" in r["statement"]]
+    assert row["generic_plans"] > row["custom_plans"], row

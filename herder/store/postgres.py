@@ -60,6 +60,17 @@ from herder.store.base import (
 from herder.urls import redact_url
 
 Q = load_queries("postgres")
+_CLAIM_QUERIES: dict[int, str] = {}
+MAX_CLAIM = 1000
+
+
+def _claim_query(limit: int) -> str:
+    """job_claim with its LIMIT as a literal, so the cached generic plan is the index scan."""
+    limit = min(int(limit), MAX_CLAIM)  # a bounded set of statements, one per batch size
+    text = _CLAIM_QUERIES.get(limit)
+    if text is None:
+        text = _CLAIM_QUERIES[limit] = Q["job_claim"].replace("%(limit)s", str(limit))
+    return text
 CHANNEL = "herder"
 _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
 _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
@@ -205,9 +216,11 @@ class PostgresStore(Store):
         return {JobStatus(row["status"]): int(row["count"]) for row in rows}
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
+        if limit < 1:
+            return []
         with self._pool.connection() as conn:
             rows = conn.execute(
-                Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": now}
+                _claim_query(limit), {"host": host, "worker": worker, "now": now}
             ).fetchall()
         return [job_from_row(row) for row in rows]
 

@@ -301,13 +301,8 @@ class SQLiteStore(Store):
         detail = json.dumps({"host": host, "worker": worker})
         with self._write() as conn:
             rows = conn.execute(
-                Q["job_claim"], {"host": host, "limit": limit, "now": stamp}
+                Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp}
             ).fetchall()
-            conn.executemany(
-                Q["attempt_insert"],
-                [{"job_id": row["id"], "attempt": row["attempt"], "host": host,
-                  "worker": worker, "now": stamp} for row in rows],
-            )
             conn.executemany(
                 Q["event_insert"],
                 [{"job_id": row["id"], "now": stamp, "kind": "claimed", "from_status": "queued",
@@ -327,7 +322,6 @@ class SQLiteStore(Store):
         with self._write() as conn:
             if conn.execute(Q["attempt_start"], params).fetchone() is None:
                 return False
-            conn.execute(Q["attempt_start_record"], params)
             _event(conn, token.job_id, stamp, "started", JobStatus.CLAIMED, JobStatus.RUNNING,
                    token.attempt, {"pid": pid, "log_path": log_path})
         return True
@@ -372,10 +366,13 @@ class SQLiteStore(Store):
                 return []
             applied = [(AttemptToken(int(row[0]), int(row[1])), JobStatus(row[2]),
                         JobStatus(row[3])) for row in rows]
-            conn.execute(Q["attempt_finish_record"], {"now": stamp, "applied": json.dumps([
-                {"job_id": token.job_id, "attempt": token.attempt,
+            conn.executemany(Q["attempt_finish_record"], [
+                {"job_id": row[0], "attempt": row[1], "host": row[4], "worker": row[5],
+                 "pid": row[6], "log_path": row[7], "claimed_at": row[8],
+                 "started_at": row[9], "heartbeat_at": row[10], "now": stamp,
                  "exit_code": by_token[token].exit_code,
-                 "outcome": str(by_token[token].outcome)} for token, _, _ in applied])})
+                 "outcome": str(by_token[token].outcome)}
+                for row, (token, _, _) in zip(rows, applied, strict=True)])
             conn.executemany(Q["event_insert"], [
                 {"job_id": token.job_id, "now": stamp, "kind": "finished",
                  "from_status": str(old), "to_status": str(status), "attempt": token.attempt,
@@ -509,9 +506,6 @@ class SQLiteStore(Store):
                 if row is None:
                     continue
                 token = AttemptToken(int(row[0]), int(row[1]))
-                conn.execute(Q["attempt_insert"], {"job_id": token.job_id,
-                                                   "attempt": token.attempt, "host": host,
-                                                   "worker": "", "now": stamp})
                 _event(conn, token.job_id, stamp, "placed", JobStatus.QUEUED, JobStatus.CLAIMED,
                        token.attempt, {"host": host, "ram_gb": ram_gb})
                 workers += 1

@@ -52,6 +52,8 @@ WHERE status IN ('queued', 'claimed', 'running')
 GROUP BY status;
 
 -- name: job_claim
+-- The store inlines LIMIT as a literal (one prepared statement per batch size): with a
+-- parameter there, a cached generic plan assumes a large limit and sorts the whole queue.
 WITH picked AS (
     SELECT id FROM herder_jobs
     WHERE status = 'queued' AND available_at <= %(now)s
@@ -61,13 +63,11 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE herder_jobs j
-    SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s,
-        claimed_at = %(now)s, started_at = NULL, updated_at = %(now)s
+    SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s, worker = %(worker)s,
+        pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
+        heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
     RETURNING j.*
-), att AS (
-    INSERT INTO herder_attempts (job_id, attempt, host, worker, claimed_at, heartbeat_at)
-    SELECT id, attempt, %(host)s, %(worker)s, %(now)s, %(now)s FROM claimed
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt,
@@ -78,13 +78,10 @@ SELECT * FROM claimed ORDER BY priority, id;
 
 -- name: attempt_start
 WITH j AS (
-    UPDATE herder_jobs SET status = 'running', started_at = %(now)s, updated_at = %(now)s
+    UPDATE herder_jobs SET status = 'running', pid = %(pid)s, log_path = %(log_path)s,
+        started_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s
     WHERE id = %(job_id)s AND attempt = %(attempt)s AND status = 'claimed'
     RETURNING id, attempt
-), a AS (
-    UPDATE herder_attempts SET pid = %(pid)s, log_path = %(log_path)s,
-        started_at = %(now)s, heartbeat_at = %(now)s
-    FROM j WHERE herder_attempts.job_id = j.id AND herder_attempts.attempt = j.attempt
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'started', 'claimed', 'running', attempt,
@@ -94,18 +91,18 @@ WITH j AS (
 SELECT count(*) FROM j;
 
 -- name: attempt_heartbeat
-UPDATE herder_attempts a SET heartbeat_at = %(now)s
-FROM herder_jobs j,
-     unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS t(job_id, attempt)
-WHERE a.job_id = t.job_id AND a.attempt = t.attempt AND a.ended_at IS NULL
-  AND j.id = a.job_id AND j.attempt = a.attempt AND j.status IN ('claimed', 'running')
-RETURNING a.job_id, a.attempt, j.cancel_requested;
+-- heartbeat_at is in no index, so this is a HOT update of the job row.
+UPDATE herder_jobs j SET heartbeat_at = %(now)s
+FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS t(job_id, attempt)
+WHERE j.id = t.job_id AND j.attempt = t.attempt AND j.status IN ('claimed', 'running')
+RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 
 -- name: attempt_finish
 -- One statement, one round trip: the guard on (id, attempt, status) is re-checked by
 -- PostgreSQL if a concurrent update got there first. The status the job left is read from
--- started_at (only a started attempt has one), so no locking read is needed. A requeue
--- wakes idle runners.
+-- started_at (only a started attempt has one), so no locking read is needed. The ended
+-- attempt is written to the history from the live columns the job row still holds. A
+-- requeue wakes idle runners.
 WITH r AS (
     SELECT * FROM unnest(
         %(job_ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
@@ -135,10 +132,16 @@ WITH r AS (
     RETURNING herder_jobs.id, herder_jobs.attempt, herder_jobs.status,
               CASE WHEN herder_jobs.started_at IS NULL THEN 'claimed' ELSE 'running' END
                   AS old_status,
-              r.outcome, r.exit_code
+              r.outcome, r.exit_code, herder_jobs.host, herder_jobs.worker, herder_jobs.pid,
+              herder_jobs.log_path, herder_jobs.claimed_at, herder_jobs.started_at,
+              herder_jobs.heartbeat_at
 ), a AS (
-    UPDATE herder_attempts SET ended_at = %(now)s, exit_code = j.exit_code, outcome = j.outcome
-    FROM j WHERE herder_attempts.job_id = j.id AND herder_attempts.attempt = j.attempt
+    INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
+                                 started_at, heartbeat_at, ended_at, exit_code, outcome)
+    SELECT id, attempt, coalesce(host, ''), coalesce(worker, ''), pid, log_path,
+           coalesce(claimed_at, %(now)s), started_at,
+           coalesce(heartbeat_at, claimed_at, %(now)s), %(now)s, exit_code, outcome
+    FROM j
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'finished', old_status, status, attempt,
@@ -187,14 +190,24 @@ SELECT id, attempt FROM herder_jobs
 WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;
 
 -- name: attempt_list
-SELECT * FROM herder_attempts WHERE job_id = %(job_id)s ORDER BY attempt;
+-- Ended attempts from the history, then the live one from its job row.
+SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,
+       ended_at, exit_code, outcome
+FROM herder_attempts WHERE job_id = %(job_id)s
+UNION ALL
+SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, started_at,
+       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL
+FROM herder_jobs WHERE id = %(job_id)s AND status IN ('claimed', 'running')
+ORDER BY attempt;
 
 -- name: attempt_list_live
-SELECT a.*, j.status AS job_status, j.failures, j.lost, j.max_attempts,
-       j.backoff_base_seconds, j.backoff_max_seconds
-FROM herder_attempts a JOIN herder_jobs j ON j.id = a.job_id AND j.attempt = a.attempt
-WHERE a.ended_at IS NULL AND j.status IN ('claimed', 'running')
-  AND (%(host)s::text IS NULL OR a.host = %(host)s::text);
+SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
+       claimed_at, started_at, coalesce(heartbeat_at, claimed_at) AS heartbeat_at, NULL::timestamptz AS ended_at, NULL::int AS exit_code,
+       NULL::text AS outcome, status AS job_status, failures, lost, max_attempts,
+       backoff_base_seconds, backoff_max_seconds
+FROM herder_jobs
+WHERE status IN ('claimed', 'running') AND host IS NOT NULL
+  AND (%(host)s::text IS NULL OR host = %(host)s::text);
 
 -- name: event_list
 SELECT * FROM herder_events WHERE job_id = %(job_id)s ORDER BY id;
@@ -255,7 +268,8 @@ SELECT h.label,
        coalesce(r.reserved_gb, 0) AS reserved_gb
 FROM herder_hosts h
 LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
-           WHERE status IN ('claimed', 'running') GROUP BY host) j ON j.host = h.label
+           WHERE host IS NOT NULL AND status IN ('claimed', 'running')
+           GROUP BY host) j ON j.host = h.label
 LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
            WHERE status = 'active' AND expires_at > %(now)s GROUP BY host) r
        ON r.host = h.label;
@@ -284,12 +298,10 @@ LIMIT %(limit)s;
 WITH claimed AS (
     UPDATE herder_jobs j
     SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s, ram_gb = %(ram_gb)s,
-        claimed_at = %(now)s, started_at = NULL, updated_at = %(now)s
+        worker = '', pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
+        heartbeat_at = %(now)s, updated_at = %(now)s
     WHERE j.id = %(job_id)s AND j.status = 'queued'
     RETURNING j.id, j.attempt
-), att AS (
-    INSERT INTO herder_attempts (job_id, attempt, host, worker, claimed_at, heartbeat_at)
-    SELECT id, attempt, %(host)s, '', %(now)s, %(now)s FROM claimed
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'placed', 'queued', 'claimed', attempt,
@@ -299,17 +311,16 @@ WITH claimed AS (
 SELECT id, attempt FROM claimed;
 
 -- name: attempt_list_assigned
-SELECT j.* FROM herder_jobs j
-JOIN herder_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
-WHERE j.host = %(host)s AND j.status = 'claimed' AND a.ended_at IS NULL AND a.worker = ''
-ORDER BY j.priority, j.id
+SELECT * FROM herder_jobs
+WHERE host = %(host)s AND status = 'claimed' AND worker = ''
+ORDER BY priority, id
 LIMIT %(limit)s;
 
 -- name: attempt_set_worker
-UPDATE herder_attempts SET worker = %(worker)s
-WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND ended_at IS NULL
+UPDATE herder_jobs SET worker = %(worker)s
+WHERE id = %(job_id)s AND attempt = %(attempt)s AND status IN ('claimed', 'running')
   AND (worker = '' OR worker = %(worker)s)
-RETURNING job_id;
+RETURNING id AS job_id;
 
 -- Fleet: reservations ----------------------------------------------------------------------
 

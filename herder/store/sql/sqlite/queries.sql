@@ -44,8 +44,9 @@ GROUP BY status;
 -- INDEXED BY: without statistics SQLite may prefer another index and sort every queued row
 -- on each claim; the partial index gives the order for free.
 UPDATE herder_jobs
-SET status = 'claimed', attempt = attempt + 1, host = :host,
-    claimed_at = :now, started_at = NULL, updated_at = :now
+SET status = 'claimed', attempt = attempt + 1, host = :host, worker = :worker, pid = NULL,
+    log_path = NULL, claimed_at = :now, started_at = NULL, heartbeat_at = :now,
+    updated_at = :now
 WHERE id IN (
     SELECT id FROM herder_jobs INDEXED BY herder_jobs_queued
     WHERE status = 'queued' AND available_at <= :now
@@ -54,36 +55,25 @@ WHERE id IN (
     LIMIT :limit)
 RETURNING *;
 
--- name: attempt_insert
-INSERT INTO herder_attempts (job_id, attempt, host, worker, claimed_at, heartbeat_at)
-VALUES (:job_id, :attempt, :host, :worker, :now, :now);
-
 -- name: event_insert
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
 VALUES (:job_id, :now, :kind, :from_status, :to_status, :attempt, :detail);
 
 -- name: attempt_start
-UPDATE herder_jobs SET status = 'running', started_at = :now, updated_at = :now
+UPDATE herder_jobs SET status = 'running', pid = :pid, log_path = :log_path,
+    started_at = :now, heartbeat_at = :now, updated_at = :now
 WHERE id = :job_id AND attempt = :attempt AND status = 'claimed'
 RETURNING id;
 
--- name: attempt_start_record
-UPDATE herder_attempts SET pid = :pid, log_path = :log_path, started_at = :now,
-    heartbeat_at = :now
-WHERE job_id = :job_id AND attempt = :attempt;
-
 -- name: attempt_heartbeat
-UPDATE herder_attempts SET heartbeat_at = :now
-WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL
-  AND EXISTS (SELECT 1 FROM herder_jobs j
-              WHERE j.id = :job_id AND j.attempt = :attempt
-                AND j.status IN ('claimed', 'running'))
-RETURNING job_id, attempt,
-    (SELECT cancel_requested FROM herder_jobs WHERE id = :job_id);
+UPDATE herder_jobs SET heartbeat_at = :now
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+RETURNING id, attempt, cancel_requested;
 
 -- name: attempt_finish
 -- Set-based: one statement for the whole batch, the results passed as one JSON array. The
--- status the job left is read from started_at (only a started attempt has one).
+-- status the job left is read from started_at (only a started attempt has one); the live
+-- columns still on the row become the attempt's history row (attempt_finish_record).
 UPDATE herder_jobs SET
     status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
                   THEN 'cancelled' ELSE r.next_status END,
@@ -111,16 +101,15 @@ FROM (SELECT json_extract(value, '$.job_id') AS job_id,
 WHERE herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
   AND herder_jobs.status IN ('claimed', 'running')
 RETURNING id, attempt, status,
-    CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status;
+    CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status,
+    host, worker, pid, log_path, claimed_at, started_at, heartbeat_at;
 
 -- name: attempt_finish_record
-UPDATE herder_attempts SET ended_at = :now, exit_code = r.exit_code, outcome = r.outcome
-FROM (SELECT json_extract(value, '$.job_id') AS job_id,
-             json_extract(value, '$.attempt') AS attempt,
-             json_extract(value, '$.exit_code') AS exit_code,
-             json_extract(value, '$.outcome') AS outcome
-      FROM json_each(:applied)) AS r
-WHERE herder_attempts.job_id = r.job_id AND herder_attempts.attempt = r.attempt;
+INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
+                             started_at, heartbeat_at, ended_at, exit_code, outcome)
+VALUES (:job_id, :attempt, coalesce(:host, ''), coalesce(:worker, ''), :pid, :log_path,
+        coalesce(:claimed_at, :now), :started_at, coalesce(:heartbeat_at, :claimed_at, :now),
+        :now, :exit_code, :outcome);
 
 -- name: job_cancel
 UPDATE herder_jobs SET
@@ -144,14 +133,24 @@ SELECT id, attempt FROM herder_jobs
 WHERE id IN (SELECT value FROM json_each(:job_ids)) AND cancel_requested = 1;
 
 -- name: attempt_list
-SELECT * FROM herder_attempts WHERE job_id = :job_id ORDER BY attempt;
+-- Ended attempts from the history, then the live one from its job row.
+SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,
+       ended_at, exit_code, outcome
+FROM herder_attempts WHERE job_id = :job_id
+UNION ALL
+SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, started_at,
+       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL
+FROM herder_jobs WHERE id = :job_id AND status IN ('claimed', 'running')
+ORDER BY attempt;
 
 -- name: attempt_list_live
-SELECT a.*, j.status AS job_status, j.failures, j.lost, j.max_attempts,
-       j.backoff_base_seconds, j.backoff_max_seconds
-FROM herder_attempts a JOIN herder_jobs j ON j.id = a.job_id AND j.attempt = a.attempt
-WHERE a.ended_at IS NULL AND j.status IN ('claimed', 'running')
-  AND (:host IS NULL OR a.host = :host);
+SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
+       claimed_at, started_at, coalesce(heartbeat_at, claimed_at) AS heartbeat_at, NULL AS ended_at, NULL AS exit_code, NULL AS outcome,
+       status AS job_status, failures, lost, max_attempts, backoff_base_seconds,
+       backoff_max_seconds
+FROM herder_jobs
+WHERE status IN ('claimed', 'running') AND host IS NOT NULL
+  AND (:host IS NULL OR host = :host);
 
 -- name: event_list
 SELECT * FROM herder_events WHERE job_id = :job_id ORDER BY id;
@@ -212,7 +211,8 @@ SELECT h.label,
        coalesce(r.reserved_gb, 0) AS reserved_gb
 FROM herder_hosts h
 LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
-           WHERE status IN ('claimed', 'running') GROUP BY host) j ON j.host = h.label
+           WHERE host IS NOT NULL AND status IN ('claimed', 'running')
+           GROUP BY host) j ON j.host = h.label
 LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
            WHERE status = 'active' AND expires_at > :now GROUP BY host) r
        ON r.host = h.label;
@@ -240,22 +240,22 @@ LIMIT :limit;
 -- name: job_assign
 UPDATE herder_jobs
 SET status = 'claimed', attempt = attempt + 1, host = :host, ram_gb = :ram_gb,
-    claimed_at = :now, started_at = NULL, updated_at = :now
+    worker = '', pid = NULL, log_path = NULL, claimed_at = :now, started_at = NULL,
+    heartbeat_at = :now, updated_at = :now
 WHERE id = :job_id AND status = 'queued'
 RETURNING id, attempt;
 
 -- name: attempt_list_assigned
-SELECT j.* FROM herder_jobs j
-JOIN herder_attempts a ON a.job_id = j.id AND a.attempt = j.attempt
-WHERE j.host = :host AND j.status = 'claimed' AND a.ended_at IS NULL AND a.worker = ''
-ORDER BY j.priority, j.id
+SELECT * FROM herder_jobs
+WHERE host = :host AND status = 'claimed' AND worker = ''
+ORDER BY priority, id
 LIMIT :limit;
 
 -- name: attempt_set_worker
-UPDATE herder_attempts SET worker = :worker
-WHERE job_id = :job_id AND attempt = :attempt AND ended_at IS NULL
+UPDATE herder_jobs SET worker = :worker
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
   AND (worker = '' OR worker = :worker)
-RETURNING job_id;
+RETURNING id AS job_id;
 
 -- Fleet: reservations ----------------------------------------------------------------------
 
