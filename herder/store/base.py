@@ -7,9 +7,10 @@ grep finds the Python call and both SQL versions.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -319,41 +320,56 @@ class Store(abc.ABC):
         self.close()
 
 
+_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(Job))
+_JOB_DEFAULTS = {"ram_gb": 0.0, "spawn_failures": 0}
+_JOB_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "command": tuple, "shell": bool, "status": JobStatus, "cancel_requested": bool,
+    "backoff_base_seconds": float, "backoff_max_seconds": float,
+}
+JobReader = Callable[[Sequence[Any]], Job]
+_JOB_READERS: dict[tuple[tuple[str, ...], int], JobReader] = {}
+
+
+def job_reader(
+    names: Sequence[str], decode: Mapping[str, Callable[[Any], Any]] | None = None
+) -> JobReader:
+    """Build Jobs from rows with these columns; the column work is resolved once per result
+    shape, since claims build a Job per claimed row. `decode` turns a backend's stored form
+    (SQLite: epoch seconds, JSON text) into Python values first."""
+    key = (tuple(names), id(decode))
+    reader = _JOB_READERS.get(key)
+    if reader is not None:
+        return reader
+    index = {name: i for i, name in enumerate(names)}
+    steps: list[tuple[int, Callable[[Any], Any] | None, Any]] = []
+    for field in _JOB_FIELDS:
+        if field not in index:
+            if field not in _JOB_DEFAULTS:
+                raise KeyError(f"a job row needs column {field!r}")
+            steps.append((-1, None, _JOB_DEFAULTS[field]))
+            continue
+        first = decode.get(field) if decode else None
+        then = _JOB_CONVERT.get(field)
+        if first is not None and then is not None:
+            steps.append((index[field], _compose(first, then), None))
+        else:
+            steps.append((index[field], first or then, None))
+
+    def read(values: Sequence[Any]) -> Job:
+        return Job(*[default if i < 0 else values[i] if convert is None else convert(values[i])
+                     for i, convert, default in steps])
+
+    reader = _JOB_READERS[key] = read
+    return reader
+
+
+def _compose(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: then(first(value))
+
+
 def job_from_row(row: Mapping[str, Any]) -> Job:
     """Build a Job from a row whose values are already Python types."""
-    return Job(
-        id=int(row["id"]),
-        job_type=row["job_type"],
-        command=tuple(row["command"]),
-        shell=bool(row["shell"]),
-        payload=row["payload"],
-        priority=int(row["priority"]),
-        weight=row["weight"],
-        dedup_key=row["dedup_key"],
-        affinity=row["affinity"],
-        available_at=row["available_at"],
-        max_attempts=int(row["max_attempts"]),
-        timeout_seconds=row["timeout_seconds"],
-        env=row["env"],
-        workdir=row["workdir"],
-        backoff_base_seconds=float(row["backoff_base_seconds"]),
-        backoff_max_seconds=float(row["backoff_max_seconds"]),
-        status=JobStatus(row["status"]),
-        attempt=int(row["attempt"]),
-        failures=int(row["failures"]),
-        lost=int(row["lost"]),
-        host=row["host"],
-        exit_code=row["exit_code"],
-        failure_reason=row["failure_reason"],
-        cancel_requested=bool(row["cancel_requested"]),
-        created_at=row["created_at"],
-        claimed_at=row["claimed_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        updated_at=row["updated_at"],
-        ram_gb=float(row.get("ram_gb") or 0.0),
-        spawn_failures=int(row.get("spawn_failures") or 0),
-    )
+    return job_reader(tuple(row))(tuple(row.values()))
 
 
 def attempt_from_row(row: Mapping[str, Any]) -> Attempt:

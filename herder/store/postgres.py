@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, RowMaker, dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -50,6 +50,7 @@ from herder.store.base import (
     host_from_row,
     host_params,
     job_from_row,
+    job_reader,
     live_attempt_from_row,
     load_migrations,
     load_queries,
@@ -62,6 +63,11 @@ from herder.urls import redact_url
 Q = load_queries("postgres")
 _CLAIM_QUERIES: dict[int, str] = {}
 MAX_CLAIM = 1000
+
+
+def _job_rows(cursor: psycopg.Cursor[Any]) -> RowMaker[Job]:
+    """psycopg row factory: Jobs straight from the result tuples (claims build one per row)."""
+    return job_reader([column.name for column in cursor.description or ()])
 
 
 def _claim_query(limit: int) -> str:
@@ -219,10 +225,10 @@ class PostgresStore(Store):
         if limit < 1:
             return []
         with self._pool.connection() as conn:
-            rows = conn.execute(
+            cursor = conn.cursor(row_factory=_job_rows)
+            return cursor.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now}
             ).fetchall()
-        return [job_from_row(row) for row in rows]
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime

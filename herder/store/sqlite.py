@@ -49,6 +49,7 @@ from herder.store.base import (
     host_from_row,
     host_params,
     job_from_row,
+    job_reader,
     live_attempt_from_row,
     load_migrations,
     load_queries,
@@ -90,6 +91,11 @@ def _json(value: str | None) -> Any:
 
 def _time(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+# How a job column is stored here -> its Python value, for `job_reader`.
+_JOB_DECODE: dict[str, Any] = {
+    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, _json)}
 
 
 _Plan = tuple[tuple[str, Any], ...]
@@ -298,20 +304,22 @@ class SQLiteStore(Store):
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
-        detail = json.dumps({"host": host, "worker": worker})
         with self._write() as conn:
-            rows = conn.execute(
+            cursor = conn.cursor()
+            cursor.row_factory = None  # plain tuples: a Job is read from each below
+            rows = cursor.execute(
                 Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp}
             ).fetchall()
-            conn.executemany(
-                Q["event_insert"],
-                [{"job_id": row["id"], "now": stamp, "kind": "claimed", "from_status": "queued",
-                  "to_status": "claimed", "attempt": row["attempt"], "detail": detail}
-                 for row in rows],
-            )
+            if not rows:
+                return []
+            names = [column[0] for column in cursor.description]
+            key = names.index("id")
+            conn.execute(Q["job_claim_events"], {
+                "job_ids": "[" + ",".join(str(row[key]) for row in rows) + "]",  # ints: JSON
+                "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
         # Rows become jobs after COMMIT: the write lock is held only for the statements.
-        return sorted((job_from_row(_convert(row)) for row in rows),
-                      key=lambda job: (job.priority, job.id))
+        read = job_reader(names, _JOB_DECODE)
+        return sorted(map(read, rows), key=lambda job: (job.priority, job.id))
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
@@ -352,34 +360,22 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         by_token = {result.token: result for result in results}
         batch = json.dumps([
-            {"job_id": r.token.job_id, "attempt": r.token.attempt,
-             "next_status": str(r.decision.status), "exit_code": r.exit_code,
-             "failure_reason": r.decision.failure_reason,
-             "spend_failure": int(r.decision.spend_failure),
-             "spend_lost": int(r.decision.spend_lost),
-             "spend_spawn_failure": int(r.decision.spend_spawn_failure),
-             "available_at": to_epoch(r.decision.available_at)}
+            (r.token.job_id, r.token.attempt, r.decision.status.value, r.exit_code,
+             r.decision.failure_reason, int(r.decision.spend_failure),
+             int(r.decision.spend_lost), int(r.decision.spend_spawn_failure),
+             to_epoch(r.decision.available_at))
             for r in by_token.values()])
         with self._write() as conn:
             rows = conn.execute(Q["attempt_finish"], {"results": batch, "now": stamp}).fetchall()
             if not rows:
                 return []
-            applied = [(AttemptToken(int(row[0]), int(row[1])), JobStatus(row[2]),
-                        JobStatus(row[3])) for row in rows]
-            conn.executemany(Q["attempt_finish_record"], [
-                {"job_id": row[0], "attempt": row[1], "host": row[4], "worker": row[5],
-                 "pid": row[6], "log_path": row[7], "claimed_at": row[8],
-                 "started_at": row[9], "heartbeat_at": row[10], "now": stamp,
-                 "exit_code": by_token[token].exit_code,
-                 "outcome": str(by_token[token].outcome)}
-                for row, (token, _, _) in zip(rows, applied, strict=True)])
-            conn.executemany(Q["event_insert"], [
-                {"job_id": token.job_id, "now": stamp, "kind": "finished",
-                 "from_status": str(old), "to_status": str(status), "attempt": token.attempt,
-                 "detail": json.dumps({"outcome": str(by_token[token].outcome),
-                                       "exit_code": by_token[token].exit_code})}
-                for token, status, old in applied])
-        return [(token, status) for token, status, _ in applied]
+            applied = [(AttemptToken(row[0], row[1]), row) for row in rows]
+            ended = json.dumps([
+                (row[0], row[1], by_token[token].exit_code, by_token[token].outcome.value,
+                 row[3]) for token, row in applied])
+            conn.execute(Q["attempt_finish_record"], {"applied": ended, "now": stamp})
+            conn.execute(Q["attempt_finish_events"], {"applied": ended, "now": stamp})
+        return [(token, JobStatus(row[2])) for token, row in applied]
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         stamp = now.timestamp()

@@ -55,6 +55,11 @@ WHERE id IN (
     LIMIT :limit)
 RETURNING *;
 
+-- name: job_claim_events
+INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+SELECT j.id, :now, 'claimed', 'queued', 'claimed', j.attempt, :detail
+FROM json_each(:job_ids) AS t JOIN herder_jobs j ON j.id = t.value;
+
 -- name: event_insert
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
 VALUES (:job_id, :now, :kind, :from_status, :to_status, :attempt, :detail);
@@ -71,9 +76,11 @@ WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
 RETURNING id, attempt, cancel_requested;
 
 -- name: attempt_finish
--- Set-based: one statement for the whole batch, the results passed as one JSON array. The
--- status the job left is read from started_at (only a started attempt has one); the live
--- columns still on the row become the attempt's history row (attempt_finish_record).
+-- Set-based: one statement for the whole batch, the results passed as one JSON array of
+-- [job_id, attempt, next_status, exit_code, failure_reason, spend_failure, spend_lost,
+-- spend_spawn_failure, available_at]. The status the job left is read from started_at (only
+-- a started attempt has one); the live columns still on the row become the attempt's
+-- history row (attempt_finish_record).
 UPDATE herder_jobs SET
     status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
                   THEN 'cancelled' ELSE r.next_status END,
@@ -88,28 +95,37 @@ UPDATE herder_jobs SET
                        THEN NULL ELSE :now END,
     cancel_requested = 0,
     updated_at = :now
-FROM (SELECT json_extract(value, '$.job_id') AS job_id,
-             json_extract(value, '$.attempt') AS attempt,
-             json_extract(value, '$.next_status') AS next_status,
-             json_extract(value, '$.exit_code') AS exit_code,
-             json_extract(value, '$.failure_reason') AS failure_reason,
-             json_extract(value, '$.spend_failure') AS spend_failure,
-             json_extract(value, '$.spend_lost') AS spend_lost,
-             json_extract(value, '$.spend_spawn_failure') AS spend_spawn_failure,
-             json_extract(value, '$.available_at') AS available_at
+FROM (SELECT json_extract(value, '$[0]') AS job_id,
+             json_extract(value, '$[1]') AS attempt,
+             json_extract(value, '$[2]') AS next_status,
+             json_extract(value, '$[3]') AS exit_code,
+             json_extract(value, '$[4]') AS failure_reason,
+             json_extract(value, '$[5]') AS spend_failure,
+             json_extract(value, '$[6]') AS spend_lost,
+             json_extract(value, '$[7]') AS spend_spawn_failure,
+             json_extract(value, '$[8]') AS available_at
       FROM json_each(:results)) AS r
 WHERE herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
   AND herder_jobs.status IN ('claimed', 'running')
 RETURNING id, attempt, status,
-    CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status,
-    host, worker, pid, log_path, claimed_at, started_at, heartbeat_at;
+    CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status;
 
 -- name: attempt_finish_record
+-- The ended attempts' history rows, from the live columns their job rows still hold.
+-- :applied is a JSON array of [job_id, attempt, exit_code, outcome, old_status].
 INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
                              started_at, heartbeat_at, ended_at, exit_code, outcome)
-VALUES (:job_id, :attempt, coalesce(:host, ''), coalesce(:worker, ''), :pid, :log_path,
-        coalesce(:claimed_at, :now), :started_at, coalesce(:heartbeat_at, :claimed_at, :now),
-        :now, :exit_code, :outcome);
+SELECT j.id, j.attempt, coalesce(j.host, ''), coalesce(j.worker, ''), j.pid, j.log_path,
+       coalesce(j.claimed_at, :now), j.started_at, coalesce(j.heartbeat_at, j.claimed_at, :now),
+       :now, json_extract(t.value, '$[2]'), json_extract(t.value, '$[3]')
+FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = json_extract(t.value, '$[0]');
+
+-- name: attempt_finish_events
+INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+SELECT j.id, :now, 'finished', json_extract(t.value, '$[4]'), j.status, j.attempt,
+       json_object('outcome', json_extract(t.value, '$[3]'),
+                   'exit_code', json_extract(t.value, '$[2]'))
+FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = json_extract(t.value, '$[0]');
 
 -- name: job_cancel
 UPDATE herder_jobs SET
