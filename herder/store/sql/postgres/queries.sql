@@ -102,15 +102,13 @@ RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 -- PostgreSQL if a concurrent update got there first. The status the job left is read from
 -- started_at (only a started attempt has one), so no locking read is needed. The ended
 -- attempt is written to the history from the live columns the job row still holds. A
--- requeue wakes idle runners.
+-- requeue wakes idle runners. The results come as one JSON array: its row estimate does not
+-- depend on the batch, so PostgreSQL settles on one cached plan (arrays kept it re-planning).
 WITH r AS (
-    SELECT * FROM unnest(
-        %(job_ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
-        %(exit_codes)s::int[], %(statuses)s::text[], %(available_ats)s::timestamptz[],
-        %(failure_reasons)s::text[], %(spend_failures)s::int[], %(spend_losts)s::int[],
-        %(spend_spawn_failures)s::int[])
-      AS r(job_id, attempt, outcome, exit_code, next_status, available_at, failure_reason,
-           spend_failure, spend_lost, spend_spawn_failure)
+    SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
+      AS r(job_id bigint, attempt int, outcome text, exit_code int, next_status text,
+           available_at timestamptz, failure_reason text, spend_failure int, spend_lost int,
+           spend_spawn_failure int)
 ), j AS (
     UPDATE herder_jobs SET
         status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
