@@ -212,8 +212,15 @@ class Harness:
 
     def cli(self, *args: str, timeout: float = 60, check: bool = True
             ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(self.argv(*args), cwd=self.dir, env=cli_environment(),
-                                capture_output=True, text=True, timeout=timeout, check=False)
+        try:
+            result = subprocess.run(self.argv(*args), cwd=self.dir, env=cli_environment(),
+                                    capture_output=True, text=True, timeout=timeout,
+                                    check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"herder {' '.join(args)} did not exit within {timeout:.0f}s\n"
+                f"stdout: {exc.stdout!r}\nstderr: {exc.stderr!r}\n"
+                f"--- state ---\n{self.describe()}") from None
         if check and result.returncode != 0:
             raise AssertionError(f"herder {' '.join(args)} exited {result.returncode}\n"
                                  f"stdout: {result.stdout}\nstderr: {result.stderr}")
