@@ -3,6 +3,8 @@ connection of the test database (as a restart would) while a job runs."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import psycopg
 import pytest
 from runtime_helpers import Harness, shell, wait_for
@@ -50,3 +52,33 @@ def test_up_survives_dropped_connections_and_reports_the_result(tmp_path, postgr
     finally:
         drop_connections(postgres_url)  # the harness's pool must not hand out dead ones
         harness.close()
+
+
+def test_up_retries_its_first_maintenance_pass(tmp_path, store):
+    """A store that is busy or unreachable when `herder up` starts (its first rescue pass)
+    delays the runner instead of ending it; the queued job then runs."""
+    from herder.errors import StoreUnavailable
+    from herder.model import JobSpec, JobStatus
+    from herder.runtime.maintenance import Rescuer
+    from herder.runtime.runner import Runner, RunnerOptions
+    from herder.runtime.sources import ClaimSource
+
+    class FlakySource(ClaimSource):
+        failures = 2
+
+        def maintain(self, now):  # type: ignore[no-untyped-def]
+            if self.failures:
+                self.failures -= 1
+                raise StoreUnavailable("database is locked")
+            super().maintain(now)
+
+    [result] = store.job_insert([JobSpec(command=("true",))], datetime.now(UTC))
+    options = RunnerOptions(host="flaky-start", log_dir=tmp_path / "logs", poll_interval=0.05,
+                            exit_when_idle=True)
+    rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
+                      options.max_lost)
+    source = FlakySource(store, options.host, options.limits, rescuer)
+    assert Runner(store, options, source=source).run(install_signals=False) == 0
+    assert source.failures == 0
+    job = store.job_get(result.job_id)
+    assert job is not None and job.status is JobStatus.DONE

@@ -165,3 +165,36 @@ def test_concurrent_submits_of_one_dedup_key_make_one_job(store_url):
     rows = _rows(store_url, "SELECT id, dedup_key, status FROM herder_jobs")
     assert rows == [(job_id, key, "queued")]
     assert _rows(store_url, "SELECT count(*) FROM herder_events") == [(1,)]
+
+
+def _fresh_opener(path: str, barrier: Any, out: Any) -> None:
+    """Open a store on a file nobody has set up yet, write to it and refresh statistics."""
+    try:
+        barrier.wait(BARRIER_TIMEOUT)
+        with open_store(f"sqlite:///{path}") as store:
+            store.job_insert([JobSpec(command=("true",))], T0)
+            store.statistics_refresh()
+        out.put("ok")
+    except Exception as exc:
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_sqlite_processes_opening_a_fresh_file_together_all_get_in(tmp_path):
+    """`herder up` and `herder submit` started together in a new directory open the same new
+    file at once. Switching it to WAL, migrating it and refreshing its statistics must wait
+    for the other processes, not fail with "database is locked" (which took down `herder up`
+    in about one round in eight)."""
+    context = multiprocessing.get_context("fork")  # 120 processes: spawn would take minutes
+    for round_ in range(30):
+        path = tmp_path / f"fresh-{round_}.db"
+        barrier, out = context.Barrier(4), context.Queue()
+        procs = [context.Process(target=_fresh_opener, args=(str(path), barrier, out))
+                 for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        results = [out.get(timeout=RESULT_TIMEOUT) for _ in procs]
+        for proc in procs:
+            proc.join(RESULT_TIMEOUT)
+        assert results == ["ok"] * 4, f"round {round_}: {results}"
+        with open_store(f"sqlite:///{path}", migrate=False) as store:
+            assert len(store.job_list()) == 4

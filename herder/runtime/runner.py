@@ -115,7 +115,9 @@ class Runner:
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
             self._install_signals()
-        self.source.maintain(self.clock())
+        if not self._first_maintenance():
+            self.source.close()
+            return 0
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
         waker = self.source.waker()
         log.info("runner %s up: concurrency %d", self.worker, self.options.concurrency)
@@ -144,6 +146,23 @@ class Runner:
         finally:
             waker.close()
             self.source.close()
+
+    def _first_maintenance(self) -> bool:
+        """The first rescue pass, before any claim: retried while the store is busy or
+        unreachable (the loop's own failures are retried the same way). False when a stop
+        signal arrived first."""
+        delay = 0.25
+        while True:
+            try:
+                self.source.maintain(self.clock())
+                return True
+            except Exception as exc:
+                if self._stopping:
+                    return False
+                log.error("first maintenance pass failed (%s: %s); retrying in %.2fs",
+                          type(exc).__name__, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _reconnect(self, waker: Waker) -> Waker:
         with contextlib.suppress(Exception):

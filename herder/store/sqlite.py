@@ -194,7 +194,7 @@ class SQLiteStore(Store):
                     check_same_thread=False,
                 )
                 conn.row_factory = sqlite3.Row
-                conn.execute("PRAGMA journal_mode=WAL")
+                self._enable_wal(conn)
                 conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
@@ -202,6 +202,22 @@ class SQLiteStore(Store):
             with self._lock:
                 self._connections.append(conn)
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        """Switching a new file to WAL takes an exclusive lock without the busy handler, so
+        two processes opening a fresh database at once (`herder up` and `herder submit`) can
+        see "database is locked" here: retry for as long as a busy write would wait."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -600,8 +616,12 @@ class SQLiteStore(Store):
         return SQLiteLease(self.path + ".leader")
 
     def statistics_refresh(self) -> bool:
-        """SQLite's own advice: `PRAGMA optimize` now and then analyzes what needs it."""
-        self._conn().execute("PRAGMA optimize")
+        """SQLite's own advice: `PRAGMA optimize` now and then analyzes what needs it. It may
+        write, so it runs in `BEGIN IMMEDIATE` like every write: in autocommit it would start
+        as a reader and fail at once ("database is locked", no busy wait) whenever another
+        process committed in between."""
+        with self._write() as conn:
+            conn.execute("PRAGMA optimize")
         return True
 
     def notify(self, topic: str) -> None:
