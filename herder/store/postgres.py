@@ -279,7 +279,7 @@ class PostgresStore(Store):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         if not results:
             return []
-        params = {"now": now, "results": Jsonb([
+        params = {"now": now, "job_ids": [r.token.job_id for r in results], "results": Jsonb([
             {"job_id": r.token.job_id, "attempt": r.token.attempt, "outcome": r.outcome.value,
              "exit_code": r.exit_code, "next_status": r.decision.status.value,
              "available_at": None if r.decision.available_at is None

@@ -104,6 +104,8 @@ RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 -- attempt is written to the history from the live columns the job row still holds. A
 -- requeue wakes idle runners. The results come as one JSON array: its row estimate does not
 -- depend on the batch, so PostgreSQL settles on one cached plan (arrays kept it re-planning).
+-- `id = ANY(job_ids)` gives that plan a primary-key path: without it, the JSON's default
+-- estimate of 100 rows made a hash join over a scan of a small jobs table look cheaper.
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
       AS r(job_id bigint, attempt int, outcome text, exit_code int, next_status text,
@@ -125,7 +127,8 @@ WITH r AS (
         cancel_requested = false,
         updated_at = %(now)s
     FROM r
-    WHERE herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
+    WHERE herder_jobs.id = ANY(%(job_ids)s::bigint[])
+      AND herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
       AND herder_jobs.status IN ('claimed', 'running')
     RETURNING herder_jobs.id, herder_jobs.attempt, herder_jobs.status,
               CASE WHEN herder_jobs.started_at IS NULL THEN 'claimed' ELSE 'running' END
