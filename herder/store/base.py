@@ -335,7 +335,8 @@ def job_reader(
 ) -> JobReader:
     """Build Jobs from rows with these columns; the column work is resolved once per result
     shape, since claims build a Job per claimed row. `decode` turns a backend's stored form
-    (SQLite: epoch seconds, JSON text) into Python values first."""
+    (SQLite: epoch seconds, JSON text) into Python values first; it is cached by identity,
+    so pass a module-level mapping."""
     key = (tuple(names), id(decode))
     reader = _JOB_READERS.get(key)
     if reader is not None:
