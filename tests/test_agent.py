@@ -12,15 +12,23 @@ from fleet_helpers import wait_for
 from herder.model import JobStatus, Outcome
 
 
+def _agent_running_a_job(make_fleet, tmp_path, sqlite_url, label: str, workers: str,
+                         drain_timeout: str, then: str):
+    """A server, an agent for `label` and a job it has started (the job then runs `then`)."""
+    fleet = make_fleet(tmp_path, sqlite_url)
+    fleet.add_host(label, "--ram", "16", "--prime-workers", workers, "--night-workers", workers)
+    fleet.start_server(wait=False)
+    agent = fleet.start_agent(label, "--drain-timeout", drain_timeout)
+    marker = tmp_path / "running"
+    job_id = fleet.submit(["/bin/sh", "-c", f"touch {marker}; {then}"])
+    wait_for(marker.exists, 20, "the job to start", fleet.describe)
+    return fleet, agent, job_id
+
+
 def test_sigterm_lets_the_running_job_finish_and_takes_nothing_new(
         make_fleet, tmp_path, sqlite_url):
-    fleet = make_fleet(tmp_path, sqlite_url)
-    fleet.add_host("d1", "--ram", "16", "--prime-workers", "2", "--night-workers", "2")
-    fleet.start_server(wait=False)
-    agent = fleet.start_agent("d1", "--drain-timeout", "60s")
-    marker = tmp_path / "running"
-    first = fleet.submit(["/bin/sh", "-c", f"touch {marker}; sleep 1.5; echo finished"])
-    wait_for(marker.exists, 20, "the first job to start", fleet.describe)
+    fleet, agent, first = _agent_running_a_job(
+        make_fleet, tmp_path, sqlite_url, "d1", "2", "60s", "sleep 1.5; echo finished")
 
     fleet.kill_agent("d1", signal.SIGTERM)
     wait_for(lambda: "draining" in fleet.stderr_of(agent), 10, "the agent to drain",
@@ -36,13 +44,8 @@ def test_sigterm_lets_the_running_job_finish_and_takes_nothing_new(
 
 
 def test_past_the_drain_deadline_running_jobs_are_handed_back(make_fleet, tmp_path, sqlite_url):
-    fleet = make_fleet(tmp_path, sqlite_url)
-    fleet.add_host("d2", "--ram", "16", "--prime-workers", "1", "--night-workers", "1")
-    fleet.start_server(wait=False)
-    agent = fleet.start_agent("d2", "--drain-timeout", "1s")
-    marker = tmp_path / "running"
-    job_id = fleet.submit(["/bin/sh", "-c", f"touch {marker}; sleep 120"])
-    wait_for(marker.exists, 20, "the job to start", fleet.describe)
+    fleet, agent, job_id = _agent_running_a_job(
+        make_fleet, tmp_path, sqlite_url, "d2", "1", "1s", "sleep 120")
     processes = fleet.job_processes(job_id)
     assert processes
 

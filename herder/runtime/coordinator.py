@@ -28,7 +28,14 @@ from herder.model import (
 )
 from herder.runtime.maintenance import Rescuer
 from herder.runtime.runner import Runner, RunnerOptions, default_host
-from herder.runtime.scheduler import Fleet, Scheduler, expires, lease_seconds, take_snapshot
+from herder.runtime.scheduler import (
+    Fleet,
+    Scheduler,
+    agent_state,
+    expires,
+    lease_seconds,
+    take_snapshot,
+)
 from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.placement import explain, place
@@ -355,10 +362,8 @@ def host_view(fleet: Fleet, host: HostRecord, usage: Any, now: datetime) -> dict
     bookable = fleet.bookable(host)
     booked = usage.booked_gb if usage else 0.0
     caps = fleet.caps(host, now)
-    info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    agent = "stopped" if info.get("stopped") else "draining" if info.get("draining") else None
     return {
-        "label": host.label, "enabled": host.enabled, "agent": agent,
+        "label": host.label, "enabled": host.enabled, "agent": agent_state(host),
         "transport": str(host.transport),
         "health": str(fleet.health(host, now)), "last_heartbeat": iso(host.last_heartbeat),
         "ram_total_gb": host.ram_total_gb, "ram_reserved_gb": host.ram_reserved_gb,

@@ -94,6 +94,12 @@ def _narrow(server: frozenset[str] | None, agent: Any) -> frozenset[str] | None:
     return local if server is None else server & local
 
 
+def agent_state(host: HostRecord) -> str | None:
+    """"stopped" or "draining" as the host's agent last reported it; None when it takes work."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    return "stopped" if info.get("stopped") else "draining" if info.get("draining") else None
+
+
 def host_spec(host: HostRecord) -> HostSpec:
     """The host as placement sees it: its record, narrowed by the allow-lists its agent
     advertises, so the agent's fail-closed check rarely has to refuse anything."""
@@ -101,9 +107,8 @@ def host_spec(host: HostRecord) -> HostSpec:
     gate = gate if isinstance(gate, dict) else {}
     floors = [f for f in (host.priority_floor, gate.get("priority_floor"))
               if isinstance(f, int)]
-    info = host.agent_info if isinstance(host.agent_info, dict) else {}
     # An agent that is draining or has stopped takes no work, whatever its heartbeat's age.
-    available = not (info.get("draining") or info.get("stopped"))
+    available = agent_state(host) is None
     return HostSpec(
         label=host.label,
         ram_total_gb=host.ram_total_gb,

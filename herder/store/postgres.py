@@ -62,6 +62,9 @@ from herder.store.base import (
 from herder.urls import redact_url
 
 Q = load_queries("postgres")
+CHANNEL = "herder"
+_MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
+_LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
 _CLAIM_QUERIES: dict[int, str] = {}
 MAX_CLAIM = 1000
 
@@ -87,15 +90,13 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 
 
 def _claim_query(limit: int) -> str:
-    """job_claim with its LIMIT as a literal, so the cached generic plan is the index scan."""
+    """job_claim with its LIMIT as a literal: PostgreSQL then settles on one cached plan
+    instead of planning every claim afresh (see queries.sql)."""
     limit = min(int(limit), MAX_CLAIM)  # a bounded set of statements, one per batch size
     text = _CLAIM_QUERIES.get(limit)
     if text is None:
         text = _CLAIM_QUERIES[limit] = Q["job_claim"].replace("%(limit)s", str(limit))
     return text
-CHANNEL = "herder"
-_MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
-_LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
 
 
 class PostgresWaker(Waker):

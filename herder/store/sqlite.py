@@ -93,8 +93,8 @@ def _time(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-# How a job column is stored here -> its Python value, for `job_reader`.
-_JOB_DECODE: dict[str, Any] = {
+# How a column is stored here -> its Python value (for `_convert` and `job_reader`).
+_DECODE: dict[str, Any] = {
     **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, _json)}
 
 
@@ -106,9 +106,7 @@ def _plan(keys: tuple[str, ...]) -> _Plan:
     """How to convert each column of a result shape; built once per shape (claims are hot)."""
     plan = _PLANS.get(keys)
     if plan is None:
-        plan = _PLANS[keys] = tuple(
-            (key, _time if key in _TIME_COLUMNS else _json if key in _JSON_COLUMNS else None)
-            for key in keys)
+        plan = _PLANS[keys] = tuple((key, _DECODE.get(key)) for key in keys)
     return plan
 
 
@@ -334,7 +332,7 @@ class SQLiteStore(Store):
                 "job_ids": "[" + ",".join(str(row[key]) for row in rows) + "]",  # ints: JSON
                 "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
         # Rows become jobs after COMMIT: the write lock is held only for the statements.
-        read = job_reader(names, _JOB_DECODE)
+        read = job_reader(names, _DECODE)
         return sorted(map(read, rows), key=lambda job: (job.priority, job.id))
 
     def attempt_start(
