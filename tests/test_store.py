@@ -172,6 +172,25 @@ def test_claim_batch_is_ordered_and_limited(store):
     assert [j.id for j in rest] == expected[4:]
 
 
+def test_claim_returns_every_field_as_stored(store):
+    """The claim reads back only what it did not write and fills in the rest: every field,
+    on a second attempt of a job that uses all of them, must equal a fresh read."""
+    [job_id] = submit(store, spec(
+        command=("agent", "--issue", "{n}"), payload={"n": 7, "deep": {"a": [1, 2]}},
+        env={"MODE": "x"}, workdir="/tmp", priority=3, weight="heavy", dedup_key="issue-7",
+        affinity="h1", timeout_seconds=90.5, max_attempts=3, backoff_base_seconds=0.0))
+    first = claim_one(store, at(1))
+    assert store.attempt_start(first.token, 4242, "/tmp/log", at(2))
+    assert store.attempt_finish([AttemptResult(
+        first.token, Outcome.FAILED, 3,
+        Decision(JobStatus.QUEUED, failure_reason="exit_nonzero", spend_failure=True,
+                 available_at=at(3)))], at(3))
+    [second] = store.job_claim("h1", "w2", 5, at(4))
+    assert second.attempt == 2 and second.exit_code == 3 and second.failures == 1
+    assert second.failure_reason == "exit_nonzero" and second.started_at is None
+    assert second == get(store, job_id)
+
+
 def test_future_available_at_is_not_claimed_until_due(store):
     [later] = submit(store, spec(available_at=at(60), priority=1))
     [now_job] = submit(store, spec(priority=100))
@@ -330,6 +349,19 @@ def test_finish_applies_a_batch_and_skips_stale_entries(store):
     assert get(store, a_id).status is JobStatus.DONE
     failed = get(store, b_id)
     assert failed.status is JobStatus.FAILED and failed.exit_code == 2 and failed.failures == 1
+
+
+def test_finish_applies_the_live_result_whatever_the_batch_order(store):
+    [job_id] = submit(store)
+    job = claim_one(store)
+    ok = Decision(JobStatus.DONE)
+    applied = store.attempt_finish(
+        [AttemptResult(job.token, Outcome.OK, 0, ok),
+         AttemptResult(AttemptToken(job_id, job.attempt + 1), Outcome.FAILED, 1, ok),
+         AttemptResult(AttemptToken(job_id, job.attempt - 1), Outcome.FAILED, 1, ok)],
+        at(1))
+    assert applied == [(job.token, JobStatus.DONE)]
+    assert get(store, job_id).exit_code == 0
 
 
 # -- finish with policy decisions -----------------------------------------------------------

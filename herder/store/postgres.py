@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import DictRow, RowMaker, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
@@ -38,6 +38,7 @@ from herder.model import (
     ReservationStatus,
 )
 from herder.store.base import (
+    CLAIM_GIVEN,
     Alert,
     DueJob,
     Lease,
@@ -46,6 +47,7 @@ from herder.store.base import (
     Waker,
     alert_from_row,
     attempt_from_row,
+    claim_given,
     due_job_from_row,
     event_from_row,
     host_from_row,
@@ -67,16 +69,6 @@ _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
 _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
 _CLAIM_QUERIES: dict[int, str] = {}
 MAX_CLAIM = 1000
-
-
-def _job_rows(cursor: psycopg.Cursor[Any]) -> RowMaker[Job]:
-    """psycopg row factory: Jobs straight from the result tuples (claims build one per row).
-    Column names come from the raw result: `cursor.description` builds an object per column
-    on every call, a measurable share of a small claim."""
-    result = cursor.pgresult
-    if result is None:
-        return job_reader(())
-    return job_reader([(result.fname(i) or b"").decode() for i in range(result.nfields)])
 
 
 def _json_loads(data: bytes | str) -> Any:
@@ -243,10 +235,18 @@ class PostgresStore(Store):
         if limit < 1:
             return []
         with self._pool.connection() as conn:
-            cursor = conn.cursor(row_factory=_job_rows)
-            return cursor.execute(
+            cursor = conn.cursor(row_factory=tuple_row)  # a Job is read from each below
+            rows = cursor.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now}
             ).fetchall()
+            result = cursor.pgresult
+        if not rows or result is None:
+            return []
+        # Names from the raw result: `cursor.description` builds an object per column.
+        read = job_reader([(result.fname(i) or b"").decode() for i in range(result.nfields)],
+                          None, CLAIM_GIVEN)
+        given = claim_given(host, now)
+        return [read(row, given) for row in rows]
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
@@ -280,20 +280,18 @@ class PostgresStore(Store):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         if not results:
             return []
-        params = {"now": now, "job_ids": [r.token.job_id for r in results], "results": Jsonb([
-            {"job_id": r.token.job_id, "attempt": r.token.attempt, "outcome": r.outcome.value,
-             "exit_code": r.exit_code, "next_status": r.decision.status.value,
-             "available_at": None if r.decision.available_at is None
-             else r.decision.available_at.isoformat(),
-             "failure_reason": r.decision.failure_reason,
-             "spend_failure": int(r.decision.spend_failure),
-             "spend_lost": int(r.decision.spend_lost),
-             "spend_spawn_failure": int(r.decision.spend_spawn_failure)}
-            for r in results])}
+        # Keyed by attempt token; enum members are str, so json writes their values.
+        params = {"now": now, "job_ids": [r.token.job_id for r in results], "results": Jsonb({
+            f"{r.token.job_id}.{r.token.attempt}": (
+                r.outcome, r.exit_code, r.decision.status,
+                None if r.decision.available_at is None else r.decision.available_at.isoformat(),
+                r.decision.failure_reason, int(r.decision.spend_failure),
+                int(r.decision.spend_lost), int(r.decision.spend_spawn_failure))
+            for r in results})}
         with self._pool.connection() as conn:
-            rows = conn.execute(Q["attempt_finish"], params).fetchall()
-        return [(AttemptToken(int(r["id"]), int(r["attempt"])), JobStatus(r["status"]))
-                for r in rows]
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                Q["attempt_finish"], params).fetchall()
+        return [(AttemptToken(row[0], row[1]), JobStatus(row[2])) for row in rows]
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         with self._pool.connection() as conn, conn.transaction():

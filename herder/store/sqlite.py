@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import operator
 import os
 import sqlite3
 import threading
@@ -36,6 +37,7 @@ from herder.model import (
     ReservationStatus,
 )
 from herder.store.base import (
+    CLAIM_GIVEN,
     Alert,
     DueJob,
     Lease,
@@ -44,6 +46,7 @@ from herder.store.base import (
     Waker,
     alert_from_row,
     attempt_from_row,
+    claim_given,
     due_job_from_row,
     event_from_row,
     host_from_row,
@@ -89,13 +92,28 @@ def _json(value: str | None) -> Any:
     return json.loads(value)
 
 
+_COMMANDS: dict[str, tuple[str, ...]] = {}
+
+
+def _command(value: str) -> tuple[str, ...]:
+    """Jobs of one type share their command text, and a claim decodes one per job: parse
+    each text once (a tuple is safe to share)."""
+    command = _COMMANDS.get(value)
+    if command is None:
+        if len(_COMMANDS) >= 4096:
+            _COMMANDS.clear()
+        command = _COMMANDS[value] = tuple(json.loads(value))
+    return command
+
+
 def _time(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
 # How a column is stored here -> its Python value (for `_convert` and `job_reader`).
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, _json)}
+    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, _json),
+    "command": _command}
 
 
 _Plan = tuple[tuple[str, Any], ...]
@@ -332,8 +350,10 @@ class SQLiteStore(Store):
                 "job_ids": "[" + ",".join(str(row[key]) for row in rows) + "]",  # ints: JSON
                 "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
         # Rows become jobs after COMMIT: the write lock is held only for the statements.
-        read = job_reader(names, _DECODE)
-        return sorted(map(read, rows), key=lambda job: (job.priority, job.id))
+        rows.sort(key=operator.itemgetter(names.index("priority"), key))
+        read = job_reader(names, _DECODE, CLAIM_GIVEN)
+        given = claim_given(host, datetime.fromtimestamp(stamp, UTC))  # as a later read gives it
+        return [read(row, given) for row in rows]
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime

@@ -67,7 +67,12 @@ WITH picked AS (
         pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
-    RETURNING j.*
+    -- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
+    RETURNING j.id, j.job_type, j.command, j.shell, j.payload, j.priority, j.weight,
+              j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
+              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
+              j.failures, j.lost, j.exit_code, j.failure_reason, j.cancel_requested,
+              j.created_at, j.finished_at, j.ram_gb, j.spawn_failures
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt,
@@ -102,40 +107,38 @@ RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 -- PostgreSQL if a concurrent update got there first. The status the job left is read from
 -- started_at (only a started attempt has one), so no locking read is needed. The ended
 -- attempt is written to the history from the live columns the job row still holds. A
--- requeue wakes idle runners. The results come as one JSON array: its row estimate does not
--- depend on the batch, so PostgreSQL settles on one cached plan (arrays kept it re-planning).
--- `id = ANY(job_ids)` gives that plan a primary-key path: without it, the JSON's default
--- estimate of 100 rows made a hash join over a scan of a small jobs table look cheaper.
-WITH r AS (
-    SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
-      AS r(job_id bigint, attempt int, outcome text, exit_code int, next_status text,
-           available_at timestamptz, failure_reason text, spend_failure int, spend_lost int,
-           spend_spawn_failure int)
-), j AS (
+-- requeue wakes idle runners.
+-- The results come as one JSON object keyed by attempt token ("job_id.attempt"), each value
+-- the positional array [outcome, exit_code, next_status, available_at, failure_reason,
+-- spend_failure, spend_lost, spend_spawn_failure]. Each job row looks up the result of its
+-- live attempt by key (a binary search in jsonb), so a stale token is never found and there
+-- is no join to plan: joined with the batch, statistics taken while no job was active
+-- (the usual case) chose a nested loop that re-read the whole batch for every job row.
+WITH j AS (
     UPDATE herder_jobs SET
-        status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
-                      THEN 'cancelled' ELSE r.next_status END,
-        exit_code = r.exit_code,
-        failure_reason = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
-                              THEN 'cancelled' ELSE r.failure_reason END,
-        failures = herder_jobs.failures + r.spend_failure,
-        lost = herder_jobs.lost + r.spend_lost,
-        spawn_failures = herder_jobs.spawn_failures + r.spend_spawn_failure,
-        available_at = COALESCE(r.available_at, herder_jobs.available_at),
-        finished_at = CASE WHEN r.next_status = 'queued' AND NOT herder_jobs.cancel_requested
-                           THEN NULL ELSE %(now)s END,
+        status = CASE
+            WHEN cancel_requested AND %(results)s -> (id || '.' || attempt) ->> 2 = 'queued' THEN 'cancelled'
+            ELSE %(results)s -> (id || '.' || attempt) ->> 2 END,
+        exit_code = (%(results)s -> (id || '.' || attempt) ->> 1)::int,
+        failure_reason = CASE
+            WHEN cancel_requested AND %(results)s -> (id || '.' || attempt) ->> 2 = 'queued' THEN 'cancelled'
+            ELSE %(results)s -> (id || '.' || attempt) ->> 4 END,
+        failures = failures + (%(results)s -> (id || '.' || attempt) ->> 5)::int,
+        lost = lost + (%(results)s -> (id || '.' || attempt) ->> 6)::int,
+        spawn_failures = spawn_failures + (%(results)s -> (id || '.' || attempt) ->> 7)::int,
+        available_at = COALESCE((%(results)s -> (id || '.' || attempt) ->> 3)::timestamptz, available_at),
+        finished_at = CASE
+            WHEN %(results)s -> (id || '.' || attempt) ->> 2 = 'queued' AND NOT cancel_requested THEN NULL
+            ELSE %(now)s END,
         cancel_requested = false,
         updated_at = %(now)s
-    FROM r
-    WHERE herder_jobs.id = ANY(%(job_ids)s::bigint[])
-      AND herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
-      AND herder_jobs.status IN ('claimed', 'running')
-    RETURNING herder_jobs.id, herder_jobs.attempt, herder_jobs.status,
-              CASE WHEN herder_jobs.started_at IS NULL THEN 'claimed' ELSE 'running' END
-                  AS old_status,
-              r.outcome, r.exit_code, herder_jobs.host, herder_jobs.worker, herder_jobs.pid,
-              herder_jobs.log_path, herder_jobs.claimed_at, herder_jobs.started_at,
-              herder_jobs.heartbeat_at
+    WHERE id = ANY(%(job_ids)s::bigint[])
+      AND %(results)s ? (id || '.' || attempt)
+      AND status IN ('claimed', 'running')
+    RETURNING id, attempt, status,
+              CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status,
+              %(results)s -> (id || '.' || attempt) ->> 0 AS outcome,
+              exit_code, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at
 ), a AS (
     INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
                                  started_at, heartbeat_at, ended_at, exit_code, outcome)

@@ -53,7 +53,11 @@ WHERE id IN (
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
     LIMIT :limit)
-RETURNING *;
+-- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
+RETURNING id, job_type, command, shell, payload, priority, weight, dedup_key, affinity,
+    available_at, max_attempts, timeout_seconds, env, workdir, backoff_base_seconds,
+    backoff_max_seconds, attempt, failures, lost, exit_code, failure_reason, cancel_requested,
+    created_at, finished_at, ram_gb, spawn_failures;
 
 -- name: job_claim_events
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)

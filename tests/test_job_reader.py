@@ -1,0 +1,51 @@
+"""The generated Job reader (pure code: no store)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+import pytest
+
+from herder.model import Job, JobStatus
+from herder.store.base import CLAIM_GIVEN, CLAIM_RETURNS, claim_given, job_reader
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+JOB = Job(
+    id=7, job_type="agent", command=("run", "x"), shell=False, payload={"n": 1}, priority=5,
+    weight="small", dedup_key="k", affinity=None, available_at=T0, max_attempts=3,
+    timeout_seconds=60.0, env={"A": "b"}, workdir=None, backoff_base_seconds=10.0,
+    backoff_max_seconds=600.0, status=JobStatus.CLAIMED, attempt=2, failures=1, lost=0,
+    host="h1", exit_code=3, failure_reason="exit_nonzero", cancel_requested=False,
+    created_at=T0, claimed_at=T0, started_at=None, finished_at=None, updated_at=T0,
+    ram_gb=4.0, spawn_failures=0)
+
+
+def test_reader_builds_the_same_job_as_the_constructor():
+    values = dataclasses.astuple(JOB)
+    names = [field.name for field in dataclasses.fields(Job)]
+    assert job_reader(names)(values) == JOB
+
+
+def test_reader_converts_and_decodes_in_that_order():
+    decode = {"command": lambda text: text.split(" "), "status": str.lower}
+    row = {**dataclasses.asdict(JOB), "command": "run x", "status": "CLAIMED", "shell": 0}
+    job = job_reader(list(row), decode)(list(row.values()))
+    assert job.command == ("run", "x") and job.status is JobStatus.CLAIMED
+    assert job.shell is False
+
+
+def test_claim_reader_takes_what_the_claim_wrote_from_given():
+    row = dataclasses.asdict(JOB)
+    read = job_reader(CLAIM_RETURNS, None, CLAIM_GIVEN)
+    assert read([row[name] for name in CLAIM_RETURNS], claim_given("h1", T0)) == JOB
+
+
+def test_reader_fills_defaults_of_older_rows_and_names_a_missing_column():
+    row = dataclasses.asdict(JOB)
+    del row["ram_gb"], row["spawn_failures"]
+    job = job_reader(list(row))(list(row.values()))
+    assert job.ram_gb == 0.0 and job.spawn_failures == 0
+    del row["weight"]
+    with pytest.raises(KeyError, match="weight"):
+        job_reader(list(row))
