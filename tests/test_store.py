@@ -364,6 +364,40 @@ def test_finish_applies_the_live_result_whatever_the_batch_order(store):
     assert get(store, job_id).exit_code == 0
 
 
+def test_finish_with_a_token_twice_applies_its_first_result(store):
+    [job_id] = submit(store)
+    job = claim_one(store)
+    applied = store.attempt_finish(
+        [AttemptResult(job.token, Outcome.FAILED, 5,
+                       Decision(JobStatus.FAILED, failure_reason="exit_nonzero")),
+         AttemptResult(job.token, Outcome.OK, 0, Decision(JobStatus.DONE))], at(1))
+    assert applied == [(job.token, JobStatus.FAILED)]
+    assert get(store, job_id).exit_code == 5
+    assert [a.outcome for a in store.attempt_list(job_id)] == [Outcome.FAILED]
+
+
+def test_finish_applies_mixed_results_in_one_call(store):
+    ids = submit(store, *(spec(max_attempts=2, backoff_base_seconds=0.0) for _ in range(4)))
+    jobs = store.job_claim("h1", "w1", 4, T0)
+    retry = Decision(JobStatus.QUEUED, failure_reason="exit_nonzero", spend_failure=True,
+                     available_at=at(5))
+    outcomes = [(Outcome.OK, 0, Decision(JobStatus.DONE)), (Outcome.FAILED, 1, retry),
+                (Outcome.FAILED, 2, retry), (Outcome.OK, 0, Decision(JobStatus.DONE))]
+    applied = store.attempt_finish(
+        [AttemptResult(job.token, *o) for job, o in zip(jobs, outcomes, strict=True)], at(1))
+    assert sorted(applied, key=lambda pair: pair[0].job_id) == [
+        (job.token, o[2].status) for job, o in zip(jobs, outcomes, strict=True)]
+    after = [get(store, job_id) for job_id in ids]
+    assert [j.exit_code for j in after] == [0, 1, 2, 0]
+    assert [j.failures for j in after] == [0, 1, 1, 0]
+    assert after[1].available_at == at(5) and after[1].finished_at is None
+    for job_id, (outcome, code, _) in zip(ids, outcomes, strict=True):
+        [attempt] = store.attempt_list(job_id)
+        assert (attempt.outcome, attempt.exit_code, attempt.ended_at) == (outcome, code, at(1))
+        finished = [e for e in store.event_list(job_id) if e.kind == "finished"]
+        assert [e.detail for e in finished] == [{"outcome": outcome.value, "exit_code": code}]
+
+
 # -- finish with policy decisions -----------------------------------------------------------
 
 

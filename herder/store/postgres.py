@@ -280,14 +280,15 @@ class PostgresStore(Store):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         if not results:
             return []
-        # Keyed by attempt token; enum members are str, so json writes their values.
+        # Keyed by attempt token; a repeated token keeps its first result (hence reversed).
+        # Enum members are str, so json writes their values.
         params = {"now": now, "job_ids": [r.token.job_id for r in results], "results": Jsonb({
             f"{r.token.job_id}.{r.token.attempt}": (
                 r.outcome, r.exit_code, r.decision.status,
                 None if r.decision.available_at is None else r.decision.available_at.isoformat(),
                 r.decision.failure_reason, int(r.decision.spend_failure),
                 int(r.decision.spend_lost), int(r.decision.spend_spawn_failure))
-            for r in results})}
+            for r in reversed(results)})}
         with self._pool.connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(
                 Q["attempt_finish"], params).fetchall()

@@ -24,6 +24,7 @@ from herder.model import (
     Attempt,
     AttemptResult,
     AttemptToken,
+    Decision,
     Event,
     HeartbeatReply,
     HostRecord,
@@ -32,6 +33,7 @@ from herder.model import (
     Job,
     JobSpec,
     JobStatus,
+    Outcome,
     Reservation,
     ReservationKind,
     ReservationStatus,
@@ -132,6 +134,31 @@ def _convert(row: sqlite3.Row) -> dict[str, Any]:
     keys = tuple(row.keys())
     return {key: (value if convert is None else convert(value))
             for (key, convert), value in zip(_plan(keys), row, strict=True)}
+
+
+_FinishGroup = tuple[tuple[Outcome, int | None, Decision], dict[int, int]]
+
+
+def _finish_groups(results: Sequence[AttemptResult]) -> list[_FinishGroup]:
+    """Results that share outcome, exit code and decision, each group's tokens as
+    {job_id: attempt}. Two tokens of one job go to separate groups (only the live one can
+    apply); a repeated token keeps its first result."""
+    groups: dict[tuple[Outcome, int | None, Decision], list[dict[int, int]]] = {}
+    seen: set[AttemptToken] = set()
+    for result in results:
+        token = result.token
+        if token in seen:
+            continue
+        seen.add(token)
+        shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
+        for tokens in shelves:
+            if token.job_id not in tokens:
+                break
+        else:
+            tokens = {}
+            shelves.append(tokens)
+        tokens[token.job_id] = token.attempt
+    return [(key, tokens) for key, shelves in groups.items() for tokens in shelves]
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -392,24 +419,28 @@ class SQLiteStore(Store):
         if not results:
             return []
         stamp = now.timestamp()
-        by_token = {result.token: result for result in results}
-        batch = json.dumps([
-            (r.token.job_id, r.token.attempt, r.decision.status.value, r.exit_code,
-             r.decision.failure_reason, int(r.decision.spend_failure),
-             int(r.decision.spend_lost), int(r.decision.spend_spawn_failure),
-             to_epoch(r.decision.available_at))
-            for r in by_token.values()])
+        applied: list[tuple[AttemptToken, JobStatus]] = []
         with self._write() as conn:
-            rows = conn.execute(Q["attempt_finish"], {"results": batch, "now": stamp}).fetchall()
-            if not rows:
-                return []
-            applied = [(AttemptToken(row[0], row[1]), row) for row in rows]
-            ended = json.dumps([
-                (row[0], row[1], by_token[token].exit_code, by_token[token].outcome.value,
-                 row[3]) for token, row in applied])
-            conn.execute(Q["attempt_finish_record"], {"applied": ended, "now": stamp})
-            conn.execute(Q["attempt_finish_events"], {"applied": ended, "now": stamp})
-        return [(token, JobStatus(row[2])) for token, row in applied]
+            for (outcome, exit_code, decision), tokens in _finish_groups(results):
+                params = {
+                    "tokens": json.dumps(tokens), "now": stamp, "exit_code": exit_code,
+                    "next_status": decision.status.value,
+                    "failure_reason": decision.failure_reason,
+                    "spend_failure": int(decision.spend_failure),
+                    "spend_lost": int(decision.spend_lost),
+                    "spend_spawn_failure": int(decision.spend_spawn_failure),
+                    "available_at": to_epoch(decision.available_at)}
+                rows = conn.execute(Q["attempt_finish"], params).fetchall()
+                if not rows:
+                    continue
+                ended = {"applied": "[" + ",".join(str(row[0]) for row in rows) + "]",
+                         "now": stamp, "exit_code": exit_code, "outcome": outcome.value}
+                conn.execute(Q["attempt_finish_record"], ended)
+                conn.execute(Q["attempt_finish_events"], {
+                    "applied": ended["applied"], "now": stamp, "detail": json.dumps(
+                        {"outcome": outcome.value, "exit_code": exit_code})})
+                applied.extend((AttemptToken(row[0], row[1]), JobStatus(row[2])) for row in rows)
+        return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         stamp = now.timestamp()

@@ -80,56 +80,45 @@ WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
 RETURNING id, attempt, cancel_requested;
 
 -- name: attempt_finish
--- Set-based: one statement for the whole batch, the results passed as one JSON array of
--- [job_id, attempt, next_status, exit_code, failure_reason, spend_failure, spend_lost,
--- spend_spawn_failure, available_at]. The status the job left is read from started_at (only
--- a started attempt has one); the live columns still on the row become the attempt's
--- history row (attempt_finish_record).
+-- Set-based: one statement per group of results that share an outcome, exit code and
+-- decision (a batch is usually one group), those passed as parameters and the group's
+-- tokens as one JSON object {"job_id": attempt}: json_each gives key and value without
+-- parsing each element again, and the job rows are found by rowid.
 UPDATE herder_jobs SET
-    status = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
-                  THEN 'cancelled' ELSE r.next_status END,
-    exit_code = r.exit_code,
-    failure_reason = CASE WHEN herder_jobs.cancel_requested AND r.next_status = 'queued'
-                          THEN 'cancelled' ELSE r.failure_reason END,
-    failures = herder_jobs.failures + r.spend_failure,
-    lost = herder_jobs.lost + r.spend_lost,
-    spawn_failures = herder_jobs.spawn_failures + r.spend_spawn_failure,
-    available_at = COALESCE(r.available_at, herder_jobs.available_at),
-    finished_at = CASE WHEN r.next_status = 'queued' AND NOT herder_jobs.cancel_requested
+    status = CASE WHEN cancel_requested AND :next_status = 'queued'
+                  THEN 'cancelled' ELSE :next_status END,
+    exit_code = :exit_code,
+    failure_reason = CASE WHEN cancel_requested AND :next_status = 'queued'
+                          THEN 'cancelled' ELSE :failure_reason END,
+    failures = failures + :spend_failure,
+    lost = lost + :spend_lost,
+    spawn_failures = spawn_failures + :spend_spawn_failure,
+    available_at = COALESCE(:available_at, available_at),
+    finished_at = CASE WHEN :next_status = 'queued' AND NOT cancel_requested
                        THEN NULL ELSE :now END,
     cancel_requested = 0,
     updated_at = :now
-FROM (SELECT json_extract(value, '$[0]') AS job_id,
-             json_extract(value, '$[1]') AS attempt,
-             json_extract(value, '$[2]') AS next_status,
-             json_extract(value, '$[3]') AS exit_code,
-             json_extract(value, '$[4]') AS failure_reason,
-             json_extract(value, '$[5]') AS spend_failure,
-             json_extract(value, '$[6]') AS spend_lost,
-             json_extract(value, '$[7]') AS spend_spawn_failure,
-             json_extract(value, '$[8]') AS available_at
-      FROM json_each(:results)) AS r
-WHERE herder_jobs.id = r.job_id AND herder_jobs.attempt = r.attempt
+FROM json_each(:tokens) AS t
+WHERE herder_jobs.id = t.key AND herder_jobs.attempt = t.value
   AND herder_jobs.status IN ('claimed', 'running')
-RETURNING id, attempt, status,
-    CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status;
+RETURNING id, attempt, status;
 
 -- name: attempt_finish_record
 -- The ended attempts' history rows, from the live columns their job rows still hold.
--- :applied is a JSON array of [job_id, attempt, exit_code, outcome, old_status].
+-- :applied is a JSON array of the job ids attempt_finish changed.
 INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
                              started_at, heartbeat_at, ended_at, exit_code, outcome)
 SELECT j.id, j.attempt, coalesce(j.host, ''), coalesce(j.worker, ''), j.pid, j.log_path,
        coalesce(j.claimed_at, :now), j.started_at, coalesce(j.heartbeat_at, j.claimed_at, :now),
-       :now, json_extract(t.value, '$[2]'), json_extract(t.value, '$[3]')
-FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = json_extract(t.value, '$[0]');
+       :now, :exit_code, :outcome
+FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
 -- name: attempt_finish_events
+-- The status the job left is read from started_at (only a started attempt has one).
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-SELECT j.id, :now, 'finished', json_extract(t.value, '$[4]'), j.status, j.attempt,
-       json_object('outcome', json_extract(t.value, '$[3]'),
-                   'exit_code', json_extract(t.value, '$[2]'))
-FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = json_extract(t.value, '$[0]');
+SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELSE 'running' END,
+       j.status, j.attempt, :detail
+FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
 -- name: job_cancel
 UPDATE herder_jobs SET
