@@ -218,6 +218,7 @@ class SQLiteStore(Store):
         self.url = url
         self.path, self.synchronous = parse_sqlite_url(url)
         self.busy_timeout = busy_timeout
+        self._claim_names: list[str] | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open {self.path}: directory {directory} does not exist")
@@ -371,16 +372,22 @@ class SQLiteStore(Store):
             ).fetchall()
             if not rows:
                 return []
-            names = [column[0] for column in cursor.description]
-            key = names.index("id")
+            names = self._claim_names or self._remember_claim_names(cursor)
+            key, attempt = names.index("id"), names.index("attempt")
             conn.execute(Q["job_claim_events"], {
-                "job_ids": "[" + ",".join(str(row[key]) for row in rows) + "]",  # ints: JSON
+                "tokens": json.dumps({row[key]: row[attempt] for row in rows}),
                 "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
         # Rows become jobs after COMMIT: the write lock is held only for the statements.
         rows.sort(key=operator.itemgetter(names.index("priority"), key))
         read = job_reader(names, _DECODE, CLAIM_GIVEN)
         given = claim_given(host, datetime.fromtimestamp(stamp, UTC))  # as a later read gives it
         return [read(row, given) for row in rows]
+
+    def _remember_claim_names(self, cursor: sqlite3.Cursor) -> list[str]:
+        """The claim's columns never change: read them once (`description` builds a tuple
+        per column on every call)."""
+        self._claim_names = [column[0] for column in cursor.description]
+        return self._claim_names
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime

@@ -60,9 +60,10 @@ RETURNING id, job_type, command, shell, payload, priority, weight, dedup_key, af
     created_at, finished_at, ram_gb, spawn_failures;
 
 -- name: job_claim_events
+-- :tokens holds the claimed jobs as one JSON object {"job_id": attempt}.
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-SELECT j.id, :now, 'claimed', 'queued', 'claimed', j.attempt, :detail
-FROM json_each(:job_ids) AS t JOIN herder_jobs j ON j.id = t.value;
+SELECT CAST(t.key AS INTEGER), :now, 'claimed', 'queued', 'claimed', t.value, :detail
+FROM json_each(:tokens) AS t;
 
 -- name: event_insert
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
