@@ -23,7 +23,7 @@ from herder.store.sqlite import parse_sqlite_url
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 ROWS = 20_000
 INDEX = "herder_jobs_queued"
-CLAIM_PARAMS = {"host": "h1", "worker": "w1", "limit": 10, "now": T0}
+CLAIM_PARAMS = {"host": "h1", "worker": "w1", "limit": 10, "now": T0, "detail": Jsonb({})}
 
 # queued_every=100: 1% queued and the rest done (a long-lived queue); 1: a fresh backlog.
 SHAPES = [pytest.param(100, id="mostly-done"), pytest.param(1, id="all-queued")]
@@ -138,7 +138,7 @@ def test_sqlite_claim_picks_through_partial_index(sqlite_url, queued_every, anal
 # -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
 
 _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",
-             "results": "jsonb",
+             "results": "jsonb", "detail": "jsonb",
              "job_ids": "bigint[]", "attempts": "int[]", "outcomes": "text[]",
              "exit_codes": "int[]", "statuses": "text[]", "available_ats": "timestamptz[]",
              "failure_reasons": "text[]", "spend_failures": "int[]", "spend_losts": "int[]",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -331,6 +332,20 @@ CLAIM_GIVEN = ("status", "host", "claimed_at", "started_at", "updated_at")
 CLAIM_RETURNS = tuple(
     name for name in _JOB_FIELDS if name not in CLAIM_GIVEN and name not in _JOB_DEFAULTS
 ) + tuple(_JOB_DEFAULTS)
+
+
+_COMMANDS: dict[str, tuple[str, ...]] = {}
+
+
+def command_from_json(value: str) -> tuple[str, ...]:
+    """Jobs of one type share their command text, and a claim decodes one per job: parse
+    each text once (a tuple is safe to share)."""
+    command = _COMMANDS.get(value)
+    if command is None:
+        if len(_COMMANDS) >= 4096:
+            _COMMANDS.clear()
+        command = _COMMANDS[value] = tuple(json.loads(value))
+    return command
 
 
 def claim_given(host: str, now: datetime) -> tuple[Any, ...]:

@@ -48,6 +48,7 @@ from herder.store.base import (
     alert_from_row,
     attempt_from_row,
     claim_given,
+    command_from_json,
     due_job_from_row,
     event_from_row,
     host_from_row,
@@ -75,6 +76,10 @@ def _json_loads(data: bytes | str) -> Any:
     """Most payloads and envs are empty: skip the parser for them (claims decode three JSON
     columns per job)."""
     return {} if data == b"{}" else json.loads(data)
+
+
+# The claim returns the command as text, so that each command text is parsed once.
+_CLAIM_DECODE = {"command": command_from_json}
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -237,14 +242,15 @@ class PostgresStore(Store):
         with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=tuple_row)  # a Job is read from each below
             rows = cursor.execute(
-                _claim_query(limit), {"host": host, "worker": worker, "now": now}
+                _claim_query(limit), {"host": host, "worker": worker, "now": now,
+                                      "detail": Jsonb({"host": host, "worker": worker})}
             ).fetchall()
             result = cursor.pgresult
         if not rows or result is None:
             return []
         # Names from the raw result: `cursor.description` builds an object per column.
         read = job_reader([(result.fname(i) or b"").decode() for i in range(result.nfields)],
-                          None, CLAIM_GIVEN)
+                          _CLAIM_DECODE, CLAIM_GIVEN)
         given = claim_given(host, now)
         return [read(row, given) for row in rows]
 

@@ -49,6 +49,7 @@ from herder.store.base import (
     alert_from_row,
     attempt_from_row,
     claim_given,
+    command_from_json,
     due_job_from_row,
     event_from_row,
     host_from_row,
@@ -94,20 +95,6 @@ def _json(value: str | None) -> Any:
     return json.loads(value)
 
 
-_COMMANDS: dict[str, tuple[str, ...]] = {}
-
-
-def _command(value: str) -> tuple[str, ...]:
-    """Jobs of one type share their command text, and a claim decodes one per job: parse
-    each text once (a tuple is safe to share)."""
-    command = _COMMANDS.get(value)
-    if command is None:
-        if len(_COMMANDS) >= 4096:
-            _COMMANDS.clear()
-        command = _COMMANDS[value] = tuple(json.loads(value))
-    return command
-
-
 def _time(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
@@ -115,7 +102,7 @@ def _time(value: float | None) -> datetime | None:
 # How a column is stored here -> its Python value (for `_convert` and `job_reader`).
 _DECODE: dict[str, Any] = {
     **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, _json),
-    "command": _command}
+    "command": command_from_json}
 
 
 _Plan = tuple[tuple[str, Any], ...]

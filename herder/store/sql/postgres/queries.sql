@@ -68,15 +68,15 @@ WITH picked AS (
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
     -- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
-    RETURNING j.id, j.job_type, j.command, j.shell, j.payload, j.priority, j.weight,
-              j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
+    -- The command as text: the store parses each distinct command text once.
+    RETURNING j.id, j.job_type, j.command::text AS command, j.shell, j.payload, j.priority,
+              j.weight, j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
               j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
               j.failures, j.lost, j.exit_code, j.failure_reason, j.cancel_requested,
               j.created_at, j.finished_at, j.ram_gb, j.spawn_failures
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-    SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt,
-           jsonb_build_object('host', %(host)s::text, 'worker', %(worker)s::text)
+    SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb
     FROM claimed
 )
 SELECT * FROM claimed ORDER BY priority, id;
