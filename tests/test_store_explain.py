@@ -138,7 +138,10 @@ def test_sqlite_claim_picks_through_partial_index(sqlite_url, queued_every, anal
 # -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
 
 _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",
-             "results": "jsonb", "detail": "jsonb",
+             "results": "jsonb", "detail": "jsonb", "tokens": "jsonb", "outcome": "text",
+             "exit_code": "int", "next_status": "text", "failure_reason": "text",
+             "spend_failure": "int", "spend_lost": "int", "spend_spawn_failure": "int",
+             "available_at": "timestamptz",
              "job_ids": "bigint[]", "attempts": "int[]", "outcomes": "text[]",
              "exit_codes": "int[]", "statuses": "text[]", "available_ats": "timestamptz[]",
              "failure_reasons": "text[]", "spend_failures": "int[]", "spend_losts": "int[]",
@@ -195,8 +198,10 @@ def test_postgres_batch_finish_looks_jobs_up_by_key(postgres_url, rows):
         _pg_fill(conn, 1, rows)  # analyzed with nothing claimed
         conn.execute("UPDATE herder_jobs SET status = 'claimed', host = 'h1' WHERE id <= 500")
         ids = list(range(1, 101))
-        params = {"now": T0, "job_ids": ids, "results": Jsonb({
-            f"{i}.1": ("ok", 0, "done", None, None, 0, 0, 0) for i in ids})}
+        params = {"now": T0, "job_ids": ids, "tokens": Jsonb(dict.fromkeys(ids, 1)),
+                  "outcome": "ok", "exit_code": 0, "next_status": "done",
+                  "failure_reason": None, "spend_failure": 0, "spend_lost": 0,
+                  "spend_spawn_failure": 0, "available_at": None}
         queries = load_queries("postgres")
         for query, params_of in ((queries["attempt_finish"], params),
                                  (queries["attempt_heartbeat"],
@@ -217,7 +222,7 @@ def test_postgres_batch_finish_looks_jobs_up_by_key(postgres_url, rows):
 @pytest.mark.postgres
 def test_postgres_claim_and_finish_settle_on_a_cached_plan(postgres_url):
     """Claim and finish stop being re-planned on every call. The claim's LIMIT is a literal
-    for this, and the finish's results come as one JSON object: with a LIMIT parameter, or
+    for this, and the finish's tokens come as one JSON object: with a LIMIT parameter, or
     with arrays whose length the custom plans see, the generic plan's estimated cost differs
     from the custom plans' and PostgreSQL keeps planning each call afresh."""
     from herder.model import AttemptResult, Decision, JobStatus, Outcome

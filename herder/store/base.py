@@ -21,6 +21,7 @@ from herder.model import (
     Attempt,
     AttemptResult,
     AttemptToken,
+    Decision,
     Event,
     HeartbeatReply,
     HostRecord,
@@ -346,6 +347,33 @@ def command_from_json(value: str) -> tuple[str, ...]:
             _COMMANDS.clear()
         command = _COMMANDS[value] = tuple(json.loads(value))
     return command
+
+
+FinishGroup = tuple[tuple[Outcome, int | None, Decision], dict[int, int]]
+
+
+def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
+    """Results that share outcome, exit code and decision, each group's tokens as
+    {job_id: attempt}: both stores finish a group with one statement, its decision passed
+    once (a batch is usually one group), and find each job's attempt by key. Two tokens of
+    one job go to separate groups (only the live one can apply); a repeated token keeps its
+    first result."""
+    groups: dict[tuple[Outcome, int | None, Decision], list[dict[int, int]]] = {}
+    seen: set[AttemptToken] = set()
+    for result in results:
+        token = result.token
+        if token in seen:
+            continue
+        seen.add(token)
+        shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
+        for tokens in shelves:
+            if token.job_id not in tokens:
+                break
+        else:
+            tokens = {}
+            shelves.append(tokens)
+        tokens[token.job_id] = token.attempt
+    return [(key, tokens) for key, shelves in groups.items() for tokens in shelves]
 
 
 def claim_given(host: str, now: datetime) -> tuple[Any, ...]:

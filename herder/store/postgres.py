@@ -51,6 +51,7 @@ from herder.store.base import (
     command_from_json,
     due_job_from_row,
     event_from_row,
+    finish_groups,
     host_from_row,
     host_params,
     job_from_row,
@@ -286,19 +287,21 @@ class PostgresStore(Store):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         if not results:
             return []
-        # Keyed by attempt token; a repeated token keeps its first result (hence reversed).
-        # Enum members are str, so json writes their values.
-        params = {"now": now, "job_ids": [r.token.job_id for r in results], "results": Jsonb({
-            f"{r.token.job_id}.{r.token.attempt}": (
-                r.outcome, r.exit_code, r.decision.status,
-                None if r.decision.available_at is None else r.decision.available_at.isoformat(),
-                r.decision.failure_reason, int(r.decision.spend_failure),
-                int(r.decision.spend_lost), int(r.decision.spend_spawn_failure))
-            for r in reversed(results)})}
+        applied: list[tuple[AttemptToken, JobStatus]] = []
         with self._pool.connection() as conn:
-            rows = conn.cursor(row_factory=tuple_row).execute(
-                Q["attempt_finish"], params).fetchall()
-        return [(AttemptToken(row[0], row[1]), JobStatus(row[2])) for row in rows]
+            cursor = conn.cursor(row_factory=tuple_row)
+            for (outcome, exit_code, decision), tokens in finish_groups(results):
+                rows = cursor.execute(Q["attempt_finish"], {
+                    "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens),
+                    "outcome": outcome.value, "exit_code": exit_code,
+                    "next_status": decision.status.value,
+                    "failure_reason": decision.failure_reason,
+                    "spend_failure": int(decision.spend_failure),
+                    "spend_lost": int(decision.spend_lost),
+                    "spend_spawn_failure": int(decision.spend_spawn_failure),
+                    "available_at": decision.available_at}).fetchall()
+                applied.extend((AttemptToken(row[0], row[1]), JobStatus(row[2])) for row in rows)
+        return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         with self._pool.connection() as conn, conn.transaction():

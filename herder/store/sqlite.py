@@ -24,7 +24,6 @@ from herder.model import (
     Attempt,
     AttemptResult,
     AttemptToken,
-    Decision,
     Event,
     HeartbeatReply,
     HostRecord,
@@ -33,7 +32,6 @@ from herder.model import (
     Job,
     JobSpec,
     JobStatus,
-    Outcome,
     Reservation,
     ReservationKind,
     ReservationStatus,
@@ -52,6 +50,7 @@ from herder.store.base import (
     command_from_json,
     due_job_from_row,
     event_from_row,
+    finish_groups,
     host_from_row,
     host_params,
     job_from_row,
@@ -121,31 +120,6 @@ def _convert(row: sqlite3.Row) -> dict[str, Any]:
     keys = tuple(row.keys())
     return {key: (value if convert is None else convert(value))
             for (key, convert), value in zip(_plan(keys), row, strict=True)}
-
-
-_FinishGroup = tuple[tuple[Outcome, int | None, Decision], dict[int, int]]
-
-
-def _finish_groups(results: Sequence[AttemptResult]) -> list[_FinishGroup]:
-    """Results that share outcome, exit code and decision, each group's tokens as
-    {job_id: attempt}. Two tokens of one job go to separate groups (only the live one can
-    apply); a repeated token keeps its first result."""
-    groups: dict[tuple[Outcome, int | None, Decision], list[dict[int, int]]] = {}
-    seen: set[AttemptToken] = set()
-    for result in results:
-        token = result.token
-        if token in seen:
-            continue
-        seen.add(token)
-        shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
-        for tokens in shelves:
-            if token.job_id not in tokens:
-                break
-        else:
-            tokens = {}
-            shelves.append(tokens)
-        tokens[token.job_id] = token.attempt
-    return [(key, tokens) for key, shelves in groups.items() for tokens in shelves]
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -415,7 +389,7 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         applied: list[tuple[AttemptToken, JobStatus]] = []
         with self._write() as conn:
-            for (outcome, exit_code, decision), tokens in _finish_groups(results):
+            for (outcome, exit_code, decision), tokens in finish_groups(results):
                 params = {
                     "tokens": json.dumps(tokens), "now": stamp, "exit_code": exit_code,
                     "next_status": decision.status.value,

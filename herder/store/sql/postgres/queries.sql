@@ -103,41 +103,37 @@ WHERE j.id = t.job_id AND j.attempt = t.attempt AND j.status IN ('claimed', 'run
 RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 
 -- name: attempt_finish
--- One statement, one round trip: the guard on (id, attempt, status) is re-checked by
--- PostgreSQL if a concurrent update got there first. The status the job left is read from
--- started_at (only a started attempt has one), so no locking read is needed. The ended
--- attempt is written to the history from the live columns the job row still holds. A
--- requeue wakes idle runners.
--- The results come as one JSON object keyed by attempt token ("job_id.attempt"), each value
--- the positional array [outcome, exit_code, next_status, available_at, failure_reason,
--- spend_failure, spend_lost, spend_spawn_failure]. Each job row looks up the result of its
--- live attempt by key (a binary search in jsonb), so a stale token is never found and there
--- is no join to plan: joined with the batch, statistics taken while no job was active
--- (the usual case) chose a nested loop that re-read the whole batch for every job row.
+-- One statement per group of results that share an outcome, exit code and decision (a
+-- batch is usually one group), those passed once. The guard on (id, attempt, status) is
+-- re-checked by PostgreSQL if a concurrent update got there first. The status the job left
+-- is read from started_at (only a started attempt has one), so no locking read is needed.
+-- The ended attempt is written to the history from the live columns the job row still
+-- holds. A requeue wakes idle runners.
+-- The group's tokens come as one JSON object {"job_id": attempt}, and each job row looks
+-- its attempt up by key (a binary search in jsonb). There is no join to plan: joined with
+-- the batch, statistics taken while no job was active (the usual case) chose a nested loop
+-- that re-read the whole batch for every job row. The primary key finds the rows.
 WITH j AS (
     UPDATE herder_jobs SET
-        status = CASE
-            WHEN cancel_requested AND %(results)s -> (id || '.' || attempt) ->> 2 = 'queued' THEN 'cancelled'
-            ELSE %(results)s -> (id || '.' || attempt) ->> 2 END,
-        exit_code = (%(results)s -> (id || '.' || attempt) ->> 1)::int,
-        failure_reason = CASE
-            WHEN cancel_requested AND %(results)s -> (id || '.' || attempt) ->> 2 = 'queued' THEN 'cancelled'
-            ELSE %(results)s -> (id || '.' || attempt) ->> 4 END,
-        failures = failures + (%(results)s -> (id || '.' || attempt) ->> 5)::int,
-        lost = lost + (%(results)s -> (id || '.' || attempt) ->> 6)::int,
-        spawn_failures = spawn_failures + (%(results)s -> (id || '.' || attempt) ->> 7)::int,
-        available_at = COALESCE((%(results)s -> (id || '.' || attempt) ->> 3)::timestamptz, available_at),
-        finished_at = CASE
-            WHEN %(results)s -> (id || '.' || attempt) ->> 2 = 'queued' AND NOT cancel_requested THEN NULL
-            ELSE %(now)s END,
+        status = CASE WHEN cancel_requested AND %(next_status)s::text = 'queued'
+                      THEN 'cancelled' ELSE %(next_status)s::text END,
+        exit_code = %(exit_code)s::int,
+        failure_reason = CASE WHEN cancel_requested AND %(next_status)s::text = 'queued'
+                              THEN 'cancelled' ELSE %(failure_reason)s::text END,
+        failures = failures + %(spend_failure)s::int,
+        lost = lost + %(spend_lost)s::int,
+        spawn_failures = spawn_failures + %(spend_spawn_failure)s::int,
+        available_at = COALESCE(%(available_at)s::timestamptz, available_at),
+        finished_at = CASE WHEN %(next_status)s::text = 'queued' AND NOT cancel_requested
+                           THEN NULL ELSE %(now)s END,
         cancel_requested = false,
         updated_at = %(now)s
     WHERE id = ANY(%(job_ids)s::bigint[])
-      AND %(results)s ? (id || '.' || attempt)
+      AND attempt = (%(tokens)s::jsonb ->> id::text)::int
       AND status IN ('claimed', 'running')
     RETURNING id, attempt, status,
               CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status,
-              %(results)s -> (id || '.' || attempt) ->> 0 AS outcome,
+              %(outcome)s::text AS outcome,
               exit_code, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at
 ), a AS (
     INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
