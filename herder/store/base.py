@@ -349,6 +349,9 @@ def command_from_json(value: str) -> tuple[str, ...]:
     return command
 
 
+STATUS_OF = {status.value: status for status in JobStatus}
+"""A status by its stored value, without the enum call's overhead (finishes read one per row)."""
+
 FinishGroup = tuple[tuple[Outcome, int | None, Decision], dict[int, int]]
 
 
@@ -359,20 +362,20 @@ def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
     one job go to separate groups (only the live one can apply); a repeated token keeps its
     first result."""
     groups: dict[tuple[Outcome, int | None, Decision], list[dict[int, int]]] = {}
-    seen: set[AttemptToken] = set()
+    seen: set[tuple[int, int]] = set()  # plain tuples: they hash in C
     for result in results:
-        token = result.token
-        if token in seen:
+        job_id, attempt = result.token.job_id, result.token.attempt
+        if (job_id, attempt) in seen:
             continue
-        seen.add(token)
+        seen.add((job_id, attempt))
         shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
         for tokens in shelves:
-            if token.job_id not in tokens:
+            if job_id not in tokens:
                 break
         else:
             tokens = {}
             shelves.append(tokens)
-        tokens[token.job_id] = token.attempt
+        tokens[job_id] = attempt
     return [(key, tokens) for key, shelves in groups.items() for tokens in shelves]
 
 

@@ -39,6 +39,7 @@ from herder.model import (
 )
 from herder.store.base import (
     CLAIM_GIVEN,
+    STATUS_OF,
     Alert,
     DueJob,
     Lease,
@@ -300,7 +301,7 @@ class PostgresStore(Store):
                     "spend_lost": int(decision.spend_lost),
                     "spend_spawn_failure": int(decision.spend_spawn_failure),
                     "available_at": decision.available_at}).fetchall()
-                applied.extend((AttemptToken(row[0], row[1]), JobStatus(row[2])) for row in rows)
+                applied.extend((AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows)
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:

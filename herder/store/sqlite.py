@@ -38,6 +38,7 @@ from herder.model import (
 )
 from herder.store.base import (
     CLAIM_GIVEN,
+    STATUS_OF,
     Alert,
     DueJob,
     Lease,
@@ -407,7 +408,7 @@ class SQLiteStore(Store):
                 conn.execute(Q["attempt_finish_events"], {
                     "applied": ended["applied"], "now": stamp, "detail": json.dumps(
                         {"outcome": outcome.value, "exit_code": exit_code})})
-                applied.extend((AttemptToken(row[0], row[1]), JobStatus(row[2])) for row in rows)
+                applied.extend((AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows)
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
