@@ -821,3 +821,36 @@ def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, mo
         [history] = store.attempt_list(running)
         assert (history.worker, history.pid, history.heartbeat_at, history.ended_at) == (
             "w1", 42, at(6), at(7))
+
+
+@pytest.mark.postgres
+def test_postgres_finish_of_several_groups_is_all_or_nothing(postgres_url, monkeypatch):
+    """Several groups are one transaction on PostgreSQL too (SQLite's BEGIN IMMEDIATE): a
+    failure in the second group leaves the first group's jobs running, not half done."""
+    from herder.store import postgres
+
+    with open_store(postgres_url) as store:
+        submit(store, spec(), spec())
+        first, second = store.job_claim("h1", "w1", 2, T0)
+        real = postgres._finish_group
+        calls: list[int] = []
+
+        def fail_second(cursor, group, now):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("crash between groups")
+            return real(cursor, group, now)
+
+        monkeypatch.setattr(postgres, "_finish_group", fail_second)
+        with pytest.raises(RuntimeError, match="between groups"):
+            store.attempt_finish(
+                [AttemptResult(first.token, Outcome.OK, 0, Decision(JobStatus.DONE)),
+                 AttemptResult(second.token, Outcome.FAILED, 1,
+                               Decision(JobStatus.FAILED, failure_reason="exit_nonzero"))],
+                at(1))
+        assert len(calls) == 2
+        assert [get(store, job.id).status for job in (first, second)] == [JobStatus.CLAIMED] * 2
+        assert store.attempt_list(first.id)[0].ended_at is None
+        monkeypatch.undo()
+        assert len(store.attempt_finish(
+            [AttemptResult(first.token, Outcome.OK, 0, Decision(JobStatus.DONE))], at(2))) == 1

@@ -42,6 +42,7 @@ from herder.store.base import (
     STATUS_OF,
     Alert,
     DueJob,
+    FinishGroup,
     Lease,
     LiveAttempt,
     Store,
@@ -86,6 +87,20 @@ _CLAIM_DECODE = {"command": command_from_json}
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     set_json_loads(_json_loads, conn)
+
+
+def _finish_group(
+    cursor: psycopg.Cursor[tuple[Any, ...]], group: FinishGroup, now: datetime
+) -> list[tuple[AttemptToken, JobStatus]]:
+    (outcome, exit_code, decision), tokens = group
+    rows = cursor.execute(Q["attempt_finish"], {
+        "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens), "outcome": outcome.value,
+        "exit_code": exit_code, "next_status": decision.status.value,
+        "failure_reason": decision.failure_reason,
+        "spend_failure": int(decision.spend_failure), "spend_lost": int(decision.spend_lost),
+        "spend_spawn_failure": int(decision.spend_spawn_failure),
+        "available_at": decision.available_at}).fetchall()
+    return [(AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows]
 
 
 def _claim_query(limit: int) -> str:
@@ -288,20 +303,14 @@ class PostgresStore(Store):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         if not results:
             return []
+        groups = finish_groups(results)
         applied: list[tuple[AttemptToken, JobStatus]] = []
         with self._pool.connection() as conn:
             cursor = conn.cursor(row_factory=tuple_row)
-            for (outcome, exit_code, decision), tokens in finish_groups(results):
-                rows = cursor.execute(Q["attempt_finish"], {
-                    "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens),
-                    "outcome": outcome.value, "exit_code": exit_code,
-                    "next_status": decision.status.value,
-                    "failure_reason": decision.failure_reason,
-                    "spend_failure": int(decision.spend_failure),
-                    "spend_lost": int(decision.spend_lost),
-                    "spend_spawn_failure": int(decision.spend_spawn_failure),
-                    "available_at": decision.available_at}).fetchall()
-                applied.extend((AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows)
+            # One group is one statement; several are applied together, as on SQLite.
+            with conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
+                for group in groups:
+                    applied.extend(_finish_group(cursor, group, now))
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
