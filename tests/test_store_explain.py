@@ -138,14 +138,10 @@ def test_sqlite_claim_picks_through_partial_index(sqlite_url, queued_every, anal
 # -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
 
 _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",
-             "results": "jsonb", "detail": "jsonb", "tokens": "jsonb", "outcome": "text",
-             "exit_code": "int", "next_status": "text", "failure_reason": "text",
-             "spend_failure": "int", "spend_lost": "int", "spend_spawn_failure": "int",
-             "available_at": "timestamptz",
-             "job_ids": "bigint[]", "attempts": "int[]", "outcomes": "text[]",
-             "exit_codes": "int[]", "statuses": "text[]", "available_ats": "timestamptz[]",
-             "failure_reasons": "text[]", "spend_failures": "int[]", "spend_losts": "int[]",
-             "spend_spawn_failures": "int[]"}
+             "detail": "jsonb", "tokens": "jsonb", "outcome": "text", "exit_code": "int",
+             "next_status": "text", "failure_reason": "text", "spend_failure": "int",
+             "spend_lost": "int", "spend_spawn_failure": "int", "available_at": "timestamptz",
+             "job_ids": "bigint[]", "attempts": "int[]"}
 
 
 def _generic_plan(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> dict[str, Any]:

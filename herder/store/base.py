@@ -379,6 +379,15 @@ def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
     return [(key, tokens) for key, shelves in groups.items() for tokens in shelves]
 
 
+def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -> dict[str, Any]:
+    """A finish group's shared parameters, named as both dialects' attempt_finish statements
+    read them; each store adds the tokens, `now` and `available_at` in its own time form."""
+    return {"outcome": outcome.value, "exit_code": exit_code,
+            "next_status": decision.status.value, "failure_reason": decision.failure_reason,
+            "spend_failure": int(decision.spend_failure), "spend_lost": int(decision.spend_lost),
+            "spend_spawn_failure": int(decision.spend_spawn_failure)}
+
+
 def claim_given(host: str, now: datetime) -> tuple[Any, ...]:
     """The CLAIM_GIVEN values of a claim by `host` at `now`, in that order."""
     return (JobStatus.CLAIMED, host, now, None, now)

@@ -54,6 +54,7 @@ from herder.store.base import (
     due_job_from_row,
     event_from_row,
     finish_groups,
+    finish_params,
     host_from_row,
     host_params,
     job_from_row,
@@ -94,12 +95,8 @@ def _finish_group(
 ) -> list[tuple[AttemptToken, JobStatus]]:
     (outcome, exit_code, decision), tokens = group
     rows = cursor.execute(Q["attempt_finish"], {
-        "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens), "outcome": outcome.value,
-        "exit_code": exit_code, "next_status": decision.status.value,
-        "failure_reason": decision.failure_reason,
-        "spend_failure": int(decision.spend_failure), "spend_lost": int(decision.spend_lost),
-        "spend_spawn_failure": int(decision.spend_spawn_failure),
-        "available_at": decision.available_at}).fetchall()
+        **finish_params(outcome, exit_code, decision), "available_at": decision.available_at,
+        "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens)}).fetchall()
     return [(AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows]
 
 

@@ -52,6 +52,7 @@ from herder.store.base import (
     due_job_from_row,
     event_from_row,
     finish_groups,
+    finish_params,
     host_from_row,
     host_params,
     job_from_row,
@@ -392,22 +393,15 @@ class SQLiteStore(Store):
         with self._write() as conn:
             for (outcome, exit_code, decision), tokens in finish_groups(results):
                 params = {
-                    "tokens": json.dumps(tokens), "now": stamp, "exit_code": exit_code,
-                    "next_status": decision.status.value,
-                    "failure_reason": decision.failure_reason,
-                    "spend_failure": int(decision.spend_failure),
-                    "spend_lost": int(decision.spend_lost),
-                    "spend_spawn_failure": int(decision.spend_spawn_failure),
-                    "available_at": to_epoch(decision.available_at)}
+                    **finish_params(outcome, exit_code, decision), "now": stamp,
+                    "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
                 rows = conn.execute(Q["attempt_finish"], params).fetchall()
                 if not rows:
                     continue
-                ended = {"applied": "[" + ",".join(str(row[0]) for row in rows) + "]",
-                         "now": stamp, "exit_code": exit_code, "outcome": outcome.value}
-                conn.execute(Q["attempt_finish_record"], ended)
-                conn.execute(Q["attempt_finish_events"], {
-                    "applied": ended["applied"], "now": stamp, "detail": json.dumps(
-                        {"outcome": outcome.value, "exit_code": exit_code})})
+                params["applied"] = "[" + ",".join(str(row[0]) for row in rows) + "]"
+                params["detail"] = json.dumps({"outcome": outcome.value, "exit_code": exit_code})
+                conn.execute(Q["attempt_finish_record"], params)
+                conn.execute(Q["attempt_finish_events"], params)
                 applied.extend((AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows)
         return applied
 
