@@ -1,4 +1,4 @@
-"""The generated Job reader (pure code: no store)."""
+"""The generated Job reader and the column decoders it calls (pure code: no store)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from datetime import UTC, datetime
 import pytest
 
 from herder.model import Job, JobStatus
-from herder.store.base import CLAIM_GIVEN, CLAIM_RETURNS, claim_given, job_reader
+from herder.store.base import (
+    CLAIM_GIVEN,
+    CLAIM_RETURNS,
+    claim_given,
+    job_reader,
+    object_from_json,
+)
+from herder.store.sqlite import _time as sqlite_time
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JOB = Job(
@@ -49,3 +56,18 @@ def test_reader_fills_defaults_of_older_rows_and_names_a_missing_column():
     del row["weight"]
     with pytest.raises(KeyError, match="weight"):
         job_reader(list(row))
+
+
+def test_json_columns_decode_to_fresh_objects():
+    first, second = object_from_json("{}"), object_from_json("{}")
+    assert first == {} and first is not second  # a caller may keep and change its own
+    assert object_from_json('{"a": [1]}') == {"a": [1]}
+    assert object_from_json(None) is None
+
+
+def test_sqlite_time_reuses_only_the_same_instant():
+    stamps = [1_700_000_000.5, 1_700_000_000.5, 1_700_000_123.25, 1_700_000_000.5, None]
+    converted = [sqlite_time(stamp) for stamp in stamps]
+    expected = [None if s is None else datetime.fromtimestamp(s, UTC) for s in stamps]
+    assert converted == expected
+    assert converted[0] is converted[1]  # the repeated instant was converted once

@@ -349,34 +349,57 @@ def command_from_json(value: str) -> tuple[str, ...]:
     return command
 
 
+def object_from_json(value: str | None) -> Any:
+    """A JSON column's value; `{}`, the usual payload and env, skips the parser (a new dict
+    each time: the caller may keep it)."""
+    if value is None:
+        return None
+    if value == "{}":
+        return {}
+    return json.loads(value)
+
+
 STATUS_OF = {status.value: status for status in JobStatus}
 """A status by its stored value, without the enum call's overhead (finishes read one per row)."""
 
-FinishGroup = tuple[tuple[Outcome, int | None, Decision], dict[int, int]]
+FinishGroup = tuple[
+    tuple[Outcome, int | None, Decision], dict[int, int], dict[int, AttemptToken]]
+_Shelf = tuple[dict[int, int], dict[int, AttemptToken]]
 
 
 def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
     """Results that share outcome, exit code and decision, each group's tokens as
     {job_id: attempt}: both stores finish a group with one statement, its decision passed
-    once (a batch is usually one group), and find each job's attempt by key. Two tokens of
-    one job go to separate groups (only the live one can apply); a repeated token keeps its
-    first result."""
-    groups: dict[tuple[Outcome, int | None, Decision], list[dict[int, int]]] = {}
+    once (a batch is usually one group), and find each job's attempt by key. Each group also
+    keeps the callers' token objects by job, so a store reports the applied ones without
+    building new tokens. Two tokens of one job go to separate groups (only the live one can
+    apply); a repeated token keeps its first result."""
+    groups: dict[tuple[Outcome, int | None, Decision], list[_Shelf]] = {}
     seen: set[tuple[int, int]] = set()  # plain tuples: they hash in C
+    last: tuple[Outcome | None, int | None, Decision | None] = (None, None, None)
+    shelves: list[_Shelf] = []
     for result in results:
-        job_id, attempt = result.token.job_id, result.token.attempt
+        token = result.token
+        job_id, attempt = token.job_id, token.attempt
         if (job_id, attempt) in seen:
             continue
         seen.add((job_id, attempt))
-        shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
-        for tokens in shelves:
-            if job_id not in tokens:
+        # A batch's results usually share one outcome and decision object: only a change
+        # pays for hashing the decision (a dataclass hashes in Python).
+        if (result.decision is not last[2] or result.outcome is not last[0]
+                or result.exit_code != last[1]):
+            last = (result.outcome, result.exit_code, result.decision)
+            shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
+        for shelf in shelves:
+            if job_id not in shelf[0]:
                 break
         else:
-            tokens = {}
-            shelves.append(tokens)
+            shelf = ({}, {})
+            shelves.append(shelf)
+        tokens, held = shelf
         tokens[job_id] = attempt
-    return [(key, tokens) for key, shelves in groups.items() for tokens in shelves]
+        held[job_id] = token
+    return [(key, tokens, held) for key, shelves in groups.items() for tokens, held in shelves]
 
 
 def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -> dict[str, Any]:

@@ -62,6 +62,7 @@ from herder.store.base import (
     live_attempt_from_row,
     load_migrations,
     load_queries,
+    object_from_json,
     ram_fits,
     reservation_from_row,
     slots_that_fit,
@@ -82,8 +83,10 @@ def _json_loads(data: bytes | str) -> Any:
     return {} if data == b"{}" else json.loads(data)
 
 
-# The claim returns the command as text, so that each command text is parsed once.
-_CLAIM_DECODE = {"command": command_from_json}
+# The claim returns its JSON columns as text: each command text is parsed once, and an
+# empty payload or env not at all (cheaper than psycopg's loader call per value).
+_CLAIM_DECODE = {
+    "command": command_from_json, "payload": object_from_json, "env": object_from_json}
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
@@ -93,11 +96,11 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 def _finish_group(
     cursor: psycopg.Cursor[tuple[Any, ...]], group: FinishGroup, now: datetime
 ) -> list[tuple[AttemptToken, JobStatus]]:
-    (outcome, exit_code, decision), tokens = group
+    (outcome, exit_code, decision), tokens, held = group
     rows = cursor.execute(Q["attempt_finish"], {
         **finish_params(outcome, exit_code, decision), "available_at": decision.available_at,
         "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens)}).fetchall()
-    return [(AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows]
+    return [(held[row[0]], STATUS_OF[row[2]]) for row in rows]
 
 
 def _claim_query(limit: int) -> str:

@@ -60,6 +60,7 @@ from herder.store.base import (
     live_attempt_from_row,
     load_migrations,
     load_queries,
+    object_from_json,
     ram_fits,
     reservation_from_row,
     slots_that_fit,
@@ -88,21 +89,26 @@ def from_epoch(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-def _json(value: str | None) -> Any:
-    if value is None:
-        return None
-    if value == "{}":  # the common payload and env: skip the parser
-        return {}
-    return json.loads(value)
+_LAST_TIME: list[tuple[float | None, datetime | None]] = [(None, None)]
 
 
 def _time(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
+    """Consecutive reads often hold one instant (a job's available_at is its created_at
+    unless delayed, and a batch is submitted at one `now`): the last conversion is reused.
+    The pair is swapped as one tuple, so threads never see a stamp with another's value."""
+    if value is None:
+        return None
+    last = _LAST_TIME[0]
+    if last[0] == value:
+        return last[1]
+    converted = datetime.fromtimestamp(value, UTC)
+    _LAST_TIME[0] = (value, converted)
+    return converted
 
 
 # How a column is stored here -> its Python value (for `_convert` and `job_reader`).
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, _json),
+    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, object_from_json),
     "command": command_from_json}
 
 
@@ -391,7 +397,7 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         applied: list[tuple[AttemptToken, JobStatus]] = []
         with self._write() as conn:
-            for (outcome, exit_code, decision), tokens in finish_groups(results):
+            for (outcome, exit_code, decision), tokens, held in finish_groups(results):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
@@ -402,7 +408,7 @@ class SQLiteStore(Store):
                 params["detail"] = json.dumps({"outcome": outcome.value, "exit_code": exit_code})
                 conn.execute(Q["attempt_finish_record"], params)
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend((AttemptToken(row[0], row[1]), STATUS_OF[row[2]]) for row in rows)
+                applied.extend((held[row[0]], STATUS_OF[row[2]]) for row in rows)
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:

@@ -68,10 +68,11 @@ WITH picked AS (
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
     -- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
-    -- The command as text: the store parses each distinct command text once.
-    RETURNING j.id, j.job_type, j.command::text AS command, j.shell, j.payload, j.priority,
-              j.weight, j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
-              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
+    -- JSON as text: the store parses each distinct command text once, and an empty payload
+    -- or env (the usual case) not at all.
+    RETURNING j.id, j.job_type, j.command::text AS command, j.shell, j.payload::text AS payload,
+              j.priority, j.weight, j.dedup_key, j.affinity, j.available_at, j.max_attempts,
+              j.timeout_seconds, j.env::text AS env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
               j.failures, j.lost, j.exit_code, j.failure_reason, j.cancel_requested,
               j.created_at, j.finished_at, j.ram_gb, j.spawn_failures
 ), ev AS (
