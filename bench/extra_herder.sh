@@ -4,7 +4,7 @@
 # run_all.sh runs every executable extra_*.sh with cwd = the shared bench folder and
 # RESULTS, PGPORT, VENV, REPS exported:
 #   EXTRAS_DIR=bench RESULTS_DIR=bench/results bash ../shared/bench/run_all.sh  (repo root)
-# run_all's own PARTS selects the peers; HERDER_PARTS="enqueue claim raw latency" (default:
+# run_all's own PARTS selects the peers; HERDER_PARTS="enqueue claim sql raw latency" (default:
 # all) and BACKENDS="pg sqlite" select herder's parts. Other knobs: see herder_bench.py.
 set -euo pipefail
 
@@ -36,4 +36,4 @@ if [ -z "${SHARED_BENCH:-}" ] && [ -f "$PWD/common.py" ]; then
   export SHARED_BENCH="$PWD"
 fi
 # run_all's PARTS names the peer parts ("raw pgqueuer ..."), not herder's: do not pass it on.
-PARTS="${HERDER_PARTS:-enqueue claim raw latency}" exec "$PY" "$HERE/herder_bench.py"
+PARTS="${HERDER_PARTS:-enqueue claim sql raw latency}" exec "$PY" "$HERE/herder_bench.py"

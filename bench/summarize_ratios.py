@@ -86,6 +86,11 @@ def mark(a: Stat | None, b: Stat | None, target: float) -> str:
     return "yes" if a.median / b.median >= target else "**no**"
 
 
+def is_herder(group: str) -> bool:
+    """herder's own rows (herder-pg, herder-sqlite), not the raw or SQL-alone loops."""
+    return group in ("herder-pg", "herder-sqlite")
+
+
 def claim_table(groups: dict[tuple[str, str], list[Row]]) -> None:
     print("### claim->finish: herder vs raw at the same concurrency (c) and batch (B)\n")
     print("| backend | B | c | sync | herder jobs/s | raw Python (same run) | herder/raw "
@@ -93,7 +98,7 @@ def claim_table(groups: dict[tuple[str, str], list[Row]]) -> None:
           "| herder client µs/job | raw client µs/job | herder WAL B/job | raw WAL B/job |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (group, variant), rows in groups.items():
-        if not group.startswith("herder-") or group.startswith("herder-raw-"):
+        if not is_herder(group):
             continue
         m = CLAIM.match(variant)
         if not m:
@@ -123,6 +128,33 @@ def claim_table(groups: dict[tuple[str, str], list[Row]]) -> None:
     print()
 
 
+def split_table(groups: dict[tuple[str, str], list[Row]]) -> None:
+    """herder vs its own statements run alone (part `sql`) vs raw: what the store's Python
+    layer costs, and what herder's schema and statements cost."""
+    lines = []
+    for (group, variant), rows in groups.items():
+        if not is_herder(group) or not CLAIM.match(variant):
+            continue
+        backend = group.removeprefix("herder-")
+        sql_rows = groups.get((f"herder-sql-{backend}", variant), [])
+        raw_rows = groups.get((f"herder-raw-{backend}", variant), [])
+        if not sql_rows:
+            continue
+        h, q, raw = stat(rows), stat(sql_rows), stat(raw_rows)
+        lines.append(f"| {backend} | {variant.removeprefix('claim-finish ')} "
+                     f"| {h.fmt() if h else ''} | {q.fmt() if q else ''} "
+                     f"| {raw.fmt() if raw else ''} | {ratio(h, q)} | {ratio(q, raw)} "
+                     f"| {_cpu_us(rows)} | {_cpu_us(sql_rows)} |")
+    if not lines:
+        return
+    print("### where the rest goes: herder vs its statements alone vs raw\n")
+    print("| backend | cell | herder jobs/s | herder's SQL alone | raw Python | herder/SQL "
+          "| SQL/raw | herder client µs/job | SQL-alone client µs/job |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
+    print()
+
+
 def _med(rows: list[Row], key: str, digits: int) -> str:
     vals = [float(r[key]) for r in rows if r.get(key) is not None]  # type: ignore[arg-type]
     return f"{statistics.median(vals):.{digits}f}" if vals else ""
@@ -140,7 +172,7 @@ def enqueue_table(groups: dict[tuple[str, str], list[Row]]) -> None:
     print("|---|---|---|---|---|")
     pairs: list[tuple[tuple[str, str], tuple[str, str]]] = []
     for (group, variant) in groups:
-        if not group.startswith("herder-") or group.startswith("herder-raw-"):
+        if not is_herder(group):
             continue
         if not variant.startswith("enqueue"):
             continue
@@ -243,6 +275,7 @@ def main() -> None:
         sources.append(ref)
     print(f"Ratios from {args.results} (medians over repetitions)\n")
     claim_table(groups)
+    split_table(groups)
     enqueue_table(groups)
     best_table(groups, sources)
     latency_table(groups)
