@@ -72,9 +72,10 @@ WITH picked AS (
     -- or env (the usual case) not at all.
     RETURNING j.id, j.job_type, j.command::text AS command, j.shell, j.payload::text AS payload,
               j.priority, j.weight, j.dedup_key, j.affinity, j.available_at, j.max_attempts,
-              j.timeout_seconds, j.env::text AS env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
-              j.failures, j.lost, j.exit_code, j.failure_reason, j.cancel_requested,
-              j.created_at, j.finished_at, j.ram_gb, j.spawn_failures
+              j.timeout_seconds, j.env::text AS env, j.workdir, j.backoff_base_seconds,
+              j.backoff_max_seconds, j.attempt, j.failures, j.lost, j.exit_code,
+              j.failure_reason, j.cancel_requested, j.created_at, j.finished_at, j.ram_gb,
+              j.spawn_failures
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb
