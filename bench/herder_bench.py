@@ -355,6 +355,13 @@ class LoopResult:
     finish_s: float = 0.0
     error: str = ""
 
+    def add_round(self, claim_s: float, finish_s: float, jobs: int) -> None:
+        """One claim -> finish round of a loop: its two timings and the jobs it finished."""
+        self.claim_s += claim_s
+        self.finish_s += finish_s
+        self.rounds += 1
+        self.jobs += jobs
+
 
 class ClaimLoop:
     """Set up in the child (connect), then run() one timed loop."""
@@ -387,10 +394,7 @@ class HerderLoop(ClaimLoop):
             t2 = time.perf_counter()
             applied = store.attempt_finish(
                 [AttemptResult(job.token, Outcome.OK, 0, OK) for job in jobs], now())
-            res.finish_s += time.perf_counter() - t2
-            res.claim_s += t1 - t0
-            res.rounds += 1
-            res.jobs += len(applied)
+            res.add_round(t1 - t0, time.perf_counter() - t2, len(applied))
 
     def close(self) -> None:
         self.store.close()
@@ -412,10 +416,7 @@ class RawPgLoop(ClaimLoop):
                 res.dry = True
                 break
             conn.execute(RAW_PG_FINISH, {"ids": ids}, prepare=True)
-            res.finish_s += time.perf_counter() - t1
-            res.claim_s += t1 - t0
-            res.rounds += 1
-            res.jobs += len(ids)
+            res.add_round(t1 - t0, time.perf_counter() - t1, len(ids))
 
     def close(self) -> None:
         self.conn.close()
@@ -441,10 +442,7 @@ class RawSqliteLoop(ClaimLoop):
                 "UPDATE raw_jobs SET status = 'done', finished_at = ? "
                 f"WHERE id IN ({','.join('?' * len(ids))})", (time.time(), *ids))
             conn.execute("COMMIT")
-            res.finish_s += time.perf_counter() - t1
-            res.claim_s += t1 - t0
-            res.rounds += 1
-            res.jobs += len(ids)
+            res.add_round(t1 - t0, time.perf_counter() - t1, len(ids))
 
     def close(self) -> None:
         self.conn.close()
@@ -493,10 +491,7 @@ class SqlSqliteLoop(ClaimLoop):
             conn.execute(q["attempt_finish_record"], params)
             conn.execute(q["attempt_finish_events"], params)
             conn.execute("COMMIT")
-            res.finish_s += time.perf_counter() - t1
-            res.claim_s += t1 - t0
-            res.rounds += 1
-            res.jobs += len(done)
+            res.add_round(t1 - t0, time.perf_counter() - t1, len(done))
 
     def close(self) -> None:
         self.store.close()
@@ -533,10 +528,7 @@ class SqlPgLoop(ClaimLoop):
             done = cursor.execute(PG_QUERIES["attempt_finish"], {
                 **shared, "now": now(), "job_ids": list(tokens),
                 "tokens": Jsonb(tokens)}).fetchall()
-            res.finish_s += time.perf_counter() - t1
-            res.claim_s += t1 - t0
-            res.rounds += 1
-            res.jobs += len(done)
+            res.add_round(t1 - t0, time.perf_counter() - t1, len(done))
 
     def close(self) -> None:
         self.lease.__exit__(None, None, None)
