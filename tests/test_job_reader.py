@@ -62,6 +62,7 @@ def test_json_columns_decode_to_fresh_objects():
     first, second = object_from_json("{}"), object_from_json("{}")
     assert first == {} and first is not second  # a caller may keep and change its own
     assert object_from_json('{"a": [1]}') == {"a": [1]}
+    assert object_from_json(b"{}") == {} and object_from_json(b'{"b": 2}') == {"b": 2}
     assert object_from_json(None) is None
 
 

@@ -349,12 +349,15 @@ def command_from_json(value: str) -> tuple[str, ...]:
     return command
 
 
-def object_from_json(value: str | None) -> Any:
-    """A JSON column's value; `{}`, the usual payload and env, skips the parser (a new dict
-    each time: the caller may keep it)."""
+_EMPTY_OBJECT = frozenset({"{}", b"{}"})
+
+
+def object_from_json(value: str | bytes | None) -> Any:
+    """A JSON column's value, from SQLite's text or psycopg's bytes; `{}`, the usual payload
+    and env, skips the parser (a new dict each time: the caller may keep it)."""
     if value is None:
         return None
-    if value == "{}":
+    if value in _EMPTY_OBJECT:
         return {}
     return json.loads(value)
 
