@@ -192,7 +192,7 @@ def pg_xact_commit() -> int:
                        )[0][0])
 
 
-HERDER_TABLES = "herder_jobs, herder_attempts, herder_events"
+HERDER_TABLES = "herder_jobs, herder_events"  # herder_attempts is a view of events
 
 RAW_PG_SCHEMA = """
 DROP TABLE IF EXISTS raw_jobs;
@@ -488,7 +488,6 @@ class SqlSqliteLoop(ClaimLoop):
             done = conn.execute(q["attempt_finish"], params).fetchall()
             params["applied"] = "[" + ",".join(str(row[0]) for row in done) + "]"
             params["detail"] = finish_detail
-            conn.execute(q["attempt_finish_record"], params)
             conn.execute(q["attempt_finish_events"], params)
             conn.execute("COMMIT")
             res.add_round(t1 - t0, time.perf_counter() - t1, len(done))

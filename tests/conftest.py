@@ -28,7 +28,7 @@ from herder.urls import redact_url
 
 POSTGRES_ENV = "HERDER_TEST_POSTGRES"
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-HERDER_TABLES = ("herder_jobs", "herder_attempts", "herder_events")
+HERDER_TABLES = ("herder_jobs", "herder_events")  # herder_attempts is a view of events
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),

@@ -11,6 +11,7 @@ from herder.model import Job, JobStatus
 from herder.store.base import (
     CLAIM_GIVEN,
     CLAIM_RETURNS,
+    _OpenJob,
     claim_given,
     job_reader,
     object_from_json,
@@ -32,6 +33,17 @@ def test_reader_builds_the_same_job_as_the_constructor():
     values = dataclasses.astuple(JOB)
     names = [field.name for field in dataclasses.fields(Job)]
     assert job_reader(names)(values) == JOB
+
+
+def test_a_read_job_is_a_frozen_job_like_any_other():
+    values = dataclasses.astuple(JOB)
+    job = job_reader([field.name for field in dataclasses.fields(Job)])(values)
+    assert type(job) is Job and job == JOB and repr(job) == repr(JOB)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.status = JobStatus.DONE  # type: ignore[misc]
+    assert dataclasses.replace(job, attempt=3).attempt == 3
+    # The reader's open twin must keep Job's slot layout, or its class switch would fail.
+    assert _OpenJob.__slots__ == Job.__slots__
 
 
 def test_reader_converts_and_decodes_in_that_order():
@@ -72,3 +84,26 @@ def test_sqlite_time_reuses_only_the_same_instant():
     expected = [None if s is None else datetime.fromtimestamp(s, UTC) for s in stamps]
     assert converted == expected
     assert converted[0] is converted[1]  # the repeated instant was converted once
+
+
+def test_tokens_and_results_build_like_the_dataclasses_they_are():
+    from herder.model import AttemptResult, AttemptToken, Decision, Outcome, _slot_init
+
+    token = AttemptToken(7, 2)
+    assert token == AttemptToken(job_id=7, attempt=2) and hash(token) == hash(AttemptToken(7, 2))
+    assert (token.job_id, token.attempt, str(token)) == (7, 2, "7.2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        token.attempt = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        AttemptToken(7)  # type: ignore[call-arg]
+    result = AttemptResult(token, Outcome.OK, 0, Decision(JobStatus.DONE))
+    assert result == AttemptResult(decision=Decision(JobStatus.DONE), exit_code=0,
+                                   outcome=Outcome.OK, token=token)
+    assert dataclasses.replace(result, exit_code=1).exit_code == 1
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithDefault:
+        x: int = 0
+
+    with pytest.raises(TypeError, match="without defaults"):
+        _slot_init(WithDefault)

@@ -6,12 +6,15 @@ Time is an argument of every store method: tests pass an explicit clock and neve
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from herder.errors import InputError
 from herder.model import (
+    Attempt,
     AttemptResult,
     AttemptToken,
     Decision,
@@ -777,21 +780,32 @@ def _raw_execute(store: Store, url: str, statements: list[tuple[str, tuple]]) ->
             pg.execute(text, params)
 
 
-def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, monkeypatch):
-    """A v2 database (live attempt rows in herder_attempts) keeps its live attempts."""
+_OLD_ATTEMPT_ROW = (
+    "INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at, "
+    "started_at, heartbeat_at, ended_at, exit_code, outcome) "
+    "VALUES (%s, 1, 'h1', 'w1', %s, %s, %s, %s, %s, %s, %s, %s)")
+"""An attempt history row as schema v1-v3 stored it (a table then)."""
+
+
+def _migrate_up_to(store: Store, monkeypatch, version: int) -> Callable[[float], Any]:
+    """Migrate a blank store to `version` only; returns how raw SQL writes `at(seconds)`.
+    `monkeypatch.undo()` lets the next `migrate()` apply the rest."""
     import importlib
 
+    module = importlib.import_module(type(store).__module__)
+    everything = load_migrations(store.dialect)
+    monkeypatch.setattr(module, "load_migrations",
+                        lambda dialect: [m for m in everything if m[0] <= version])
+    assert store.migrate() == list(range(1, version + 1))
+    return (lambda s: at(s).timestamp()) if store.dialect == "sqlite" else at
+
+
+def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, monkeypatch):
+    """A v2 database (live attempt rows in herder_attempts) keeps its live attempts."""
     with open_store(blank_store_url, migrate=False) as store:
-        module = importlib.import_module(type(store).__module__)
-        everything = load_migrations(store.dialect)
-        monkeypatch.setattr(module, "load_migrations",
-                            lambda dialect: [m for m in everything if m[0] <= 2])
-        assert store.migrate() == [1, 2]
+        t = _migrate_up_to(store, monkeypatch, 2)
         running, queued, done = submit(store, *(spec(command=("true", str(n))) for n in range(3)))
-        t = (lambda s: at(s).timestamp()) if store.dialect == "sqlite" else at
-        attempt = ("INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, "
-                   "claimed_at, started_at, heartbeat_at, ended_at, exit_code, outcome) "
-                   "VALUES (%s, 1, 'h1', 'w1', %s, %s, %s, %s, %s, %s, %s, %s)")
+        attempt = _OLD_ATTEMPT_ROW
         _raw_execute(store, blank_store_url, [
             ("UPDATE herder_jobs SET status = 'running', attempt = 1, host = 'h1', "
              "claimed_at = %s, started_at = %s WHERE id = %s", (t(1), t(2), running)),
@@ -804,7 +818,7 @@ def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, mo
             (attempt, (done, 7, None, t(1), t(2), t(3), t(4), 0, "ok")),
         ])
         monkeypatch.undo()
-        assert store.migrate() == [v for v, _, _ in everything if v > 2]
+        assert store.migrate() == [v for v, _, _ in load_migrations(store.dialect) if v > 2]
 
         live = store.attempt_list_live()
         assert [(la.attempt.job_id, la.attempt.worker, la.attempt.pid, la.attempt.log_path,
@@ -821,6 +835,47 @@ def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, mo
         [history] = store.attempt_list(running)
         assert (history.worker, history.pid, history.heartbeat_at, history.ended_at) == (
             "w1", 42, at(6), at(7))
+
+
+def test_migration_4_keeps_every_ended_attempt_as_its_finished_event(blank_store_url,
+                                                                    monkeypatch):
+    """A v3 database (a history row and a 'finished' event per ended attempt) keeps its
+    history: each history row lands on its event, and a history row that never had an
+    event (v3 closed stray attempts as lost) gets one at its end."""
+    with open_store(blank_store_url, migrate=False) as store:
+        t = _migrate_up_to(store, monkeypatch, 3)
+        done, stray = submit(store, *(spec(command=("true", str(n))) for n in range(2)))
+        attempt = _OLD_ATTEMPT_ROW
+        _raw_execute(store, blank_store_url, [
+            ("UPDATE herder_jobs SET status = 'done', attempt = 1, host = 'h1', "
+             "claimed_at = %s, finished_at = %s WHERE id = %s", (t(1), t(4), done)),
+            (attempt, (done, 7, "/logs/7.log", t(1), t(2), t(3), t(4), 0, "ok")),
+            ("INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, "
+             "detail) VALUES (%s, %s, 'finished', 'running', 'done', 1, "
+             "'{\"outcome\": \"ok\", \"exit_code\": 0}')", (done, t(4))),
+            ("UPDATE herder_jobs SET attempt = 1 WHERE id = %s", (stray,)),
+            (attempt, (stray, None, None, t(1), None, t(3), t(3), None, "lost")),
+        ])
+        monkeypatch.undo()
+        assert store.migrate() == [v for v, _, _ in load_migrations(store.dialect) if v > 3]
+
+        [ended] = store.attempt_list(done)
+        assert ended == Attempt(done, 1, "h1", "w1", 7, "/logs/7.log", at(1), at(2), at(3),
+                                at(4), 0, Outcome.OK)
+        assert [(e.kind, e.at, e.detail) for e in store.event_list(done)][1:] == [
+            ("finished", at(4), {"outcome": "ok", "exit_code": 0})]
+        [lost] = store.attempt_list(stray)
+        assert (lost.worker, lost.ended_at, lost.exit_code, lost.outcome) == (
+            "w1", at(3), None, Outcome.LOST)
+        assert [(e.kind, e.attempt, e.at) for e in store.event_list(stray)][1:] == [
+            ("finished", 1, at(3))]
+        # the next attempt's end joins the same history
+        store.job_retry(done, at(5))
+        [job] = store.job_claim("h2", "w2", 1, at(6))
+        assert finish(store, job.token, Outcome.OK, at(7), exit_code=0) == [
+            (job.token, JobStatus.DONE)]
+        assert [(a.attempt, a.host, a.ended_at) for a in store.attempt_list(done)] == [
+            (1, "h1", at(4)), (2, "h2", at(7))]
 
 
 @pytest.mark.postgres

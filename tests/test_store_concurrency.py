@@ -198,3 +198,35 @@ def test_sqlite_processes_opening_a_fresh_file_together_all_get_in(tmp_path):
         assert results == ["ok"] * 4, f"round {round_}: {results}"
         with open_store(f"sqlite:///{path}", migrate=False) as store:
             assert len(store.job_list()) == 4
+
+
+def test_sqlite_new_files_get_small_pages_and_old_files_keep_theirs(tmp_path):
+    """A new file gets PAGE_SIZE pages (less to fsync per commit); a file made with SQLite's
+    default 4 KiB pages, already in WAL mode, keeps them and works as before."""
+    import sqlite3
+
+    from herder.store.sqlite import PAGE_SIZE
+
+    def page_size(path):
+        conn = sqlite3.connect(path)
+        try:
+            return conn.execute("PRAGMA page_size").fetchone()[0]
+        finally:
+            conn.close()
+
+    fresh = tmp_path / "fresh.db"
+    with open_store(f"sqlite:///{fresh}") as store:
+        store.job_insert([JobSpec(command=("true",))], T0)
+    assert PAGE_SIZE != 4096 and page_size(fresh) == PAGE_SIZE
+
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old)
+    conn.execute("PRAGMA page_size = 4096")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE other (x INTEGER)")
+    conn.close()
+    with open_store(f"sqlite:///{old}") as store:
+        store.job_insert([JobSpec(command=("true",))], T0)
+        [job] = store.job_claim("h1", "w1", 1, T0)
+        assert job.attempt == 1
+    assert page_size(old) == 4096

@@ -109,8 +109,8 @@ RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 -- batch is usually one group), those passed once. The guard on (id, attempt, status) is
 -- re-checked by PostgreSQL if a concurrent update got there first. The status the job left
 -- is read from started_at (only a started attempt has one), so no locking read is needed.
--- The ended attempt is written to the history from the live columns the job row still
--- holds. A requeue wakes idle runners.
+-- The 'finished' event carries the ended attempt (herder_attempts is their view), from
+-- the live columns the job row still holds. A requeue wakes idle runners.
 -- The group's tokens come as one JSON object {"job_id": attempt}, and each job row looks
 -- its attempt up by key (a binary search in jsonb). There is no join to plan: joined with
 -- the batch, statistics taken while no job was active (the usual case) chose a nested loop
@@ -137,17 +137,13 @@ WITH j AS (
               CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status,
               %(outcome)s::text AS outcome,
               exit_code, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at
-), a AS (
-    INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
-                                 started_at, heartbeat_at, ended_at, exit_code, outcome)
-    SELECT id, attempt, coalesce(host, ''), coalesce(worker, ''), pid, log_path,
-           coalesce(claimed_at, %(now)s), started_at,
-           coalesce(heartbeat_at, claimed_at, %(now)s), %(now)s, exit_code, outcome
-    FROM j
 ), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail,
+                               host, worker, pid, log_path, claimed_at, started_at,
+                               heartbeat_at, exit_code, outcome)
     SELECT id, %(now)s, 'finished', old_status, status, attempt,
-           jsonb_build_object('outcome', outcome, 'exit_code', exit_code)
+           jsonb_build_object('outcome', outcome, 'exit_code', exit_code), host, worker, pid,
+           log_path, claimed_at, started_at, heartbeat_at, exit_code, outcome
     FROM j
 )
 SELECT id, attempt, status,
@@ -212,7 +208,8 @@ WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (%(host)s::text IS NULL OR host = %(host)s::text);
 
 -- name: event_list
-SELECT * FROM herder_events WHERE job_id = %(job_id)s ORDER BY id;
+SELECT id, job_id, at, kind, from_status, to_status, attempt, detail
+FROM herder_events WHERE job_id = %(job_id)s ORDER BY id;
 
 -- Fleet: hosts ------------------------------------------------------------------------------
 

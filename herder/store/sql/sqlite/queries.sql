@@ -104,21 +104,17 @@ WHERE herder_jobs.id = t.key AND herder_jobs.attempt = t.value
   AND herder_jobs.status IN ('claimed', 'running')
 RETURNING id, attempt, status;
 
--- name: attempt_finish_record
--- The ended attempts' history rows, from the live columns their job rows still hold.
--- :applied is a JSON array of the job ids attempt_finish changed.
-INSERT INTO herder_attempts (job_id, attempt, host, worker, pid, log_path, claimed_at,
-                             started_at, heartbeat_at, ended_at, exit_code, outcome)
-SELECT j.id, j.attempt, coalesce(j.host, ''), coalesce(j.worker, ''), j.pid, j.log_path,
-       coalesce(j.claimed_at, :now), j.started_at, coalesce(j.heartbeat_at, j.claimed_at, :now),
-       :now, :exit_code, :outcome
-FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
-
 -- name: attempt_finish_events
--- The status the job left is read from started_at (only a started attempt has one).
-INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+-- The 'finished' events, each carrying its ended attempt (herder_attempts is their view),
+-- from the live columns the job rows still hold. :applied is a JSON array of the job ids
+-- attempt_finish changed. The status the job left is read from started_at (only a started
+-- attempt has one).
+INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail, host,
+                           worker, pid, log_path, claimed_at, started_at, heartbeat_at,
+                           exit_code, outcome)
 SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELSE 'running' END,
-       j.status, j.attempt, :detail
+       j.status, j.attempt, :detail, j.host, j.worker, j.pid, j.log_path, j.claimed_at,
+       j.started_at, j.heartbeat_at, :exit_code, :outcome
 FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
 -- name: job_cancel
@@ -163,7 +159,8 @@ WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (:host IS NULL OR host = :host);
 
 -- name: event_list
-SELECT * FROM herder_events WHERE job_id = :job_id ORDER BY id;
+SELECT id, job_id, at, kind, from_status, to_status, attempt, detail
+FROM herder_events WHERE job_id = :job_id ORDER BY id;
 
 -- Fleet: hosts ------------------------------------------------------------------------------
 
