@@ -14,8 +14,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -43,6 +44,7 @@ from herder.store.base import (
     STATUS_OF,
     Alert,
     DueJob,
+    JobReader,
     Lease,
     LiveAttempt,
     Store,
@@ -194,6 +196,16 @@ class SQLiteWaker(Waker):
         self._conn.close()
 
 
+@dataclass(frozen=True, slots=True)
+class _ClaimShape:
+    """Where a claim's rows keep what the store reads, and the reader that makes them Jobs."""
+
+    key: int
+    attempt: int
+    order: Callable[[Sequence[Any]], Any]
+    read: JobReader
+
+
 class SQLiteStore(Store):
     dialect = "sqlite"
 
@@ -201,7 +213,7 @@ class SQLiteStore(Store):
         self.url = url
         self.path, self.synchronous = parse_sqlite_url(url)
         self.busy_timeout = busy_timeout
-        self._claim_names: list[str] | None = None
+        self._claim_shape: _ClaimShape | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open {self.path}: directory {directory} does not exist")
@@ -360,22 +372,27 @@ class SQLiteStore(Store):
             ).fetchall()
             if not rows:
                 return []
-            names = self._claim_names or self._remember_claim_names(cursor)
-            key, attempt = names.index("id"), names.index("attempt")
+            shape = self._claim_shape or self._remember_claim_shape(cursor)
+            key, attempt = shape.key, shape.attempt
             conn.execute(Q["job_claim_events"], {
                 "tokens": json.dumps({row[key]: row[attempt] for row in rows}),
                 "now": stamp, "detail": _claim_detail(host, worker)})
         # Rows become jobs after COMMIT: the write lock is held only for the statements.
-        rows.sort(key=operator.itemgetter(names.index("priority"), key))
-        read = job_reader(names, _DECODE, CLAIM_GIVEN)
+        rows.sort(key=shape.order)
+        read = shape.read
         given = claim_given(host, datetime.fromtimestamp(stamp, UTC))  # as a later read gives it
         return [read(row, given) for row in rows]
 
-    def _remember_claim_names(self, cursor: sqlite3.Cursor) -> list[str]:
+    def _remember_claim_shape(self, cursor: sqlite3.Cursor) -> _ClaimShape:
         """The claim's columns never change: read them once (`description` builds a tuple
-        per column on every call)."""
-        self._claim_names = [column[0] for column in cursor.description]
-        return self._claim_names
+        per column on every call), with the reader and the positions a claim needs."""
+        names = [column[0] for column in cursor.description]
+        key = names.index("id")
+        self._claim_shape = _ClaimShape(
+            key=key, attempt=names.index("attempt"),
+            order=operator.itemgetter(names.index("priority"), key),
+            read=job_reader(names, _DECODE, CLAIM_GIVEN))
+        return self._claim_shape
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
