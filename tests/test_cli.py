@@ -263,6 +263,26 @@ def test_unsupported_and_unopenable_databases_exit_2(tmp_path):
     assert "does not exist" in line
 
 
+def test_a_database_of_a_newer_herder_exits_2_and_is_left_alone(tmp_path):
+    """An older herder must not run on a schema it does not know (from v4 on, its finish
+    would write into a view): every command stops at open and names the fix."""
+    import sqlite3
+
+    db = f"sqlite:///{tmp_path}/h.db"
+    ok(run_herder("submit", "--", "true", cwd=tmp_path, db=db))
+    conn = sqlite3.connect(tmp_path / "h.db")
+    with conn:
+        conn.execute("INSERT INTO herder_schema (version, name, applied_at) "
+                     "VALUES (99, 'from_the_future', 0)")
+    conn.close()
+    for result in run_many(DB_COMMANDS, cwd=tmp_path, db=db):
+        line = error_line(result)
+        assert "schema v99, newer than this herder knows" in line, line
+        assert "upgrade herder" in line
+    with open_store(db, migrate=False) as store:
+        assert len(store.job_list()) == 1 and store.schema_version() == 99
+
+
 # -- reading ----------------------------------------------------------------------------------
 
 

@@ -878,6 +878,22 @@ def test_migration_4_keeps_every_ended_attempt_as_its_finished_event(blank_store
             (1, "h1", at(4)), (2, "h2", at(7))]
 
 
+def test_a_schema_newer_than_the_code_stops_migrate_and_changes_nothing(blank_store_url):
+    from herder.errors import StoreUnavailable
+
+    with open_store(blank_store_url) as store:
+        latest = store.schema_version()
+        t = (lambda s: s) if store.dialect == "sqlite" else at
+        _raw_execute(store, blank_store_url, [
+            ("INSERT INTO herder_schema (version, name, applied_at) VALUES (%s, 'next', %s)",
+             (latest + 1, t(0)))])
+        with pytest.raises(StoreUnavailable, match=f"schema v{latest + 1}, newer than"):
+            store.migrate()
+        assert store.schema_version() == latest + 1
+    with pytest.raises(StoreUnavailable, match="upgrade herder"):
+        open_store(blank_store_url)
+
+
 @pytest.mark.postgres
 def test_postgres_finish_of_several_groups_is_all_or_nothing(postgres_url, monkeypatch):
     """Several groups are one transaction on PostgreSQL too (SQLite's BEGIN IMMEDIATE): a

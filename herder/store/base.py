@@ -17,6 +17,7 @@ from datetime import datetime
 from importlib import resources
 from typing import Any, Protocol
 
+from herder.errors import StoreUnavailable
 from herder.model import (
     Attempt,
     AttemptResult,
@@ -48,6 +49,17 @@ def load_queries(dialect: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         queries[name] = body.strip().rstrip(";")
     return queries
+
+
+def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
+    """A database migrated by a newer herder may have tables this code would misuse (v4 made
+    the attempt history a view an older finish cannot insert into): stop at open instead."""
+    known = max((version for version, _, _ in migrations), default=0)
+    if current > known:
+        raise StoreUnavailable(
+            f"the database is at schema v{current}, newer than this herder knows (v{known}); "
+            "upgrade herder on this machine (every process sharing a database needs the same "
+            "or a newer version)")
 
 
 def load_migrations(dialect: str) -> list[tuple[int, str, str]]:

@@ -63,6 +63,7 @@ from herder.store.base import (
     load_queries,
     object_from_json,
     ram_fits,
+    refuse_newer_schema,
     reservation_from_row,
     slots_that_fit,
 )
@@ -173,7 +174,9 @@ class PostgresStore(Store):
             )
             row = conn.execute("SELECT max(version) AS v FROM herder_schema").fetchone()
             current = int(row["v"] or 0) if row else 0
-            for version, name, text in load_migrations("postgres"):
+            migrations = load_migrations("postgres")
+            refuse_newer_schema(current, migrations)
+            for version, name, text in migrations:
                 if version <= current:
                     continue
                 conn.execute(text.encode())

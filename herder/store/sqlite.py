@@ -66,6 +66,7 @@ from herder.store.base import (
     load_queries,
     object_from_json,
     ram_fits,
+    refuse_newer_schema,
     reservation_from_row,
     slots_that_fit,
 )
@@ -301,7 +302,9 @@ class SQLiteStore(Store):
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
             )
             current = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0] or 0
-            for version, name, sql in load_migrations("sqlite"):
+            migrations = load_migrations("sqlite")
+            refuse_newer_schema(current, migrations)
+            for version, name, sql in migrations:
                 if version <= current:
                     continue
                 for statement in _split_statements(sql):
