@@ -38,7 +38,9 @@ postgresql://postgres@127.0.0.1:$PGPORT/herder_bench default), SQLITE_DIR
 (/tmp/herder-bench), LATENCY_SAMPLES (200), LATENCY_CONCURRENCY (2), HERDER_UP (command
 prefix for the runner, default `<python> -c "from herder.cli import main; main()"`),
 WITH_START=1 (also call attempt_start per job in the claim loop), HERDER_SQLITE_ANALYZE=1
-(run ANALYZE on herder's SQLite file after the preload; herder never does), RESULTS (jsonl
+(run ANALYZE on herder's SQLite file after the preload; herder never does), PAYLOAD_BYTES
+(0: each job's payload is `{}`; N: a prompt of N bytes of text, in herder's and the raw
+tables alike, as an agent job carries; the variants say `payload=NB`), RESULTS (jsonl
 path; default bench/results/herder-<stamp>.jsonl standalone), SHARED_BENCH (the shared
 bench folder).
 """
@@ -49,10 +51,12 @@ import json
 import math
 import multiprocessing as mp
 import os
+import random
 import shlex
 import signal
 import sqlite3
 import statistics
+import string
 import subprocess
 import sys
 import time
@@ -135,7 +139,23 @@ PRELOAD_GUESS = {
 PRELOAD_CHUNK = 5000
 HERDER_SCHEMA = ("herder", "sql")  # the claim loops that run on herder's own tables
 
-NOOP = JobSpec(command=("true",), job_type="noop")
+PAYLOAD_BYTES = int(os.environ.get("PAYLOAD_BYTES", "0"))
+
+
+def prompt_text(size: int) -> str:
+    """`size` bytes of word-like text: compresses about as a prompt does, unlike "x" * n."""
+    rng = random.Random(7)
+    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
+             for _ in range(500)]
+    text = ""
+    while len(text) < size:
+        text += rng.choice(words) + " "
+    return text[:size]
+
+
+PAYLOAD = {"prompt": prompt_text(PAYLOAD_BYTES)} if PAYLOAD_BYTES else {}
+RAW_PAYLOAD = json.dumps(PAYLOAD or {"task": "noop"})
+NOOP = JobSpec(command=("true",), job_type="noop", payload=PAYLOAD)
 OK = Decision(JobStatus.DONE)
 HOST = "bench-host"
 
@@ -220,7 +240,7 @@ SELECT array_agg(id) AS ids FROM u"""
 RAW_PG_FINISH = (
     "UPDATE raw_jobs SET status = 'done', finished_at = now() WHERE id = ANY (%(ids)s::bigint[])"
 )
-RAW_PG_INSERT = "INSERT INTO raw_jobs (priority, payload) VALUES (%s, '{\"task\": \"noop\"}')"
+RAW_PG_INSERT = f"INSERT INTO raw_jobs (priority, payload) VALUES (%s, '{RAW_PAYLOAD}')"
 
 
 def raw_pg_preload(n: int) -> None:
@@ -228,7 +248,7 @@ def raw_pg_preload(n: int) -> None:
         "TRUNCATE raw_jobs RESTART IDENTITY",
         "DROP INDEX IF EXISTS raw_jobs_queued_idx",
         "INSERT INTO raw_jobs (priority, payload) SELECT (g % 10), "
-        f"'{{\"task\": \"noop\"}}'::jsonb FROM generate_series(1, {n}) g",
+        f"'{RAW_PAYLOAD}'::jsonb FROM generate_series(1, {n}) g",
         "CREATE INDEX raw_jobs_queued_idx ON raw_jobs (status, priority, id) "
         "WHERE status = 'queued'",
         "VACUUM ANALYZE raw_jobs",
@@ -310,7 +330,7 @@ def raw_sqlite_fresh(path: str, preload: int) -> None:
         stamp = time.time()
         conn.execute("BEGIN")
         conn.executemany(RAW_SQLITE_INSERT,
-                         ((i % 10, '{"task": "noop"}', stamp) for i in range(preload)))
+                         ((i % 10, RAW_PAYLOAD, stamp) for i in range(preload)))
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -479,10 +499,13 @@ class SqlSqliteLoop(ClaimLoop):
                 conn.execute(q["job_claim_events"],
                              {"tokens": tokens, "now": stamp, "detail": claim_detail})
             conn.execute("COMMIT")
-            t1 = time.perf_counter()
             if not rows:
                 res.dry = True
                 break
+            rows.sort(key=lambda row: (row[1], row[0]))  # (priority, id), as the store
+            cursor.execute(q["job_claim_specs"], {
+                "job_ids": "[" + ",".join(str(row[0]) for row in rows) + "]"}).fetchall()
+            t1 = time.perf_counter()
             conn.execute("BEGIN IMMEDIATE")
             params = {**shared, "now": time.time(), "tokens": tokens}
             done = conn.execute(q["attempt_finish"], params).fetchall()
@@ -554,6 +577,8 @@ class ClaimConfig:
             name += " analyzed"
         if WITH_START and self.impl == "herder":
             name += " +start"
+        if PAYLOAD_BYTES:
+            name += f" payload={PAYLOAD_BYTES}B"
         return name
 
 
@@ -856,7 +881,7 @@ def enqueue_raw_sqlite(sync: str, rep: int) -> None:
     def single() -> int:
         counter[0] += 1
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(RAW_SQLITE_INSERT, (counter[0] % 10, '{"task": "noop"}', time.time()))
+        conn.execute(RAW_SQLITE_INSERT, (counter[0] % 10, RAW_PAYLOAD, time.time()))
         conn.execute("COMMIT")
         return 1
 

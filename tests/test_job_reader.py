@@ -107,3 +107,13 @@ def test_tokens_and_results_build_like_the_dataclasses_they_are():
 
     with pytest.raises(TypeError, match="without defaults"):
         _slot_init(WithDefault)
+
+
+def test_sqlite_claim_pairs_spec_rows_by_id_when_they_come_out_of_order():
+    from herder.errors import StoreUnavailable
+    from herder.store.sqlite import _pair_specs
+
+    specs = [(3, "c"), (1, "a"), (2, "b")]
+    assert _pair_specs([1, 2, 3], specs) == [(1, "a"), (2, "b"), (3, "c")]
+    with pytest.raises(StoreUnavailable, match=r"claimed jobs \[4\] have no spec row"):
+        _pair_specs([1, 4], specs)

@@ -5,6 +5,7 @@ Time is an argument of every store method: tests pass an explicit clock and neve
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -787,6 +788,20 @@ _OLD_ATTEMPT_ROW = (
 """An attempt history row as schema v1-v3 stored it (a table then)."""
 
 
+def _old_submit(store: Store, url: str, t: Callable[[float], Any], count: int) -> list[int]:
+    """Submit `count` jobs as herder did up to schema v4 (one job row holding the spec, and
+    its 'submitted' event): the store's own insert writes the current schema."""
+    row = ("INSERT INTO herder_jobs (job_type, command, payload, weight, available_at, "
+           "max_attempts, env, created_at, updated_at) "
+           "VALUES ('adhoc', %s, '{}', 'light', %s, 3, '{}', %s, %s)")
+    _raw_execute(store, url, [(row, (json.dumps(["true", str(n)]), t(0), t(0), t(0)))
+                              for n in range(count)])
+    _raw_execute(store, url, [
+        ("INSERT INTO herder_events (job_id, at, kind, to_status, detail) "
+         "SELECT id, created_at, 'submitted', 'queued', '{}' FROM herder_jobs", ())])
+    return list(range(1, count + 1))  # a blank database numbers its first jobs from 1
+
+
 def _migrate_up_to(store: Store, monkeypatch, version: int) -> Callable[[float], Any]:
     """Migrate a blank store to `version` only; returns how raw SQL writes `at(seconds)`.
     `monkeypatch.undo()` lets the next `migrate()` apply the rest."""
@@ -804,7 +819,7 @@ def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, mo
     """A v2 database (live attempt rows in herder_attempts) keeps its live attempts."""
     with open_store(blank_store_url, migrate=False) as store:
         t = _migrate_up_to(store, monkeypatch, 2)
-        running, queued, done = submit(store, *(spec(command=("true", str(n))) for n in range(3)))
+        running, queued, done = _old_submit(store, blank_store_url, t, 3)
         attempt = _OLD_ATTEMPT_ROW
         _raw_execute(store, blank_store_url, [
             ("UPDATE herder_jobs SET status = 'running', attempt = 1, host = 'h1', "
@@ -844,7 +859,7 @@ def test_migration_4_keeps_every_ended_attempt_as_its_finished_event(blank_store
     event (v3 closed stray attempts as lost) gets one at its end."""
     with open_store(blank_store_url, migrate=False) as store:
         t = _migrate_up_to(store, monkeypatch, 3)
-        done, stray = submit(store, *(spec(command=("true", str(n))) for n in range(2)))
+        done, stray = _old_submit(store, blank_store_url, t, 2)
         attempt = _OLD_ATTEMPT_ROW
         _raw_execute(store, blank_store_url, [
             ("UPDATE herder_jobs SET status = 'done', attempt = 1, host = 'h1', "
@@ -876,6 +891,58 @@ def test_migration_4_keeps_every_ended_attempt_as_its_finished_event(blank_store
             (job.token, JobStatus.DONE)]
         assert [(a.attempt, a.host, a.ended_at) for a in store.attempt_list(done)] == [
             (1, "h1", at(4)), (2, "h2", at(7))]
+
+
+def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path,
+                                                                       monkeypatch):
+    """A v4 SQLite database (one wide job row) keeps every job whole when its spec moves to
+    herder_job_specs, and job ids go on from the old counter, gaps included."""
+    sqlite_url = f"sqlite:///{tmp_path / 'v4.db'}"
+    with open_store(sqlite_url, migrate=False) as store:
+        t = _migrate_up_to(store, monkeypatch, 4)
+        running, done, queued = _old_submit(store, sqlite_url, t, 3)
+        _raw_execute(store, sqlite_url, [
+            ("UPDATE herder_jobs SET status = 'running', attempt = 1, host = 'h1', "
+             "worker = 'w1', pid = 42, log_path = '/logs/1.log', claimed_at = %s, "
+             "started_at = %s, heartbeat_at = %s, ram_gb = 2.5, payload = '{\"issue\": 7}', "
+             "env = '{\"A\": \"1\"}', workdir = '/src', timeout_seconds = 60, "
+             "dedup_key = 'issue-7' WHERE id = %s", (t(1), t(2), t(3), running)),
+            ("UPDATE herder_jobs SET status = 'done', attempt = 1, host = 'h1', exit_code = 0, "
+             "claimed_at = %s, finished_at = %s, priority = 5 WHERE id = %s",
+             (t(1), t(4), done)),
+            # jobs 4-10 existed once: a new job must not take one of their ids
+            ("UPDATE sqlite_sequence SET seq = 10 WHERE name = 'herder_jobs'", ()),
+        ])
+        monkeypatch.undo()
+        assert store.migrate() == [5]
+
+        job = store.job_get(running)
+        assert job is not None
+        assert (job.status, job.command, job.payload, job.env, job.workdir,
+                job.timeout_seconds, job.dedup_key, job.ram_gb, job.created_at) == (
+            JobStatus.RUNNING, ("true", "0"), {"issue": 7}, {"A": "1"}, "/src", 60.0,
+            "issue-7", 2.5, at(0))
+        [live] = store.attempt_list_live()
+        assert (live.attempt.pid, live.attempt.log_path, live.attempt.heartbeat_at,
+                live.max_attempts) == (42, "/logs/1.log", at(3), 3)
+        old_done = store.job_get(done)
+        assert old_done is not None
+        assert (old_done.status, old_done.priority, old_done.exit_code, old_done.finished_at,
+                old_done.command) == (JobStatus.DONE, 5, 0, at(4), ("true", "1"))
+        assert submit(store, spec(), now=at(5)) == [11]
+        # the dedup index came back: the running job's key still holds
+        [again] = store.job_insert([spec(dedup_key="issue-7")], at(5))
+        assert (again.job_id, again.created) == (running, False)
+        # the moved jobs go on through claim and finish under their fencing tokens
+        claimed, new = store.job_claim("h2", "w2", 5, at(6))
+        assert (claimed.id, claimed.command, claimed.max_attempts) == (queued, ("true", "2"), 3)
+        assert (new.id, new.command) == (11, ("true",))
+        assert finish(store, claimed.token, Outcome.OK, at(7), exit_code=0) == [
+            (claimed.token, JobStatus.DONE)]
+        token = AttemptToken(running, 1)
+        assert finish(store, token, Outcome.OK, at(8), exit_code=0) == [
+            (token, JobStatus.DONE)]
+        assert [j.id for j in store.job_list()] == [11, queued, done, running]
 
 
 def test_a_schema_newer_than_the_code_stops_migrate_and_changes_nothing(blank_store_url):

@@ -84,6 +84,10 @@ _JSON_COLUMNS = frozenset(
      "agent_info"}
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
+# The columns of job_claim_specs, in its order (the claim's reader is built before it runs).
+_CLAIM_SPEC_COLUMNS = (
+    "id", "job_type", "command", "shell", "payload", "max_attempts", "timeout_seconds", "env",
+    "workdir", "backoff_base_seconds", "backoff_max_seconds", "created_at")
 PAGE_SIZE = 2048
 
 
@@ -331,8 +335,11 @@ class SQLiteStore(Store):
                     ).fetchall():
                         _event(conn, row[0], stamp, "dedup_released", None, None, None,
                                {"reason": "forced rerun"})
-                row = conn.execute(Q["job_insert"], _spec_params(spec, stamp)).fetchone()
+                params = _spec_params(spec, stamp)
+                row = conn.execute(Q["job_insert"], params).fetchone()
                 if row is not None:
+                    params["job_id"] = row[0]
+                    conn.execute(Q["job_spec_insert"], params)
                     _event(conn, row[0], stamp, "submitted", None, JobStatus.QUEUED, None, {})
                     results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
                     continue
@@ -380,21 +387,28 @@ class SQLiteStore(Store):
             conn.execute(Q["job_claim_events"], {
                 "tokens": json.dumps({row[key]: row[attempt] for row in rows}),
                 "now": stamp, "detail": _claim_detail(host, worker)})
-        # Rows become jobs after COMMIT: the write lock is held only for the statements.
+        # The rest is read after COMMIT: the write lock is held only for the statements, and
+        # a job's spec never changes once it is submitted.
         rows.sort(key=shape.order)
+        ids = [row[key] for row in rows]
+        specs = cursor.execute(Q["job_claim_specs"], {
+            "job_ids": "[" + ",".join(map(str, ids)) + "]"}).fetchall()
+        if [spec[0] for spec in specs] != ids:  # the plan walks :job_ids in order; check it
+            specs = _pair_specs(ids, specs)
         read = shape.read
         given = claim_given(host, datetime.fromtimestamp(stamp, UTC))  # as a later read gives it
-        return [read(row, given) for row in rows]
+        return [read(row + spec, given) for row, spec in zip(rows, specs, strict=True)]
 
     def _remember_claim_shape(self, cursor: sqlite3.Cursor) -> _ClaimShape:
         """The claim's columns never change: read them once (`description` builds a tuple
-        per column on every call), with the reader and the positions a claim needs."""
+        per column on every call), with the reader and the positions a claim needs. The
+        reader takes a claimed row followed by its spec row."""
         names = [column[0] for column in cursor.description]
         key = names.index("id")
         self._claim_shape = _ClaimShape(
             key=key, attempt=names.index("attempt"),
             order=operator.itemgetter(names.index("priority"), key),
-            read=job_reader(names, _DECODE, CLAIM_GIVEN))
+            read=job_reader(names + list(_CLAIM_SPEC_COLUMNS), _DECODE, CLAIM_GIVEN))
         return self._claim_shape
 
     def attempt_start(
@@ -713,6 +727,15 @@ class SQLiteLease(Lease):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _pair_specs(ids: Sequence[int], specs: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The spec rows in the order of `ids`, whatever order they came in."""
+    by_id = {spec[0]: spec for spec in specs}
+    missing = [job_id for job_id in ids if job_id not in by_id]
+    if missing:
+        raise StoreUnavailable(f"claimed jobs {missing} have no spec row: the database is damaged")
+    return [by_id[job_id] for job_id in ids]
 
 
 def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:

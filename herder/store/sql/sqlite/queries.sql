@@ -3,18 +3,21 @@
 -- Every state change is guarded on (id, attempt, status).
 
 -- name: job_insert
-INSERT INTO herder_jobs (
-    job_type, command, shell, payload, priority, weight, dedup_key, affinity,
-    available_at, max_attempts, timeout_seconds, env, workdir,
-    backoff_base_seconds, backoff_max_seconds, created_at, updated_at)
-VALUES (
-    :job_type, :command, :shell, :payload, :priority, :weight, :dedup_key, :affinity,
-    :available_at, :max_attempts, :timeout_seconds, :env, :workdir,
-    :backoff_base_seconds, :backoff_max_seconds, :now, :now)
+-- The job's state row; job_spec_insert then writes what was submitted under the same id.
+INSERT INTO herder_jobs (priority, weight, dedup_key, affinity, available_at, updated_at)
+VALUES (:priority, :weight, :dedup_key, :affinity, :available_at, :now)
 ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND dedup_released = 0
     AND status IN ('queued', 'claimed', 'running', 'done')
 DO NOTHING
 RETURNING id;
+
+-- name: job_spec_insert
+INSERT INTO herder_job_specs (
+    id, job_type, command, shell, payload, max_attempts, timeout_seconds, env, workdir,
+    backoff_base_seconds, backoff_max_seconds, created_at)
+VALUES (
+    :job_id, :job_type, :command, :shell, :payload, :max_attempts, :timeout_seconds, :env,
+    :workdir, :backoff_base_seconds, :backoff_max_seconds, :now);
 
 -- name: job_dedup_holder
 SELECT id, status FROM herder_jobs
@@ -28,10 +31,10 @@ WHERE dedup_key = :dedup_key AND status = 'done' AND dedup_released = 0
 RETURNING id;
 
 -- name: job_get
-SELECT * FROM herder_jobs WHERE id = :job_id;
+SELECT * FROM herder_job_records WHERE id = :job_id;
 
 -- name: job_list
-SELECT * FROM herder_jobs
+SELECT * FROM herder_job_records
 WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
 ORDER BY id DESC LIMIT :limit;
 
@@ -53,11 +56,17 @@ WHERE id IN (
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
     LIMIT :limit)
--- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
-RETURNING id, job_type, command, shell, payload, priority, weight, dedup_key, affinity,
-    available_at, max_attempts, timeout_seconds, env, workdir, backoff_base_seconds,
-    backoff_max_seconds, attempt, failures, lost, exit_code, failure_reason, cancel_requested,
-    created_at, finished_at, ram_gb, spawn_failures;
+-- What the claim did not write, of the job's state; job_claim_specs reads the rest after
+-- COMMIT (it never changes, so it needs no lock).
+RETURNING id, priority, weight, dedup_key, affinity, available_at, attempt, failures, lost,
+    exit_code, failure_reason, cancel_requested, finished_at, ram_gb, spawn_failures;
+
+-- name: job_claim_specs
+-- :job_ids is a JSON array of the claimed jobs' ids. The plan walks it in order (the store
+-- checks, and pairs by id if not): an ORDER BY would sort every batch.
+SELECT s.id, s.job_type, s.command, s.shell, s.payload, s.max_attempts, s.timeout_seconds,
+       s.env, s.workdir, s.backoff_base_seconds, s.backoff_max_seconds, s.created_at
+FROM json_each(:job_ids) AS t JOIN herder_job_specs s ON s.id = t.value;
 
 -- name: job_claim_events
 -- :tokens holds the claimed jobs as one JSON object {"job_id": attempt}.
@@ -154,7 +163,7 @@ SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_pat
        claimed_at, started_at, coalesce(heartbeat_at, claimed_at) AS heartbeat_at, NULL AS ended_at, NULL AS exit_code, NULL AS outcome,
        status AS job_status, failures, lost, max_attempts, backoff_base_seconds,
        backoff_max_seconds
-FROM herder_jobs
+FROM herder_job_records
 WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (:host IS NULL OR host = :host);
 
@@ -239,7 +248,7 @@ SELECT (SELECT count(*) FROM herder_jobs
 
 -- name: job_list_due
 SELECT id, priority, weight, job_type, affinity, created_at, available_at
-FROM herder_jobs
+FROM herder_job_records
 WHERE status = 'queued' AND available_at <= :now
 ORDER BY priority, id
 LIMIT :limit;
@@ -253,8 +262,10 @@ WHERE id = :job_id AND status = 'queued'
 RETURNING id, attempt;
 
 -- name: attempt_list_assigned
-SELECT * FROM herder_jobs
-WHERE host = :host AND status = 'claimed' AND worker = ''
+SELECT * FROM herder_job_records
+-- The IN repeats herder_jobs_host_active's predicate so the planner can use that index
+-- (it does not infer it from status = 'claimed'); else every poll scans all jobs ever run.
+WHERE host = :host AND status IN ('claimed', 'running') AND status = 'claimed' AND worker = ''
 ORDER BY priority, id
 LIMIT :limit;
 
