@@ -117,3 +117,19 @@ def test_sqlite_claim_pairs_spec_rows_by_id_when_they_come_out_of_order():
     assert _pair_specs([1, 2, 3], specs) == [(1, "a"), (2, "b"), (3, "c")]
     with pytest.raises(StoreUnavailable, match=r"claimed jobs \[4\] have no spec row"):
         _pair_specs([1, 4], specs)
+
+
+def test_sqlite_claim_reader_knows_the_spec_query_columns(tmp_path):
+    """The claim's reader is built before its spec query first runs, from a list of that
+    query's columns: the list must follow the query."""
+    import sqlite3
+    from contextlib import closing
+
+    from herder.store import open_store
+    from herder.store.sqlite import _CLAIM_SPEC_COLUMNS, Q
+
+    path = tmp_path / "h.db"
+    open_store(f"sqlite:///{path}").close()
+    with closing(sqlite3.connect(path)) as conn:
+        cursor = conn.execute(Q["job_claim_specs"], {"job_ids": "[]"})
+        assert tuple(column[0] for column in cursor.description) == _CLAIM_SPEC_COLUMNS
