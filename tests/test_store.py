@@ -355,6 +355,28 @@ def test_finish_applies_a_batch_and_skips_stale_entries(store):
     assert failed.status is JobStatus.FAILED and failed.exit_code == 2 and failed.failures == 1
 
 
+def test_finish_with_a_stale_token_after_an_applied_group_writes_each_event_once(store):
+    """SQLite finishes ending groups without RETURNING and redoes the whole call when a
+    token turns out stale: the groups before it must not be applied (or logged) twice."""
+    ids = submit(store, spec(), spec(), spec())
+    a, b, c = store.job_claim("h1", "w1", 3, T0)
+    failed = Decision(JobStatus.FAILED, failure_reason="exit_nonzero")
+    applied = store.attempt_finish(
+        [AttemptResult(a.token, Outcome.OK, 0, Decision(JobStatus.DONE)),
+         AttemptResult(b.token, Outcome.OK, 0, Decision(JobStatus.DONE)),
+         AttemptResult(c.token, Outcome.FAILED, 4, failed),
+         AttemptResult(AttemptToken(a.id, a.attempt + 1), Outcome.FAILED, 4, failed)],
+        at(1))
+    assert sorted(applied, key=lambda pair: pair[0].job_id) == [
+        (a.token, JobStatus.DONE), (b.token, JobStatus.DONE), (c.token, JobStatus.FAILED)]
+    assert [get(store, job_id).status for job_id in ids] == [
+        JobStatus.DONE, JobStatus.DONE, JobStatus.FAILED]
+    for job_id in ids:
+        kinds = [event.kind for event in store.event_list(job_id)]
+        assert kinds == ["submitted", "claimed", "finished"]
+        assert len(store.attempt_list(job_id)) == 1
+
+
 def test_finish_applies_the_live_result_whatever_the_batch_order(store):
     [job_id] = submit(store)
     job = claim_one(store)

@@ -89,6 +89,12 @@ _CLAIM_SPEC_COLUMNS = (
     "id", "job_type", "command", "shell", "payload", "max_attempts", "timeout_seconds", "env",
     "workdir", "backoff_base_seconds", "backoff_max_seconds", "created_at")
 PAGE_SIZE = 2048
+# attempt_finish without its RETURNING clause (see `_attempt_finish`).
+_FINISH_QUIET = Q["attempt_finish"][: Q["attempt_finish"].rindex("RETURNING")]
+
+
+class _StaleTokens(Exception):
+    """A quiet finish changed fewer rows than it had tokens; its transaction is rolled back."""
 
 
 def to_epoch(value: datetime | None) -> float | None:
@@ -447,6 +453,18 @@ class SQLiteStore(Store):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         if not results:
             return []
+        try:
+            return self._attempt_finish(results, now, quiet=True)
+        except _StaleTokens:  # rolled back: redo it, reading back which tokens applied
+            return self._attempt_finish(results, now, quiet=False)
+
+    def _attempt_finish(
+        self, results: Sequence[AttemptResult], now: datetime, quiet: bool
+    ) -> list[tuple[AttemptToken, JobStatus]]:
+        """`quiet` finishes a group that ends its jobs without RETURNING: the status each
+        job gets is the group's, and when every token changed a row (a stale token is
+        rare) the applied jobs are the group's. RETURNING costs ~0.3 µs per value and row
+        (a fifth of the statement), and its rows cost Python more."""
         stamp = now.timestamp()
         applied: list[tuple[AttemptToken, JobStatus]] = []
         with self._write() as conn:
@@ -456,6 +474,15 @@ class SQLiteStore(Store):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
+                status = decision.status
+                if quiet and status is not JobStatus.QUEUED:  # a requeue may become cancelled
+                    if cursor.execute(_FINISH_QUIET, params).rowcount != len(tokens):
+                        raise _StaleTokens
+                    params["applied"] = "[" + ",".join(map(str, tokens)) + "]"
+                    params["detail"] = _finish_detail(outcome, exit_code)
+                    conn.execute(Q["attempt_finish_events"], params)
+                    applied.extend((token, status) for token in held.values())
+                    continue
                 rows = cursor.execute(Q["attempt_finish"], params).fetchall()
                 if not rows:
                     continue
