@@ -93,7 +93,8 @@ RETURNING id, attempt, cancel_requested;
 -- Set-based: one statement per group of results that share an outcome, exit code and
 -- decision (a batch is usually one group), those passed as parameters and the group's
 -- tokens as one JSON object {"job_id": attempt}: json_each gives key and value without
--- parsing each element again, and the job rows are found by rowid.
+-- parsing each element again, and the job rows are found by rowid. Groups that end their
+-- jobs run it without the RETURNING clause (sqlite.py, _FINISH_QUIET): it must stay last.
 UPDATE herder_jobs SET
     status = CASE WHEN cancel_requested AND :next_status = 'queued'
                   THEN 'cancelled' ELSE :next_status END,
