@@ -475,21 +475,20 @@ class SQLiteStore(Store):
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
                 status = decision.status
+                done: list[tuple[AttemptToken, JobStatus]]
                 if quiet and status is not JobStatus.QUEUED:  # a requeue may become cancelled
                     if cursor.execute(_FINISH_QUIET, params).rowcount != len(tokens):
                         raise _StaleTokens
-                    params["applied"] = "[" + ",".join(map(str, tokens)) + "]"
-                    params["detail"] = _finish_detail(outcome, exit_code)
-                    conn.execute(Q["attempt_finish_events"], params)
-                    applied.extend((token, status) for token in held.values())
+                    done = [(token, status) for token in held.values()]
+                else:
+                    rows = cursor.execute(Q["attempt_finish"], params).fetchall()
+                    done = [(held[row[0]], STATUS_OF[row[2]]) for row in rows]
+                if not done:
                     continue
-                rows = cursor.execute(Q["attempt_finish"], params).fetchall()
-                if not rows:
-                    continue
-                params["applied"] = "[" + ",".join(str(row[0]) for row in rows) + "]"
+                params["applied"] = "[" + ",".join(str(t.job_id) for t, _ in done) + "]"
                 params["detail"] = _finish_detail(outcome, exit_code)
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend((held[row[0]], STATUS_OF[row[2]]) for row in rows)
+                applied.extend(done)
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
