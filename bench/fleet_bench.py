@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from herder.api.tokens import new_token, token_hash  # noqa: E402
 from herder.client import Client  # noqa: E402
-from herder.model import HostRecord  # noqa: E402
+from herder.model import HostRecord, Scope  # noqa: E402
 from herder.store import open_store  # noqa: E402
 
 PARTS = os.environ.get("PARTS", "latency idle").split()
@@ -120,7 +120,8 @@ def latency(backend: str) -> dict[str, Any]:
     token = new_token()
     store.host_insert(HostRecord("bench-1", 64, prime_max_workers=4, night_max_workers=4),
                       datetime_now())
-    store.host_set_token("bench-1", token_hash(token), datetime_now())
+    store.token_insert("host:bench-1", Scope.AGENT, token_hash(token), datetime_now(),
+                       host="bench-1")
     port = free_port()
     server = start(herder(folder, "server", "--listen", f"127.0.0.1:{port}"), folder / "s.log")
     agent = None
@@ -219,7 +220,8 @@ def idle(backend: str) -> dict[str, Any]:
         label = f"idle-{index:04d}"
         tokens[label] = new_token()
         store.host_insert(HostRecord(label, 16), now)
-        store.host_set_token(label, token_hash(tokens[label]), now)
+        store.token_insert(f"host:{label}", Scope.AGENT, token_hash(tokens[label]), now,
+                           host=label)
     store.close()
     port = free_port()
     server = start(herder(folder, "server", "--listen", f"127.0.0.1:{port}",

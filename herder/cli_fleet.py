@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -15,12 +16,21 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from herder.api.tokens import new_token, token_hash
+from herder.api.tokens import active_admins, new_token, token_hash
 from herder.cli import State, edge, fail, main, pass_state
 from herder.errors import InputError
-from herder.model import HostRecord, ReservationKind, ReservationStatus, Transport
+from herder.model import (
+    HostRecord,
+    ReservationKind,
+    ReservationStatus,
+    Scope,
+    TokenRecord,
+    Transport,
+)
 from herder.runtime.coordinator import claim_slot, complete_reservation, host_view, why
 from herder.runtime.scheduler import Fleet, expires
+from herder.store import Store
+from herder.views import iso
 
 
 def utcnow() -> datetime:
@@ -150,8 +160,7 @@ def host_add(state: State, /, label: str, disabled: bool, **options: Any) -> Non
         now = utcnow()
         if not store.host_insert(record, now):
             fail(f"host {label!r} exists already (use `herder host set`)")
-        token = new_token()
-        store.host_set_token(label, token_hash(token), now)
+        token = _agent_token(store, label)
     click.echo(f"added host {label}", err=True)
     click.echo(f"agent token (shown once): {token}", err=True)
     click.echo(token)
@@ -213,6 +222,8 @@ def host_remove(state: State, label: str) -> None:
             fail(f"no host {label!r} (see `herder hosts`)")
         if not store.host_remove(label):
             fail(f"host {label!r} still has claimed or running jobs; drain it first")
+        # A host added again later under this label must not accept the old tokens.
+        store.token_revoke_host(label, utcnow())
     click.echo(f"removed host {label}")
 
 
@@ -220,13 +231,112 @@ def host_remove(state: State, label: str) -> None:
 @click.argument("label")
 @pass_state
 def host_token(state: State, label: str) -> None:
-    """Issue a new agent token for a host (the old one stops working)."""
+    """Issue a new agent token for a host (the old ones stop working)."""
     with edge():
         store = state.client.store
-        token = new_token()
-        if not store.host_set_token(label, token_hash(token), utcnow()):
+        if store.host_get(label) is None:
             fail(f"no host {label!r} (see `herder hosts`)")
+        store.token_revoke_host(label, utcnow())
+        token = _agent_token(store, label)
     click.echo(token)
+
+
+def _agent_token(store: Store, label: str) -> str:
+    token = new_token()
+    store.token_insert(f"host:{label}", Scope.AGENT, token_hash(token), utcnow(), host=label)
+    return token
+
+
+# -- API tokens ----------------------------------------------------------------------------------
+
+
+@main.group()
+def token() -> None:
+    """API tokens: create (printed once), list, revoke."""
+
+
+@token.command("create")
+@click.option("--scope", type=click.Choice([s.value for s in Scope]), required=True,
+              help="admin: everything; submit: submit, cancel, slots (and read); read: look "
+                   "only; agent: one host's agent (needs --host).")
+@click.option("--name", help="Who holds it (shown by `token list`) [default: the scope].")
+@click.option("--host", "label", help="The host an agent token is bound to.")
+@click.option("--job-types", help="submit: only these job types (comma-separated).")
+@click.option("--priority-floor", type=click.IntRange(-(2**31), 2**31 - 1),
+              help="submit: refuse priorities below this (lower numbers run first).")
+@pass_state
+def token_create(state: State, scope: str, name: str | None, label: str | None,
+                 job_types: str | None, priority_floor: int | None) -> None:
+    """Create a token and print it once; only its hash is kept."""
+    chosen = Scope(scope)
+    with edge():
+        if chosen is Scope.AGENT and not label:
+            raise InputError("--host", "an agent token is bound to one host",
+                             "pass --host LABEL")
+        if chosen is not Scope.AGENT and label:
+            raise InputError("--host", f"a {chosen} token is not bound to a host",
+                             "drop --host, or use --scope agent")
+        if chosen is not Scope.SUBMIT and (job_types is not None or priority_floor is not None):
+            raise InputError("--job-types", "limits apply to submit tokens only",
+                             "drop --job-types/--priority-floor, or use --scope submit")
+        limited = _names(job_types)
+        if job_types is not None and limited is None:
+            raise InputError("--job-types", "names no job type", "e.g. --job-types dev-issue")
+        store = state.client.store
+        if label and store.host_get(label) is None:
+            fail(f"no host {label!r} (see `herder hosts`)")
+        secret = new_token()
+        token_id = store.token_insert(name or (f"host:{label}" if label else chosen.value),
+                                      chosen, token_hash(secret), utcnow(), host=label,
+                                      job_types=limited, priority_floor=priority_floor)
+    click.echo(f"token {token_id} ({chosen}) created; it is shown once, store it now", err=True)
+    click.echo(secret)
+
+
+@token.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Include revoked tokens.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def token_list(state: State, show_all: bool, as_json: bool) -> None:
+    """List tokens (never the tokens themselves)."""
+    with edge():
+        records = [r for r in state.client.store.token_list()
+                   if show_all or r.revoked_at is None]
+    if as_json:
+        click.echo(json.dumps([token_view(r) for r in records], indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "SCOPE", "HOST", "LIMITS", "CREATED", "REVOKED"):
+        table.add_column(column)
+    for record in records:
+        limits = []
+        if record.job_types is not None:
+            limits.append("types " + ",".join(sorted(record.job_types)))
+        if record.priority_floor is not None:
+            limits.append(f"priority >= {record.priority_floor}")
+        revoked = "" if record.revoked_at is None else f"{record.revoked_at:%Y-%m-%d %H:%M}"
+        table.add_row(str(record.id), record.name, str(record.scope), record.host or "",
+                      "; ".join(limits), f"{record.created_at:%Y-%m-%d %H:%M}", revoked)
+    Console().print(table)
+
+
+def token_view(record: TokenRecord) -> dict[str, Any]:
+    return {"id": record.id, "name": record.name, "scope": str(record.scope),
+            "host": record.host,
+            "job_types": None if record.job_types is None else sorted(record.job_types),
+            "priority_floor": record.priority_floor, "created_at": iso(record.created_at),
+            "revoked_at": iso(record.revoked_at)}
+
+
+@token.command("revoke")
+@click.argument("token_id", type=click.IntRange(1, 2**63 - 1))
+@pass_state
+def token_revoke(state: State, token_id: int) -> None:
+    """Revoke a token by its id (see `herder token list`); it stops working at once."""
+    with edge():
+        if not state.client.store.token_revoke(token_id, utcnow()):
+            fail(f"no live token {token_id} (see `herder token list --all`)")
+    click.echo(f"token {token_id} revoked")
 
 
 @main.command()
@@ -359,39 +469,70 @@ def _logging(level: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @main.command()
 @click.option("--listen", help="HOST:PORT [default: server.listen, 127.0.0.1:8470].")
 @click.option("--host", "label", help="This machine's label [default: hostname].")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
+@click.option("--insecure-no-auth", is_flag=True,
+              help="Loopback only: operator routes need no token (agents still need theirs).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @pass_state
 def server(state: State, listen: str | None, label: str | None, tls_cert: str | None,
-           tls_key: str | None, log_level: str) -> None:
+           tls_key: str | None, insecure_no_auth: bool, log_level: str) -> None:
     """The fleet coordinator: store, scheduler (one leader among replicas), HTTP API."""
     import uvicorn
 
-    from herder.api.app import create_app
+    from herder.api.app import Access, create_app
     from herder.runtime.coordinator import Coordinator
 
     _logging(log_level)
+    log = logging.getLogger("herder.server")
     with edge():
         settings = state.config.settings.server
         address = listen or settings.listen
         bind, _, port_text = address.rpartition(":")
-        if not bind or not port_text.isdigit():
+        if not bind or not port_text.isdigit() or not 0 < int(port_text) < 65536:
             raise InputError("--listen", f"{address!r} is not HOST:PORT", "e.g. 127.0.0.1:8470")
         cert = tls_cert or settings.tls_cert
         key = tls_key or settings.tls_key
         if bool(cert) != bool(key):
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
+        legacy = os.environ.get(settings.api_token_env) or None
+        if insecure_no_auth and not loopback(bind):
+            raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
+                             "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
+        admins = active_admins(state.client.store.token_list())
+        if not admins and not legacy and not insecure_no_auth:
+            if not loopback(bind):
+                raise InputError(
+                    "--listen", f"{bind} is reachable from the network and no admin token "
+                    "exists", "create one first: herder token create --scope admin --name ops")
+            log.warning("no admin token exists: operator routes answer 401 until one is "
+                        "created (herder token create --scope admin)")
+        if legacy:
+            log.warning("%s is deprecated: it works as an admin token; create a scoped token "
+                        "with `herder token create` and unset it", settings.api_token_env)
+        if insecure_no_auth:
+            log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
         coordinator = Coordinator(state.client.store, state.config, label)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
             coordinator.public_url = f"{scheme}://{bind}:{port_text}"
-        app = create_app(coordinator)
+        app = create_app(coordinator, Access(open_access=insecure_no_auth,
+                                             legacy_admin_token=legacy,
+                                             max_body_bytes=settings.max_body_bytes))
     uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
                 ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
 

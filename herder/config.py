@@ -271,6 +271,8 @@ class ServerSection(_Strict):
     tls_key: str | None = None
     public_url: str | None = None
     """How remote hosts reach this server (ssh push); default http(s)://listen."""
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024**3)
+    """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
 
 
 DEFAULT_WEIGHTS: dict[str, float] = {

@@ -30,3 +30,7 @@ class StoreUnavailable(HerderError):
 
 class NotFound(HerderError):
     """No such job."""
+
+
+class Conflict(HerderError):
+    """A report about an attempt that is no longer live (fenced out, ended, moved on)."""

@@ -243,6 +243,29 @@ class HostRecord:
     has_token: bool = False
 
 
+class Scope(enum.StrEnum):
+    """What an API token may do. admin > submit > read; agent is apart, bound to one host."""
+
+    ADMIN = "admin"
+    SUBMIT = "submit"
+    READ = "read"
+    AGENT = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """An API token as stored: its scope and limits, never the token itself."""
+
+    id: int
+    name: str
+    scope: Scope
+    created_at: datetime
+    host: str | None = None
+    job_types: frozenset[str] | None = None
+    priority_floor: int | None = None
+    revoked_at: datetime | None = None
+
+
 class ReservationKind(enum.StrEnum):
     SUBAGENT = "subagent"
     CI = "ci"

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +32,8 @@ import httpx
 import pytest
 from runtime_helpers import _argv, wait_for
 
-from herder.model import Attempt, Job, JobStatus
+from herder.api.tokens import new_token, token_hash
+from herder.model import Attempt, Job, JobStatus, Scope
 from herder.runtime.process import TOKEN_VARIABLE, process_alive, process_start_time
 from herder.store import Store, open_store
 
@@ -302,6 +304,7 @@ class FleetHarness:
         self.server: subprocess.Popen[Any] | None = None
         self.agents: dict[str, subprocess.Popen[Any]] = {}
         self.tokens: dict[str, str] = {}
+        self._admin_token: str | None = None
         self._store: Store | None = None
         self._http = httpx.Client(base_url=self.url, timeout=10.0)
         self.write_config(runtime, fleet, defaults, extra)
@@ -513,10 +516,23 @@ class FleetHarness:
 
     # -- http ---------------------------------------------------------------------------------
 
+    @property
+    def admin_token(self) -> str:
+        """An admin API token, made on first use (the server needs none to start on
+        loopback; operator routes need one)."""
+        if self._admin_token is None:
+            secret = new_token()
+            self.store.token_insert("tests", Scope.ADMIN, token_hash(secret),
+                                    datetime.now(UTC))
+            self._admin_token = secret
+        return self._admin_token
+
     def api(self, method: str, path: str, token: str | None = None,
             **kwargs: Any) -> httpx.Response:
+        """An HTTP call with `token` (default: the admin token; "" sends none)."""
         headers = dict(kwargs.pop("headers", {}))
-        if token is not None:
+        token = self.admin_token if token is None else token
+        if token:
             headers["Authorization"] = f"Bearer {token}"
         return self._http.request(method, path, headers=headers, **kwargs)
 

@@ -286,14 +286,13 @@ def test_agent_token_is_bound_to_its_host(make_fleet, tmp_path, store_url):
         assert response.status_code == 403, (method, url, response.status_code, response.text)
         garbage = fleet.api(method, url, token="hdr_garbage", **kwargs)
         assert garbage.status_code in (401, 403), (method, url, garbage.status_code)
-        anonymous = fleet.api(method, url, **kwargs)
+        anonymous = fleet.api(method, url, token="", **kwargs)
         assert anonymous.status_code == 401, (method, url, anonymous.status_code)
     # host-a's token on host-a's own path still cannot touch host-b's attempt.
     own = f"/api/v1/agent/host-a/attempts/{job_id}/{placed.attempt}"
-    assert fleet.api("POST", f"{own}/start", token=token_a,
-                     json={"pid": 1}).json() == {"accepted": False}
+    assert fleet.api("POST", f"{own}/start", token=token_a, json={"pid": 1}).status_code == 409
     assert fleet.api("POST", f"{own}/finish", token=token_a,
-                     json={"outcome": "ok", "exit_code": 0}).json()["accepted"] is False
+                     json={"outcome": "ok", "exit_code": 0}).status_code == 409
     assert snapshot() == before
     assert not (tmp_path / "server-logs" / str(job_id)).exists()
 

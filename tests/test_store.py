@@ -936,7 +936,7 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
             ("UPDATE sqlite_sequence SET seq = 10 WHERE name = 'herder_jobs'", ()),
         ])
         monkeypatch.undo()
-        assert store.migrate() == [5]
+        assert store.migrate()[0] == 5
 
         job = store.job_get(running)
         assert job is not None

@@ -3,26 +3,49 @@ async and cost nothing while they wait, so one process holds thousands of idle a
 
 
 import asyncio
+import json
 import logging
-import os
+import math
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+import psycopg
+import psycopg_pool
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Send
+from starlette.types import Scope as AsgiScope
 
-from herder.api.tokens import token_matches
-from herder.errors import HerderError, InputError
-from herder.intake import SubmitRequest, resolve
+from herder.api.tokens import (
+    ANONYMOUS_ADMIN,
+    LEGACY_ADMIN,
+    Caller,
+    Denied,
+    authorize,
+    authorize_job_type,
+    authorize_submit,
+    identify,
+    plausible_token,
+    same_secret,
+    token_hash,
+)
+from herder.config import MAX_DURATION
+from herder.errors import Conflict, HerderError, InputError, NotFound
+from herder.intake import INT_MAX, INT_MIN, SubmitRequest, resolve
 from herder.model import (
     AttemptToken,
     JobStatus,
     Outcome,
     ReservationStatus,
+    Scope,
 )
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
@@ -30,58 +53,101 @@ from herder.views import attempt_view, event_view, job_view
 
 log = logging.getLogger("herder.api")
 T = TypeVar("T")
-MAX_LOG_CHUNK = 4 * 1024 * 1024
+BIGINT_MAX = 2**63 - 1
+RETRY_AFTER_SECONDS = 5
+MAX_JSON_DEPTH = 32
+
+JobId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
+AttemptNumber = Annotated[int, Path(ge=1, le=INT_MAX)]
+ReservationId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION, allow_inf_nan=False)]
+Int32 = Annotated[int, Field(ge=INT_MIN, le=INT_MAX)]
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
+def storable(value: Any, depth: int = 0) -> str | None:
+    """Why a decoded JSON value cannot be stored (NUL in text, NaN, nesting), or None.
+
+    PostgreSQL's text and jsonb hold no NUL character and JSON has no NaN; both would
+    otherwise fail deep in the store as a server error instead of a 422 here."""
+    if depth > MAX_JSON_DEPTH:
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if isinstance(value, str):
+        return "contains a NUL character" if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "is not a finite number"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            problem = storable(key, depth + 1) or storable(item, depth + 1)
+            if problem:
+                return problem
+    if isinstance(value, list | tuple):
+        for item in value:
+            problem = storable(item, depth + 1)
+            if problem:
+                return problem
+    return None
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problem = storable(data)
+        if problem:
+            raise ValueError(f"the body {problem}")
+        return data
+
 
 class SubmitBody(Body):
-    job_type: str | None = None
+    job_type: str | None = Field(default=None, max_length=200)
     command: list[str] | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
-    priority: int | None = None
-    weight: str | None = None
-    dedup_key: str | None = None
+    priority: Int32 | None = None
+    weight: str | None = Field(default=None, max_length=200)
+    dedup_key: str | None = Field(default=None, max_length=1000)
     force: bool = False
-    affinity: str | None = None
-    delay_seconds: float | None = Field(default=None, ge=0)
-    max_attempts: int | None = Field(default=None, ge=1)
-    timeout_seconds: float | None = Field(default=None, gt=0)
-    workdir: str | None = None
+    affinity: str | None = Field(default=None, max_length=200)
+    delay_seconds: Seconds | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=INT_MAX)
+    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_DURATION,
+                                            allow_inf_nan=False)] | None = None
+    workdir: str | None = Field(default=None, max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
 
 
 class HeartbeatBody(Body):
-    worker: str
-    running: list[tuple[int, int]] = Field(default_factory=list)
+    worker: str = Field(max_length=400)
+    running: list[tuple[Annotated[int, Field(ge=1, le=BIGINT_MAX)],
+                        Annotated[int, Field(ge=1, le=INT_MAX)]]] = Field(
+        default_factory=list, max_length=100_000)
     info: dict[str, Any] = Field(default_factory=dict)
     with_attempts: bool = False
     """Also list every live attempt of the host (an agent asks once, when it starts)."""
 
 
 class StartBody(Body):
-    pid: int
-    log_path: str | None = None
+    pid: int = Field(ge=0, le=INT_MAX)
+    log_path: str | None = Field(default=None, max_length=4096)
 
 
 class FinishBody(Body):
     outcome: Outcome
-    exit_code: int | None = None
-    retry_after: float | None = Field(default=None, ge=0)
-    detail: str | None = None
+    exit_code: Int32 | None = None
+    retry_after: Seconds | None = None
+    detail: str | None = Field(default=None, max_length=10_000)
 
 
 class ReserveBody(Body):
     owner: str = Field(min_length=1, max_length=200)
-    host: str
+    host: str = Field(max_length=200)
     count: int = Field(ge=1, le=1000)
-    weight: str = "subagent"
+    weight: str = Field(default="subagent", max_length=200)
 
 
 class CompleteBody(Body):
@@ -90,13 +156,93 @@ class CompleteBody(Body):
 
 class SlotBody(Body):
     run_id: str = Field(min_length=1, max_length=200)
-    host: str | None = None
-    weight: str | None = None
+    host: str | None = Field(default=None, max_length=200)
+    weight: str | None = Field(default=None, max_length=200)
 
 
-def create_app(coordinator: Coordinator) -> FastAPI:
+@dataclass(frozen=True)
+class Access:
+    """How the server authenticates callers."""
+
+    open_access: bool = False
+    """--insecure-no-auth (loopback only): a request without a token acts as admin."""
+    legacy_admin_token: str | None = None
+    """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
+    max_body_bytes: int = 1024 * 1024
+
+
+class BodyLimit:
+    """Refuse request bodies over a size with 413 before any route reads them.
+
+    A declared Content-Length is judged at once; a chunked body is read up to the limit
+    and replayed to the route, so nothing past the limit is ever buffered."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _plain(send, 400, "Content-Length is not a number")
+                return
+            if int(declared) > self.max_bytes:
+                await _plain(send, 413, f"request body over {self.max_bytes} bytes")
+                return
+            await self.app(scope, receive, send)
+            return
+        buffered: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await _plain(send, 413, f"request body over {self.max_bytes} bytes")
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _plain(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def route_scope(route: APIRoute) -> tuple[bool, Scope | None]:
+    """(declared, scope) of a route: every route must declare one, None meaning public."""
+    pending = list(route.dependant.dependencies)
+    while pending:
+        dependency = pending.pop()
+        call = dependency.call
+        if call is not None and hasattr(call, "herder_scope"):
+            return True, call.herder_scope
+        pending.extend(dependency.dependencies)
+    return False, None
+
+
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    psycopg.OperationalError, psycopg_pool.PoolTimeout, sqlite3.OperationalError)
+
+
+def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAPI:
     store = coordinator.store
     config = coordinator.config
+    access = access or Access()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -108,46 +254,101 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             await run_in_threadpool(coordinator.stop)
 
     app = FastAPI(title="herder", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=access.max_body_bytes)
 
     @app.exception_handler(InputError)
     async def input_error(_request: Request, exc: InputError) -> JSONResponse:
         return JSONResponse({"error": str(exc), "field": exc.field}, status_code=422)
 
+    @app.exception_handler(NotFound)
+    async def not_found(_request: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(Conflict)
+    async def conflict(_request: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(Denied)
+    async def denied(request: Request, exc: Denied) -> JSONResponse:
+        log.info("%s %s refused (%d): %s", request.method, request.url.path, exc.status,
+                 exc.reason)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"detail": exc.reason}, status_code=exc.status, headers=headers)
+
+    def unavailable(exc: Exception) -> JSONResponse:
+        # The message of a driver error may name the database's address; say only what
+        # the caller can act on.
+        log.warning("database unavailable: %s", type(exc).__name__)
+        return JSONResponse({"detail": "the database is unavailable; retry later"},
+                            status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
     @app.exception_handler(HerderError)
     async def herder_error(_request: Request, exc: HerderError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=503)
+        return unavailable(exc)
+
+    for error in DATABASE_ERRORS:
+        app.add_exception_handler(error, lambda _request, exc: unavailable(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes the input, which may hold a token or a secret env value.
+        details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "invalid")}
+                   for e in exc.errors()]
+        return JSONResponse({"detail": details}, status_code=422)
 
     async def call(function: Callable[..., T], *args: Any) -> T:
         return await run_in_threadpool(function, *args)
 
     # -- authentication ---------------------------------------------------------------------
 
-    def bearer(authorization: str | None) -> str | None:
-        if authorization and authorization.lower().startswith("bearer "):
-            return authorization[7:].strip()
-        return None
+    async def caller_of(authorization: str | None) -> Caller | None:
+        """The caller a bearer token stands for; None when no token was sent."""
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Denied(401, "use 'Authorization: Bearer <token>'")
+        if not plausible_token(token):
+            raise Denied(401, "unknown token")
+        if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
+            return LEGACY_ADMIN
+        return identify(await call(store.token_get, token_hash(token)))
 
-    async def operator(authorization: Annotated[str | None, Header()] = None) -> None:
-        expected = os.environ.get(config.settings.server.api_token_env)
-        if not expected:
-            return
-        token = bearer(authorization)
-        import hmac
+    def operator(scope: Scope) -> Any:
+        async def dependency(
+                authorization: Annotated[str | None, Header()] = None) -> Caller:
+            caller = await caller_of(authorization)
+            if caller is None:
+                if not access.open_access:
+                    raise Denied(401, f"a {scope} token is required "
+                                      "(Authorization: Bearer <token>)")
+                caller = ANONYMOUS_ADMIN
+            authorize(caller, scope)
+            return caller
 
-        if token is None or not hmac.compare_digest(token, expected):
-            raise HTTPException(401, "operator token required (Authorization: Bearer ...)")
+        dependency.herder_scope = scope  # type: ignore[attr-defined]
+        return Depends(dependency)
 
-    async def agent_host(label: str,
+    async def agent_host(label: Annotated[str, Path(max_length=200)],
                          authorization: Annotated[str | None, Header()] = None) -> str:
-        """The token must belong to the host named in the path: 403 otherwise."""
-        token = bearer(authorization)
-        if token is None:
-            raise HTTPException(401, "agent token required (Authorization: Bearer ...)")
-        if not token_matches(token, await call(store.host_token_hash, label)):
-            raise HTTPException(403, f"this token is not valid for host {label!r}")
+        """The token must be an agent token of the host named in the path: 403 otherwise."""
+        caller = await caller_of(authorization)
+        if caller is None:
+            raise Denied(401, "an agent token is required (Authorization: Bearer <token>)")
+        authorize(caller, Scope.AGENT, label)
         return label
 
-    Operator = Annotated[None, Depends(operator)]
+    agent_host.herder_scope = Scope.AGENT  # type: ignore[attr-defined]
+
+    async def public() -> None:
+        """No token needed (liveness probes)."""
+
+    public.herder_scope = None  # type: ignore[attr-defined]
+
+    Reader = Annotated[Caller, operator(Scope.READ)]
+    Submitter = Annotated[Caller, operator(Scope.SUBMIT)]
     AgentHost = Annotated[str, Depends(agent_host)]
 
     def check_worker(label: str, worker: str) -> str:
@@ -158,12 +359,12 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     # -- operators ----------------------------------------------------------------------------
 
-    @app.get("/healthz")
+    @app.get("/healthz", dependencies=[Depends(public)])
     async def healthz() -> dict[str, Any]:
         return {"ok": True, "leader": coordinator.is_leader}
 
     @app.post("/api/v1/jobs", status_code=201)
-    async def submit(body: SubmitBody, _auth: Operator) -> dict[str, Any]:
+    async def submit(body: SubmitBody, caller: Submitter) -> dict[str, Any]:
         available_at = (now() + timedelta(seconds=body.delay_seconds)
                         if body.delay_seconds else None)
         request = SubmitRequest(
@@ -174,18 +375,21 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             check_command=False, local=False,
         )
         spec = resolve(config, request)
+        authorize_submit(caller, spec.job_type, spec.priority)
         result = (await call(store.job_insert, [spec], now(), body.force))[0]
         coordinator.poke()
         return {"id": result.job_id, "created": result.created, "status": str(result.status)}
 
     @app.get("/api/v1/jobs")
-    async def list_jobs(_auth: Operator, status: Annotated[list[JobStatus] | None, Query()] = None,
-                        limit: int = 100) -> list[dict[str, Any]]:
-        jobs = await call(store.job_list, status, max(1, min(limit, 10_000)))
+    async def list_jobs(_caller: Reader,
+                        status: Annotated[list[JobStatus] | None, Query()] = None,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                        ) -> list[dict[str, Any]]:
+        jobs = await call(store.job_list, status, limit)
         return [job_view(job) for job in jobs]
 
     @app.get("/api/v1/jobs/{job_id}")
-    async def get_job(job_id: int, _auth: Operator) -> dict[str, Any]:
+    async def get_job(job_id: JobId, _caller: Reader) -> dict[str, Any]:
         job = await call(store.job_get, job_id)
         if job is None:
             raise HTTPException(404, f"no job {job_id}")
@@ -195,11 +399,16 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return view
 
     @app.get("/api/v1/jobs/{job_id}/why")
-    async def why(job_id: int, _auth: Operator) -> dict[str, Any]:
+    async def why(job_id: JobId, _caller: Reader) -> dict[str, Any]:
         return {"id": job_id, "why": await call(coordinator.why, job_id)}
 
     @app.post("/api/v1/jobs/{job_id}/cancel")
-    async def cancel(job_id: int, _auth: Operator) -> dict[str, Any]:
+    async def cancel(job_id: JobId, caller: Submitter) -> dict[str, Any]:
+        if caller.job_types is not None:
+            target = await call(store.job_get, job_id)
+            if target is None:
+                raise HTTPException(404, f"no job {job_id}")
+            authorize_job_type(caller, target.job_type)
         status = await call(store.job_cancel, job_id, now())
         if status is None:
             job = await call(store.job_get, job_id)
@@ -209,7 +418,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return {"id": job_id, "status": str(status)}
 
     @app.get("/api/v1/hosts")
-    async def hosts(_auth: Operator) -> list[dict[str, Any]]:
+    async def hosts(_caller: Reader) -> list[dict[str, Any]]:
         return await call(coordinator.host_views)
 
     # -- agents -------------------------------------------------------------------------------
@@ -234,10 +443,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         }
 
     @app.get("/api/v1/agent/{label}/assignments")
-    async def assignments(label: AgentHost, worker: str, request: Request, free: int = 1,
-                          wait: float = 0.0) -> dict[str, Any]:
+    async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=400)],
+                          request: Request,
+                          free: Annotated[int, Query(ge=0, le=10_000)] = 1,
+                          wait: Annotated[float, Query(ge=0, le=3600,
+                                                       allow_inf_nan=False)] = 0.0,
+                          ) -> dict[str, Any]:
         check_worker(label, worker)
-        wait = max(0.0, min(wait, config.settings.server.long_poll))
+        wait = min(wait, config.settings.server.long_poll)
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             seen = coordinator.board.version(label)
@@ -245,14 +458,15 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                 # The agent is gone (killed, restarted): taking work for it now would bind
                 # the attempts to a dead worker until their lease runs out.
                 return {"jobs": []}
-            jobs = await call(coordinator.take_assigned, label, worker, max(0, free))
+            jobs = await call(coordinator.take_assigned, label, worker, free)
             remaining = deadline - asyncio.get_running_loop().time()
             if jobs or remaining <= 0:
                 return {"jobs": [coordinator.assignment_view(job) for job in jobs]}
             await coordinator.board.wait(label, seen, remaining)
 
     @app.get("/api/v1/agent/{label}/attempts/{job_id}/{attempt}")
-    async def attempt_get(label: AgentHost, job_id: int, attempt: int) -> dict[str, Any]:
+    async def attempt_get(label: AgentHost, job_id: JobId,
+                          attempt: AttemptNumber) -> dict[str, Any]:
         job = await call(store.job_get, job_id)
         if (job is None or job.host != label or job.attempt != attempt
                 or job.status is not JobStatus.CLAIMED):
@@ -260,34 +474,33 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return {"job": coordinator.assignment_view(job)}
 
     @app.post("/api/v1/agent/{label}/attempts/{job_id}/{attempt}/start")
-    async def attempt_start(label: AgentHost, job_id: int, attempt: int,
+    async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                             body: StartBody) -> dict[str, Any]:
         token = AttemptToken(job_id, attempt)
-        ok = await call(coordinator.start_attempt, label, token, body.pid, body.log_path)
-        return {"accepted": ok}
+        await call(coordinator.start_attempt, label, token, body.pid, body.log_path)
+        return {"accepted": True}
 
     @app.post("/api/v1/agent/{label}/attempts/{job_id}/{attempt}/finish")
-    async def attempt_finish(label: AgentHost, job_id: int, attempt: int,
+    async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                              body: FinishBody) -> dict[str, Any]:
         token = AttemptToken(job_id, attempt)
         status = await call(coordinator.finish_attempt, label, token, body.outcome,
                             body.exit_code, body.retry_after)
-        return {"accepted": status is not None, "status": None if status is None else str(status)}
+        return {"accepted": True, "status": str(status)}
 
     @app.get("/api/v1/agent/{label}/cancels")
-    async def cancels(label: AgentHost, jobs: str = "") -> dict[str, Any]:
-        ids = [int(part) for part in jobs.split(",") if part.strip().isdigit()]
+    async def cancels(label: AgentHost,
+                      jobs: Annotated[str, Query(max_length=100_000)] = "") -> dict[str, Any]:
+        ids = [int(part) for part in jobs.split(",")
+               if part.strip().isdigit() and int(part) <= BIGINT_MAX]
         wanted = await call(coordinator.cancels_for, label, ids)
         return {"cancel": sorted([t.job_id, t.attempt] for t in wanted)}
 
     @app.post("/api/v1/agent/{label}/attempts/{job_id}/{attempt}/log")
-    async def log_chunk(label: AgentHost, job_id: int, attempt: int, request: Request,
-                        offset: int = 0) -> dict[str, Any]:
+    async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
+                        request: Request,
+                        offset: Annotated[int, Query(ge=0, le=2**40)] = 0) -> dict[str, Any]:
         data = await request.body()
-        if len(data) > MAX_LOG_CHUNK:
-            raise HTTPException(413, f"log chunk over {MAX_LOG_CHUNK} bytes")
-        if offset < 0:
-            raise HTTPException(422, "offset must be >= 0")
         written = await call(coordinator.write_log, label, AttemptToken(job_id, attempt),
                              offset, data)
         return {"size": written}
@@ -300,27 +513,30 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     # -- reservations ---------------------------------------------------------------------------
 
     @app.post("/api/v1/reservations", status_code=201)
-    async def reserve(body: ReserveBody, _auth: Operator) -> dict[str, Any]:
+    async def reserve(body: ReserveBody, _caller: Submitter) -> dict[str, Any]:
         created = await call(coordinator.reserve, body.owner, body.host, body.weight,
                              body.count)
         return {"reserved": [r.id for r in created], "requested": body.count}
 
     @app.post("/api/v1/reservations/{reservation_id}/complete")
-    async def complete(reservation_id: int, body: CompleteBody,
-                       _auth: Operator) -> dict[str, Any]:
+    async def complete(reservation_id: ReservationId, body: CompleteBody,
+                       _caller: Submitter) -> dict[str, Any]:
         ended = await call(coordinator.complete_reservation, reservation_id, body.status)
         return {"id": reservation_id, "status": str(ended.status)}
 
     @app.post("/api/v1/slots/claim", status_code=201)
-    async def slot_claim(body: SlotBody, _auth: Operator) -> dict[str, Any]:
+    async def slot_claim(body: SlotBody, _caller: Submitter) -> dict[str, Any]:
         if body.host is None or body.weight is None:
             raise HTTPException(422, "host and weight are required to claim a slot")
         slot = await call(coordinator.claim_slot, body.run_id, body.host, body.weight)
         return {"id": slot.id, "run_id": slot.owner, "host": slot.host}
 
     @app.post("/api/v1/slots/release")
-    async def slot_release(body: SlotBody, _auth: Operator) -> dict[str, Any]:
+    async def slot_release(body: SlotBody, _caller: Submitter) -> dict[str, Any]:
         released = await call(store.reservation_release_ci, body.run_id, now())
         return {"released": released is not None}
 
+    for route in app.routes:
+        if isinstance(route, APIRoute) and not route_scope(route)[0]:
+            raise RuntimeError(f"route {route.path} declares no scope")
     return app

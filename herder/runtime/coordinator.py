@@ -13,7 +13,7 @@ from typing import Any
 
 from herder.api.board import AssignmentBoard
 from herder.config import Config
-from herder.errors import InputError, NotFound
+from herder.errors import Conflict, InputError, NotFound
 from herder.model import (
     AttemptResult,
     AttemptToken,
@@ -239,9 +239,11 @@ class Coordinator:
     # -- what the API asks ------------------------------------------------------------------------
 
     def _job_on_host(self, label: str, token: AttemptToken) -> Job:
+        """The job of an attempt that is live on `label`; Conflict (409) otherwise."""
         job = self.store.job_get(token.job_id)
-        if job is None or job.host != label or job.attempt < token.attempt:
-            raise PermissionError(f"attempt {token} is not on host {label}")
+        if job is None or job.host != label or job.attempt != token.attempt:
+            raise Conflict(f"attempt {token} is not live on host {label}: it was declared "
+                           "lost, ended, or moved to another host")
         return job
 
     def take_assigned(self, label: str, worker: str, free: int) -> list[Job]:
@@ -265,22 +267,16 @@ class Coordinator:
         }
 
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
-                      _agent_log_path: str | None) -> bool:
-        try:
-            self._job_on_host(label, token)
-        except PermissionError:
-            return False
+                      _agent_log_path: str | None) -> None:
+        self._job_on_host(label, token)
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
-        return self.store.attempt_start(token, pid, str(path), utcnow())
+        if not self.store.attempt_start(token, pid, str(path), utcnow()):
+            raise Conflict(f"attempt {token} cannot start: it is no longer claimed "
+                           "(cancelled or declared lost)")
 
     def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
-                       exit_code: int | None, retry_after: float | None) -> JobStatus | None:
-        try:
-            job = self._job_on_host(label, token)
-        except PermissionError:
-            return None
-        if job.attempt != token.attempt:
-            return None
+                       exit_code: int | None, retry_after: float | None) -> JobStatus:
+        job = self._job_on_host(label, token)
         now = utcnow()
         if outcome is Outcome.REFUSED:
             # Agents advertise their allow-lists with every heartbeat and placement honours
@@ -291,7 +287,9 @@ class Coordinator:
         applied = self.store.attempt_finish(
             [AttemptResult(token, outcome, exit_code, result.decision)], now)
         self.poke()
-        return applied[0][1] if applied else None
+        if not applied:
+            raise Conflict(f"attempt {token} has already ended")
+        return applied[0][1]
 
     def live_tokens(self, label: str) -> set[AttemptToken]:
         return {live.attempt.token for live in self.store.attempt_list_live(label)}
@@ -300,8 +298,15 @@ class Coordinator:
         return self.store.job_cancel_requested(job_ids) & self.live_tokens(label)
 
     def write_log(self, label: str, token: AttemptToken, offset: int, data: bytes) -> int:
-        """Write an agent's log bytes at `offset` (idempotent when a chunk is resent)."""
-        self._job_on_host(label, token)
+        """Write an agent's log bytes at `offset` (idempotent when a chunk is resent).
+
+        Late chunks of an attempt that already ended, or was declared lost, are still what
+        ran on that host: they are kept as long as the attempt ran there."""
+        job = self.store.job_get(token.job_id)
+        live_here = job is not None and job.host == label and job.attempt == token.attempt
+        if not live_here and not any(a.attempt == token.attempt and a.host == label
+                                     for a in self.store.attempt_list(token.job_id)):
+            raise Conflict(f"attempt {token} never ran on host {label}")
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)

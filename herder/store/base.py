@@ -35,6 +35,8 @@ from herder.model import (
     Reservation,
     ReservationKind,
     ReservationStatus,
+    Scope,
+    TokenRecord,
     Transport,
 )
 
@@ -231,12 +233,6 @@ class Store(abc.ABC):
         """False when the host is unknown or still has claimed or running jobs."""
 
     @abc.abstractmethod
-    def host_set_token(self, label: str, token_hash: str | None, now: datetime) -> bool: ...
-
-    @abc.abstractmethod
-    def host_token_hash(self, label: str) -> str | None: ...
-
-    @abc.abstractmethod
     def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool: ...
 
     @abc.abstractmethod
@@ -297,6 +293,29 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def reservation_expire(self, now: datetime) -> int: ...
+
+    # -- API tokens ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
+                     host: str | None = None, job_types: frozenset[str] | None = None,
+                     priority_floor: int | None = None) -> int:
+        """The new token's id; the hash is unique (a duplicate raises)."""
+
+    @abc.abstractmethod
+    def token_get(self, token_hash: str) -> TokenRecord | None:
+        """The token with this hash, revoked or not (so a caller can be told which)."""
+
+    @abc.abstractmethod
+    def token_list(self) -> list[TokenRecord]: ...
+
+    @abc.abstractmethod
+    def token_revoke(self, token_id: int, now: datetime) -> bool:
+        """False when there is no such live token."""
+
+    @abc.abstractmethod
+    def token_revoke_host(self, host: str, now: datetime) -> int:
+        """Revoke every live token bound to `host`; how many."""
 
     @abc.abstractmethod
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
@@ -567,7 +586,7 @@ def host_from_row(row: Mapping[str, Any]) -> HostRecord:
         labels=frozenset(row["labels"] or ()),
         last_heartbeat=row["last_heartbeat"],
         agent_info=row["agent_info"] or {},
-        has_token=row["token_hash"] is not None,
+        has_token=bool(row["has_token"]),
     )
 
 
@@ -592,6 +611,16 @@ def host_params(host: HostRecord) -> dict[str, Any]:
         "priority_floor": host.priority_floor,
         "labels": sorted(host.labels),
     }
+
+
+def token_from_row(row: Mapping[str, Any]) -> TokenRecord:
+    job_types = row["job_types"]
+    return TokenRecord(
+        id=int(row["id"]), name=row["name"], scope=Scope(row["scope"]),
+        created_at=row["created_at"], host=row["host"],
+        job_types=None if job_types is None else frozenset(job_types),
+        priority_floor=row["priority_floor"], revoked_at=row["revoked_at"],
+    )
 
 
 def reservation_from_row(row: Mapping[str, Any]) -> Reservation:

@@ -35,6 +35,8 @@ from herder.model import (
     Reservation,
     ReservationKind,
     ReservationStatus,
+    Scope,
+    TokenRecord,
 )
 from herder.store.base import (
     CLAIM_GIVEN,
@@ -66,6 +68,7 @@ from herder.store.base import (
     refuse_newer_schema,
     reservation_from_row,
     slots_that_fit,
+    token_from_row,
 )
 from herder.urls import redact_url
 
@@ -383,17 +386,6 @@ class PostgresStore(Store):
         with self._pool.connection() as conn:
             return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
 
-    def host_set_token(self, label: str, token_hash: str | None, now: datetime) -> bool:
-        with self._pool.connection() as conn:
-            row = conn.execute(Q["host_set_token"],
-                               {"label": label, "token_hash": token_hash, "now": now}).fetchone()
-        return row is not None
-
-    def host_token_hash(self, label: str) -> str | None:
-        with self._pool.connection() as conn:
-            row = conn.execute(Q["host_token_hash"], {"label": label}).fetchone()
-        return None if row is None else row["token_hash"]
-
     def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
         with self._pool.connection() as conn:
             row = conn.execute(Q["host_heartbeat"], {
@@ -516,6 +508,36 @@ class PostgresStore(Store):
     def reservation_expire(self, now: datetime) -> int:
         with self._pool.connection() as conn:
             return len(conn.execute(Q["reservation_expire"], {"now": now}).fetchall())
+
+    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
+                     host: str | None = None, job_types: frozenset[str] | None = None,
+                     priority_floor: int | None = None) -> int:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["token_insert"], {
+                "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
+                "job_types": None if job_types is None else Jsonb(sorted(job_types)),
+                "priority_floor": priority_floor, "now": now}).fetchone()
+        assert row is not None
+        return int(row["id"])
+
+    def token_get(self, token_hash: str) -> TokenRecord | None:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["token_get"], {"token_hash": token_hash}).fetchone()
+        return None if row is None else token_from_row(row)
+
+    def token_list(self) -> list[TokenRecord]:
+        with self._pool.connection() as conn:
+            return [token_from_row(row) for row in conn.execute(Q["token_list"]).fetchall()]
+
+    def token_revoke(self, token_id: int, now: datetime) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["token_revoke"], {"id": token_id, "now": now}).fetchone()
+        return row is not None
+
+    def token_revoke_host(self, host: str, now: datetime) -> int:
+        with self._pool.connection() as conn:
+            return len(conn.execute(Q["token_revoke_host"],
+                                    {"host": host, "now": now}).fetchall())
 
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
         with self._pool.connection() as conn:

@@ -38,6 +38,8 @@ from herder.model import (
     Reservation,
     ReservationKind,
     ReservationStatus,
+    Scope,
+    TokenRecord,
 )
 from herder.store.base import (
     CLAIM_GIVEN,
@@ -69,6 +71,7 @@ from herder.store.base import (
     refuse_newer_schema,
     reservation_from_row,
     slots_that_fit,
+    token_from_row,
 )
 
 Q = load_queries("sqlite")
@@ -76,12 +79,12 @@ _TIME_COLUMNS = frozenset(
     {
         "available_at", "created_at", "claimed_at", "started_at", "finished_at", "updated_at",
         "heartbeat_at", "ended_at", "at", "last_heartbeat", "expires_at", "opened_at",
-        "cleared_at",
+        "cleared_at", "revoked_at",
     }
 )
 _JSON_COLUMNS = frozenset(
     {"command", "payload", "env", "detail", "allowed_job_types", "allowed_weights", "labels",
-     "agent_info"}
+     "agent_info", "job_types"}
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 # The columns of job_claim_specs, in its order (the claim's reader is built before it runs).
@@ -564,16 +567,6 @@ class SQLiteStore(Store):
         with self._write() as conn:
             return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
 
-    def host_set_token(self, label: str, token_hash: str | None, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_set_token"], {"label": label, "token_hash": token_hash,
-                                                     "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def host_token_hash(self, label: str) -> str | None:
-        row = self._conn().execute(Q["host_token_hash"], {"label": label}).fetchone()
-        return None if row is None else row[0]
-
     def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
         with self._write() as conn:
             row = conn.execute(Q["host_heartbeat"], {
@@ -693,6 +686,35 @@ class SQLiteStore(Store):
         with self._write() as conn:
             return len(conn.execute(Q["reservation_expire"],
                                     {"now": now.timestamp()}).fetchall())
+
+    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
+                     host: str | None = None, job_types: frozenset[str] | None = None,
+                     priority_floor: int | None = None) -> int:
+        with self._write() as conn:
+            row = conn.execute(Q["token_insert"], {
+                "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
+                "job_types": None if job_types is None else json.dumps(sorted(job_types)),
+                "priority_floor": priority_floor, "now": now.timestamp()}).fetchone()
+        return int(row[0])
+
+    def token_get(self, token_hash: str) -> TokenRecord | None:
+        row = self._conn().execute(Q["token_get"], {"token_hash": token_hash}).fetchone()
+        return None if row is None else token_from_row(_convert(row))
+
+    def token_list(self) -> list[TokenRecord]:
+        return [token_from_row(_convert(r)) for r in self._conn().execute(Q["token_list"])]
+
+    def token_revoke(self, token_id: int, now: datetime) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["token_revoke"], {"id": token_id,
+                                                   "now": now.timestamp()}).fetchone()
+        return row is not None
+
+    def token_revoke_host(self, host: str, now: datetime) -> int:
+        with self._write() as conn:
+            rows = conn.execute(Q["token_revoke_host"], {"host": host,
+                                                         "now": now.timestamp()}).fetchall()
+        return len(rows)
 
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
         with self._write() as conn:

@@ -238,10 +238,14 @@ WHERE label = %(label)s
 RETURNING label;
 
 -- name: host_get
-SELECT * FROM herder_hosts WHERE label = %(label)s;
+SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
+                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
+FROM herder_hosts h WHERE label = %(label)s;
 
 -- name: host_list
-SELECT * FROM herder_hosts ORDER BY label;
+SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
+                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
+FROM herder_hosts h ORDER BY label;
 
 -- name: host_remove
 DELETE FROM herder_hosts h
@@ -249,13 +253,6 @@ WHERE label = %(label)s
   AND NOT EXISTS (SELECT 1 FROM herder_jobs j
                   WHERE j.host = h.label AND j.status IN ('claimed', 'running'))
 RETURNING label;
-
--- name: host_set_token
-UPDATE herder_hosts SET token_hash = %(token_hash)s, updated_at = %(now)s
-WHERE label = %(label)s RETURNING label;
-
--- name: host_token_hash
-SELECT token_hash FROM herder_hosts WHERE label = %(label)s;
 
 -- name: host_heartbeat
 UPDATE herder_hosts SET last_heartbeat = %(now)s, agent_info = %(agent_info)s
@@ -359,6 +356,29 @@ WHERE status = 'active' AND expires_at <= %(now)s
 RETURNING id;
 
 -- Fleet: alerts ----------------------------------------------------------------------------
+
+-- Tokens ------------------------------------------------------------------------------------
+
+-- name: token_insert
+INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor, created_at)
+VALUES (%(name)s, %(scope)s, %(token_hash)s, %(host)s, %(job_types)s, %(priority_floor)s, %(now)s)
+RETURNING id;
+
+-- name: token_get
+SELECT * FROM herder_tokens WHERE token_hash = %(token_hash)s;
+
+-- name: token_list
+SELECT * FROM herder_tokens ORDER BY id;
+
+-- name: token_revoke
+UPDATE herder_tokens SET revoked_at = %(now)s
+WHERE id = %(id)s AND revoked_at IS NULL
+RETURNING id;
+
+-- name: token_revoke_host
+UPDATE herder_tokens SET revoked_at = %(now)s
+WHERE host = %(host)s AND revoked_at IS NULL
+RETURNING id;
 
 -- name: alert_open
 INSERT INTO herder_alerts (key, message, opened_at) VALUES (%(key)s, %(message)s, %(now)s)

@@ -199,10 +199,14 @@ WHERE label = :label
 RETURNING label;
 
 -- name: host_get
-SELECT * FROM herder_hosts WHERE label = :label;
+SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
+                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
+FROM herder_hosts h WHERE label = :label;
 
 -- name: host_list
-SELECT * FROM herder_hosts ORDER BY label;
+SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
+                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
+FROM herder_hosts h ORDER BY label;
 
 -- name: host_remove
 DELETE FROM herder_hosts
@@ -210,13 +214,6 @@ WHERE label = :label
   AND NOT EXISTS (SELECT 1 FROM herder_jobs j
                   WHERE j.host = herder_hosts.label AND j.status IN ('claimed', 'running'))
 RETURNING label;
-
--- name: host_set_token
-UPDATE herder_hosts SET token_hash = :token_hash, updated_at = :now
-WHERE label = :label RETURNING label;
-
--- name: host_token_hash
-SELECT token_hash FROM herder_hosts WHERE label = :label;
 
 -- name: host_heartbeat
 UPDATE herder_hosts SET last_heartbeat = :now, agent_info = :agent_info
@@ -314,6 +311,29 @@ WHERE status = 'active' AND expires_at <= :now
 RETURNING id;
 
 -- Fleet: alerts ----------------------------------------------------------------------------
+
+-- Tokens ------------------------------------------------------------------------------------
+
+-- name: token_insert
+INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor, created_at)
+VALUES (:name, :scope, :token_hash, :host, :job_types, :priority_floor, :now)
+RETURNING id;
+
+-- name: token_get
+SELECT * FROM herder_tokens WHERE token_hash = :token_hash;
+
+-- name: token_list
+SELECT * FROM herder_tokens ORDER BY id;
+
+-- name: token_revoke
+UPDATE herder_tokens SET revoked_at = :now
+WHERE id = :id AND revoked_at IS NULL
+RETURNING id;
+
+-- name: token_revoke_host
+UPDATE herder_tokens SET revoked_at = :now
+WHERE host = :host AND revoked_at IS NULL
+RETURNING id;
 
 -- name: alert_open
 INSERT INTO herder_alerts (key, message, opened_at) VALUES (:key, :message, :now)

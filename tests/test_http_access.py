@@ -1,0 +1,319 @@
+"""Who may call what on the HTTP API: every route × every role, generated from the app's own
+routes so a new route cannot skip it; plus the edges (body size, malformed headers, the
+deprecated admin variable, --insecure-no-auth, answers that never echo a secret)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from herder.api.app import Access, create_app, route_scope
+from herder.api.tokens import (
+    Caller,
+    Denied,
+    authorize,
+    authorize_submit,
+    identify,
+    new_token,
+    token_hash,
+)
+from herder.config import Config, Settings
+from herder.model import HostRecord, Scope, TokenRecord
+from herder.runtime.coordinator import Coordinator
+from herder.store import Store, open_store
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "submit", "admin")
+
+
+@dataclass
+class Api:
+    client: TestClient
+    store: Store
+    tokens: dict[str, str]
+
+
+def make_tokens(store: Store) -> dict[str, str]:
+    tokens: dict[str, str] = {"bogus": new_token()}
+    for role, scope, host in [("read", Scope.READ, None), ("submit", Scope.SUBMIT, None),
+                              ("admin", Scope.ADMIN, None), ("agent_here", Scope.AGENT, "alpha"),
+                              ("agent_elsewhere", Scope.AGENT, "beta"),
+                              ("revoked", Scope.READ, None)]:
+        secret = new_token()
+        token_id = store.token_insert(role, scope, token_hash(secret), NOW, host=host)
+        if role == "revoked":
+            store.token_revoke(token_id, NOW)
+        tokens[role] = secret
+    return tokens
+
+
+@pytest.fixture
+def api(store_url, tmp_path, monkeypatch) -> Iterator[Api]:
+    monkeypatch.chdir(tmp_path)
+    with open_store(store_url) as store:
+        for label in ("alpha", "beta"):
+            store.host_insert(HostRecord(label=label, ram_total_gb=16.0), NOW)
+        tokens = make_tokens(store)
+        app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
+                         Access(max_body_bytes=64 * 1024))
+        yield Api(TestClient(app, raise_server_exceptions=False), store, tokens)
+
+
+def headers(api: Api, role: str) -> dict[str, str]:
+    return {} if role == "none" else {"Authorization": f"Bearer {api.tokens[role]}"}
+
+
+def allowed(scope: Scope | None, role: str) -> bool:
+    if scope is None:
+        return True
+    if scope is Scope.AGENT:
+        return role == "agent_here"
+    ranks = {"read": 1, "submit": 2, "admin": 3}
+    needed = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}[scope]
+    return ranks.get(role, 0) >= needed
+
+
+def concrete(path: str) -> str:
+    values = {"label": "alpha", "job_id": "1", "attempt": "1", "reservation_id": "1"}
+    return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
+
+
+def routes(app) -> list[tuple[str, str, Scope | None]]:
+    found = []
+    for route in app.routes:
+        if isinstance(route, APIRoute):
+            declared, scope = route_scope(route)
+            assert declared, f"{route.path} declares no scope"
+            for method in sorted(route.methods):
+                found.append((method, route.path, scope))
+    return found
+
+
+def test_every_route_answers_every_role_as_its_scope_says(api):
+    table = routes(api.client.app)
+    assert len(table) >= 15, "the app's routes were not found"
+    wrong = []
+    for method, path, scope in table:
+        for role in ROLES:
+            response = api.client.request(method, concrete(path), headers=headers(api, role),
+                                          json={}, params={"worker": "alpha/1/1"})
+            denied = response.status_code in (401, 403)
+            if allowed(scope, role) == denied or response.status_code >= 500:
+                wrong.append(f"{method} {path} as {role}: {response.status_code} "
+                             f"{response.text[:120]}")
+            if denied:
+                expected = 401 if role in ("none", "bogus", "revoked") else 403
+                if response.status_code != expected:
+                    wrong.append(f"{method} {path} as {role}: {response.status_code}, "
+                                 f"expected {expected}")
+                assert "detail" in response.json()
+            assert api.tokens.get(role, "unused") not in response.text
+    assert wrong == []
+
+
+def test_a_route_without_a_scope_is_refused_at_startup(store_url, tmp_path, monkeypatch):
+    from fastapi import FastAPI
+
+    monkeypatch.chdir(tmp_path)
+    original = FastAPI.post
+
+    def sneaky(self, path, *args, **kwargs):
+        decorator = original(self, path, *args, **kwargs)
+        if path == "/api/v1/jobs":
+            def register(function):
+                self.post("/api/v1/unguarded")(lambda: {"ok": True})
+                return decorator(function)
+            return register
+        return decorator
+
+    monkeypatch.setattr(FastAPI, "post", sneaky)
+    with open_store(store_url) as store, pytest.raises(RuntimeError, match="unguarded"):
+        create_app(Coordinator(store, Config(Settings(), None), host="server"))
+
+
+def test_open_access_needs_no_operator_token_but_agents_still_do(store_url, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with open_store(store_url) as store:
+        store.host_insert(HostRecord(label="alpha", ram_total_gb=16.0), NOW)
+        app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
+                         Access(open_access=True))
+        client = TestClient(app)
+        assert client.get("/api/v1/jobs").status_code == 200
+        assert client.post("/api/v1/jobs", json={"command": ["true"]}).status_code == 201
+        beat = client.post("/api/v1/agent/alpha/heartbeat", json={"worker": "alpha/1/1"})
+        assert beat.status_code == 401
+        # a token that is sent is still checked
+        bogus = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {new_token()}"})
+        assert bogus.status_code == 401
+
+
+def test_the_deprecated_api_token_variable_is_an_admin_token(store_url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    legacy = "legacy-operator-token-1234"
+    with open_store(store_url) as store:
+        app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
+                         Access(legacy_admin_token=legacy))
+        client = TestClient(app)
+        assert client.get("/api/v1/jobs").status_code == 401
+        ok = client.post("/api/v1/jobs", json={"command": ["true"]},
+                         headers={"Authorization": f"Bearer {legacy}"})
+        assert ok.status_code == 201
+        wrong = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {legacy}x"})
+        assert wrong.status_code == 401
+
+
+@pytest.mark.parametrize("value", ["Basic dXNlcjpwYXNz", "Bearer", "Bearer   ", "token abc",
+                                   "Bearer a b c d e f g h", "Bearer " + "x" * 5000,
+                                   "Bearer ünïcode-token-value"])
+def test_malformed_authorization_headers_are_401(api, value):
+    before = api.store.job_list()
+    response = api.client.post("/api/v1/jobs", json={"command": ["true"]},
+                               headers={"Authorization": value.encode("utf-8")})
+    assert response.status_code == 401, response.text
+    assert response.headers.get("www-authenticate") == "Bearer"
+    assert api.store.job_list() == before
+
+
+def test_an_oversized_body_is_413_and_changes_nothing(api):
+    big = {"command": ["true"], "payload": {"blob": "x" * 100_000}}
+    response = api.client.post("/api/v1/jobs", json=big, headers=headers(api, "admin"))
+    assert response.status_code == 413
+    assert api.store.job_list() == []
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"command": ["true"], "payload": {"blob": "'
+        for _ in range(20):
+            yield b"x" * 8192
+        yield b'"}}'
+
+    streamed = api.client.post("/api/v1/jobs", content=chunks(),
+                               headers={**headers(api, "admin"),
+                                        "Content-Type": "application/json"})
+    assert streamed.status_code == 413
+    assert api.store.job_list() == []
+
+
+def test_a_submit_token_is_held_to_its_job_types_and_priority_floor(api, tmp_path):
+    secret = new_token()
+    api.store.token_insert("ci", Scope.SUBMIT, token_hash(secret), NOW,
+                           job_types=frozenset({"adhoc"}), priority_floor=50)
+    auth = {"Authorization": f"Bearer {secret}"}
+    ok = api.client.post("/api/v1/jobs", json={"command": ["true"], "priority": 60}, headers=auth)
+    assert ok.status_code == 201, ok.text
+    urgent = api.client.post("/api/v1/jobs", json={"command": ["true"], "priority": 10},
+                             headers=auth)
+    assert urgent.status_code == 403 and "floor is 50" in urgent.json()["detail"]
+    assert len(api.store.job_list()) == 1
+    job_id = ok.json()["id"]
+    assert api.client.post(f"/api/v1/jobs/{job_id}/cancel", headers=auth).status_code == 200
+
+
+def test_validation_errors_never_echo_the_input(api):
+    secret_value = "sk-live-very-secret-value"
+    response = api.client.post("/api/v1/jobs", headers=headers(api, "admin"),
+                               json={"command": ["true"], "env": {"KEY": secret_value},
+                                     "priority": "high"})
+    assert response.status_code == 422
+    assert secret_value not in response.text
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/api/v1/jobs", {"command": ["true\x00"]}),
+    ("POST", "/api/v1/jobs", b'{"command": ["true"], "delay_seconds": 1.8e308}'),
+    ("POST", "/api/v1/jobs", b'{"command": ["true"], "payload": {"x": NaN}}'),
+    ("POST", "/api/v1/jobs", {"command": ["true"], "env": {"A\x00": "b"}}),
+    ("POST", "/api/v1/reservations", {"owner": "o\x00", "host": "alpha", "count": 1}),
+    ("POST", "/api/v1/slots/release", {"run_id": "r\x00"}),
+    ("POST", "/api/v1/slots/claim", {"run_id": "r", "host": "alpha", "weight": "li\x00ght"}),
+])
+def test_bodies_a_database_cannot_store_are_422(api, method, path, body):
+    if isinstance(body, bytes):  # JSON that Python's encoder will not write (1.8e308, NaN)
+        response = api.client.request(method, path, content=body,
+                                      headers={**headers(api, "admin"),
+                                               "Content-Type": "application/json"})
+    else:
+        response = api.client.request(method, path, json=body, headers=headers(api, "admin"))
+    assert response.status_code == 422, response.text
+    assert api.store.job_list() == [] and api.store.reservation_list() == []
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/api/v1/jobs/4242/why"), ("GET", "/api/v1/jobs/4242"),
+    ("POST", "/api/v1/jobs/4242/cancel"),
+])
+def test_unknown_ids_are_404(api, method, path):
+    assert api.client.request(method, path, headers=headers(api, "admin")).status_code == 404
+
+
+def test_completing_an_unknown_reservation_is_404(api):
+    response = api.client.post("/api/v1/reservations/4242/complete", json={"status": "done"},
+                               headers=headers(api, "admin"))
+    assert response.status_code == 404
+
+
+def test_stale_agent_reports_are_409_with_a_reason(api):
+    auth = headers(api, "agent_here")
+    job_id = api.client.post("/api/v1/jobs", json={"command": ["true"]},
+                             headers=headers(api, "admin")).json()["id"]
+    for kind, body in [("start", {"pid": 1}), ("finish", {"outcome": "ok", "exit_code": 0})]:
+        response = api.client.post(f"/api/v1/agent/alpha/attempts/{job_id}/1/{kind}",
+                                   json=body, headers=auth)
+        assert response.status_code == 409, response.text
+        assert "not live on host alpha" in response.json()["detail"]
+    log = api.client.post(f"/api/v1/agent/alpha/attempts/{job_id}/1/log", content=b"late\n",
+                          headers=auth)
+    assert log.status_code == 409
+
+
+# -- the policy itself, as a pure function ----------------------------------------------------
+
+
+def record(scope: Scope, **kwargs) -> TokenRecord:
+    return TokenRecord(1, "t", scope, NOW, **kwargs)
+
+
+def test_authorize_ranks_operator_scopes_and_binds_agents_to_their_host():
+    for scope, allowed_scopes in [(Scope.READ, {Scope.READ, Scope.SUBMIT, Scope.ADMIN}),
+                                  (Scope.SUBMIT, {Scope.SUBMIT, Scope.ADMIN}),
+                                  (Scope.ADMIN, {Scope.ADMIN})]:
+        for held in (Scope.READ, Scope.SUBMIT, Scope.ADMIN):
+            caller = Caller("c", held)
+            if held in allowed_scopes:
+                authorize(caller, scope)
+            else:
+                with pytest.raises(Denied) as refused:
+                    authorize(caller, scope)
+                assert refused.value.status == 403
+        with pytest.raises(Denied):
+            authorize(Caller("a", Scope.AGENT, host="alpha"), scope)
+    authorize(Caller("a", Scope.AGENT, host="alpha"), Scope.AGENT, "alpha")
+    for caller in (Caller("a", Scope.AGENT, host="beta"), Caller("root", Scope.ADMIN)):
+        with pytest.raises(Denied) as refused:
+            authorize(caller, Scope.AGENT, "alpha")
+        assert refused.value.status == 403
+
+
+def test_identify_refuses_unknown_and_revoked_tokens():
+    with pytest.raises(Denied, match="unknown"):
+        identify(None)
+    with pytest.raises(Denied, match="revoked"):
+        identify(record(Scope.ADMIN, revoked_at=NOW))
+    assert identify(record(Scope.READ)).scope is Scope.READ
+
+
+def test_authorize_submit_limits():
+    limited = Caller.of(record(Scope.SUBMIT, job_types=frozenset({"dev-issue"}),
+                               priority_floor=10))
+    authorize_submit(limited, "dev-issue", 10)
+    with pytest.raises(Denied, match="job type"):
+        authorize_submit(limited, "review-pr", 50)
+    with pytest.raises(Denied, match="floor"):
+        authorize_submit(limited, "dev-issue", 9)
+    authorize_submit(Caller("free", Scope.SUBMIT), "anything", -5)
