@@ -89,6 +89,11 @@ def resolve(config: Config, request: SubmitRequest) -> JobSpec:
     defaults = settings.defaults
     payload = dict(request.payload)
     _check_payload(payload)
+    for name, value in (("job_type", request.job_type), ("command", request.command),
+                        ("env", request.env), ("workdir", request.workdir),
+                        ("dedup_key", request.dedup_key), ("affinity", request.affinity)):
+        if _has_nul(value):
+            raise InputError(name, "contains a NUL character", "remove it")
     job_type: JobTypeSection | None = None
     if request.job_type is not None and request.job_type != ADHOC:
         job_type = settings.job_types.get(request.job_type)

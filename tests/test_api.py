@@ -162,3 +162,14 @@ def test_client_reads_db_from_config_and_env(tmp_path, monkeypatch, sqlite_url):
     monkeypatch.setenv("HERDER_DB", sqlite_url)
     with Client(config=tmp_path / "proj" / "herder.toml") as from_env:
         assert from_env.store.url == sqlite_url
+
+
+@pytest.mark.parametrize("field", ["command", "env", "workdir", "dedup_key", "affinity"])
+def test_submit_refuses_nul_characters_in_any_text(client, store_url, field):
+    values = {"command": ["tr\x00ue"], "env": {"A": "b\x00"}, "workdir": "/tmp\x00",
+              "dedup_key": "k\x00", "affinity": "h\x00"}
+    kwargs = {"command": ["true"], field: values[field]}
+    with pytest.raises(InputError) as raised:
+        client.submit(**kwargs)
+    assert raised.value.field == field
+    assert client.list() == []
