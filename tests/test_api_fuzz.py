@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from herder.api.app import Access, create_app
+from herder.api.app import create_app
 from herder.api.tokens import new_token, token_hash
 from herder.config import Config, HerderSection, ServerSection, Settings
 from herder.model import HostRecord, Scope
