@@ -68,6 +68,10 @@ def test_install_systemd_prints_a_unit_without_the_token():
         capture_output=True, text=True, check=True)
     unit = result.stdout
     assert "Restart=always" in unit
-    assert "--server https://coordinator:8470 --host bms-4" in unit
-    assert "User=herder" in unit and "EnvironmentFile=" in unit
-    assert "hdr_" not in unit and "--token" not in unit
+    assert ("--server https://coordinator:8470 --host bms-4 "
+            "--token-file /etc/herder/agent-token") in unit
+    assert "User=herder" in unit
+    # The token lives in a 0600 file, never in the unit or its environment.
+    assert "EnvironmentFile=" not in unit and "HERDER_AGENT_TOKEN" not in unit
+    assert "--token " not in unit
+    assert "install -m 600 -o herder /dev/null /etc/herder/agent-token" in unit
