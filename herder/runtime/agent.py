@@ -133,6 +133,7 @@ class HttpSource(WorkSource):
         self.host_attempts: list[tuple[AttemptToken, str]] = []
         self.stopped = False
         self.close_timeout = close_timeout
+        self._closed = False
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._outbox = Outbox(client, self._log_hold)
         self._logs = LogShipper(client, log_backlog, interval=log_interval,
@@ -161,6 +162,9 @@ class HttpSource(WorkSource):
 
     def close(self) -> None:
         """Deliver what is queued (for `close_timeout` at most), then say goodbye."""
+        if self._closed:
+            return
+        self._closed = True
         self.stopped = True
         deadline = time.monotonic() + self.close_timeout
         left = self._outbox.flush(deadline)
