@@ -279,6 +279,11 @@ def agent_token(token: str | None, token_file: str) -> str:
     return read_token_file(os.path.expanduser(token_file))
 
 
+def forget_token_variable() -> None:
+    """Jobs start from this process's environment: the host token must not be in it."""
+    os.environ.pop("HERDER_AGENT_TOKEN", None)
+
+
 @main.command()
 @click.option("--host", "label", required=True, help="The host's label.")
 @click.option("--server", help="Report through this server instead of the database.")
@@ -471,6 +476,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             raise InputError("--server", "is required", "pass --server https://host:8470")
         check_server_url(server_url)
         secret = agent_token(token, token_file)
+        forget_token_variable()
         drain = _duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
         if runtime.kill_grace >= runtime.attempt_lease:
@@ -564,6 +570,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     try:
         client = ServerClient(server_url, agent_token(token, token_file), label,
                               verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))
+        forget_token_variable()
         client.check(patience=RUN_ATTEMPT_PATIENCE)
     except InputError as exc:
         fail(str(exc), code=1)
