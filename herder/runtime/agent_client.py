@@ -599,7 +599,8 @@ class LogShipper:
 
     def _next_wait(self) -> float:
         with self._lock:
-            dues = [s.due for s in self._attempts.values() if s.final or s.failing_since]
+            dues = [shipping.due for shipping in self._attempts.values()
+                    if shipping.final or shipping.failing_since is not None]
         soonest = min(dues, default=math.inf) - time.monotonic()
         return max(0.0, min(self.interval, soonest))
 
