@@ -363,25 +363,64 @@ def why_command(state: State, job_id: int) -> None:
         click.echo(why(state.client.store, _fleet(state), job_id, utcnow()))
 
 
+DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
+
+
+def token_options(function: Any) -> Any:
+    """--token and --token-file, shared by the commands that talk to a server as a host."""
+    options = [
+        click.option("--token", envvar="HERDER_AGENT_TOKEN",
+                     help="The host token; wins over --token-file [env HERDER_AGENT_TOKEN]."),
+        click.option("--token-file", envvar="HERDER_TOKEN_FILE", default=DEFAULT_TOKEN_FILE,
+                     show_default=True,
+                     help="File holding the host token, mode 0600 [env HERDER_TOKEN_FILE]."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def agent_token(token: str | None, token_file: str) -> str:
+    """--token / HERDER_AGENT_TOKEN, else the file (refused when others may read it)."""
+    from herder.runtime.agent_client import read_token_file
+
+    if token and token.strip():
+        return token.strip()
+    return read_token_file(os.path.expanduser(token_file))
+
+
+def forget_token_variable() -> None:
+    """Jobs start from this process's environment: the host token must not be in it."""
+    os.environ.pop("HERDER_AGENT_TOKEN", None)
+
+
 @main.command()
 @click.option("--host", "label", required=True, help="The host's label.")
 @click.option("--server", help="Report through this server instead of the database.")
-@click.option("--token", envvar="HERDER_AGENT_TOKEN", help="Host token [env HERDER_AGENT_TOKEN].")
+@token_options
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle that signed the server's certificate.")
 @pass_state
-def heartbeat(state: State, label: str, server: str | None, token: str | None) -> None:
+def heartbeat(state: State, label: str, server: str | None, token: str | None,
+              token_file: str, ca: str | None) -> None:
     """One heartbeat for a host (cron on ssh push hosts: `* * * * * herder heartbeat ...`)."""
     if server:
-        import httpx
+        from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
 
-        if not token:
-            fail("--token (or HERDER_AGENT_TOKEN) is required with --server")
-        try:
-            response = httpx.post(f"{server.rstrip('/')}/api/v1/hosts/{label}/heartbeat",
-                                  headers={"Authorization": f"Bearer {token}"}, timeout=10)
-        except httpx.HTTPError as exc:
-            fail(f"cannot reach {server}: {exc}")
-        if response.status_code != 200:
-            fail(f"server said {response.status_code}: {response.text[:200]}")
+        with edge():
+            client = ServerClient(server, agent_token(token, token_file), label,
+                                  verify=ca or True)
+            reply = client.request("POST", f"/api/v1/hosts/{label}/heartbeat")
+            client.close()
+            if reply.status is None:
+                problem = setup_problem(reply.error, client.server, client.ca)
+                if problem is not None:
+                    raise problem
+                fail(f"cannot reach {client.server}: {reply.problem}")
+            if reply.verdict is Verdict.UNAUTHORIZED:
+                fail(client.refusal(reply))
+            if reply.verdict is not Verdict.OK:
+                fail(f"the server answered {reply.problem}")
         click.echo(f"heartbeat sent for {label}")
         return
     with edge():
@@ -539,7 +578,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
 
 @main.group(invoke_without_command=True)
 @click.option("--server", "server_url", envvar="HERDER_SERVER", help="https://server:8470")
-@click.option("--token", envvar="HERDER_AGENT_TOKEN", help="Host token [env HERDER_AGENT_TOKEN].")
+@token_options
 @click.option("--host", "label", help="This host's label (as registered).")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="Upper bound; the host's window cap from the server applies too.")
@@ -555,8 +594,8 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @click.pass_context
-def agent(ctx: click.Context, server_url: str | None, token: str | None, label: str | None,
-          concurrency: int, job_types: str | None, weights: str | None,
+def agent(ctx: click.Context, server_url: str | None, token: str | None, token_file: str,
+          label: str | None, concurrency: int, job_types: str | None, weights: str | None,
           priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
           log_dir: str | None, log_level: str) -> None:
     """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
@@ -565,7 +604,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, label: 
     from pathlib import Path
 
     from herder.cli import _duration
-    from herder.runtime.agent import HttpSource, LocalGate, ServerClient
+    from herder.runtime.agent import HttpSource, LocalGate
+    from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.runner import Runner, RunnerOptions
 
     _logging(log_level)
@@ -573,6 +613,12 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, label: 
     with edge():
         if not label:
             raise InputError("--host", "is required", "pass the host label it was added with")
+        if not server_url:
+            raise InputError("--server", "is required", "pass --server https://host:8470")
+        check_server_url(server_url)
+        secret = agent_token(token, token_file)
+        forget_token_variable()
+        drain = _duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
         if runtime.kill_grace >= runtime.attempt_lease:
             logging.getLogger("herder.agent").warning(
@@ -583,17 +629,15 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, label: 
         from herder.runtime.agent import start_guardian
 
         start_guardian(label, runtime.kill_grace)
-        if not server_url:
-            raise InputError("--server", "is required", "pass --server https://host:8470")
-        if not token:
-            raise InputError("--token", "is required", "pass --token or set HERDER_AGENT_TOKEN")
-        drain = _duration(drain_timeout, "--drain-timeout")
-        client = ServerClient(server_url, token, label, verify=ca or True)
+        client = ServerClient(server_url, secret, label, verify=ca or True)
         source = HttpSource(
             client, LocalGate(_names(job_types), _names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
             check_ram=not no_ram_check, kill_grace=runtime.kill_grace,
         )
+        # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
+        # server that is not up yet is waited for.
+        client.check()
         options = RunnerOptions(
             host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir,
             concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,
@@ -610,18 +654,31 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, label: 
 @click.option("--server", "server_url", required=True)
 @click.option("--host", "label", required=True)
 @click.option("--user", default=lambda: os.environ.get("USER", "herder"))
-@click.option("--env-file", default="/etc/herder/agent.env", show_default=True)
+@click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
+              help="Where the unit's agent reads the host token (mode 0600, owned by --user).")
 @click.option("--drain-seconds", type=int, default=600, show_default=True)
-def install_systemd(server_url: str, label: str, user: str, env_file: str,
+def install_systemd(server_url: str, label: str, user: str, token_file: str,
                     drain_seconds: int) -> None:
     """Print a systemd unit (Restart=always) for this host's agent."""
     from herder.runtime.agent import SYSTEMD_UNIT
+    from herder.runtime.agent_client import check_server_url
 
+    with edge():
+        server_url = check_server_url(server_url)
+        if not os.path.isabs(token_file):
+            raise InputError("--token-file", f"{token_file!r} is not an absolute path",
+                             "systemd needs one, e.g. /etc/herder/agent-token")
     herder_path = shutil.which("herder") or f"{sys.executable} -m herder.cli"
     click.echo(SYSTEMD_UNIT.format(label=label, user=user, workdir=os.getcwd(),
-                                   env_file=env_file, herder=herder_path, server=server_url,
+                                   token_file=token_file,
+                                   token_dir=os.path.dirname(token_file) or "/",
+                                   herder=herder_path, server=server_url,
                                    stop_seconds=drain_seconds + 30))
 
+
+
+RUN_ATTEMPT_PATIENCE = 30.0
+"""How long `run-attempt` waits for an unreachable server before it gives up (exit 2)."""
 
 
 @main.command("run-attempt")
@@ -629,10 +686,7 @@ def install_systemd(server_url: str, label: str, user: str, env_file: str,
 @click.option("--host", "label", required=True)
 @click.option("--job", "job_id", type=int, required=True)
 @click.option("--attempt", type=int, required=True)
-@click.option("--token", envvar="HERDER_AGENT_TOKEN", help="[env HERDER_AGENT_TOKEN]")
-@click.option("--token-file", envvar="HERDER_TOKEN_FILE",
-              default=lambda: os.path.expanduser("~/.config/herder/agent-token"),
-              help="Where this host keeps its token [env HERDER_TOKEN_FILE].")
+@token_options
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False))
 @click.option("--no-ram-check", is_flag=True)
 @click.option("--log-dir", type=click.Path(file_okay=False))
@@ -642,22 +696,27 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
                 log_dir: str | None) -> None:
     """Run one placed attempt on this host and report it (what ssh push runs remotely).
 
-    Exit codes: 0 ran and reported, 1 bad arguments or no such attempt, 3 RAM contention.
+    Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
+    attempt; 2 the server cannot be reached; 3 RAM contention.
     """
     from pathlib import Path
 
     from herder.model import AttemptToken, Outcome
-    from herder.runtime.agent import LocalGate, ServerClient, SingleAttemptSource, fetch_attempt
+    from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
+    from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.runner import Runner, RunnerOptions
 
     _logging("info")
-    if not token:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError:
-            fail(f"no token: set HERDER_AGENT_TOKEN or write it to {token_file}", code=1)
     runtime = state.config.settings.runtime
-    client = ServerClient(server_url, token, label, verify=ca or True)
+    try:
+        client = ServerClient(server_url, agent_token(token, token_file), label,
+                              verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))
+        forget_token_variable()
+        client.check(patience=RUN_ATTEMPT_PATIENCE)
+    except InputError as exc:
+        fail(str(exc), code=1)
+    except ServerUnavailable as exc:
+        fail(str(exc), code=2)
     job = fetch_attempt(client, AttemptToken(job_id, attempt))
     if job is None:
         fail(f"attempt {job_id}.{attempt} is not placed on {label}", code=1)

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from fleet_helpers import wait_for
+from fleet_helpers import Started, cli_environment, wait_for
 
 from herder.model import JobStatus, Outcome
 
@@ -68,6 +68,46 @@ def test_install_systemd_prints_a_unit_without_the_token():
         capture_output=True, text=True, check=True)
     unit = result.stdout
     assert "Restart=always" in unit
-    assert "--server https://coordinator:8470 --host bms-4" in unit
-    assert "User=herder" in unit and "EnvironmentFile=" in unit
-    assert "hdr_" not in unit and "--token" not in unit
+    assert ("--server https://coordinator:8470 --host bms-4 "
+            "--token-file /etc/herder/agent-token") in unit
+    assert "User=herder" in unit
+    # The token lives in a 0600 file, never in the unit or its environment.
+    assert "EnvironmentFile=" not in unit and "HERDER_AGENT_TOKEN" not in unit
+    assert "--token " not in unit
+    assert "install -m 600 -o herder /dev/null /etc/herder/agent-token" in unit
+
+
+def test_the_token_comes_from_a_0600_file_or_the_variable_and_never_reaches_a_job(
+        make_fleet, tmp_path, sqlite_url):
+    fleet = make_fleet(tmp_path, sqlite_url)
+    caps = ("--ram", "16", "--prime-workers", "1", "--night-workers", "1")
+    fleet.add_hosts({"by-file": caps, "by-variable": caps})
+    fleet.start_server()
+    home = tmp_path / "home"
+    token_file = home / ".config" / "herder" / "agent-token"
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text(fleet.tokens["by-file"] + "\n")
+    token_file.chmod(0o600)
+    environments = {"by-file": {"HOME": str(home)},
+                    "by-variable": {"HERDER_AGENT_TOKEN": fleet.tokens["by-variable"]}}
+    for label, extra in environments.items():
+        stderr = tmp_path / f"agent-{label}.stderr"
+        with open(stderr, "wb") as err:
+            process = subprocess.Popen(
+                fleet.argv("agent", "--server", fleet.url, "--host", label, "--no-ram-check",
+                           "--log-dir", str(tmp_path / "agents" / label)),
+                cwd=tmp_path, env={**cli_environment(), **extra}, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        fleet.started.append(Started(f"agent-{label}", process, stderr))
+        fleet.agents[label] = process
+    for label in environments:
+        fleet.wait_agent(label)
+    for label in environments:
+        printed = tmp_path / f"env-{label}.txt"
+        job_id = fleet.submit(["/bin/sh", "-c", f"env > {printed}"], affinity=label)
+        assert fleet.wait_status(job_id, JobStatus.DONE).host == label
+        seen = printed.read_text()
+        assert f"HERDER_HOST={label}" in seen  # the job's own environment
+        assert "HERDER_AGENT_TOKEN" not in seen
+        assert fleet.tokens[label] not in seen
+        assert fleet.tokens[label] not in fleet.stderr_of(fleet.agents[label])

@@ -280,7 +280,7 @@ def test_late_result_of_an_attempt_declared_lost_is_fenced(make_fleet, tmp_path,
     assert done.attempt >= 2 and done.host == "alpha", done
     first = attempt_of(fleet, job_id, 1)
     assert first is not None and (first.outcome, first.exit_code) == (Outcome.LOST, None)
-    wait_for(lambda: f"attempt {job_id}.1: finish rejected by the server (fenced out)"
+    wait_for(lambda: f"attempt {job_id}.1: finish dropped, the attempt is no longer live here"
              in fleet.stderr_of(agent), 10, "the agent to log its fenced-out report",
              fleet.describe)
     # The same late report sent again by hand is still refused and changes nothing.

@@ -139,6 +139,7 @@ def test_ssh_push_runs_the_attempt_remotely_and_reports_over_the_api(
     tmp, url = fleet
     token = add_ssh_host(tmp, "s1", sshd.alias)
     (tmp / "token").write_text(token)
+    (tmp / "token").chmod(0o600)  # run-attempt refuses a token file others may read
     job_id = int(herder(tmp, "submit", "--", "sh", "-c",
                         'echo "ran on $HERDER_HOST as attempt $HERDER_ATTEMPT"').stdout)
     store = open_store(url)

@@ -2,8 +2,9 @@
 
 The agent is the same runner loop as `herder up` with an HTTP work source. Assignments come
 from a long-poll (an idle agent waits on an open request, so a placed job starts within
-milliseconds); reports (start, finish) go through an ordered outbox that retries until the
-server answers, so a server restart loses nothing and the agent keeps its running jobs.
+milliseconds); results (start, finish) go through an outbox with one ordered lane per
+attempt that retries until the server answers, so a server restart loses nothing and the
+agent keeps its running jobs, while logs stream apart from them, best effort and bounded.
 The agent gates itself before asking for work and re-checks each assignment against its own
 local allow-lists, refusing (fail-closed) what violates them; it checks real free RAM before
 spawning and hands a job back when the host is short.
@@ -16,18 +17,27 @@ import logging
 import os
 import queue
 import signal
-import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.runtime.agent_client import (
+    FINAL_LOG_WAIT,
+    LOG_BACKLOG,
+    LogShipper,
+    Outbox,
+    Report,
+    ReportGone,
+    RequestRefused,
+    ServerClient,
+    ServerError,
+    ServerUnavailable,
+)
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.runtime.process import kill_tree, process_start_time, token_markers
 from herder.runtime.sources import WorkSource
@@ -37,11 +47,6 @@ log = logging.getLogger("herder.agent")
 
 RAM_FACTOR = 1.2
 """Spawn only when MemAvailable covers the job's budget with 20% headroom (seed 004, exit 3)."""
-LOG_CHUNK = 512 * 1024
-
-
-class AgentAuthError(Exception):
-    """The server rejected the agent's token: retrying cannot help."""
 
 
 @dataclass(frozen=True)
@@ -81,48 +86,6 @@ def mem_available_gb(path: str = "/proc/meminfo") -> float | None:
     return None
 
 
-class ServerClient:
-    """HTTP calls with the host token; transient failures are retried with backoff."""
-
-    def __init__(self, server: str, token: str, label: str, verify: bool | str = True,
-                 timeout: float = 10.0) -> None:
-        self.label = label
-        self.max_delay = 30.0
-        trust: bool | ssl.SSLContext = (
-            ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
-        self.http = httpx.Client(
-            base_url=server.rstrip("/"), verify=trust, timeout=timeout,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "herder-agent"},
-        )
-
-    def call(self, method: str, path: str, *, retry: bool = True,
-             stop: threading.Event | None = None, **kwargs: Any) -> Any:
-        delay = 0.2
-        while True:
-            try:
-                response = self.http.request(method, f"/api/v1/agent/{self.label}{path}",
-                                             **kwargs)
-                if response.status_code in (401, 403):
-                    raise AgentAuthError(response.json().get("detail", response.text))
-                if response.status_code < 500:
-                    response.raise_for_status()
-                    return response.json()
-                problem = f"HTTP {response.status_code}"
-            except httpx.TransportError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            if not retry or (stop is not None and stop.is_set()):
-                raise ConnectionError(problem)
-            log.warning("server unreachable (%s); retrying in %.1fs", problem, delay)
-            if stop is not None:
-                stop.wait(delay)
-            else:
-                time.sleep(delay)
-            delay = min(delay * 2, self.max_delay)
-
-    def close(self) -> None:
-        self.http.close()
-
-
 class _Event(Waker):
     def __init__(self, event: threading.Event) -> None:
         self._event = event
@@ -136,13 +99,6 @@ class _Event(Waker):
         pass
 
 
-@dataclass
-class _Shipping:
-    path: Path
-    offset: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class HttpSource(WorkSource):
     def __init__(
         self,
@@ -154,6 +110,9 @@ class HttpSource(WorkSource):
         check_ram: bool = True,
         kill_grace: float = 10.0,
         poll: bool = True,
+        close_timeout: float = 30.0,
+        log_backlog: int = LOG_BACKLOG,
+        log_interval: float = 1.0,
     ) -> None:
         self.client = client
         # Retry no slower than the heartbeat: after an outage the server must hear from this
@@ -173,12 +132,15 @@ class HttpSource(WorkSource):
         self.server_gate: dict[str, Any] = {}
         self.host_attempts: list[tuple[AttemptToken, str]] = []
         self.stopped = False
+        self.close_timeout = close_timeout
+        self._closed = False
         self._inbox: queue.Queue[Job] = queue.Queue()
-        self._outbox: queue.Queue[tuple[str, str, dict[str, Any]] | None] = queue.Queue()
+        self._outbox = Outbox(client, self._log_hold)
+        self._logs = LogShipper(client, log_backlog, interval=log_interval,
+                                on_settled=self._outbox.wake)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._shipping: dict[AttemptToken, _Shipping] = {}
         self._cancels: set[AttemptToken] = set()
         self._next_cancel_check = 0.0
 
@@ -189,7 +151,8 @@ class HttpSource(WorkSource):
         # The first heartbeat also fetches the host's live attempts, for `maintain` to hand
         # back what a dead predecessor of this agent was running.
         self._host_heartbeat(retry=True, with_attempts=True)
-        loops = [(self._outbox_loop, "herder-agent-outbox"), (self._ship_loop, "herder-agent-logs")]
+        self._outbox.start()
+        loops = [(self._ship_loop, "herder-agent-logs")]
         if self.poll:
             loops.append((self._poll_loop, "herder-agent-poll"))
         for target, name in loops:
@@ -198,16 +161,24 @@ class HttpSource(WorkSource):
             self._threads.append(thread)
 
     def close(self) -> None:
+        """Deliver what is queued (for `close_timeout` at most), then say goodbye."""
+        if self._closed:
+            return
+        self._closed = True
         self.stopped = True
-        self._outbox.put(None)
-        deadline = time.monotonic() + 30.0
-        outbox = self._threads[0] if self._threads else None
-        if outbox is not None:
-            outbox.join(max(0.0, deadline - time.monotonic()))
+        deadline = time.monotonic() + self.close_timeout
+        left = self._outbox.flush(deadline)
+        while self._logs.unsettled() and time.monotonic() < deadline:
+            self._stop.wait(0.05)
+        if left:
+            log.error("%d report(s) not delivered before shutdown (%s); the server will "
+                      "declare those attempts lost after the lease", len(left),
+                      ", ".join(f"{r.token} {r.kind}" for r in left))
         # Last word: this host takes no work until an agent heartbeats for it again.
-        with contextlib.suppress(ConnectionError, AgentAuthError):
+        with contextlib.suppress(ServerError):
             self._heartbeat_call([], retry=False)
         self._stop.set()
+        self._outbox.stop()
         for thread in self._threads:
             thread.join(1.0)
         self.client.close()
@@ -247,7 +218,7 @@ class HttpSource(WorkSource):
 
 
     def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
-        self._shipping[token] = _Shipping(Path(log_path))
+        self._logs.add(token, Path(log_path))
         self._report(token, "start", {"pid": pid, "log_path": log_path})
         return True
 
@@ -265,10 +236,10 @@ class HttpSource(WorkSource):
 
     def finished(self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
                  retry_after: float | None = None) -> JobStatus | None:
-        # The rest of the log, then the result, both from the outbox thread: shipping here
-        # would retry on the runner's thread and stop all supervision (timeouts, reaping,
-        # heartbeats, drain) for as long as the server is unreachable.
-        self._report(job.token, "log", {})
+        # Both from threads of their own: a retry here would stop all supervision (timeouts,
+        # reaping, heartbeats, drain) for as long as the server is unreachable. The finish
+        # waits for the last log chunks only while they go through (see `_log_hold`).
+        self._logs.finish(job.token)
         self._report(job.token, "finish", {"outcome": str(outcome), "exit_code": exit_code,
                                            "retry_after": retry_after})
         return None
@@ -281,7 +252,7 @@ class HttpSource(WorkSource):
                 reply = self.client.call("GET", "/cancels", retry=False,
                                          params={"jobs": ",".join(map(str, job_ids))})
                 self._cancels = {AttemptToken(j, a) for j, a in reply["cancel"]}
-            except ConnectionError:
+            except ServerError:
                 pass
         return set(self._cancels)
 
@@ -326,35 +297,16 @@ class HttpSource(WorkSource):
     # -- threads --------------------------------------------------------------------------------
 
     def _pending_start(self, token: AttemptToken) -> bool:
-        with self._outbox.mutex:
-            return any(item is not None and item[0] == str(token) and item[1] == "start"
-                       for item in self._outbox.queue)
+        return self._outbox.pending(token, "start")
 
     def _report(self, token: AttemptToken, kind: str, body: dict[str, Any]) -> None:
-        self._outbox.put((str(token), kind, body))
+        self._outbox.put(token, kind, body)
 
-    def _outbox_loop(self) -> None:
-        while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            token_text, kind, body = item
-            job_id, attempt = token_text.split(".")
-            if kind == "log":
-                token = AttemptToken(int(job_id), int(attempt))
-                self._ship(token, final=True)
-                self._shipping.pop(token, None)
-                continue
-            try:
-                reply = self.client.call("POST", f"/attempts/{job_id}/{attempt}/{kind}",
-                                         json=body, stop=self._stop)
-                if not reply.get("accepted", True):
-                    log.warning("attempt %s: %s rejected by the server (fenced out)",
-                                token_text, kind)
-                elif kind == "finish":
-                    log.info("attempt %s reported: %s", token_text, reply.get("status"))
-            except (ConnectionError, AgentAuthError) as exc:
-                log.error("attempt %s: %s not reported: %s", token_text, kind, exc)
+    def _log_hold(self, report: Report) -> float:
+        """When `report` may go (monotonic): a finish waits a little for its log."""
+        if report.kind == "finish" and self._logs.holding(report.token):
+            return report.queued + FINAL_LOG_WAIT
+        return 0.0
 
     def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool,
                         with_attempts: bool = False) -> dict[str, Any]:
@@ -386,6 +338,7 @@ class HttpSource(WorkSource):
 
     def _poll_loop(self) -> None:
         next_heartbeat = 0.0
+        trouble = self.client.backoff()
         while not self._stop.is_set():
             try:
                 if time.monotonic() >= next_heartbeat:
@@ -404,48 +357,25 @@ class HttpSource(WorkSource):
                     self._inbox.put(job_from_assignment(view))
                 if reply["jobs"]:
                     self._wake.set()
-            except AgentAuthError as exc:
-                log.error("the server refused this agent's token: %s", exc)
-                self._stop.wait(30.0)
-            except ConnectionError:
-                continue
+                trouble.reset()
+            except ServerUnavailable:
+                continue  # `call` retries these itself; raised only once stopping
+            except (ReportGone, RequestRefused) as exc:
+                log.error("asking for work failed: %s", exc)
+                self._stop.wait(trouble.next())
             except Exception:
-                log.exception("poll failed")
-                self._stop.wait(1.0)
+                log.exception("asking for work failed; continuing")
+                self._stop.wait(trouble.next())
 
     def _ship_loop(self) -> None:
-        while not self._stop.wait(1.0):
-            for token in list(self._shipping):
-                self._ship(token, final=False)
-
-    def _ship(self, token: AttemptToken, final: bool) -> None:
-        shipping = self._shipping.get(token)
-        if shipping is None:
-            return
-        with shipping.lock:
-            while True:
-                try:
-                    with open(shipping.path, "rb") as handle:
-                        handle.seek(shipping.offset)
-                        data = handle.read(LOG_CHUNK)
-                except OSError:
-                    return
-                if not data:
-                    return
-                try:
-                    self.client.call("POST", f"/attempts/{token.job_id}/{token.attempt}/log",
-                                     retry=final, stop=self._stop, content=data,
-                                     params={"offset": shipping.offset})
-                except (ConnectionError, AgentAuthError):
-                    return
-                shipping.offset += len(data)
+        self._logs.run(self._stop)
 
 
 def fetch_attempt(client: ServerClient, token: AttemptToken) -> Job | None:
     """One placed attempt of the client's host (for `herder run-attempt` over ssh)."""
     try:
         view = client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False)
-    except ConnectionError:
+    except ServerError:
         return None
     return job_from_assignment(view["job"]) if view.get("job") else None
 
@@ -541,9 +471,13 @@ Wants=network-online.target
 Type=simple
 User={user}
 WorkingDirectory={workdir}
-# HERDER_AGENT_TOKEN=... lives here, mode 0600; never on the command line.
-EnvironmentFile={env_file}
-ExecStart={herder} agent --server {server} --host {label}
+# The host token is read from {token_file}: owned by {user}, mode 0600 (the agent refuses a
+# file that group or others can read); never on a command line or in the environment.
+# Write it once, as root, pasting the token `herder host add` (or `herder host token
+# {label}`) printed, then Ctrl-D:
+#   install -d -m 755 {token_dir} && install -m 600 -o {user} /dev/null {token_file}
+#   cat > {token_file}
+ExecStart={herder} agent --server {server} --host {label} --token-file {token_file}
 # SIGTERM drains: no new work, running jobs finish or are handed back after the deadline.
 KillMode=mixed
 TimeoutStopSec={stop_seconds}
