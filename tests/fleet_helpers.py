@@ -420,10 +420,12 @@ class FleetHarness:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[Any]:
+    def spawn(self, name: str, *args: str,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[Any]:
         stderr = self.root / f"{len(self.started):02d}-{name}.stderr"
         with open(stderr, "wb") as err:
-            process = subprocess.Popen(self.argv(*args), cwd=self.root, env=cli_environment(),
+            process = subprocess.Popen(self.argv(*args), cwd=self.root,
+                                       env={**cli_environment(), **(env or {})},
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=err, start_new_session=True)
         self.started.append(Started(name, process, stderr))
@@ -475,13 +477,15 @@ class FleetHarness:
     def start_agent(self, label: str, *extra: str, token: str | None = None,
                     ram_check: bool = False, wait: bool = True) -> subprocess.Popen[Any]:
         """`herder agent` for `label` with its own log folder; waits until its runner loop is
-        up (it has heartbeated and run its orphan recovery)."""
-        args = ["agent", "--server", self.url, "--token", token or self.tokens[label],
-                "--host", label, "--log-dir", str(self.root / "agents" / label),
-                "--drain-timeout", "5s", *extra]
+        up (it has heartbeated and run its orphan recovery). The token goes in the
+        environment, which the agent clears once read: on the command line every process of
+        the user, jobs included, could read it from /proc."""
+        args = ["agent", "--server", self.url, "--host", label,
+                "--log-dir", str(self.root / "agents" / label), "--drain-timeout", "5s", *extra]
         if not ram_check:
             args.append("--no-ram-check")
-        process = self.spawn(f"agent-{label}", *args)
+        process = self.spawn(f"agent-{label}", *args,
+                             env={"HERDER_AGENT_TOKEN": token or self.tokens[label]})
         self.agents[label] = process
         if wait:
             self.wait_agent(label)
