@@ -57,6 +57,11 @@ class RunnerOptions:
     drain_timeout: float | None = None
     """On the first SIGTERM, let running attempts finish for this long before handing them
     back; None stops them at once (they are requeued either way)."""
+    pass_env: tuple[str, ...] = ()
+    """The runner's variables a job gets besides the base allow-list (executor.py)."""
+    fence_margin: float | None = None
+    """Stop attempts this long before their lease ends when heartbeats fail; None is a
+    quarter of the lease."""
 
     @property
     def limits(self) -> PolicyLimits:
@@ -242,7 +247,7 @@ class Runner:
                 older.kill()
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
-                            self.options.kill_grace)
+                            self.options.kill_grace, self.options.pass_env)
         except LaunchError as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
             self._finish(job, Outcome.LAUNCH_FAILED, None)
