@@ -89,6 +89,11 @@ class RunningAttempt:
     killed: bool = False
     returncode: int | None = None
     logged_exit: bool = False
+    renewed: float = 0.0
+    """Monotonic time of the last renewal of this attempt's lease: when the heartbeat
+    request that renewed it was sent (or, before any, when its claim was asked for)."""
+    start_reported: bool = False
+    fenced: bool = False
 
     @property
     def token(self) -> AttemptToken:
