@@ -9,6 +9,7 @@ still stops another. Once it works again, each result is recorded exactly once.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from datetime import datetime
 
@@ -31,6 +32,7 @@ class FaultySource(ClaimSource):
         super().__init__(*args, **kwargs)
         self.failing: set[str] = set()
         self.failures: Counter[str] = Counter()
+        self.renewed: dict[AttemptToken, float] = {}
         self.lock = threading.Lock()
 
     def _fault(self, name: str) -> None:
@@ -49,7 +51,15 @@ class FaultySource(ClaimSource):
 
     def heartbeat(self, tokens, now: datetime) -> HeartbeatReply:  # type: ignore[no-untyped-def]
         self._fault("heartbeat")
-        return super().heartbeat(tokens, now)
+        sent = time.monotonic()
+        reply = super().heartbeat(tokens, now)
+        for token in reply.live:  # when the last renewal of each attempt was sent
+            self.renewed[token] = sent
+        return reply
+
+    def maintain(self, now: datetime) -> None:
+        self._fault("maintain")
+        super().maintain(now)
 
     def finished(self, job, outcome, exit_code, now, retry_after=None):  # type: ignore[no-untyped-def]
         self._fault("finished")

@@ -59,11 +59,16 @@ def fence_due(renewed: float, now: float, lease: float, margin: float) -> bool:
     return now >= renewed + lease - margin
 
 
+FENCE_KILL_SHARE = 0.75
+"""A fenced attempt's SIGKILL comes within this share of what is left of its lease; the
+rest is headroom for the kill itself on a busy machine."""
+
+
 def fence_kill_at(now: float, lease_end: float, kill_grace: float) -> float:
-    """When a fenced attempt's SIGTERM escalates to SIGKILL: after `kill_grace`, but never
-    later than halfway to the lease's end, so the tree is gone before anyone else may run
-    the job (at once if the lease has run out already)."""
-    return min(now + kill_grace, now + max(0.0, lease_end - now) / 2)
+    """When a fenced attempt's SIGTERM escalates to SIGKILL: after `kill_grace`, but soon
+    enough that the tree is gone before anyone else may run the job (at once if the lease
+    has run out already)."""
+    return min(now + kill_grace, now + max(0.0, lease_end - now) * FENCE_KILL_SHARE)
 
 
 @dataclass
@@ -169,11 +174,11 @@ class Runner:
         self.started = 0
         self.finished = 0
         margin = fence_margin(options.attempt_lease, options.fence_margin)
-        if options.kill_grace >= margin:
-            log.warning("runtime.kill_grace (%gs) does not fit in the fence margin (%gs, "
-                        "runtime.fence_margin): an attempt cut off from the store gets only "
-                        "half the rest of its lease between SIGTERM and SIGKILL",
-                        options.kill_grace, margin)
+        if options.kill_grace > margin * FENCE_KILL_SHARE:
+            log.warning("runtime.kill_grace (%gs) does not fit in %.0f%% of the fence margin "
+                        "(%gs, runtime.fence_margin): an attempt cut off from the store gets "
+                        "less than kill_grace between SIGTERM and SIGKILL",
+                        options.kill_grace, FENCE_KILL_SHARE * 100, margin)
 
     # -- signals ----------------------------------------------------------------------------
 
