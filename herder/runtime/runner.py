@@ -240,8 +240,9 @@ class Runner:
         the fallback poll."""
         if self.running:
             return BUSY_TICK
-        due = [retry.due for retry in self._retries.values() if retry.due > 0]
-        due += [result.retry.due for result in self.unreported.values()]
+        due = [retry.due for retry in self._retries.values() if retry.due > mono]
+        due += [result.retry.due for result in self.unreported.values()
+                if result.retry.due > mono]
         if due:
             return max(BUSY_TICK, min(self.options.poll_interval, min(due) - mono))
         return self.options.poll_interval
