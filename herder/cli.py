@@ -416,6 +416,7 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
             kill_grace=runtime.kill_grace,
             poll_interval=runtime.poll_interval,
             max_lost=runtime.max_lost,
+            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
             exit_when_idle=exit_when_idle,
         )
         sys.exit(Runner(store, options).run())

@@ -643,6 +643,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,
             attempt_lease=runtime.attempt_lease, kill_grace=runtime.kill_grace,
             poll_interval=runtime.poll_interval, max_lost=runtime.max_lost,
+            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
             drain_timeout=drain,
         )
         runner = Runner(None, options, source=source)
@@ -728,6 +729,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         heartbeat_interval=runtime.heartbeat_interval, attempt_lease=runtime.attempt_lease,
         kill_grace=runtime.kill_grace, poll_interval=0.2, exit_when_idle=True,
         drain_timeout=None,
+        pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
     )
     Runner(None, options, source=source).run()
     if source.handed_back is Outcome.RAM_CONTENTION:

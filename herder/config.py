@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -96,6 +97,35 @@ class HerderSection(_Strict):
     host: str | None = None
 
 
+def pass_env_refusal(entry: str, secret: str = "HERDER_") -> str | None:
+    """Why a `pass_env` entry is not allowed, or None. An entry is a variable name or a
+    `PREFIX*` pattern; none may name or match herder's own variables (`secret` is a name or
+    a prefix ending in `_`), which hold its credentials."""
+    prefix = entry[:-1] if entry.endswith("*") else None
+    name = entry if prefix is None else prefix
+    if not (_ENV_NAME.match(name) or (prefix == "")):
+        return (f"{entry!r} is not a variable name or a PREFIX* pattern; use e.g. "
+                "\"OPENAI_API_KEY\" or \"AWS_*\"")
+    if prefix is None:
+        clash = entry == secret or (secret.endswith("_") and entry.startswith(secret))
+    else:
+        clash = secret.startswith(prefix) or (secret.endswith("_") and prefix.startswith(secret))
+    if clash:
+        return (f"{entry!r} would pass herder's own variables ({secret}...: database URL, "
+                "tokens) to jobs; remove it from pass_env")
+    return None
+
+
+def _pass_env_entry(entry: str) -> str:
+    refusal = pass_env_refusal(entry)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return entry
+
+
+PassEnvEntry = Annotated[str, AfterValidator(_pass_env_entry)]
+
+
 class RuntimeSection(_Strict):
     concurrency: int = Field(default=4, ge=1, le=1024)
     heartbeat_interval: Duration = 10.0
@@ -103,12 +133,25 @@ class RuntimeSection(_Strict):
     kill_grace: Duration = 10.0
     poll_interval: Duration = 1.0
     max_lost: int = Field(default=5, ge=1)
+    pass_env: list[PassEnvEntry] = Field(default_factory=list)
+    """Variables of the runner's environment a job gets besides the base allow-list."""
+    fence_margin: Duration | None = None
+    """A runner whose heartbeats fail stops its attempts this long before their lease ends;
+    None is a quarter of the lease."""
 
     @field_validator("heartbeat_interval", "poll_interval")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:
             raise ValueError("must be greater than zero")
+        return value
+
+    @field_validator("fence_margin")
+    @classmethod
+    def _margin_positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be greater than zero (or left out for a quarter of "
+                             "attempt_lease)")
         return value
 
 
@@ -420,6 +463,18 @@ def _message(error: Any) -> str:
 
 def _cross_check(config: Config, text: str) -> None:
     settings = config.settings
+    runtime = settings.runtime
+    if runtime.fence_margin is not None and runtime.fence_margin >= runtime.attempt_lease:
+        raise ConfigError(
+            _where(config, text, ["runtime", "fence_margin"]),
+            f"fence_margin ({runtime.fence_margin:g}s) must be shorter than attempt_lease "
+            f"({runtime.attempt_lease:g}s)",
+            "lower runtime.fence_margin or raise runtime.attempt_lease")
+    for index, entry in enumerate(runtime.pass_env):
+        refusal = pass_env_refusal(entry, settings.server.api_token_env)
+        if refusal is not None:
+            raise ConfigError(_where(config, text, ["runtime", "pass_env", str(index)]),
+                              refusal)
     if settings.defaults.weight not in settings.weights:
         raise ConfigError(
             _where(config, text, ["defaults", "weight"]),

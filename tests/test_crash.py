@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from runtime_helpers import Harness, shell, wait_for
+from runtime_helpers import Harness, Proc, shell, wait_for
 
 from herder.model import (
     AttemptResult,
@@ -165,6 +165,12 @@ def test_sigterm_requeues_running_attempt_and_exits_0(harness: Harness):
     assert [a.outcome for a in h.attempts(job_id)] == [Outcome.LOST, Outcome.OK]
 
 
+def leader_of(h: Harness, job_id: int, attempt: int) -> list[Proc]:
+    """The attempt's leader process (its recorded pid) once it runs, else []."""
+    pids = [a.pid for a in h.attempts(job_id) if a.attempt == attempt and a.pid is not None]
+    return [p for p in h.marked(job_id, attempt) if p.pid in pids]
+
+
 def test_second_sigterm_kills_at_once(tmp_path: Path, store_url: str):
     h = Harness(tmp_path, store_url, runtime={"kill_grace": '"60s"'})
     try:
@@ -172,8 +178,10 @@ def test_second_sigterm_kills_at_once(tmp_path: Path, store_url: str):
             "trap 'echo TERM >> term.txt' TERM; while :; do sleep 0.05; done"))
         up = h.up()
         h.wait_status(job_id, JobStatus.RUNNING)
-        [leader] = wait_for(lambda: [p for p in h.marked(job_id, 1) if p.argv[0] == "/bin/sh"],
-                            10, "the attempt's shell", h.describe)
+        # The leader is the process whose pid the attempt recorded, not "the /bin/sh": the
+        # looping shell forks a copy of itself (argv included) before each `sleep` execs.
+        [leader] = wait_for(lambda: leader_of(h, job_id, 1), 10, "the attempt's shell",
+                            h.describe)
 
         up.send_signal(signal.SIGTERM)
         wait_for((h.dir / "term.txt").exists, 10, "the job to get SIGTERM",

@@ -179,10 +179,10 @@ def silent_for(fleet: FleetHarness, job_id: int) -> float:
 
 @pytest.mark.slow
 def test_agent_keeps_its_jobs_across_a_server_restart(make_fleet, tmp_path, sqlite_url):
-    """The server is down for longer than the attempt lease. One job ends meanwhile (its
-    result waits in the agent's outbox), another runs on across the restart: both are
+    """The server restarts within the lease (minus the fence margin). One job ends meanwhile
+    (its result waits in the agent's outbox), another runs on across the restart: both are
     recorded done by their first attempt."""
-    fleet = make_fleet(tmp_path, sqlite_url)
+    fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": "30s"})
     fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
     fleet.start_agent("alpha")
@@ -199,16 +199,12 @@ def test_agent_keeps_its_jobs_across_a_server_restart(make_fleet, tmp_path, sqli
     early.touch()
     wait_for(lambda: not fleet.job_processes(ends_early), 10, "the early job to exit",
              fleet.describe)
-    # Stay down until both attempts have been silent in the store for longer than the lease
-    # (the agent keeps retrying its report meanwhile).
-    wait_for(lambda: all(silent_for(fleet, job_id) > LEASE + 0.5
-                         for job_id in (ends_early, runs_on)), 20,
-             "the attempts to be silent for longer than the lease", fleet.describe)
-    assert "server unreachable" in fleet.stderr_of(fleet.agents["alpha"])
+    wait_for(lambda: "server unreachable" in fleet.stderr_of(fleet.agents["alpha"]), 10,
+             "the agent to notice the server is gone", fleet.describe)
     fleet.start_server()
     first = fleet.wait_status(ends_early, JobStatus.DONE)
     assert (first.attempt, first.lost) == (1, 0), fleet.describe()
-    assert fleet.job_processes(runs_on), "the running job survived the restart"
+    assert fleet.job_processes(runs_on), "the running job did not survive the restart"
     late.touch()
     second = fleet.wait_status(runs_on, JobStatus.DONE)
     assert (second.attempt, second.lost) == (1, 0), fleet.describe()
@@ -217,11 +213,59 @@ def test_agent_keeps_its_jobs_across_a_server_restart(make_fleet, tmp_path, sqli
 
 
 @pytest.mark.slow
+def test_agent_stops_its_jobs_when_the_server_is_gone_past_the_lease(make_fleet, tmp_path,
+                                                                       sqlite_url):
+    """Self-fencing against a real server that stays down: the agent cannot tell that from
+    a network cut, so it stops its running attempt before the lease the server counts from
+    its last accepted heartbeat runs out, and reports it lost when the server is back. A
+    result that was waiting in the outbox is still recorded; the stopped job runs again,
+    never overlapping its first attempt."""
+    lease = 8.0  # with the default margin (a quarter) the fence leaves 2 s to spare
+    fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": f"{lease:g}s"})
+    fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
+    fleet.start_server(wait=False)
+    fleet.start_agent("alpha")
+    events, overlap = tmp_path / "events", tmp_path / "overlap"
+    early, late = tmp_path / "early", tmp_path / "late"
+    ends_early = fleet.submit(recorder(events, f"while [ ! -e '{early}' ]; do sleep 0.05; done"))
+    fenced = fleet.submit(recorder(events, f"while [ ! -e '{late}' ]; do sleep 0.05; done",
+                                   lock=tmp_path / "fenced.lock", overlap=overlap))
+    for job_id in (ends_early, fenced):
+        wait_for(lambda j=job_id: started_line(events, j, 1), 20, f"job {job_id} to start",
+                 fleet.describe)
+        fleet.wait_status(job_id, JobStatus.RUNNING)
+    tree = fleet.job_processes(fenced)
+    assert tree
+
+    fleet.stop_server(signal.SIGKILL)
+    early.touch()
+    wait_for(lambda: not alive(tree), 4 * lease, "the agent to stop its cut-off attempt",
+             fleet.describe)
+    # Seen gone before the lease ran out, as the server counts it (same machine, same clock).
+    assert silent_for(fleet, fenced) < lease, fleet.describe()
+    assert attempt_of(fleet, fenced, 1).outcome is None  # nobody has judged it yet
+
+    fleet.start_server()
+    first = fleet.wait_status(ends_early, JobStatus.DONE)
+    assert (first.attempt, first.lost) == (1, 0), fleet.describe()
+    wait_for(lambda: started_line(events, fenced, 2), 30, "the stopped job to run again",
+             fleet.describe)
+    late.touch()
+    again = fleet.wait_status(fenced, JobStatus.DONE)
+    assert (again.attempt, again.lost) == (2, 1), fleet.describe()
+    assert attempt_of(fleet, fenced, 1).outcome is Outcome.LOST
+    assert not overlap.exists(), overlap.read_text()
+    assert "lease not renewed" in (tmp_path / "agents" / "alpha" / str(fenced) /
+                                   "1.log").read_text()
+
+
+@pytest.mark.slow
 def test_agent_keeps_supervising_while_the_server_is_down(make_fleet, tmp_path, sqlite_url):
     """With the server down, one job ends (its log and result wait in the outbox) and
     another reaches its timeout: the agent still stops it on time, and both results are
     recorded once the server is back."""
-    fleet = make_fleet(tmp_path, sqlite_url)
+    # A lease longer than the outage: the timeout, not the fence, must stop the job.
+    fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": "30s"})
     fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
     fleet.start_agent("alpha")

@@ -157,12 +157,18 @@ def test_retries_until_max_attempts_and_backoff(tmp_path: Path, store_url: str):
 # -- launch failures ------------------------------------------------------------------------------
 
 
-def test_launch_failure_is_retried_then_fails(harness: Harness):
-    h = harness
+def submit_in_missing_workdir(h: Harness, max_attempts: int) -> int:
+    """A job whose workdir is gone by the time it runs: its launch fails."""
     gone = h.dir / "gone"
     gone.mkdir()
-    no_workdir = h.submit(["true"], workdir=str(gone), max_attempts=2)
+    job_id = h.submit(["true"], workdir=str(gone), max_attempts=max_attempts)
     gone.rmdir()
+    return job_id
+
+
+def test_launch_failure_is_retried_then_fails(harness: Harness):
+    h = harness
+    no_workdir = submit_in_missing_workdir(h, max_attempts=2)
     missing = h.dir / "missing-program"
     result = h.cli("submit", "--no-check", "--max-attempts", "2", "--workdir", str(h.dir),
                    "--", str(missing))

@@ -440,6 +440,8 @@ def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAP
             # report what its dead predecessor was running.
             "attempts": [[a.attempt.job_id, a.attempt.attempt, a.attempt.worker]
                          for a in attempts],
+            # The lease the server enforces: the agent fences itself before it runs out.
+            "lease_seconds": coordinator.lease_seconds,
         }
 
     @app.get("/api/v1/agent/{label}/assignments")

@@ -223,11 +223,12 @@ class HttpSource(WorkSource):
         return True
 
     def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
-        try:
-            reply = self._heartbeat_call(tokens, retry=False)
-        except ConnectionError:
-            # Lost the server: keep every running job; the fence decides later.
-            return HeartbeatReply(frozenset(tokens), frozenset())
+        # A failure raises: nothing was renewed, and the runner stops the attempts before
+        # their lease ends if the server stays out of reach (self-fencing).
+        reply = self._heartbeat_call(tokens, retry=False)
+        lease = reply.get("lease_seconds")
+        if isinstance(lease, int | float) and not isinstance(lease, bool) and lease > 0:
+            self.lease_seconds = float(lease)  # the server's lease is the one it enforces
         live = frozenset(AttemptToken(j, a) for j, a in reply["live"])
         # An attempt whose start report is still in the outbox is not live on the server yet.
         pending = frozenset(t for t in tokens if self._pending_start(t))

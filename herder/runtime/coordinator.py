@@ -114,6 +114,7 @@ class Coordinator:
                 heartbeat_interval=runtime.heartbeat_interval,
                 attempt_lease=self.lease_seconds, kill_grace=runtime.kill_grace,
                 poll_interval=runtime.poll_interval, max_lost=runtime.max_lost,
+                pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
                 max_spawn_failures=self.limits.max_spawn_failures,
                 spawn_backoff=self.limits.spawn_backoff_seconds,
             )

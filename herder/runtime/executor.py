@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,33 @@ def log_path_for(log_dir: Path, token: AttemptToken) -> Path:
     return log_dir / str(token.job_id) / f"{token.attempt}.log"
 
 
-def job_environment(job: Job, host: str, marker: str, log_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
+BASE_ENVIRONMENT: tuple[str, ...] = ("PATH", "HOME", "USER", "LANG", "LC_*", "TZ", "TERM",
+                                      "SHELL")
+"""The runner's variables every job gets; `[runtime] pass_env` adds to them."""
+
+HERDER_PREFIX = "HERDER_"
+"""herder's own namespace (its credentials, its configuration, job identity): nothing of the
+runner's under it reaches a job, whatever pass_env says."""
+
+
+def passes(name: str, patterns: Sequence[str]) -> bool:
+    """Whether a variable of the runner's environment may reach a job: named exactly or by
+    a `PREFIX*` pattern, and never one of herder's own."""
+    if name.startswith(HERDER_PREFIX):
+        return False
+    return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+               for pattern in patterns)
+
+
+def job_environment(job: Job, host: str, marker: str, log_path: Path,
+                    pass_env: Sequence[str] = (),
+                    runner_environment: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An allow-list of the runner's variables, then the job's own env (the submitter's
+    choice), then herder's identity variables, which nothing overrides. Nothing else of the
+    runner's passes: it may hold herder's database URL or tokens, and jobs are AI agents."""
+    source = os.environ if runner_environment is None else runner_environment
+    patterns = (*BASE_ENVIRONMENT, *pass_env)
+    env = {name: value for name, value in source.items() if passes(name, patterns)}
     env.update(job.env)
     env.update(
         {
@@ -63,6 +89,11 @@ class RunningAttempt:
     killed: bool = False
     returncode: int | None = None
     logged_exit: bool = False
+    renewed: float = 0.0
+    """Monotonic time of the last renewal of this attempt's lease: when the heartbeat
+    request that renewed it was sent (or, before any, when its claim was asked for)."""
+    start_reported: bool = False
+    fenced: bool = False
 
     @property
     def token(self) -> AttemptToken:
@@ -114,14 +145,15 @@ class RunningAttempt:
 
 
 def spawn(
-    job: Job, host: str, worker: str, log_dir: Path, kill_grace: float
+    job: Job, host: str, worker: str, log_dir: Path, kill_grace: float,
+    pass_env: Sequence[str] = (),
 ) -> RunningAttempt:
     """Start the job's command in a new session with its log file; raise LaunchError."""
     token = job.token
     marker = attempt_marker(token, worker)
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = job_environment(job, host, marker, log_path)
+    env = job_environment(job, host, marker, log_path, pass_env)
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
     with open(log_path, "wb") as log:

@@ -4,6 +4,12 @@ One thread, one loop. Each turn it reaps ended processes, enforces timeouts and 
 claims work while slots are free, heartbeats, and runs maintenance; then it waits on the
 store's waker (NOTIFY on PostgreSQL, `data_version` on SQLite) so a submitted job starts
 within milliseconds without a busy poll.
+
+Every call to the store or server is a step of its own that may fail: a failed step is
+retried with backoff on a later turn and never stops the others, so a spawned process is
+always supervised (timeout, cancel, heartbeat, fence) and its result is reported once the
+store answers again. Attempts whose lease could not be renewed for `lease - fence_margin`
+are stopped before the lease ends, so a cut-off runner never overlaps the next attempt.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
+from herder.backoff import Backoff
 from herder.model import AttemptToken, Job, Outcome
 from herder.runtime.executor import LaunchError, RunningAttempt, append_log, spawn
 from herder.runtime.maintenance import Rescuer, WorkerId
@@ -28,9 +36,71 @@ from herder.runtime.sources import ClaimSource, PolicyLimits, WorkSource
 from herder.store import Store, Waker
 
 log = logging.getLogger("herder.runner")
+T = TypeVar("T")
 
 BUSY_TICK = 0.02
 CANCEL_CHECK_PERIOD = 0.05
+
+
+DEFAULT_FENCE_SHARE = 0.25
+"""Without a configured fence_margin, attempts stop a quarter of the lease before it ends."""
+
+
+def fence_margin(lease: float, configured: float | None) -> float:
+    """The configured margin, or a quarter of the lease when none is set or it does not
+    fit inside the lease (the server's lease may be shorter than the local config's)."""
+    if configured is None or configured >= lease:
+        return lease * DEFAULT_FENCE_SHARE
+    return configured
+
+
+def fence_due(renewed: float, now: float, lease: float, margin: float) -> bool:
+    """Whether an attempt last renewed at `renewed` must be stopped now (monotonic times)."""
+    return now >= renewed + lease - margin
+
+
+FENCE_KILL_SHARE = 0.75
+"""A fenced attempt's SIGKILL comes within this share of what is left of its lease; the
+rest is headroom for the kill itself on a busy machine."""
+
+
+def fence_kill_at(now: float, lease_end: float, kill_grace: float) -> float:
+    """When a fenced attempt's SIGTERM escalates to SIGKILL: after `kill_grace`, but soon
+    enough that the tree is gone before anyone else may run the job (at once if the lease
+    has run out already)."""
+    return min(now + kill_grace, now + max(0.0, lease_end - now) * FENCE_KILL_SHARE)
+
+
+@dataclass
+class Retry:
+    """When a failed call may be tried again (capped exponential backoff, full jitter)."""
+
+    due: float = 0.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(base=0.25, cap=5.0))
+
+    def ready(self, now: float) -> bool:
+        return now >= self.due
+
+    def failed(self, now: float, cap: float | None = None) -> float:
+        delay = self.backoff.next()
+        if cap is not None:
+            delay = min(delay, cap)
+        self.due = now + delay
+        return delay
+
+    def succeeded(self) -> None:
+        self.backoff.reset()
+        self.due = 0.0
+
+
+@dataclass
+class Result:
+    """An ended attempt (or one that could not be launched) whose result is not recorded."""
+
+    job: Job
+    outcome: Outcome
+    exit_code: int | None
+    retry: Retry = field(default_factory=Retry)
 
 
 def utcnow() -> datetime:
@@ -57,6 +127,11 @@ class RunnerOptions:
     drain_timeout: float | None = None
     """On the first SIGTERM, let running attempts finish for this long before handing them
     back; None stops them at once (they are requeued either way)."""
+    pass_env: tuple[str, ...] = ()
+    """The runner's variables a job gets besides the base allow-list (executor.py)."""
+    fence_margin: float | None = None
+    """Stop attempts this long before their lease ends when heartbeats fail; None is a
+    quarter of the lease."""
 
     @property
     def limits(self) -> PolicyLimits:
@@ -78,6 +153,8 @@ class Runner:
         # Keyed by attempt, not job: a fenced-out attempt of a job may still be stopping when
         # the same job's next attempt is claimed here, and both must stay supervised.
         self.running: dict[AttemptToken, RunningAttempt] = {}
+        # Ended attempts whose result the store or server has not recorded yet.
+        self.unreported: dict[AttemptToken, Result] = {}
         if source is None:
             if store is None:
                 raise ValueError("a runner needs a store or a work source")
@@ -92,8 +169,16 @@ class Runner:
         self._next_maintenance = 0.0
         self._next_cancel_check = 0.0
         self._next_claim = 0.0
+        self._retries: dict[str, Retry] = {}
+        self._start_retries: dict[AttemptToken, Retry] = {}
         self.started = 0
         self.finished = 0
+        margin = fence_margin(options.attempt_lease, options.fence_margin)
+        if options.kill_grace > margin * FENCE_KILL_SHARE:
+            log.warning("runtime.kill_grace (%gs) does not fit in %.0f%% of the fence margin "
+                        "(%gs, runtime.fence_margin): an attempt cut off from the store gets "
+                        "less than kill_grace between SIGTERM and SIGKILL",
+                        options.kill_grace, FENCE_KILL_SHARE * 100, margin)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -119,39 +204,54 @@ class Runner:
             self.source.close()
             return 0
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
-        waker = self.source.waker()
+        waker: Waker | None = self._step("waker", self.source.waker, time.monotonic())
         log.info("runner %s up: concurrency %d", self.worker, self.options.concurrency)
-        trouble = 0.0
         try:
             while True:
                 try:
                     if self._turn() is None:
                         return 0
-                    trouble = 0.0
-                except Exception as exc:
-                    # The store (or the server) is unreachable: keep supervising what runs,
-                    # retry the rest. Results not yet recorded stay in `running` and are
-                    # reported again on the next turn.
-                    trouble = min(max(trouble * 2, 0.25), 5.0)
-                    log.error("runner turn failed (%s: %s); retrying in %.2fs",
-                              type(exc).__name__, exc, trouble)
-                timeout = BUSY_TICK if self.running else self.options.poll_interval
+                except Exception as exc:  # a bug, not the store: keep supervising
+                    log.exception("runner turn failed (%s: %s)", type(exc).__name__, exc)
+                mono = time.monotonic()
+                timeout = self._wait_time(mono)
+                if waker is None:
+                    waker = self._step("waker", self.source.waker, mono)
+                if waker is None:
+                    time.sleep(timeout)
+                    continue
                 try:
-                    if waker.wait(trouble or timeout):
+                    if waker.wait(timeout):
                         self._next_claim = 0.0
                         self._next_cancel_check = 0.0
                 except Exception as exc:
                     log.error("waker failed (%s); reconnecting", exc)
-                    waker = self._reconnect(waker)
+                    with contextlib.suppress(Exception):
+                        waker.close()
+                    waker = None
+                    self._retry("waker").failed(time.monotonic())
         finally:
-            waker.close()
+            if waker is not None:
+                waker.close()
             self.source.close()
+
+    def _wait_time(self, mono: float) -> float:
+        """Poll children every tick while any run; otherwise sleep until the next retry or
+        the fallback poll."""
+        if self.running:
+            return BUSY_TICK
+        due = [retry.due for retry in self._retries.values() if retry.due > mono]
+        due += [result.retry.due for result in self.unreported.values()
+                if result.retry.due > mono]
+        if due:
+            return max(BUSY_TICK, min(self.options.poll_interval, min(due) - mono))
+        return self.options.poll_interval
 
     def _first_maintenance(self) -> bool:
         """The first rescue pass, before any claim: retried while the store is busy or
         unreachable (the loop's own failures are retried the same way). False when a stop
         signal arrived first."""
-        delay = 0.25
+        backoff = Backoff(base=0.25, cap=5.0)
         while True:
             try:
                 self.source.maintain(self.clock())
@@ -159,50 +259,58 @@ class Runner:
             except Exception as exc:
                 if self._stopping:
                     return False
+                delay = backoff.next()
                 log.error("first maintenance pass failed (%s: %s); retrying in %.2fs",
                           type(exc).__name__, exc, delay)
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
-    def _reconnect(self, waker: Waker) -> Waker:
-        with contextlib.suppress(Exception):
-            waker.close()
-        while True:
-            try:
-                return self.source.waker()
-            except Exception as exc:
-                log.error("cannot reconnect the waker (%s); retrying", exc)
-                time.sleep(1.0)
-                with contextlib.suppress(Exception):
-                    self._reap(time.monotonic())
+    def _retry(self, step: str) -> Retry:
+        return self._retries.setdefault(step, Retry())
+
+    def _step(self, step: str, call: Callable[[], T], mono: float) -> T | None:
+        """One call to the store or server: on failure log it, back this step off and let
+        the turn go on (None); the other steps, supervision first, do not wait for it."""
+        retry = self._retry(step)
+        if not retry.ready(mono):
+            return None
+        try:
+            value = call()
+        except Exception as exc:
+            delay = retry.failed(mono)
+            log.error("runner turn failed in %s (%s: %s); retrying in %.2fs", step,
+                      type(exc).__name__, exc, delay)
+            return None
+        retry.succeeded()
+        return value
 
     def _turn(self) -> bool | None:
         """One pass; None when the runner should exit."""
         mono = time.monotonic()
         self._reap(mono)
+        self._report(mono)
         if self._stopping:
-            self.source.drain()
-            if self._draining(mono):
-                if not self.running:
-                    return None
-                self._supervise(mono)
-                return True
-            self._stop_all(mono, Outcome.LOST)
-            if not self.running:
+            self._step("drain", self.source.drain, mono)
+            if not self._draining(mono):
+                self._stop_all(mono, Outcome.LOST)
+            self._supervise(mono)
+            if not self.running and (not self.unreported or self._stopping > 1):
+                for token in self.unreported:
+                    log.error("attempt %s: result not recorded before exit; the lease will "
+                              "requeue the job", token)
                 return None
             return True
         self._supervise(mono)
         free = self.options.concurrency - len(self.running)
         claimed_none = False
         if free > 0 and mono >= self._next_claim:
-            claimed = self._claim(free)
-            claimed_none = not claimed
+            claimed = self._step("claim", lambda: self._claim(free), mono)
+            claimed_none = claimed is not None and not claimed
             self._next_claim = mono + self.options.poll_interval if claimed_none else 0.0
         if mono >= self._next_maintenance:
             self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
-            self.source.maintain(self.clock())
+            self._step("maintenance", lambda: self.source.maintain(self.clock()), mono)
         if (self.options.exit_when_idle and claimed_none and not self.running
-                and self.source.idle()):
+                and not self.unreported and self._step("idle check", self.source.idle, mono)):
             log.info("nothing queued, claimed or running: exiting")
             return None
         return True
@@ -219,19 +327,28 @@ class Runner:
     def _supervise(self, mono: float) -> None:
         if self.running and mono >= self._next_cancel_check:
             self._next_cancel_check = mono + CANCEL_CHECK_PERIOD
-            self._check_cancels(mono)
+            self._step("cancel check", lambda: self._check_cancels(mono), mono)
         if self.running and mono >= self._next_heartbeat:
             self._heartbeat(mono)
+        self._fence(time.monotonic())
 
     # -- steps ------------------------------------------------------------------------------
 
     def _claim(self, free: int) -> list[Job]:
+        # Before the claim is asked for: the store stamps its lease no earlier than this.
+        asked = time.monotonic()
         jobs = self.source.take(free, self.clock())
         for job in jobs:
-            self._start(job)
+            try:
+                self._start(job, asked)
+            except Exception:
+                # Claimed, so never dropped: record it as not launched (retried by policy).
+                log.exception("job %d attempt %d: start failed", job.id, job.attempt)
+                if job.token not in self.running:
+                    self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
         return jobs
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: Job, asked: float) -> None:
         for older in self.running.values():
             if older.job.id == job.id:
                 # The store handed out a newer attempt, so this one was declared lost
@@ -242,20 +359,38 @@ class Runner:
                 older.kill()
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
-                            self.options.kill_grace)
-        except LaunchError as exc:
+                            self.options.kill_grace, self.options.pass_env)
+        except (LaunchError, OSError) as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
-            self._finish(job, Outcome.LAUNCH_FAILED, None)
+            self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
+            self._report(time.monotonic())
             return
-        if not self.source.started(job.token, attempt.process.pid, str(attempt.log_path),
-                                   self.clock()):
+        # Supervised from here on, whatever the store answers next.
+        attempt.renewed = asked
+        self.running[job.token] = attempt
+        self.started += 1
+        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid)
+        self._report_start(attempt, time.monotonic())
+
+    def _report_start(self, attempt: RunningAttempt, mono: float) -> None:
+        retry = self._start_retries.setdefault(attempt.token, Retry())
+        if not retry.ready(mono):
+            return
+        try:
+            accepted = self.source.started(attempt.token, attempt.process.pid,
+                                           str(attempt.log_path), self.clock())
+        except Exception as exc:
+            delay = retry.failed(mono)
+            log.error("job %d attempt %d: start not recorded (%s: %s); retrying in %.2fs",
+                      attempt.job.id, attempt.job.attempt, type(exc).__name__, exc, delay)
+            return
+        attempt.start_reported = True
+        del self._start_retries[attempt.token]
+        if not accepted:
             # Fenced out between claim and start (declared lost meanwhile): never run it.
             attempt.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
             attempt.kill()
             append_log(attempt.log_path, "attempt was fenced out before it started; killed")
-        self.running[job.token] = attempt
-        self.started += 1
-        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid)
 
     def _reap(self, mono: float) -> None:
         for token, attempt in list(self.running.items()):
@@ -266,18 +401,37 @@ class Runner:
                     elapsed = mono - attempt.started
                     append_log(attempt.log_path, f"exit {attempt.returncode} after "
                                                  f"{elapsed:.1f}s ({outcome})")
-                # Forget the attempt only once its result is recorded: if the store is
-                # down, the next turn reports it again.
-                self._finish(attempt.job, outcome, attempt.returncode)
+                # The tree is gone; its result is reported (and retried) from `unreported`.
+                # A start report still pending is moot: the finish records the attempt.
                 del self.running[token]
+                self._start_retries.pop(token, None)
+                self.unreported[token] = Result(attempt.job, outcome, attempt.returncode)
 
-    def _finish(self, job: Job, outcome: Outcome, exit_code: int | None) -> None:
-        status = self.source.finished(job, outcome, exit_code, self.clock())
+    def _report(self, mono: float) -> None:
+        """Pending start reports and results, each on its own backoff."""
+        for attempt in list(self.running.values()):
+            if not attempt.start_reported:
+                self._report_start(attempt, mono)
+        for token, result in list(self.unreported.items()):
+            if result.retry.ready(mono) and self._finish(result, mono):
+                del self.unreported[token]
+
+    def _finish(self, result: Result, mono: float) -> bool:
+        job = result.job
+        try:
+            status = self.source.finished(job, result.outcome, result.exit_code, self.clock())
+        except Exception as exc:
+            delay = result.retry.failed(mono)
+            log.error("job %d attempt %d: result %s not recorded (%s: %s); retrying in %.2fs",
+                      job.id, job.attempt, result.outcome, type(exc).__name__, exc, delay)
+            return False
         self.finished += 1
         if status is not None:
-            log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, outcome, status)
+            log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, result.outcome,
+                     status)
         else:
-            log.info("job %d attempt %d: %s reported", job.id, job.attempt, outcome)
+            log.info("job %d attempt %d: %s reported", job.id, job.attempt, result.outcome)
+        return True
 
     def _check_cancels(self, mono: float) -> None:
         wanted = self.source.cancel_requested([token.job_id for token in self.running])
@@ -290,14 +444,45 @@ class Runner:
     def _heartbeat(self, mono: float) -> None:
         self._next_heartbeat = mono + self.options.heartbeat_interval
         tokens = [attempt.token for attempt in self.running.values()]
-        reply = self.source.heartbeat(tokens, self.clock())
+        # The lease is renewed from when the request left, not when the reply came back:
+        # the server stamps it later than that, so the local deadline errs early.
+        sent = time.monotonic()
+        reply = self._step("heartbeat", lambda: self.source.heartbeat(tokens, self.clock()),
+                           mono)
+        if reply is None:
+            # Retry well before the next interval: every failed beat brings the fence closer.
+            retry = self._retry("heartbeat")
+            self._next_heartbeat = min(self._next_heartbeat, max(retry.due, mono + BUSY_TICK))
+            return
         for attempt in self.running.values():
             if attempt.token not in reply.live:
-                log.warning("job %d attempt %d was fenced out: stopping it", attempt.job.id,
-                            attempt.job.attempt)
+                if attempt.stop_outcome is None:
+                    log.warning("job %d attempt %d was fenced out: stopping it",
+                                attempt.job.id, attempt.job.attempt)
                 attempt.request_stop(Outcome.LOST, mono)
-            elif attempt.token in reply.cancel:
+                continue
+            attempt.renewed = max(attempt.renewed, sent)
+            if attempt.token in reply.cancel:
                 attempt.request_stop(Outcome.CANCELLED, mono)
+
+    def _fence(self, mono: float) -> None:
+        """Stop the attempts whose lease this runner could not renew in time, before the
+        store or server may declare them lost and run their jobs elsewhere."""
+        lease = self.source.lease_seconds or self.options.attempt_lease
+        margin = fence_margin(lease, self.options.fence_margin)
+        for attempt in self.running.values():
+            if attempt.fenced or not fence_due(attempt.renewed, mono, lease, margin):
+                continue
+            attempt.fenced = True
+            kill_at = fence_kill_at(mono, attempt.renewed + lease, self.options.kill_grace)
+            log.error("job %d attempt %d: its lease was not renewed for %.1fs (lease %gs): "
+                      "stopping it before the lease ends", attempt.job.id, attempt.job.attempt,
+                      mono - attempt.renewed, lease)
+            attempt.request_stop(Outcome.LOST, mono, grace=kill_at - mono)
+            if attempt.kill_at is not None and attempt.kill_at > kill_at:
+                attempt.kill_at = kill_at  # an earlier stop (a cancel) had a longer grace
+            append_log(attempt.log_path, "lease not renewed (cut off from the store or "
+                                         "server): stopped before it ends")
 
     def _stop_all(self, mono: float, outcome: Outcome) -> None:
         for attempt in self.running.values():

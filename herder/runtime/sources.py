@@ -40,6 +40,9 @@ def decide_for(
 
 class WorkSource(abc.ABC):
     worker: str = ""
+    lease_seconds: float | None = None
+    """The lease the other side enforces, when it says (the server's); else the runner's
+    own `attempt_lease`."""
 
     def attach(self, worker: str) -> None:
         """The runner's identity (host/pid/start time), recorded on every attempt."""
@@ -51,10 +54,13 @@ class WorkSource(abc.ABC):
 
     @abc.abstractmethod
     def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
-        """False when the attempt was fenced out before it started."""
+        """False when the attempt was fenced out before it started; an exception means
+        "not recorded yet" (the runner retries it, the process stays supervised)."""
 
     @abc.abstractmethod
-    def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply: ...
+    def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
+        """Renew the attempts' leases; raise when they could not be renewed (the runner
+        stops them before their lease ends if that lasts)."""
 
     @abc.abstractmethod
     def finished(

@@ -1,0 +1,169 @@
+"""No unsupervised process: a store that fails at any point of spawn → start → finish.
+
+A work source wraps the real `ClaimSource` on a real store and raises on demand from one of
+its calls (`take` once the jobs run, `started`, `heartbeat`, `finished`, `cancel_requested`).
+While it fails, the runner's processes stay supervised: a timeout still kills one, a cancel
+still stops another. Once it works again, each result is recorded exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from datetime import datetime
+
+import pytest
+from runtime_helpers import Harness, shell, wait_for
+from test_runner import submit_in_missing_workdir
+
+from herder.errors import StoreUnavailable
+from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.runtime.maintenance import Rescuer
+from herder.runtime.runner import Runner, RunnerOptions
+from herder.runtime.sources import ClaimSource
+from herder.store import open_store
+
+
+class FaultySource(ClaimSource):
+    """The real source, but every call named in `failing` raises as an outage would."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.failing: set[str] = set()
+        self.failures: Counter[str] = Counter()
+        self.renewed: dict[AttemptToken, float] = {}
+        self.lock = threading.Lock()
+
+    def _fault(self, name: str) -> None:
+        with self.lock:
+            if name in self.failing:
+                self.failures[name] += 1
+                raise StoreUnavailable(f"{name}: connection refused (injected)")
+
+    def take(self, free: int, now: datetime) -> list[Job]:
+        self._fault("take")
+        return super().take(free, now)
+
+    def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
+        self._fault("started")
+        return super().started(token, pid, log_path, now)
+
+    def heartbeat(self, tokens, now: datetime) -> HeartbeatReply:  # type: ignore[no-untyped-def]
+        self._fault("heartbeat")
+        sent = time.monotonic()
+        reply = super().heartbeat(tokens, now)
+        for token in reply.live:  # when the last renewal of each attempt was sent
+            self.renewed[token] = sent
+        return reply
+
+    def maintain(self, now: datetime) -> None:
+        self._fault("maintain")
+        super().maintain(now)
+
+    def finished(self, job, outcome, exit_code, now, retry_after=None):  # type: ignore[no-untyped-def]
+        self._fault("finished")
+        return super().finished(job, outcome, exit_code, now, retry_after)
+
+    def cancel_requested(self, job_ids) -> set[AttemptToken]:  # type: ignore[no-untyped-def]
+        self._fault("cancel_requested")
+        return super().cancel_requested(job_ids)
+
+
+class RunnerThread:
+    """A Runner on a FaultySource, looping in a thread of this process."""
+
+    def __init__(self, h: Harness, failing: set[str] | None = None,
+                 **overrides: float) -> None:
+        self.store = open_store(h.db)
+        values = {"heartbeat_interval": 0.2, "attempt_lease": 60.0, "kill_grace": 1.0,
+                  "poll_interval": 0.2, **overrides}
+        self.options = RunnerOptions(host=h.host, log_dir=h.log_dir, concurrency=3,
+                                     **values)  # type: ignore[arg-type]
+        rescuer = Rescuer(self.store, h.host, self.options.attempt_lease,
+                          self.options.kill_grace, self.options.max_lost)
+        self.source = FaultySource(self.store, h.host, self.options.limits, rescuer)
+        self.source.failing.update(failing or ())
+        self.runner = Runner(None, self.options, source=self.source)
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.runner.run(install_signals=False)
+        except BaseException as exc:
+            self.errors.append(exc)
+            raise
+
+    def stop(self) -> None:
+        self.source.failing.clear()
+        self.runner.request_shutdown()
+        self.runner.request_shutdown()
+        self.thread.join(timeout=30)
+        self.store.close()
+        assert not self.thread.is_alive(), "the runner thread did not stop"
+        assert not self.errors, self.errors
+
+
+POINTS = ["take", "started", "heartbeat", "finished", "cancel_requested"]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_failing_store_call_leaves_processes_supervised(harness: Harness, point: str):
+    h = harness
+    timed = h.submit(shell("sleep 300 & sleep 300 & wait"), timeout_seconds=1.0,
+                     max_attempts=1)
+    cancelled = h.submit(shell("sleep 300 & sleep 300 & wait"), max_attempts=1)
+    runner = RunnerThread(h, failing=set() if point == "take" else {point})
+    try:
+        trees = wait_for(lambda: (len(a := h.marked(timed, 1)) == 3
+                                  and len(b := h.marked(cancelled, 1)) == 3 and (a, b)),
+                         20, "both attempts' trees (shell and two sleeps)", h.describe)
+        if point == "take":  # with a free slot the runner keeps asking for work
+            runner.source.failing.add(point)
+        if point == "started":
+            assert h.job(timed).status is JobStatus.CLAIMED, "the start was recorded anyway"
+
+        h.client.cancel(cancelled)
+        for tree, what in zip(trees, ("the timeout", "the cancel"), strict=True):
+            wait_for(lambda tree=tree: not any(p.alive() for p in tree), 20,
+                     f"{what} to stop its tree while {point} fails", h.describe)
+        wait_for(lambda: runner.source.failures[point] > 0, 10,
+                 f"the runner to call {point} (and fail)", h.describe)
+        if point == "finished":
+            wait_for(lambda: runner.source.failures[point] >= 4, 20,
+                     "the result to be retried", h.describe)
+            assert h.job(timed).status is JobStatus.RUNNING, "a result was recorded anyway"
+            assert h.job(cancelled).status is JobStatus.RUNNING
+
+        runner.source.failing.clear()
+        job = h.wait_status(timed, JobStatus.FAILED)
+        assert job.failure_reason == "timeout", job
+        h.wait_status(cancelled, JobStatus.CANCELLED)
+    finally:
+        runner.stop()
+
+    assert [a.outcome for a in h.attempts(timed)] == [Outcome.TIMEOUT]
+    assert [a.outcome for a in h.attempts(cancelled)] == [Outcome.CANCELLED]
+    for job_id in (timed, cancelled):
+        finished = [e for e in h.events(job_id) if e.kind == "finished"]
+        assert len(finished) == 1, finished
+    assert h.marked() == []
+
+
+def test_a_launch_failure_is_recorded_once_the_store_answers(harness: Harness):
+    """Spawn fails and so does the report of it: the job is not left claimed for good."""
+    h = harness
+    job_id = submit_in_missing_workdir(h, max_attempts=1)
+    runner = RunnerThread(h, failing={"finished"})
+    try:
+        wait_for(lambda: runner.source.failures["finished"] >= 2, 20,
+                 "the launch failure's report to fail and be retried", h.describe)
+        assert h.job(job_id).status is JobStatus.CLAIMED
+        runner.source.failing.clear()
+        job = h.wait_status(job_id, JobStatus.FAILED)
+        assert job.failure_reason == "launch_failed", job
+    finally:
+        runner.stop()
+    assert [a.outcome for a in h.attempts(job_id)] == [Outcome.LAUNCH_FAILED]
