@@ -159,8 +159,10 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     # -- operators ----------------------------------------------------------------------------
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"ok": True, "leader": coordinator.is_leader}
+    async def healthz() -> JSONResponse:
+        """Unauthenticated, no secrets: 503 while any loop of the server is stale or dead."""
+        view = coordinator.health_view()
+        return JSONResponse(view, status_code=200 if view["ok"] else 503)
 
     @app.post("/api/v1/jobs", status_code=201)
     async def submit(body: SubmitBody, _auth: Operator) -> dict[str, Any]:
