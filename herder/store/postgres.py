@@ -78,6 +78,7 @@ Q = load_queries("postgres")
 # Every connection herder opens: a bounded connect, and TCP keepalives so a connection to a
 # vanished server (a partition, a dead host) fails in about half a minute instead of hanging
 # the thread that waits on it.
+POOL_WAIT_SECONDS = 10.0
 CONNECT_OPTIONS: dict[str, Any] = {
     "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
     "keepalives_count": 3,
@@ -211,6 +212,9 @@ class PostgresStore(Store):
             kwargs={"autocommit": True, "row_factory": dict_row, **CONNECT_OPTIONS,
                     "connect_timeout": max(1, int(connect_timeout))},
             configure=_configure,
+            # While the database is down a call fails after this long (StoreUnavailable: the
+            # loops back off, the API answers 503) instead of holding its thread for 30 s.
+            timeout=POOL_WAIT_SECONDS,
             open=False,
             name="herder",
         )
