@@ -9,6 +9,7 @@ restart, and the test must observe the processes under test, not its own pool.""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Callable
@@ -239,3 +240,60 @@ def test_a_database_failure_after_connect_is_one_line_and_exit_2(tmp_path, postg
              "jobs"], capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
             env=cli_environment())
     assert_one_line_exit_2(result, "the database is unavailable", "lock timeout")
+
+
+def test_operational_errors_of_both_backends_are_store_unavailable():
+    import sqlite3
+
+    from herder.errors import StoreUnavailable
+    from herder.store import as_unavailable
+
+    locked = as_unavailable(sqlite3.OperationalError("database is locked"))
+    assert isinstance(locked, StoreUnavailable)
+    assert str(locked) == "the database is unavailable: database is locked"
+    refused = as_unavailable(psycopg.OperationalError("connection refused\n\tIs it running?"))
+    assert str(refused) == "the database is unavailable: connection refused Is it running?"
+    already = StoreUnavailable("cannot open x")
+    assert as_unavailable(already) is already
+    assert as_unavailable(sqlite3.IntegrityError("UNIQUE")) is None
+    assert as_unavailable(psycopg.errors.UniqueViolation("duplicate")) is None
+    assert as_unavailable(ValueError("a bug")) is None
+
+
+# -- the store's own connections ------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_waker_lease_and_pool_heal_after_a_restart(private_postgres):
+    from herder.errors import StoreUnavailable
+    from herder.store.postgres import PostgresWaker
+
+    with open_store(private_postgres.url) as store:
+        waker, lease = store.listen(), store.leader_lease()
+        assert isinstance(waker, PostgresWaker) and waker.connected
+        try:
+            assert lease.try_acquire()
+            private_postgres.restart("immediate")
+            # The lost LISTEN connection wakes its waiter (a NOTIFY may have been lost) and
+            # reconnects instead of raising into the thread that waits.
+            assert waker.wait(5.0)
+            wait_for(lambda: waker.wait(0.05) or waker.connected, 30, "the waker to reconnect")
+            # Every pooled connection died with the restart: one call fails, and the pool
+            # drops the other dead ones at once, so the next call works.
+            with contextlib.suppress(StoreUnavailable):
+                store.notify("probe")
+            store.notify("after")
+            assert waker.wait(10.0), "a NOTIFY after the restart wakes the waiter"
+            # The lease's session died too: it is re-acquired, not assumed.
+            assert lease.try_acquire()
+            private_postgres.stop()
+            lease.release()
+            with pytest.raises(StoreUnavailable, match="cannot check the leader lease"):
+                lease.try_acquire()
+            # Down: the waiter sleeps its timeout (the caller's poll takes over), never raises.
+            wait_for(lambda: not waker.wait(0.05) and not waker.connected, 30,
+                     "the waker to see the database gone")
+            assert not waker.wait(0.1)
+        finally:
+            waker.close()
+            lease.release()
