@@ -118,7 +118,7 @@ def test_a_server_thread_that_ends_takes_the_process_down(tmp_path, store):
     coordinator._spawn(crash, "herder-test-loop")
     wait_for(fatal.is_set, 20, "the fatal hook")
     view = coordinator.health_view()
-    assert not view["ok"] and coordinator.fatal == (
+    assert not view["ok"] and view["fatal"] == (
         "thread herder-test-loop ended while the server was running")
     coordinator.stop()
 

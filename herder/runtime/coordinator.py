@@ -233,6 +233,7 @@ class Coordinator:
         return {
             "ok": self.fatal is None and all(report.ok for report in reports),
             "leader": self.is_leader,
+            "fatal": self.fatal,
             "loops": {report.name: report.view() for report in reports},
         }
 
