@@ -22,6 +22,7 @@ from herder.errors import HerderError, InputError, NotFound
 from herder.intake import parse_assignments, parse_payload
 from herder.model import JobStatus
 from herder.runtime.runner import Runner, RunnerOptions, default_host
+from herder.store import as_unavailable
 from herder.views import attempt_view, event_view, job_view
 
 EXIT_USAGE = 2
@@ -35,15 +36,26 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     sys.exit(code)
 
 
+def fail_if_unavailable(error: Exception) -> None:
+    """Exit 2 with one line when `error` is the database failing; return otherwise."""
+    unavailable = as_unavailable(error)
+    if unavailable is not None:
+        fail(f"{unavailable} (retry when the database is back)")
+
+
 @contextmanager
 def edge() -> Iterator[None]:
-    """Turn herder's errors into one clear line on stderr and exit 2."""
+    """Turn herder's errors into one clear line on stderr and exit 2; so too a database
+    that fails after connect (down, restarting, locked, an I/O error)."""
     try:
         yield
     except (InputError, NotFound) as exc:
         fail(str(exc))
     except HerderError as exc:
         fail(str(exc))
+    except Exception as exc:
+        fail_if_unavailable(exc)
+        raise
 
 
 class State:
@@ -90,6 +102,9 @@ class HerderGroup(click.Group):
             fail(exc.format_message(), exc.exit_code)
         except click.Abort:
             fail("aborted", 1)
+        except Exception as exc:  # a command outside `edge()`: database failures still one line
+            fail_if_unavailable(exc)
+            raise
         sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -574,6 +574,8 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
                                              max_body_bytes=settings.max_body_bytes))
     uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
                 ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
+    if coordinator.fatal is not None:
+        fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 
 
 @main.group(invoke_without_command=True)

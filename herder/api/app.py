@@ -360,8 +360,10 @@ def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAP
     # -- operators ----------------------------------------------------------------------------
 
     @app.get("/healthz", dependencies=[Depends(public)])
-    async def healthz() -> dict[str, Any]:
-        return {"ok": True, "leader": coordinator.is_leader}
+    async def healthz() -> JSONResponse:
+        """Unauthenticated, no secrets: 503 while any loop of the server is stale or dead."""
+        view = coordinator.health_view()
+        return JSONResponse(view, status_code=200 if view["ok"] else 503)
 
     @app.post("/api/v1/jobs", status_code=201)
     async def submit(body: SubmitBody, caller: Submitter) -> dict[str, Any]:

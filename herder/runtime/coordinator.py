@@ -3,15 +3,20 @@ what the HTTP API asks of them. The API module stays a thin translation layer.""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import signal
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from herder.api.board import AssignmentBoard
+from herder.backoff import Backoff
 from herder.config import Config
 from herder.errors import Conflict, InputError, NotFound
 from herder.model import (
@@ -26,6 +31,7 @@ from herder.model import (
     ReservationStatus,
     Transport,
 )
+from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import Rescuer
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
@@ -39,10 +45,57 @@ from herder.runtime.scheduler import (
 from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.placement import explain, place
-from herder.store import Store
+from herder.store import Store, Waker, as_unavailable
+from herder.store.base import Lease
 from herder.views import iso
 
 log = logging.getLogger("herder.coordinator")
+SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; board notifications wake it sooner
+
+
+@dataclass
+class _SchedulerCycle:
+    """What the scheduler loop carries from one cycle to the next."""
+
+    leader_since: float | None = None  # monotonic
+    next_maintenance: float = 0.0
+    hold_off_until: float = 0.0  # after giving up the lease, not before this
+    rescuer: Rescuer | None = None
+
+
+def _terminate_this_process() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _close_quietly(waker: Waker) -> None:
+    with contextlib.suppress(Exception):
+        waker.close()
+
+
+def run_cycle(loop: Loop, backoff: Backoff, what: str,
+              cycle: Callable[[], object]) -> float | None:
+    """One cycle of a long-running loop: None when it succeeded, else the backoff delay to
+    wait before the next try (the failure recorded in the loop's health and logged)."""
+    try:
+        cycle()
+    except Exception as exc:
+        loop.failed(exc)
+        delay = backoff.next()
+        _log_failure(what, exc, delay)
+        return delay
+    loop.succeeded()
+    backoff.reset()
+    return None
+
+
+def _log_failure(what: str, error: Exception, delay: float) -> None:
+    """One line for a database outage (expected, retried); a traceback for anything else."""
+    retry = f"; retrying in {delay:.1f}s" if delay else "; retrying"
+    unavailable = as_unavailable(error)
+    if unavailable is not None:
+        log.error("%s failed: %s%s", what, unavailable, retry)
+    else:
+        log.exception("%s failed%s", what, retry)
 
 
 def utcnow() -> datetime:
@@ -65,6 +118,11 @@ class Coordinator:
         self.scheduler = Scheduler(store, self.fleet, on_assigned=self._assigned)
         self.public_url = config.settings.server.public_url or ""
         self.is_leader = False
+        self.loops = LoopRegistry()
+        # Set when a thread that must live ended: /healthz fails and `on_fatal` ends the
+        # process (SIGTERM to itself: uvicorn shuts down, `herder server` exits 1).
+        self.fatal: str | None = None
+        self.on_fatal: Callable[[], None] = _terminate_this_process
         self._stop = threading.Event()
         self._poke = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -123,14 +181,33 @@ class Coordinator:
             source = AssignmentSource(self.store, host.label, self.limits, rescuer)
             runner = Runner(None, options, source=source)
             self._runners.append(runner)
-            self._spawn(lambda r=runner: r.run(install_signals=False), f"herder-local-{host.label}")
-            self._spawn(lambda label=host.label: self._local_heartbeat(label),
+            self._spawn(functools.partial(runner.run, install_signals=False),
+                        f"herder-local-{host.label}")
+            self._spawn(functools.partial(self._local_heartbeat, host.label),
                         f"herder-heartbeat-{host.label}")
 
-    def _spawn(self, target: Any, name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+    def _spawn(self, target: Callable[[], object], name: str) -> None:
+        """Run `target` in a thread that must live as long as the server: if it ends before
+        `stop()`, the process is taken down (`on_fatal`) so a supervisor restarts it, rather
+        than serving on without it."""
+
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException:
+                log.exception("thread %s crashed", name)
+            if not self._stop.is_set():
+                self._fatal(f"thread {name} ended while the server was running")
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _fatal(self, reason: str) -> None:
+        log.critical("%s; stopping so a supervisor restarts herder", reason)
+        self.fatal = reason
+        self.is_leader = False
+        self.on_fatal()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
@@ -150,53 +227,103 @@ class Coordinator:
         """Something changed here (a submit, a finish): run a placement cycle soon."""
         self._poke.set()
 
+    def health_view(self) -> dict[str, Any]:
+        """What `/healthz` answers: ok only while every loop has had a recent successful
+        cycle. No secrets: loop names, ages and error types only."""
+        reports = self.loops.reports()
+        return {
+            "ok": self.fatal is None and all(report.ok for report in reports),
+            "leader": self.is_leader,
+            "fatal": self.fatal,
+            "loops": {report.name: report.view() for report in reports},
+        }
+
     # -- loops ----------------------------------------------------------------------------------
 
     def _scheduler_loop(self) -> None:
-        lease = self.store.leader_lease()
-        waker = self.store.listen()
-        local_labels = frozenset({self.host} | {h.label for h in self.store.host_list()
-                                                if h.transport is Transport.LOCAL})
-        runtime = self.settings.runtime
-        rescuer = Rescuer(self.store, local_labels, self.lease_seconds, runtime.kill_grace,
-                          runtime.max_lost)
+        """Leader election, placement and maintenance. Store errors (an outage, a restart)
+        are retried with backoff; a leader that cannot complete a cycle for its staleness
+        limit gives up the lease, so a healthy replica takes over."""
         interval = self.settings.fleet.scheduler_interval
-        next_maintenance = 0.0
-        leader_since: float | None = None
+        loop = self.loops.register("scheduler", interval)
+        backoff = Backoff(base=min(interval, 0.5), cap=max(interval, 10.0))
+        lease = self.store.leader_lease()
+        cycle = _SchedulerCycle()
+        waker: Waker | None = None
+
+        def cycle_once() -> None:
+            nonlocal waker
+            if waker is None:
+                waker = self.store.listen()
+            self._schedule_once(lease, cycle)
+
         try:
             while not self._stop.is_set():
+                delay = run_cycle(loop, backoff, "scheduler cycle", cycle_once)
+                if delay is not None:
+                    if self.is_leader and not loop.report().ok:
+                        self._give_up_lease(lease, cycle, loop.report().age_seconds)
+                    self._stop.wait(delay)
+                    continue
+                assert waker is not None
                 try:
-                    self.is_leader = lease.try_acquire()
-                    if not self.is_leader:
-                        leader_since = None
-                    if self.is_leader:
-                        now = utcnow()
-                        if leader_since is None:
-                            leader_since = time.monotonic()
-                        self.scheduler.run_once(now)
-                        if time.monotonic() >= next_maintenance:
-                            next_maintenance = time.monotonic() + 1.0
-                            # A new leader (a restart, a takeover) has heard from no agent
-                            # yet: give them one lease to heartbeat before judging attempts
-                            # stale, or an outage longer than the lease would declare every
-                            # running remote attempt lost (and its agent would kill it).
-                            rescued: dict[str, int] = {}
-                            if time.monotonic() - leader_since >= self.lease_seconds:
-                                rescued = rescuer.run_once(now)
-                            expired = self.store.reservation_expire(now)
-                            self.store.statistics_refresh()
-                            if any(rescued.values()) or expired:
-                                log.info("maintenance: %s, %d reservations expired",
-                                         rescued, expired)
-                except Exception:
-                    log.exception("scheduler cycle failed; retrying")
-                    self._stop.wait(1.0)
-                self._wait(waker, interval)
+                    self._wait(waker, interval)
+                except Exception as exc:
+                    _log_failure("scheduler waker", exc, 0.0)
+                    _close_quietly(waker)
+                    waker = None
         finally:
-            waker.close()
+            if waker is not None:
+                _close_quietly(waker)
             lease.release()
+            self.is_leader = False
 
-    def _wait(self, waker: Any, interval: float) -> None:
+    def _schedule_once(self, lease: Lease, cycle: _SchedulerCycle) -> None:
+        if time.monotonic() < cycle.hold_off_until:
+            self.is_leader = False  # gave the lease up: leave it to a replica for a while
+        else:
+            try:
+                self.is_leader = lease.try_acquire()
+            except Exception:
+                self.is_leader = False
+                raise
+        if not self.is_leader:
+            cycle.leader_since = None
+            return
+        now = utcnow()
+        if cycle.leader_since is None:
+            cycle.leader_since = time.monotonic()
+        if cycle.rescuer is None:
+            runtime = self.settings.runtime
+            local_labels = frozenset({self.host} | {h.label for h in self.store.host_list()
+                                                    if h.transport is Transport.LOCAL})
+            cycle.rescuer = Rescuer(self.store, local_labels, self.lease_seconds,
+                                    runtime.kill_grace, runtime.max_lost)
+        self.scheduler.run_once(now)
+        if time.monotonic() >= cycle.next_maintenance:
+            cycle.next_maintenance = time.monotonic() + 1.0
+            # A new leader (a restart, a takeover) has heard from no agent yet: give them
+            # one lease to heartbeat before judging attempts stale, or an outage longer
+            # than the lease would declare every running remote attempt lost (and its agent
+            # would kill it).
+            rescued: dict[str, int] = {}
+            if time.monotonic() - cycle.leader_since >= self.lease_seconds:
+                rescued = cycle.rescuer.run_once(now)
+            expired = self.store.reservation_expire(now)
+            self.store.statistics_refresh()
+            if any(rescued.values()) or expired:
+                log.info("maintenance: %s, %d reservations expired", rescued, expired)
+
+    def _give_up_lease(self, lease: Lease, cycle: _SchedulerCycle, stuck_for: float) -> None:
+        hold_off = max(5 * self.settings.fleet.scheduler_interval, 5.0)
+        log.error("the scheduler has not completed a cycle for %.0fs as leader: giving up "
+                  "the lease for %.0fs so another replica can take over", stuck_for, hold_off)
+        lease.release()
+        self.is_leader = False
+        cycle.leader_since = None
+        cycle.hold_off_until = time.monotonic() + hold_off
+
+    def _wait(self, waker: Waker, interval: float) -> None:
         """Until poked, woken by the store, or the interval passes; then debounce a burst."""
         deadline = time.monotonic() + interval
         while not self._stop.is_set():
@@ -217,25 +344,30 @@ class Coordinator:
             self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
             self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}")
         self.board_listeners.append(launcher.wake.set)
+        loop = self.loops.register("ssh", SSH_INTERVAL)
+        backoff = Backoff(base=SSH_INTERVAL, cap=10.0)
         try:
             while not self._stop.is_set():
-                try:
-                    launcher.run_once()
-                except Exception:
-                    log.exception("ssh launcher cycle failed")
-                launcher.wake.wait(0.2)
+                delay = run_cycle(loop, backoff, "ssh launcher cycle", launcher.run_once)
+                if delay is not None:
+                    self._stop.wait(delay)
+                    continue
+                launcher.wake.wait(SSH_INTERVAL)
                 launcher.wake.clear()
         finally:
             launcher.stop()
 
     def _local_heartbeat(self, label: str) -> None:
         interval = min(self.settings.runtime.heartbeat_interval, 30.0)
+        loop = self.loops.register(f"heartbeat:{label}", interval)
+        # Retries come sooner than the next beat, so one failed write costs no missed beat.
+        backoff = Backoff(base=min(interval / 4, 1.0), cap=interval)
+        def beat() -> None:
+            self.store.host_heartbeat(label, utcnow(), {"via": "server", "pid": os.getpid()})
+
         while not self._stop.is_set():
-            try:
-                self.store.host_heartbeat(label, utcnow(), {"via": "server", "pid": os.getpid()})
-            except Exception:
-                log.exception("local heartbeat for %s failed", label)
-            self._stop.wait(interval)
+            delay = run_cycle(loop, backoff, f"local heartbeat for {label}", beat)
+            self._stop.wait(interval if delay is None else delay)
 
     # -- what the API asks ------------------------------------------------------------------------
 

@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
-from herder.errors import InputError
+import sqlite3
+import sys
+
+from herder.errors import InputError, StoreUnavailable
 from herder.store.base import LiveAttempt, Store, Waker
 
-__all__ = ["LiveAttempt", "Store", "Waker", "open_store"]
+__all__ = ["LiveAttempt", "Store", "Waker", "as_unavailable", "open_store"]
+
+
+def as_unavailable(error: BaseException) -> StoreUnavailable | None:
+    """The database failed after connect (down, restarting, locked, an I/O error): the same
+    StoreUnavailable the edges already answer with one line, or None for any other error."""
+    if isinstance(error, StoreUnavailable):
+        return error
+    psycopg = sys.modules.get("psycopg")  # not imported: it cannot be a PostgreSQL error
+    if isinstance(error, sqlite3.OperationalError) or (
+            psycopg is not None and isinstance(error, psycopg.OperationalError)):
+        detail = " ".join(str(error).split()) or type(error).__name__
+        unavailable = StoreUnavailable(f"the database is unavailable: {detail}")
+        unavailable.__cause__ = error
+        return unavailable
+    return None
 
 
 def open_store(url: str, migrate: bool = True) -> Store:

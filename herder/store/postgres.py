@@ -9,7 +9,9 @@ cancels `NOTIFY herder`, which wakes idle runners at once.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +21,7 @@ from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
+from herder.backoff import Backoff
 from herder.errors import InputError, StoreUnavailable
 from herder.model import (
     Attempt,
@@ -38,6 +41,7 @@ from herder.model import (
     Scope,
     TokenRecord,
 )
+from herder.store import as_unavailable
 from herder.store.base import (
     CLAIM_GIVEN,
     STATUS_OF,
@@ -72,7 +76,16 @@ from herder.store.base import (
 )
 from herder.urls import redact_url
 
+log = logging.getLogger("herder.store")
 Q = load_queries("postgres")
+# Every connection herder opens: a bounded connect, and TCP keepalives so a connection to a
+# vanished server (a partition, a dead host) fails in about half a minute instead of hanging
+# the thread that waits on it.
+POOL_WAIT_SECONDS = 10.0
+CONNECT_OPTIONS: dict[str, Any] = {
+    "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 CHANNEL = "herder"
 _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
 _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
@@ -111,23 +124,75 @@ def _claim_query(limit: int) -> str:
 
 
 class PostgresWaker(Waker):
-    """A dedicated LISTEN connection; woken by NOTIFY from submits, requeues and cancels."""
+    """A dedicated LISTEN connection; woken by NOTIFY from submits, requeues and cancels.
 
-    def __init__(self, url: str) -> None:
-        self._conn = psycopg.connect(url, autocommit=True)
-        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+    It heals itself: a restart or an outage never ends the thread waiting on it. While the
+    connection is down, `wait` sleeps its timeout (the caller's poll interval takes over) and
+    reconnects with backoff; the first wait after a reconnect returns True, since whatever
+    was notified meanwhile is lost.
+    """
+
+    def __init__(self, url: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._url = url
+        self._clock = clock
+        self._conn: psycopg.Connection[Any] | None = None
+        self._backoff = Backoff(base=0.2, cap=10.0)
+        self._next_connect = 0.0
+        self._connect()
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def _connect(self) -> bool:
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            conn = psycopg.connect(self._url, autocommit=True, **CONNECT_OPTIONS)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        except psycopg.Error as exc:
+            if conn is not None:
+                _close_quietly(conn)
+            delay = self._backoff.next()
+            self._next_connect = self._clock() + delay
+            log.warning("LISTEN connection unavailable (%s); retrying in %.1fs",
+                        " ".join(str(exc).split()), delay)
+            return False
+        if self._backoff.failures:
+            log.warning("LISTEN connection is back")
+        self._backoff.reset()
+        self._conn = conn
+        return True
 
     def wait(self, timeout: float) -> bool:
+        if self._conn is None:
+            if self._clock() >= self._next_connect and self._connect():
+                return True
+            time.sleep(max(timeout, 0.0))
+            return False
         woke = False
-        for _ in self._conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
-            woke = True
-        if woke:  # drain what else arrived, so the next wait blocks again
-            for _ in self._conn.notifies(timeout=0.0):
-                pass
+        try:
+            for _ in self._conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
+                woke = True
+            if woke:  # drain what else arrived, so the next wait blocks again
+                for _ in self._conn.notifies(timeout=0.0):
+                    pass
+        except psycopg.Error as exc:
+            log.warning("LISTEN connection lost (%s); reconnecting", " ".join(str(exc).split()))
+            _close_quietly(self._conn)
+            self._conn = None
+            self._connect()
+            return True  # the caller re-reads the store: a notification may be lost
         return woke
 
     def close(self) -> None:
-        self._conn.close()
+        if self._conn is not None:
+            _close_quietly(self._conn)
+            self._conn = None
+
+
+def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        conn.close()
 
 
 class PostgresStore(Store):
@@ -147,8 +212,12 @@ class PostgresStore(Store):
             connection_class=psycopg.Connection[DictRow],
             min_size=1,
             max_size=max(1, max_connections),
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row, **CONNECT_OPTIONS,
+                    "connect_timeout": max(1, int(connect_timeout))},
             configure=_configure,
+            # While the database is down a call fails after this long (StoreUnavailable: the
+            # loops back off, the API answers 503) instead of holding its thread for 30 s.
+            timeout=POOL_WAIT_SECONDS,
             open=False,
             name="herder",
         )
@@ -157,10 +226,28 @@ class PostgresStore(Store):
     def close(self) -> None:
         self._pool.close()
 
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[DictRow]]:
+        """A pooled connection; a database failure (down, restarting, a dropped connection)
+        surfaces as StoreUnavailable. After a restart every idle pooled connection is dead:
+        the first one found dead has the pool check them all, so callers see one error per
+        outage instead of one per pooled connection."""
+        conn: psycopg.Connection[DictRow] | None = None
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            if conn is not None and (conn.closed or conn.broken):
+                with contextlib.suppress(psycopg.Error):
+                    self._pool.check()
+            unavailable = as_unavailable(exc)
+            assert unavailable is not None
+            raise unavailable from exc
+
     # -- schema ---------------------------------------------------------------------------
 
     def schema_version(self) -> int:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute("SELECT to_regclass('herder_schema') AS t").fetchone()
             if row is None or row["t"] is None:
                 return 0
@@ -169,7 +256,7 @@ class PostgresStore(Store):
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS herder_schema (version integer PRIMARY KEY,"
@@ -194,7 +281,7 @@ class PostgresStore(Store):
     def job_insert(
         self, specs: Sequence[JobSpec], now: datetime, force: bool = False
     ) -> list[InsertResult]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             if len(specs) == 1 and not force:
                 # The common case is one statement in autocommit: one round trip, and the
                 # NOTIFY that wakes idle runners rides along in it.
@@ -227,12 +314,12 @@ class PostgresStore(Store):
         return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
 
     def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["job_dedup_holder"], {"dedup_key": dedup_key}).fetchone()
         return None if row is None else (int(row["id"]), JobStatus(row["status"]))
 
     def job_get(self, job_id: int) -> Job | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
         return None if row is None else job_from_row(row)
 
@@ -243,19 +330,19 @@ class PostgresStore(Store):
             "statuses": None if statuses is None else [str(s) for s in statuses],
             "limit": limit,
         }
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["job_list"], params).fetchall()
         return [job_from_row(row) for row in rows]
 
     def job_counts(self) -> dict[JobStatus, int]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["job_counts"]).fetchall()
         return {JobStatus(row["status"]): int(row["count"]) for row in rows}
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         if limit < 1:
             return []
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             cursor = conn.cursor(row_factory=tuple_row)  # a Job is read from each below
             rows = cursor.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
@@ -273,7 +360,7 @@ class PostgresStore(Store):
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
     ) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(
                 Q["attempt_start"],
                 {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
@@ -286,7 +373,7 @@ class PostgresStore(Store):
     ) -> HeartbeatReply:
         if not tokens:
             return HeartbeatReply(frozenset(), frozenset())
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 Q["attempt_heartbeat"],
                 {"job_ids": [t.job_id for t in tokens], "attempts": [t.attempt for t in tokens],
@@ -304,7 +391,7 @@ class PostgresStore(Store):
             return []
         groups = finish_groups(results)
         applied: list[tuple[AttemptToken, JobStatus]] = []
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             cursor = conn.cursor(row_factory=tuple_row)
             # One group is one statement; several are applied together, as on SQLite.
             with conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
@@ -313,7 +400,7 @@ class PostgresStore(Store):
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": now}).fetchone()
             if row is None:
                 return None
@@ -323,12 +410,12 @@ class PostgresStore(Store):
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         if not job_ids:
             return set()
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["job_cancel_requested"], {"job_ids": list(job_ids)}).fetchall()
         return {AttemptToken(int(row["id"]), int(row["attempt"])) for row in rows}
 
     def job_retry(self, job_id: int, now: datetime) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             try:
                 with conn.transaction():
                     row = conn.execute(Q["job_retry"], {"job_id": job_id, "now": now}).fetchone()
@@ -347,59 +434,59 @@ class PostgresStore(Store):
     # -- attempts and events ------------------------------------------------------------------
 
     def attempt_list(self, job_id: int) -> list[Attempt]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["attempt_list"], {"job_id": job_id}).fetchall()
         return [attempt_from_row(row) for row in rows]
 
     def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["attempt_list_live"], {"host": host}).fetchall()
         return [live_attempt_from_row(row) for row in rows]
 
     def event_list(self, job_id: int) -> list[Event]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["event_list"], {"job_id": job_id}).fetchall()
         return [event_from_row(row) for row in rows]
 
     # -- fleet ------------------------------------------------------------------------------
 
     def host_insert(self, host: HostRecord, now: datetime) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["host_insert"], _host_params(host, now)).fetchone()
         return row is not None
 
     def host_update(self, host: HostRecord, now: datetime) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["host_update"], _host_params(host, now)).fetchone()
         return row is not None
 
     def host_get(self, label: str) -> HostRecord | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["host_get"], {"label": label}).fetchone()
         return None if row is None else host_from_row(row)
 
     def host_list(self) -> list[HostRecord]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             return [host_from_row(row) for row in conn.execute(Q["host_list"]).fetchall()]
 
     def host_remove(self, label: str) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
 
     def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["host_heartbeat"], {
                 "label": label, "now": now, "agent_info": Jsonb(dict(agent_info))}).fetchone()
         return row is not None
 
     def host_usage(self, now: datetime) -> dict[str, HostUsage]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["host_usage"], {"now": now}).fetchall()
         return {r["label"]: HostUsage(r["label"], int(r["workers"]), float(r["jobs_gb"]),
                                       float(r["reserved_gb"])) for r in rows}
 
     def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["job_list_due"], {"now": now, "limit": limit}).fetchall()
         return [due_job_from_row(row) for row in rows]
 
@@ -412,7 +499,7 @@ class PostgresStore(Store):
         now: datetime,
     ) -> list[AttemptToken]:
         placed: list[AttemptToken] = []
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             # The host row lock serialises every assigner of this host; capacity is then
             # re-read inside the lock, so a stale plan can never overbook it.
             if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
@@ -437,13 +524,13 @@ class PostgresStore(Store):
         return placed
 
     def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["attempt_list_assigned"],
                                 {"host": host, "limit": limit}).fetchall()
         return [job_from_row(row) for row in rows]
 
     def attempt_set_worker(self, token: AttemptToken, worker: str) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["attempt_set_worker"], {
                 "job_id": token.job_id, "attempt": token.attempt, "worker": worker}).fetchone()
         return row is not None
@@ -461,7 +548,7 @@ class PostgresStore(Store):
         now: datetime,
     ) -> list[Reservation]:
         created: list[Reservation] = []
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
                 return []
             if kind is ReservationKind.CI:
@@ -483,36 +570,36 @@ class PostgresStore(Store):
     def reservation_end(
         self, reservation_id: int, status: ReservationStatus, now: datetime
     ) -> Reservation | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["reservation_end"], {
                 "id": reservation_id, "status": str(status), "now": now,
                 "detail": Jsonb({})}).fetchone()
         return None if row is None else reservation_from_row(row)
 
     def reservation_get(self, reservation_id: int) -> Reservation | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["reservation_get"], {"id": reservation_id}).fetchone()
         return None if row is None else reservation_from_row(row)
 
     def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["reservation_release_ci"],
                                {"owner": owner, "now": now}).fetchone()
         return None if row is None else reservation_from_row(row)
 
     def reservation_list(self, host: str | None = None) -> list[Reservation]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["reservation_list"], {"host": host}).fetchall()
         return [reservation_from_row(row) for row in rows]
 
     def reservation_expire(self, now: datetime) -> int:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             return len(conn.execute(Q["reservation_expire"], {"now": now}).fetchall())
 
     def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
                      host: str | None = None, job_types: frozenset[str] | None = None,
                      priority_floor: int | None = None) -> int:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["token_insert"], {
                 "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
                 "job_types": None if job_types is None else Jsonb(sorted(job_types)),
@@ -521,37 +608,37 @@ class PostgresStore(Store):
         return int(row["id"])
 
     def token_get(self, token_hash: str) -> TokenRecord | None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["token_get"], {"token_hash": token_hash}).fetchone()
         return None if row is None else token_from_row(row)
 
     def token_list(self) -> list[TokenRecord]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             return [token_from_row(row) for row in conn.execute(Q["token_list"]).fetchall()]
 
     def token_revoke(self, token_id: int, now: datetime) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["token_revoke"], {"id": token_id, "now": now}).fetchone()
         return row is not None
 
     def token_revoke_host(self, host: str, now: datetime) -> int:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             return len(conn.execute(Q["token_revoke_host"],
                                     {"host": host, "now": now}).fetchall())
 
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["alert_open"],
                                {"key": key, "message": message, "now": now}).fetchone()
         return row is not None
 
     def alert_clear(self, key: str, now: datetime) -> bool:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["alert_clear"], {"key": key, "now": now}).fetchone()
         return row is not None
 
     def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(Q["alert_list"],
                                 {"open_only": open_only, "limit": limit}).fetchall()
         return [alert_from_row(row) for row in rows]
@@ -562,7 +649,7 @@ class PostgresStore(Store):
     def statistics_refresh(self) -> bool:
         # Autovacuum analyzes too, but only after a naptime; until then a burst of submits
         # into a young table leaves the planner sorting every queued row on each claim.
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(Q["statistics_stale"]).fetchone()
             if row is None or not row["stale"]:
                 return False
@@ -570,7 +657,7 @@ class PostgresStore(Store):
         return True
 
     def notify(self, topic: str) -> None:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))
 
     def listen(self) -> Waker:
@@ -586,27 +673,32 @@ class PostgresLease(Lease):
         self._conn: psycopg.Connection[Any] | None = None
 
     def try_acquire(self) -> bool:
+        """True while held, False while another session holds it; StoreUnavailable when the
+        database cannot be asked (the lease is then not held)."""
         if self._conn is not None:
             try:
                 self._conn.execute("SELECT 1")
                 return True
             except psycopg.Error:
                 self._drop()
+        conn: psycopg.Connection[Any] | None = None
         try:
-            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5)
-        except psycopg.Error:
-            return False
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,)).fetchone()
+            conn = psycopg.connect(self._url, autocommit=True, **CONNECT_OPTIONS)
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,)).fetchone()
+        except psycopg.Error as exc:
+            if conn is not None:
+                _close_quietly(conn)
+            raise StoreUnavailable(
+                f"cannot check the leader lease: {' '.join(str(exc).split())}") from exc
         if row is None or not row[0]:
-            conn.close()
+            _close_quietly(conn)
             return False
         self._conn = conn
         return True
 
     def _drop(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
+            _close_quietly(self._conn)
             self._conn = None
 
     def release(self) -> None:
