@@ -46,7 +46,7 @@ FAST_RUNTIME: dict[str, Any] = {
 FAST_DEFAULTS: dict[str, Any] = {"backoff_base": "0s", "backoff_max": "1s"}
 FAST_FLEET: dict[str, Any] = {
     "scheduler_interval": "0.2s",
-    "missed_heartbeats": 3,
+    "missed_heartbeats": 6,  # liveness: 1.8 s of silence (an idle agent beats every ~0.5 s)
     "spawn_backoff": "1s",
 }
 SCRUBBED_ENV = ("HERDER_DB", "HERDER_CONFIG", "HERDER_API_TOKEN", "HERDER_AGENT_TOKEN",

@@ -9,14 +9,16 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
 from herder.config import Settings
 from herder.model import HostRecord, JobSpec, JobStatus
-from herder.runtime.scheduler import Fleet, Scheduler
+from herder.runtime.coordinator import why
+from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
+from herder.scheduling.health import HostHealth
 from herder.store import open_store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # prime window (night is 20:00–03:00 UTC)
@@ -93,6 +95,34 @@ def test_a_stale_plan_cannot_overbook_because_assign_rechecks_capacity(store):
     store.host_update(HostRecord("a", 40, prime_max_workers=3), NOW)
     assert len(store.job_assign("a", [(j, 3.0) for j in light], 3, 32.0, NOW)) == 1
     assert store.host_usage(NOW)["a"].workers == 3
+
+
+def test_an_agent_host_takes_no_work_after_its_missed_heartbeats_a_push_host_does(store):
+    """Liveness (3 heartbeats of 10 s) applies to hosts whose agent heartbeats; a host that
+    cron heartbeats keeps the display thresholds (healthy for 5 minutes)."""
+    fleet = Fleet.from_settings(Settings())
+    for label in ("agent1", "cron1"):
+        store.host_insert(HostRecord(label, 20, prime_max_workers=2), NOW)
+    store.host_heartbeat("agent1", NOW, {"worker": "agent1/10/20"})
+    store.host_heartbeat("cron1", NOW, {"via": "heartbeat"})
+    job_id, bound = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)), JobSpec(command=("true",), affinity="agent1")], NOW)]
+
+    later = NOW + timedelta(seconds=31)
+    snapshot = take_snapshot(store, fleet, later)
+    assert snapshot.loads["agent1"].agent_down == "agent down: no heartbeat for 31.0s (3 missed)"
+    assert snapshot.loads["agent1"].health is HostHealth.HEALTHY  # for display
+    assert snapshot.loads["cron1"].agent_down is None
+    assert why(store, fleet, bound, later).endswith(
+        "bound to agent1: agent1 agent down: no heartbeat for 31.0s (3 missed)")
+    scheduler = Scheduler(store, fleet)
+    assert scheduler.run_once(later)["placed"] == 1
+    assert store.job_get(job_id).host == "cron1"
+    assert store.job_get(bound).status is JobStatus.QUEUED
+
+    # an agent that said it stopped is not live however fresh its heartbeat
+    store.host_heartbeat("agent1", later, {"worker": "agent1/10/20", "stopped": True})
+    assert take_snapshot(store, fleet, later).loads["agent1"].agent_down == "agent stopped"
 
 
 def test_leader_lease_is_exclusive_and_passes_on_release(store_url):
