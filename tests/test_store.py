@@ -20,6 +20,7 @@ from herder.model import (
     AttemptToken,
     Decision,
     Event,
+    HostRecord,
     Job,
     JobSpec,
     JobStatus,
@@ -936,7 +937,7 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
             ("UPDATE sqlite_sequence SET seq = 10 WHERE name = 'herder_jobs'", ()),
         ])
         monkeypatch.undo()
-        assert store.migrate() == [5]
+        assert store.migrate() == [v for v, _, _ in load_migrations(store.dialect) if v > 4]
 
         job = store.job_get(running)
         assert job is not None
@@ -965,6 +966,38 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
         assert finish(store, token, Outcome.OK, at(8), exit_code=0) == [
             (token, JobStatus.DONE)]
         assert [j.id for j in store.job_list()] == [11, queued, done, running]
+
+
+def test_migration_7_gives_jobs_a_host_to_avoid_and_keeps_them(blank_store_url, monkeypatch):
+    """A v5 database keeps its queued and placed jobs; they start with no host to avoid, and
+    an attempt that ends before it started makes its host the one to avoid, while an
+    attempt that ran does not."""
+    with open_store(blank_store_url, migrate=False) as store:
+        _migrate_up_to(store, monkeypatch, 5)
+        for label in ("h1", "h2"):
+            assert store.host_insert(HostRecord(label, ram_total_gb=16, prime_max_workers=4,
+                                                night_max_workers=4), at(0))
+        placed, started, queued = submit(store, spec(), spec(), spec(), now=at(0))
+        assert {t.job_id for t in store.job_assign("h1", [(placed, 0.0), (started, 0.0)],
+                                                   4, 12.8, at(1))} == {placed, started}
+        assert store.attempt_start(AttemptToken(started, 1), 42, "/logs/1.log", at(2))
+        monkeypatch.undo()
+        assert store.migrate() == [v for v, _, _ in load_migrations(store.dialect) if v > 5]
+
+        assert [(d.id, d.avoid_host) for d in store.job_list_due(at(3), 10)] == [
+            (queued, None)]
+        assert finish(store, AttemptToken(placed, 1), Outcome.REFUSED, at(3))[0][1] is (
+            JobStatus.QUEUED)
+        assert finish(store, AttemptToken(started, 1), Outcome.LOST, at(3))[0][1] is (
+            JobStatus.QUEUED)
+        due = {d.id: d.avoid_host for d in store.job_list_due(at(100), 10)}
+        assert due == {placed: "h1", started: None, queued: None}
+        # the next unstarted end on another host replaces it
+        assert [t.job_id for t in store.job_assign("h2", [(placed, 0.0)], 4, 12.8,
+                                                   at(101))] == [placed]
+        finish(store, AttemptToken(placed, 2), Outcome.LAUNCH_FAILED, at(102))
+        due = {d.id: d.avoid_host for d in store.job_list_due(at(1000), 10)}
+        assert due[placed] == "h2"
 
 
 def test_a_schema_newer_than_the_code_stops_migrate_and_changes_nothing(blank_store_url):

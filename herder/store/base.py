@@ -97,6 +97,8 @@ class DueJob:
     affinity: str | None
     created_at: datetime
     available_at: datetime
+    avoid_host: str | None = None
+    """The last host that failed to start it (placement prefers any other that fits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,7 +618,7 @@ def alert_from_row(row: Mapping[str, Any]) -> Alert:
 
 def due_job_from_row(row: Mapping[str, Any]) -> DueJob:
     return DueJob(int(row["id"]), int(row["priority"]), row["weight"], row["job_type"],
-                  row["affinity"], row["created_at"], row["available_at"])
+                  row["affinity"], row["created_at"], row["available_at"], row["avoid_host"])
 
 
 CAPACITY_EPSILON_GB = 1e-9

@@ -128,6 +128,7 @@ WITH j AS (
         available_at = COALESCE(%(available_at)s::timestamptz, available_at),
         finished_at = CASE WHEN %(next_status)s::text = 'queued' AND NOT cancel_requested
                            THEN NULL ELSE %(now)s END,
+        avoid_host = CASE WHEN started_at IS NULL THEN host ELSE avoid_host END,
         cancel_requested = false,
         updated_at = %(now)s
     WHERE id = ANY(%(job_ids)s::bigint[])
@@ -287,7 +288,7 @@ SELECT (SELECT count(*) FROM herder_jobs
 -- Fleet: placement -------------------------------------------------------------------------
 
 -- name: job_list_due
-SELECT id, priority, weight, job_type, affinity, created_at, available_at
+SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
 FROM herder_jobs
 WHERE status = 'queued' AND available_at <= %(now)s
 ORDER BY priority, id

@@ -107,6 +107,7 @@ UPDATE herder_jobs SET
     available_at = COALESCE(:available_at, available_at),
     finished_at = CASE WHEN :next_status = 'queued' AND NOT cancel_requested
                        THEN NULL ELSE :now END,
+    avoid_host = CASE WHEN started_at IS NULL THEN host ELSE avoid_host END,
     cancel_requested = 0,
     updated_at = :now
 FROM json_each(:tokens) AS t
@@ -248,7 +249,7 @@ SELECT (SELECT count(*) FROM herder_jobs
 -- Fleet: placement -------------------------------------------------------------------------
 
 -- name: job_list_due
-SELECT id, priority, weight, job_type, affinity, created_at, available_at
+SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
 FROM herder_job_records
 WHERE status = 'queued' AND available_at <= :now
 ORDER BY priority, id
