@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from herder.config import Settings
-from herder.model import HostRecord, JobSpec, JobStatus
+from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.runtime.coordinator import why
+from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch
 from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
 from herder.scheduling.health import HostHealth
 from herder.store import open_store
@@ -123,6 +124,41 @@ def test_an_agent_host_takes_no_work_after_its_missed_heartbeats_a_push_host_doe
     # an agent that said it stopped is not live however fresh its heartbeat
     store.host_heartbeat("agent1", later, {"worker": "agent1/10/20", "stopped": True})
     assert take_snapshot(store, fleet, later).loads["agent1"].agent_down == "agent stopped"
+
+
+def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store):
+    """The pickup watch fences an untaken placement (no runner can take it any more), hands
+    it back without spending an attempt, and placement then passes over its host."""
+    fleet = Fleet.from_settings(Settings())
+    for label in ("a", "b"):
+        store.host_insert(HostRecord(label, 20, prime_max_workers=2), NOW)
+        store.host_heartbeat(label, NOW, {"worker": f"{label}/1/2"})
+    untaken, taken = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)), JobSpec(command=("true",))], NOW)]
+    store.job_assign("a", [(untaken, 3.0), (taken, 3.0)], 2, 16.0, NOW)
+    assert store.attempt_set_worker(AttemptToken(taken, 1), "a/1/2")
+    watch = PickupWatch(store, timeout_seconds=25)
+
+    assert watch.run_once(NOW + timedelta(seconds=24)) == {"timed_out": 0, "requeued": 0}
+    later = NOW + timedelta(seconds=25)
+    for label in ("a", "b"):  # both agents still beat: only the pickup says anything
+        store.host_heartbeat(label, later, {"worker": f"{label}/1/2"})
+    assert watch.run_once(later) == {"timed_out": 1, "requeued": 1}
+    # the agent of `a` asking now gets nothing: the placement is fenced and gone
+    assert not store.attempt_set_worker(AttemptToken(untaken, 1), "a/1/2")
+    job = store.job_get(untaken)
+    assert (job.status, job.failures, job.lost, job.available_at) == (
+        JobStatus.QUEUED, 0, 0, later)
+    [ended] = store.attempt_list(untaken)
+    assert (ended.host, ended.worker, ended.outcome) == ("a", PICKUP_FENCE, Outcome.LOST)
+    assert store.job_get(taken).status is JobStatus.CLAIMED  # a runner has it: the lease's
+
+    # b is emptier, but best fit prefers a (fuller): the avoided host is passed over
+    assert why(store, fleet, untaken, later) == (
+        "placed on b, not a: failed to start this job; another host fits")
+    Scheduler(store, fleet).run_once(later)
+    again = store.job_get(untaken)
+    assert (again.host, again.attempt) == ("b", 2)
 
 
 def test_leader_lease_is_exclusive_and_passes_on_release(store_url):

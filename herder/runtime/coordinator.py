@@ -26,7 +26,7 @@ from herder.model import (
     ReservationStatus,
     Transport,
 )
-from herder.runtime.maintenance import Rescuer
+from herder.runtime.maintenance import PickupWatch, Rescuer
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
     Fleet,
@@ -34,6 +34,7 @@ from herder.runtime.scheduler import (
     agent_state,
     expires,
     lease_seconds,
+    pickup_timeout_seconds,
     take_snapshot,
 )
 from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
@@ -159,6 +160,7 @@ class Coordinator:
         runtime = self.settings.runtime
         rescuer = Rescuer(self.store, local_labels, self.lease_seconds, runtime.kill_grace,
                           runtime.max_lost)
+        pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
         interval = self.settings.fleet.scheduler_interval
         next_maintenance = 0.0
         leader_since: float | None = None
@@ -182,6 +184,9 @@ class Coordinator:
                             rescued: dict[str, int] = {}
                             if time.monotonic() - leader_since >= self.lease_seconds:
                                 rescued = rescuer.run_once(now)
+                            # Placements a new leader inherits get one timeout too.
+                            if time.monotonic() - leader_since >= pickup.timeout_seconds:
+                                pickup.run_once(now)  # logs each placement it hands back
                             expired = self.store.reservation_expire(now)
                             self.store.statistics_refresh()
                             if any(rescued.values()) or expired:

@@ -227,5 +227,23 @@ def lease_seconds(settings: Settings, heartbeat_interval: float) -> float:
                settings.fleet.missed_heartbeats * heartbeat_interval)
 
 
+PICKUP_SLACK_SECONDS = 5.0
+"""Room for a poll that queues behind other requests on a loaded server."""
+
+
+def pickup_timeout_seconds(settings: Settings) -> float:
+    """How long a placement may wait for its host's runner to take it.
+
+    A live agent asks for work at least once per heartbeat interval (its long-poll never
+    outlasts the time to its next heartbeat; a gated agent looks again every second), and
+    an open long-poll takes a placement within milliseconds. Two intervals forgive one lost
+    poll; the slack covers a slow request. Past that the host is not taking the job.
+    """
+    configured = settings.fleet.pickup_timeout
+    if configured is not None:
+        return configured
+    return 2 * settings.runtime.heartbeat_interval + PICKUP_SLACK_SECONDS
+
+
 def expires(now: datetime, seconds: float) -> datetime:
     return now + timedelta(seconds=seconds)
