@@ -441,7 +441,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, label: 
         # First, before any thread exists: the guardian that cleans up if this agent dies.
         from herder.runtime.agent import start_guardian
 
-        start_guardian(label, runtime.kill_grace)
+        start_guardian(label, runtime.kill_grace, server=server_url, token=token, ca=ca)
         if not server_url:
             raise InputError("--server", "is required", "pass --server https://host:8470")
         if not token:

@@ -1047,3 +1047,26 @@ def test_postgres_finish_of_several_groups_is_all_or_nothing(postgres_url, monke
         monkeypatch.undo()
         assert len(store.attempt_finish(
             [AttemptResult(first.token, Outcome.OK, 0, Decision(JobStatus.DONE))], at(2))) == 1
+
+
+def test_host_agent_gone_marks_only_the_dead_workers_agent_stopped(store):
+    """The guardian's report stops the host only while its dead worker is the last one
+    heard from: a new agent that heartbeated meanwhile is left alone."""
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    store.host_heartbeat("h1", at(1), {"worker": "h1/10/1", "gate": {"weights": None}})
+    assert not store.host_agent_gone("h1", "h1/99/1")
+    assert not store.host_agent_gone("nowhere", "h1/10/1")
+    assert store.host_agent_gone("h1", "h1/10/1")
+    host = store.host_get("h1")
+    assert host is not None and host.last_heartbeat == at(1)
+    assert dict(host.agent_info) == {"worker": "h1/10/1", "gate": {"weights": None},
+                                     "stopped": True, "gone": "h1/10/1"}
+    store.host_heartbeat("h1", at(2), {"worker": "h1/11/1"})
+    assert not store.host_agent_gone("h1", "h1/10/1")
+    host = store.host_get("h1")
+    assert host is not None and dict(host.agent_info) == {"worker": "h1/11/1"}
+    # a clean stop stays a clean stop
+    store.host_heartbeat("h1", at(3), {"worker": "h1/11/1", "stopped": True})
+    assert not store.host_agent_gone("h1", "h1/11/1")
+    store.host_heartbeat("h1", at(4), {"worker": "h1/12/1", "stopped": False})
+    assert store.host_agent_gone("h1", "h1/12/1")

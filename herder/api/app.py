@@ -233,6 +233,13 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                          for a in attempts],
         }
 
+    @app.post("/api/v1/agent/{label}/gone")
+    async def agent_gone(label: AgentHost, worker: str) -> dict[str, Any]:
+        """A dead agent's guardian, once it has killed the agent's jobs: their attempts are
+        lost now (not after the lease) and the host takes no work until an agent beats."""
+        check_worker(label, worker)
+        return await call(coordinator.agent_gone, label, worker)
+
     @app.get("/api/v1/agent/{label}/assignments")
     async def assignments(label: AgentHost, worker: str, request: Request, free: int = 1,
                           wait: float = 0.0) -> dict[str, Any]:

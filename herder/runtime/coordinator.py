@@ -26,7 +26,7 @@ from herder.model import (
     ReservationStatus,
     Transport,
 )
-from herder.runtime.maintenance import PickupWatch, Rescuer
+from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
     Fleet,
@@ -297,6 +297,23 @@ class Coordinator:
             [AttemptResult(token, outcome, exit_code, result.decision)], now)
         self.poke()
         return applied[0][1] if applied else None
+
+    def agent_gone(self, label: str, worker: str) -> dict[str, int]:
+        """An agent died and its guardian killed its jobs' processes: keep new work off the
+        host until an agent heartbeats again, then declare that worker's attempts lost at
+        once. Fenced by worker id, so a new agent of the host keeps its attempts."""
+        now = utcnow()
+        stopped = self.store.host_agent_gone(label, worker)
+        results = [lost_result(live, now, self.settings.runtime.max_lost)
+                   for live in self.store.attempt_list_live(label)
+                   if live.attempt.worker == worker]
+        applied = self.store.attempt_finish(results, now)
+        if applied:
+            self.poke()
+        log.warning("agent %s of %s is gone (its guardian says): %d attempt(s) lost%s", worker,
+                    label, len(applied),
+                    "" if stopped else "; it had stopped cleanly or a newer agent heartbeats")
+        return {"lost": len(applied), "host_stopped": int(stopped)}
 
     def live_tokens(self, label: str) -> set[AttemptToken]:
         return {live.attempt.token for live in self.store.attempt_list_live(label)}

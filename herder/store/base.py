@@ -242,6 +242,12 @@ class Store(abc.ABC):
     def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool: ...
 
     @abc.abstractmethod
+    def host_agent_gone(self, label: str, worker: str) -> bool:
+        """Mark the host's agent gone (stopped) while `worker` is the last one that
+        heartbeated; False when another agent has heartbeated since, the agent stopped
+        cleanly, or there is no such host."""
+
+    @abc.abstractmethod
     def host_usage(self, now: datetime) -> dict[str, HostUsage]: ...
 
     @abc.abstractmethod

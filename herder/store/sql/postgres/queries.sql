@@ -262,6 +262,16 @@ SELECT token_hash FROM herder_hosts WHERE label = %(label)s;
 UPDATE herder_hosts SET last_heartbeat = %(now)s, agent_info = %(agent_info)s
 WHERE label = %(label)s RETURNING label;
 
+-- name: host_agent_gone
+-- The host's agent died (its guardian said so): not live until an agent heartbeats again.
+-- Only while the dead worker is the last one heard from, so a new agent is left alone, and
+-- not after a clean stop (the agent said so itself).
+UPDATE herder_hosts
+SET agent_info = agent_info || jsonb_build_object('stopped', true, 'gone', %(worker)s::text)
+WHERE label = %(label)s AND agent_info ->> 'worker' = %(worker)s
+  AND agent_info -> 'stopped' IS DISTINCT FROM 'true'::jsonb
+RETURNING label;
+
 -- name: host_usage
 SELECT h.label,
        coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,

@@ -223,6 +223,16 @@ SELECT token_hash FROM herder_hosts WHERE label = :label;
 UPDATE herder_hosts SET last_heartbeat = :now, agent_info = :agent_info
 WHERE label = :label RETURNING label;
 
+-- name: host_agent_gone
+-- The host's agent died (its guardian said so): not live until an agent heartbeats again.
+-- Only while the dead worker is the last one heard from, so a new agent is left alone, and
+-- not after a clean stop (the agent said so itself).
+UPDATE herder_hosts SET agent_info = json_set(agent_info, '$.stopped', json('true'),
+                                              '$.gone', :worker)
+WHERE label = :label AND json_extract(agent_info, '$.worker') = :worker
+  AND NOT coalesce(json_extract(agent_info, '$.stopped'), 0)
+RETURNING label;
+
 -- name: host_usage
 SELECT h.label,
        coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
