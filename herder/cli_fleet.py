@@ -62,8 +62,9 @@ def hosts(state: State, as_json: bool) -> None:
     for view in views:
         condition = "drained" if not view["enabled"] else (
             f"agent {view['agent']}" if view["agent"] else "enabled")
+        health = f"{view['health']}, not live" if view.get("agent_down") else view["health"]
         table.add_row(view["label"], condition,
-                      view["health"], view["transport"], view["window"],
+                      health, view["transport"], view["window"],
                       f"{view['workers']}/{view['max_workers']}", view["max_weight"] or "any",
                       f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
     Console().print(table)

@@ -215,7 +215,9 @@ def test_a_crashed_agents_jobs_run_elsewhere_on_its_guardians_word(make_fleet, t
     assert "of alpha is gone (its guardian says): 1 attempt(s) lost" in server, server
     assert "declared lost" not in server  # not the lease rescue
     # alpha takes nothing until an agent of it heartbeats again
-    assert fleet.hosts_api()["alpha"]["agent"] == "stopped"
+    view = fleet.hosts_api()["alpha"]
+    assert (view["agent"], view["agent_down"]) == (
+        "stopped", "agent gone: its guardian reported it dead")
     done = fleet.wait_status(job_id, JobStatus.DONE)
     assert (done.attempt, done.lost, done.host) == (2, 1, "beta")
     assert read_lines(overlap) == []
@@ -278,6 +280,8 @@ def test_a_dead_host_gets_no_new_work_and_its_jobs_run_elsewhere(make_fleet, tmp
     assert late == [], late
     assert fleet.job(bound).status is JobStatus.QUEUED
     assert "bound to alpha: alpha agent down: no heartbeat for" in fleet.why_api(bound)
+    view = fleet.hosts_api()["alpha"]
+    assert view["agent_down"].startswith("agent down: no heartbeat for"), view
     assert read_lines(overlap) == []
 
 

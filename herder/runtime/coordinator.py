@@ -388,6 +388,7 @@ def host_view(fleet: Fleet, host: HostRecord, usage: Any, now: datetime) -> dict
         "label": host.label, "enabled": host.enabled, "agent": agent_state(host),
         "transport": str(host.transport),
         "health": str(fleet.health(host, now)), "last_heartbeat": iso(host.last_heartbeat),
+        "agent_down": fleet.agent_down(host, now),
         "ram_total_gb": host.ram_total_gb, "ram_reserved_gb": host.ram_reserved_gb,
         "bookable_gb": round(bookable, 3), "booked_gb": round(booked, 3),
         "free_gb": round(bookable - booked, 3), "cpus": host.cpus,
