@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from herder.config import Settings
+from herder.config import Config, Settings
 from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
-from herder.runtime.coordinator import why
+from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch
 from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
 from herder.scheduling.health import HostHealth
@@ -159,6 +159,36 @@ def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store)
     Scheduler(store, fleet).run_once(later)
     again = store.job_get(untaken)
     assert (again.host, again.attempt) == ("b", 2)
+
+
+def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(store, tmp_path):
+    """The guardian's report (Coordinator.agent_gone) declares the dead worker's attempts
+    lost at once, hands back what nobody took, leaves another worker's attempt alone and
+    keeps placement off the host until an agent heartbeats again."""
+    coordinator = Coordinator(store, Config(Settings(), tmp_path / "herder.toml"), "server")
+    store.host_insert(HostRecord("a", 40, prime_max_workers=4), NOW)
+    dead, other = "a/10/1", "a/11/1"
+    store.host_heartbeat("a", NOW, {"worker": dead})
+    mine, theirs, untaken = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)) for _ in range(3)], NOW)]
+    store.job_assign("a", [(mine, 3.0), (theirs, 3.0), (untaken, 3.0)], 4, 32.0, NOW)
+    for job_id, worker in ((mine, dead), (theirs, other)):
+        assert store.attempt_set_worker(AttemptToken(job_id, 1), worker)
+        assert store.attempt_start(AttemptToken(job_id, 1), 100 + job_id, "/log", NOW)
+
+    assert coordinator.agent_gone("a", dead) == {"lost": 1, "host_stopped": 1,
+                                                 "handed_back": 1}
+    assert [store.job_get(j).status for j in (mine, theirs, untaken)] == [
+        JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.QUEUED]
+    assert store.job_get(mine).lost == 1 and store.job_get(untaken).lost == 0
+    now = datetime.now(UTC)
+    assert take_snapshot(store, coordinator.fleet, now).loads["a"].agent_down == (
+        "agent gone: its guardian reported it dead")
+    # a report about a worker that is not the host's last one changes no host
+    store.host_heartbeat("a", now, {"worker": "a/12/1"})
+    assert coordinator.agent_gone("a", dead) == {"lost": 0, "host_stopped": 0,
+                                                 "handed_back": 0}
+    assert take_snapshot(store, coordinator.fleet, now).loads["a"].agent_down is None
 
 
 def test_leader_lease_is_exclusive_and_passes_on_release(store_url):

@@ -308,12 +308,15 @@ class Coordinator:
                    for live in self.store.attempt_list_live(label)
                    if live.attempt.worker == worker]
         applied = self.store.attempt_finish(results, now)
-        if applied:
+        # Placements nobody took yet wait for no one while the host has no agent.
+        handed_back = PickupWatch(self.store, 0.0).run_once(now, label) if stopped else {}
+        if applied or handed_back.get("timed_out"):
             self.poke()
         log.warning("agent %s of %s is gone (its guardian says): %d attempt(s) lost%s", worker,
                     label, len(applied),
                     "" if stopped else "; it had stopped cleanly or a newer agent heartbeats")
-        return {"lost": len(applied), "host_stopped": int(stopped)}
+        return {"lost": len(applied), "host_stopped": int(stopped),
+                "handed_back": handed_back.get("timed_out", 0)}
 
     def live_tokens(self, label: str) -> set[AttemptToken]:
         return {live.attempt.token for live in self.store.attempt_list_live(label)}

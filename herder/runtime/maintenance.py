@@ -123,8 +123,9 @@ class PickupWatch:
         self.store = store
         self.timeout_seconds = timeout_seconds
 
-    def run_once(self, now: datetime) -> dict[str, int]:
-        overdue = pickup_overdue(self.store.attempt_list_live(), now, self.timeout_seconds)
+    def run_once(self, now: datetime, host: str | None = None) -> dict[str, int]:
+        """Hand back the overdue placements (of one host, or of all)."""
+        overdue = pickup_overdue(self.store.attempt_list_live(host), now, self.timeout_seconds)
         results: list[AttemptResult] = []
         for item in overdue:
             # Fence first: a runner taking it at this very moment either got it (and this
