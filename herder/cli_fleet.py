@@ -72,8 +72,9 @@ def hosts(state: State, as_json: bool) -> None:
     for view in views:
         condition = "drained" if not view["enabled"] else (
             f"agent {view['agent']}" if view["agent"] else "enabled")
+        health = f"{view['health']}, not live" if view.get("agent_down") else view["health"]
         table.add_row(view["label"], condition,
-                      view["health"], view["transport"], view["window"],
+                      health, view["transport"], view["window"],
                       f"{view['workers']}/{view['max_workers']}", view["max_weight"] or "any",
                       f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
     Console().print(table)
@@ -630,7 +631,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # First, before any thread exists: the guardian that cleans up if this agent dies.
         from herder.runtime.agent import start_guardian
 
-        start_guardian(label, runtime.kill_grace)
+        start_guardian(label, runtime.kill_grace, server=server_url, token=secret, ca=ca)
         client = ServerClient(server_url, secret, label, verify=ca or True)
         source = HttpSource(
             client, LocalGate(_names(job_types), _names(weights), priority_floor),

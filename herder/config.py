@@ -265,6 +265,9 @@ class FleetSection(_Strict):
     spawn_backoff: Duration = 300.0
     scheduler_interval: Duration = 1.0
     missed_heartbeats: int = Field(default=3, ge=1)
+    pickup_timeout: Duration | None = None
+    """A placement no runner has taken by then goes back to the queue (None: 2 heartbeat
+    intervals + 5 s, see herder.runtime.scheduler.pickup_timeout_seconds)."""
     reservation_ttl: Duration = 10800.0
     ci_slot_ttl: Duration = 28800.0
     ssh_command: list[str] = Field(default_factory=lambda: ["ssh"])
@@ -278,6 +281,13 @@ class FleetSection(_Strict):
             return [[step[0], None if step[1] in ("", "any") else step[1]]
                     if isinstance(step, list | tuple) and len(step) == 2 else step
                     for step in value]
+        return value
+
+    @field_validator("pickup_timeout")
+    @classmethod
+    def _pickup_timeout(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be greater than zero (or left out for the default)")
         return value
 
     @field_validator("strategy")

@@ -48,7 +48,7 @@ FAST_RUNTIME: dict[str, Any] = {
 FAST_DEFAULTS: dict[str, Any] = {"backoff_base": "0s", "backoff_max": "1s"}
 FAST_FLEET: dict[str, Any] = {
     "scheduler_interval": "0.2s",
-    "missed_heartbeats": 3,
+    "missed_heartbeats": 6,  # liveness: 1.8 s of silence (an idle agent beats every ~0.5 s)
     "spawn_backoff": "1s",
 }
 SCRUBBED_ENV = ("HERDER_DB", "HERDER_CONFIG", "HERDER_API_TOKEN", "HERDER_AGENT_TOKEN",
@@ -511,8 +511,42 @@ class FleetHarness:
         wait_for(ready, 30, f"agent {label} to be up", self.describe)
 
     def kill_agent(self, label: str, sig: int = signal.SIGKILL) -> None:
-        """Signal the agent's process group only (its jobs run in sessions of their own)."""
+        """Signal the agent's process group only (its jobs run in sessions of their own, and
+        so does its guardian, which outlives it on purpose)."""
         kill_group(self.agents[label], sig)
+
+    def guardian(self, label: str) -> Proc:
+        """The agent's guardian: the child it forked first, in a session of its own, with
+        the agent's own command line (job processes carry a marker instead)."""
+        agent = self.agents[label]
+        argv = _argv(agent.pid)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            pid = int(entry)
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    parent = int(handle.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            start = process_start_time(pid)
+            if (parent == agent.pid and _argv(pid) == argv and start is not None
+                    and TOKEN_VARIABLE not in _environ(pid)):
+                return Proc(pid, start, "", argv)
+        raise AssertionError(f"agent {label} has no guardian\n{self.describe()}")
+
+    def kill_host(self, label: str) -> None:
+        """The whole host dies at once: its guardian, its agent and its job processes, all
+        with SIGKILL (the guardian first, so nothing is left to report it)."""
+        guardian = self.guardian(label)
+        os.kill(guardian.pid, signal.SIGKILL)
+        kill_group(self.agents[label])
+        for proc in job_processes(self.root / "agents" / label):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: not guardian.alive()
+                 and not job_processes(self.root / "agents" / label), 10,
+                 f"everything of host {label} to be dead", self.describe)
 
     def job_processes(self, job_id: int | None = None) -> list[Proc]:
         found = job_processes(self.root)

@@ -56,7 +56,7 @@ def test_past_the_drain_deadline_running_jobs_are_handed_back(make_fleet, tmp_pa
     assert job.failures == 0 and job.lost == 1
     assert not [p for p in processes if p.alive()], "handed back means stopped"
     # The stopped agent said so with its last heartbeat: nothing is placed on d2 any more.
-    wait_for(lambda: "d2 disabled" in fleet.why_api(job_id), 10,
+    wait_for(lambda: "d2 agent stopped" in fleet.why_api(job_id), 10,
              "why to say the stopped host takes no work", fleet.describe)
     assert [a.outcome for a in fleet.attempts(job_id)] == [Outcome.LOST]
 

@@ -45,6 +45,30 @@ def alive(procs: list[Proc]) -> list[Proc]:
     return [proc for proc in procs if proc.alive()]
 
 
+def hanging_job(fleet: FleetHarness, tmp_path: Path) -> tuple[int, Path, Path]:
+    """A job whose first attempt hangs (under the overlap lock), once that attempt started.
+    Returns the job id, its recorder's events file and its overlap file."""
+    events, lock, overlap = tmp_path / "events", tmp_path / "lock", tmp_path / "overlap"
+    job_id = fleet.submit(recorder(events, FIRST_ATTEMPT_HANGS, lock, overlap),
+                          max_attempts=100)
+    wait_for(lambda: started_line(events, job_id, 1), 20, "attempt 1 to start", fleet.describe)
+    return job_id, events, overlap
+
+
+def hanging_job_on_alpha(fleet: FleetHarness, tmp_path: Path) -> tuple[int, Path, Path]:
+    """alpha (32 GB) and beta (8 GB, so best fit prefers it once both are up) are added,
+    only alpha's agent runs, and a `hanging_job` has started there."""
+    fleet.add_hosts({
+        "alpha": ("--ram", "32", "--prime-workers", "2", "--night-workers", "2"),
+        "beta": ("--ram", "8", "--prime-workers", "1", "--night-workers", "1"),
+    })
+    fleet.start_server(wait=False)
+    fleet.start_agent("alpha")
+    job_id, events, overlap = hanging_job(fleet, tmp_path)
+    assert fleet.job(job_id).host == "alpha"
+    return job_id, events, overlap
+
+
 # -- 5. kill -9 of an agent -------------------------------------------------------------------
 
 
@@ -58,18 +82,7 @@ def test_kill9_agent_jobs_are_requeued_and_rerun_elsewhere(make_fleet, tmp_path,
     session) kills them as soon as the agent dies, within kill_grace, well inside the
     lease. The flock records any overlap."""
     fleet = make_fleet(tmp_path, store_url)
-    fleet.add_hosts({
-        "alpha": ("--ram", "32", "--prime-workers", "2", "--night-workers", "2"),
-        # Smaller, so best fit prefers it once both are up: the rerun goes to beta.
-        "beta": ("--ram", "8", "--prime-workers", "1", "--night-workers", "1"),
-    })
-    fleet.start_server(wait=False)
-    fleet.start_agent("alpha")
-    events, lock, overlap = tmp_path / "events", tmp_path / "lock", tmp_path / "overlap"
-    job_id = fleet.submit(recorder(events, FIRST_ATTEMPT_HANGS, lock, overlap),
-                          max_attempts=100)
-    wait_for(lambda: started_line(events, job_id, 1), 20, "attempt 1 to start", fleet.describe)
-    assert fleet.job(job_id).host == "alpha"
+    job_id, events, overlap = hanging_job_on_alpha(fleet, tmp_path)
     survivors = fleet.job_processes(job_id)
     assert survivors and {p.attempt for p in survivors} == {1}, survivors
     fleet.start_agent("beta")
@@ -114,32 +127,36 @@ def test_kill9_agent_jobs_are_requeued_and_rerun_elsewhere(make_fleet, tmp_path,
 @pytest.mark.slow
 def test_agent_restarted_within_the_lease_kills_survivors_before_the_rerun(
         make_fleet, tmp_path, sqlite_url):
-    """The agent's guardian kills the dead agent's job processes at once; when the agent
-    comes back before the lease runs out, it reports the dead agent's attempt lost itself
-    (the server's lease rescue is not needed), and the rerun never overlaps."""
+    """The agent's guardian kills the dead agent's job processes at once and reports the
+    agent gone, so the server declares its attempt lost without waiting for the lease (or
+    for the restarted agent); the rerun waits for an agent of the host and never
+    overlaps."""
     fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": "8s"})
     fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
     fleet.start_agent("alpha")
-    events, lock, overlap = tmp_path / "events", tmp_path / "lock", tmp_path / "overlap"
-    job_id = fleet.submit(recorder(events, FIRST_ATTEMPT_HANGS, lock, overlap),
-                          max_attempts=100)
-    wait_for(lambda: started_line(events, job_id, 1), 20, "attempt 1 to start", fleet.describe)
+    job_id, _events, overlap = hanging_job(fleet, tmp_path)
     survivors = fleet.job_processes(job_id)
     assert survivors
 
     fleet.kill_agent("alpha")
     wait_for(lambda: not alive(survivors), 10,
              "the dead agent's guardian to kill its job processes", fleet.describe)
+    first = wait_for(lambda: (a := attempt_of(fleet, job_id, 1)) and a.outcome and a, 10,
+                     "the guardian's report to end attempt 1", fleet.describe)
+    assert first.outcome is Outcome.LOST
+    # Nothing is placed on alpha while its agent is known dead.
+    holds_for(lambda: fleet.job(job_id).status is JobStatus.QUEUED, 1.0,
+              "the job to wait for a live agent on alpha", fleet.describe)
+    assert "agent gone" in fleet.why_api(job_id)
     fleet.start_agent("alpha")
     done = fleet.wait_status(job_id, JobStatus.DONE)
-    restarted = fleet.stderr_of(fleet.agents["alpha"])
-    assert f"attempt {job_id}.1 belonged to a dead agent" in restarted, restarted
-    first = attempt_of(fleet, job_id, 1)
-    assert first is not None and first.outcome is Outcome.LOST
-    # Declared lost by the restarted agent's report, not by the server's lease rescue.
-    assert f"attempt {job_id}.1 reported: queued" in fleet.stderr_of(fleet.agents["alpha"])
+    # Declared lost on the guardian's word, not by the server's lease rescue, nor by the
+    # restarted agent (the attempt was over when it came).
+    assert "of alpha is gone (its guardian says): 1 attempt(s) lost" in fleet.stderr_of(
+        fleet.server)
     assert "declared lost" not in fleet.stderr_of(fleet.server)
+    assert "belonged to a dead agent" not in fleet.stderr_of(fleet.agents["alpha"])
     assert (done.attempt, done.lost, done.host) == (2, 1, "alpha")
     assert read_lines(overlap) == []
 
@@ -147,14 +164,16 @@ def test_agent_restarted_within_the_lease_kills_survivors_before_the_rerun(
 @pytest.mark.slow
 def test_dead_agents_pending_long_poll_does_not_swallow_a_job(make_fleet, tmp_path,
                                                                sqlite_url):
-    """An idle agent dies with -9 while its long-poll for assignments is open on the server
-    (heartbeat 30 s: the poll waits the full 25 s long_poll). A job placed on its host right
-    then must go to the host's next agent, not to the dead one's request."""
-    fleet = make_fleet(tmp_path, sqlite_url, runtime={"heartbeat_interval": "30s"})
+    """An idle host dies with -9 (agent and guardian, so nobody tells the server) while its
+    agent's long-poll for assignments is open on the server (heartbeat 30 s: the poll waits
+    the full 25 s long_poll). A job placed on its host right then must go to the host's
+    next agent, not to the dead one's request."""
+    fleet = make_fleet(tmp_path, sqlite_url, runtime={"heartbeat_interval": "30s"},
+                       fleet={"pickup_timeout": "60s"})
     fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
     first = fleet.start_agent("alpha")
-    fleet.kill_agent("alpha")
+    fleet.kill_host("alpha")
     events = tmp_path / "events"
     job_id = fleet.submit(recorder(events, body="true"))
     wait_for(lambda: fleet.job(job_id).status is JobStatus.CLAIMED, 10, "the job to be placed",
@@ -164,6 +183,106 @@ def test_dead_agents_pending_long_poll_does_not_swallow_a_job(make_fleet, tmp_pa
     assert (done.attempt, done.lost) == (1, 0), fleet.describe()
     worker = attempt_of(fleet, job_id, 1).worker
     assert worker.startswith(f"alpha/{second.pid}/"), (worker, first.pid, second.pid)
+
+
+# -- 6. a dead host is noticed in heartbeats, not minutes --------------------------------------
+
+
+def start_time(events: Path, job_id: int, attempt: int) -> float | None:
+    return next((i.start for i in read_intervals(events)
+                 if (i.job, i.attempt) == (job_id, attempt)), None)
+
+
+@pytest.mark.slow
+def test_a_crashed_agents_jobs_run_elsewhere_on_its_guardians_word(make_fleet, tmp_path,
+                                                                  store_url):
+    """alpha's agent dies with -9 while a job runs there; its guardian lives. The guardian
+    kills the job's processes and tells the server, which declares the attempt lost and
+    reruns it on beta at once: long before the 30 s lease could have, never overlapping."""
+    fleet = make_fleet(tmp_path, store_url, runtime={"attempt_lease": "30s"})
+    job_id, events, overlap = hanging_job_on_alpha(fleet, tmp_path)
+    fleet.start_agent("beta")
+
+    killed = time.time()
+    fleet.kill_agent("alpha")
+    rerun = wait_for(lambda: start_time(events, job_id, 2), 20,
+                     "attempt 2 to start after the crash", fleet.describe)
+    recovery = rerun - killed
+    print(f"crashed agent, guardian alive: job running again {recovery:.2f}s after the kill")
+    assert attempt_of(fleet, job_id, 2).host == "beta"
+    assert recovery < 15, f"{recovery:.1f}s: the guardian's report should beat the 30 s lease"
+    server = fleet.stderr_of(fleet.server)
+    assert "of alpha is gone (its guardian says): 1 attempt(s) lost" in server, server
+    assert "declared lost" not in server  # not the lease rescue
+    # alpha takes nothing until an agent of it heartbeats again
+    view = fleet.hosts_api()["alpha"]
+    assert (view["agent"], view["agent_down"]) == (
+        "stopped", "agent gone: its guardian reported it dead")
+    done = fleet.wait_status(job_id, JobStatus.DONE)
+    assert (done.attempt, done.lost, done.host) == (2, 1, "beta")
+    assert read_lines(overlap) == []
+
+
+@pytest.mark.slow
+def test_a_dead_host_gets_no_new_work_and_its_jobs_run_elsewhere(make_fleet, tmp_path,
+                                                                 store_url):
+    """The whole of alpha dies with -9 (guardian, agent, jobs: nobody tells the server)
+    while a job runs there. Jobs submitted right then still go to alpha (it has not missed
+    its heartbeats yet), are never picked up and come back after the pickup timeout,
+    without spending an attempt, to run on beta; the running job runs on beta after its
+    lease. Nothing is placed on alpha once it has missed its heartbeats."""
+    heartbeat, missed, lease = 0.3, 10, 4.0
+    fleet = make_fleet(tmp_path, store_url, runtime={"attempt_lease": f"{lease}s"},
+                       fleet={"missed_heartbeats": missed, "pickup_timeout": "1.5s"})
+    fleet.add_hosts({
+        # Best fit packs the fuller host: alpha, while it counts as live.
+        "alpha": ("--ram", "16", "--prime-workers", "4", "--night-workers", "4"),
+        "beta": ("--ram", "32", "--prime-workers", "4", "--night-workers", "4"),
+    })
+    fleet.start_server(wait=False)
+    fleet.start_agents("alpha", "beta")
+    running, events, overlap = hanging_job(fleet, tmp_path)
+    assert fleet.job(running).host == "alpha"
+
+    killed = time.time()
+    fleet.kill_host("alpha")
+    placed = [fleet.submit(recorder(events, "sleep 0.3"), max_attempts=1) for _ in range(2)]
+    bound = fleet.submit(["true"], affinity="alpha")
+    for job_id in [running, *placed]:
+        fleet.wait_status(job_id, JobStatus.DONE, timeout=60)
+    recovery = start_time(events, running, 2)
+    assert recovery is not None
+    recovery -= killed
+    print(f"dead host: its running job ran again {recovery:.2f}s after the kill "
+          f"(bound: 2 heartbeats + lease = {2 * heartbeat + lease:.1f}s)")
+    assert recovery < 2 * heartbeat + lease + 10, f"{recovery:.1f}s"
+
+    def alpha_attempts(job_id: int) -> list:
+        return [a for a in fleet.attempts(job_id) if a.host == "alpha"]
+
+    for job_id in placed:
+        done = fleet.job(job_id)
+        # max_attempts 1: a pickup timeout spends nothing, or the job would have failed
+        assert (done.host, done.failures, done.lost) == ("beta", 0, 0), fleet.describe()
+        assert all(a.started_at is None and a.outcome is Outcome.LOST
+                   and a.worker == "pickup-timeout" for a in alpha_attempts(job_id))
+    assert any(alpha_attempts(job_id) for job_id in placed), (
+        "no job was placed on alpha before it missed its heartbeats: the case is untested\n"
+        + fleet.describe())
+    assert (attempt_of(fleet, running, 2).host, fleet.job(running).lost) == ("beta", 1)
+
+    # Nothing was placed on alpha after it had missed its heartbeats (a scheduler cycle of
+    # slack), and a job bound to it says why it waits.
+    last = fleet.store.host_get("alpha").last_heartbeat
+    window = missed * heartbeat
+    late = [a for job_id in [running, *placed, bound] for a in alpha_attempts(job_id)
+            if (a.claimed_at - last).total_seconds() > window + 1.0]
+    assert late == [], late
+    assert fleet.job(bound).status is JobStatus.QUEUED
+    assert "bound to alpha: alpha agent down: no heartbeat for" in fleet.why_api(bound)
+    view = fleet.hosts_api()["alpha"]
+    assert view["agent_down"].startswith("agent down: no heartbeat for"), view
+    assert read_lines(overlap) == []
 
 
 # -- 7. server restart --------------------------------------------------------------------------

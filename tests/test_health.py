@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.scheduling.health import HealthThresholds, HostHealth, accepts_work, host_health
+from herder.scheduling.health import (
+    HealthThresholds,
+    HostHealth,
+    Liveness,
+    accepts_work,
+    agent_down,
+    host_health,
+)
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
 
@@ -52,3 +59,47 @@ def test_health_only_worsens_with_age(first, second):
     young = host_health(NOW - timedelta(seconds=younger), NOW)
     old = host_health(NOW - timedelta(seconds=older), NOW)
     assert order.index(young) <= order.index(old)
+
+
+# -- liveness of hosts whose agent heartbeats ---------------------------------------------
+
+LIVENESS = Liveness(heartbeat_interval_seconds=10, missed_heartbeats=3)
+
+
+@pytest.mark.parametrize(
+    ("age_seconds", "live"),
+    [(0, True), (29.9, True), (30, False), (299, False), (-30, True)],
+)
+def test_an_agent_is_live_until_it_misses_its_heartbeats(age_seconds, live):
+    down = agent_down(NOW - timedelta(seconds=age_seconds), {"worker": "a/1/2"}, NOW, LIVENESS)
+    assert (down is None) is live
+    if not live:
+        assert down == f"agent down: no heartbeat for {age_seconds:.1f}s (3 missed)"
+    # the display health still says healthy: the cron-era thresholds are far longer
+    assert host_health(NOW - timedelta(seconds=age_seconds), NOW) is HostHealth.HEALTHY
+
+
+def test_an_agent_that_stopped_or_was_reported_gone_is_not_live_however_fresh():
+    fresh = NOW - timedelta(seconds=1)
+    assert agent_down(fresh, {"stopped": True}, NOW, LIVENESS) == "agent stopped"
+    assert agent_down(fresh, {"stopped": True, "gone": "a/1/2"}, NOW, LIVENESS) == (
+        "agent gone: its guardian reported it dead")
+    assert agent_down(None, {}, NOW, LIVENESS) == "agent never heartbeated"
+
+
+def test_an_agent_advertising_a_slower_heartbeat_gets_its_own_window():
+    info = {"heartbeat_interval": 30}
+    assert agent_down(NOW - timedelta(seconds=60), info, NOW, LIVENESS) is None
+    assert agent_down(NOW - timedelta(seconds=90), info, NOW, LIVENESS) is not None
+    # a faster or malformed one never shortens the server's window
+    for odd in (1, True, "30", None):
+        assert agent_down(NOW - timedelta(seconds=20), {"heartbeat_interval": odd}, NOW,
+                          LIVENESS) is None
+
+
+@given(st.floats(-1e6, 1e7), st.floats(-1e6, 1e7))
+def test_liveness_only_worsens_with_age(first, second):
+    younger, older = sorted((first, second))
+    young = agent_down(NOW - timedelta(seconds=younger), {}, NOW, LIVENESS)
+    old = agent_down(NOW - timedelta(seconds=older), {}, NOW, LIVENESS)
+    assert young is None or old is not None

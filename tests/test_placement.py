@@ -107,6 +107,52 @@ def test_a_host_without_a_load_entry_counts_as_unknown():
     assert only_rejection(plan, 1).reason is Reason.HEALTH
 
 
+def test_a_host_whose_agent_is_down_gets_nothing_and_why_says_so():
+    loads = idle(BMS4, LAP1)
+    loads["bms-4"] = replace(loads["bms-4"], agent_down="agent down: no heartbeat for 31.0s")
+    plan = place(snap([job(1)], [BMS4, LAP1], loads))
+    assert placed(plan) == {1: "lap1"}
+    plan = place(snap([job(1, affinity="bms-4")], [BMS4, LAP1], loads))
+    assert reasons(plan, 1)["bms-4"] is Reason.AGENT_DOWN
+    assert explain(1, plan, snap([job(1, affinity="bms-4")], [BMS4, LAP1], loads)).endswith(
+        "bound to bms-4: bms-4 agent down: no heartbeat for 31.0s")
+
+
+def test_a_down_agent_counts_against_the_fleets_capacity_for_shedding():
+    hosts = [HostSpec(label, 32, 0, prime=WindowCaps(1)) for label in "abcd"]
+    loads = idle(*hosts)
+    for label in "abc":
+        loads[label] = replace(loads[label], agent_down="agent stopped")
+    plan = place(snap([job(1, "playwright"), job(2, "heavy")], hosts, loads))
+    assert reasons(plan, 1)["d"] is Reason.SHED  # 25% of the slots live: up to heavy
+    assert placed(plan) == {2: "d"}
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "spread"])
+def test_a_host_that_failed_to_start_the_job_is_passed_over_while_another_fits(strategy):
+    hosts, loads = two_boxes()
+    first = place(snap([job(1)], hosts, loads, strategy=strategy))
+    usual = placed(first)[1]
+    other = next(h.label for h in hosts if h.label != usual)
+    pending = [job(1, avoid_host=usual), job(2, avoid_host=usual, preferred_host=usual)]
+    snapshot = snap(pending, hosts, loads, strategy=strategy)
+    plan = place(snapshot)
+    assert placed(plan) == {1: other, 2: other}
+    assert plan.avoided[1] == Rejection(usual, Reason.AVOIDED,
+                                        "failed to start this job; another host fits")
+    assert explain(1, plan, snapshot) == (
+        f"placed on {other}, not {usual}: failed to start this job; another host fits")
+
+
+def test_the_avoided_host_is_used_when_no_other_fits():
+    hosts, loads = two_boxes()
+    loads["snug"] = HostLoad("snug", HEALTHY, 4, 0.0)  # full
+    plan = place(snap([job(1, avoid_host="roomy"), job(2, "heavy", avoid_host="snug")],
+                      hosts, loads))
+    assert placed(plan) == {1: "roomy", 2: "roomy"}
+    assert dict(plan.avoided) == {}
+
+
 def test_degraded_host_still_takes_work():
     plan = place(snap([job(1)], [BMS4], idle(BMS4, health=HostHealth.DEGRADED)))
     assert placed(plan) == {1: "bms-4"}
@@ -582,17 +628,20 @@ class Reference:
         self.slots: dict[str, int] = {}
         self.bookable: dict[str, float] = {}
         self.health: dict[str, HostHealth] = {}
+        self.agent_down: dict[str, bool] = {}
         self.held: dict[str, int] = {}
         for host in self.hosts:
             load = snapshot.loads.get(host.label)
             self.health[host.label] = load.health if load else HostHealth.UNKNOWN
+            self.agent_down[host.label] = load is not None and load.agent_down is not None
             self.bookable[host.label] = bookable_gb(host.ram_total_gb, host.ram_reserved_gb,
                                                     policy.bookable_fraction)
             self.free[host.label] = self.bookable[host.label] - (load.booked_gb if load else 0.0)
             self.slots[host.label] = self.workers_cap(host) - (load.workers if load else 0)
         enabled = sum(self.workers_cap(h) for h in self.hosts if h.enabled)
         healthy = sum(self.workers_cap(h) for h in self.hosts
-                      if h.enabled and accepts_work(self.health[h.label]))
+                      if h.enabled and accepts_work(self.health[h.label])
+                      and not self.agent_down[h.label])
         self.shed_max = policy.shedding.max_weight(healthy / enabled if enabled else 1.0)
 
     def workers_cap(self, host: HostSpec) -> int:
@@ -603,6 +652,7 @@ class Reference:
         checks = [
             (Reason.DISABLED, not host.enabled),
             (Reason.HEALTH, not accepts_work(self.health[host.label])),
+            (Reason.AGENT_DOWN, self.agent_down[host.label]),
             (Reason.WINDOW_CLOSED, caps.max_workers <= 0),
             (Reason.JOB_TYPE_NOT_ALLOWED, host.allowed_job_types is not None
              and job.job_type not in host.allowed_job_types),
@@ -633,14 +683,23 @@ class Reference:
         snapshot = self.snapshot
         best_fit = snapshot.policy.strategy == "best_fit"
         cutoff = snapshot.now - timedelta(seconds=snapshot.policy.starvation_wait_seconds)
-        assignments, waiting = [], []
+        assignments, waiting, avoided = [], [], {}
+        free = self.free
+
+        def pick(hosts: list[HostSpec], pending: PendingJob) -> HostSpec:
+            preferred = [h for h in hosts if h.label == pending.preferred_host]
+            return preferred[0] if preferred else min(
+                hosts, key=lambda h: (free[h.label] if best_fit else -free[h.label], h.label))
+
         for pending in sorted(snapshot.jobs, key=lambda j: (j.priority, j.id)):
             fits = [h for h in self.hosts if self.reason(pending, h) is None]
             if fits:
-                preferred = [h for h in fits if h.label == pending.preferred_host]
-                free = self.free
-                chosen = preferred[0] if preferred else min(
-                    fits, key=lambda h: (free[h.label] if best_fit else -free[h.label], h.label))
+                # The host to avoid only when nothing else fits.
+                chosen = pick([h for h in fits if h.label != pending.avoid_host] or fits,
+                              pending)
+                if chosen.label != pending.avoid_host and pick(fits, pending).label == (
+                        pending.avoid_host):
+                    avoided[pending.id] = pending.avoid_host
                 self.free[chosen.label] -= self.weights.budget(pending.weight)
                 self.slots[chosen.label] -= 1
                 assignments.append(Assignment(pending.id, chosen.label))
@@ -655,7 +714,7 @@ class Reference:
                     chosen = min(candidates, key=lambda h: (-self.free[h.label], h.label))
                     self.held[chosen.label] = pending.id
         rejections = {p.id: [(h.label, self.reason(p, h)) for h in self.hosts] for p in waiting}
-        return assignments, rejections, self.held
+        return assignments, rejections, self.held, avoided
 
 
 LABELS = ["a", "b", "bms-4", "c", "lap1", "vps-h1", "wsl1"]
@@ -687,6 +746,7 @@ LOAD_FIELDS = st.tuples(
     st.sampled_from([HEALTHY] * 6 + [HostHealth.DEGRADED, HostHealth.DOWN, HostHealth.UNKNOWN]),
     st.sampled_from([0, 1, 0, 2, 3, 5]),
     BOOKED_GB,
+    st.sampled_from([None] * 6 + ["agent stopped"]),
 )
 TARGET = st.sampled_from([*LABELS, "ghost"])
 JOB_FIELDS = st.tuples(
@@ -697,6 +757,7 @@ JOB_FIELDS = st.tuples(
     st.none() | st.none() | st.none() | TARGET,
     st.none() | TARGET,
     st.sampled_from([None, 0, 30, 599, 600, 700, 1500]),
+    st.none() | st.none() | TARGET,
 )
 ODD_WEIGHTS = WeightTable(
     {"light": 0.7, "heavy": 2.5, "playwright": 0.1, "orchestrator": 10.0, "subagent": 0.0})
@@ -715,8 +776,8 @@ def snapshots(draw) -> Snapshot:
              for label, (total, reserved, enabled, prime, night, job_types, weights, floor)
              in zip(labels, draw(st.lists(HOST_FIELDS, min_size=len(labels),
                                           max_size=len(labels))), strict=True)]
-    loads = {label: HostLoad(label, health, workers, booked)
-             for label, (present, health, workers, booked) in
+    loads = {label: HostLoad(label, health, workers, booked, down)
+             for label, (present, health, workers, booked, down) in
              zip(labels, draw(st.lists(LOAD_FIELDS, min_size=len(labels),
                                        max_size=len(labels))), strict=True)
              if present}
@@ -728,8 +789,8 @@ def snapshots(draw) -> Snapshot:
         loads = {host.label: HostLoad(host.label, HEALTHY, 0, 0.0) for host in hosts} | {
             label: replace(load, health=HEALTHY) for label, load in loads.items()}
     jobs = [PendingJob(job_id, priority, weight, job_type, affinity, preferred,
-                       None if waited is None else now - timedelta(seconds=waited))
-            for job_id, priority, weight, job_type, affinity, preferred, waited
+                       None if waited is None else now - timedelta(seconds=waited), avoid)
+            for job_id, priority, weight, job_type, affinity, preferred, waited, avoid
             in draw(st.lists(JOB_FIELDS, min_size=1, max_size=30,
                              unique_by=lambda fields: fields[0]))]
     policy = PlacementPolicy(
@@ -751,8 +812,9 @@ PROPERTIES = settings(max_examples=120, deadline=None,
 @given(snapshots())
 def test_place_equals_the_naive_reference(snapshot):
     plan = place(snapshot)
-    assignments, rejections, held = Reference(snapshot).run()
+    assignments, rejections, held, avoided = Reference(snapshot).run()
     assert list(plan.assignments) == assignments
+    assert {job_id: r.host for job_id, r in plan.avoided.items()} == avoided
     assert dict(plan.reservations) == held
     assert {job_id: [(r.host, r.reason) for r in plan.waiting[job_id]]
             for job_id in plan.waiting} == rejections
@@ -857,12 +919,14 @@ def test_a_larger_random_cycle_matches_the_reference():
             rng.choice(JOB_TYPES), affinity=rng.choice([None] * 20 + labels[:3]),
             preferred_host=rng.choice([None] * 5 + labels),
             waiting_since=NOON - timedelta(seconds=rng.randint(0, 1200)),
+            avoid_host=rng.choice([None] * 5 + labels),
         ) for job_id in range(1, 601)]
         snapshot = Snapshot(NOON, jobs, hosts, loads, DEFAULT_WEIGHTS,
                             PlacementPolicy(strategy=strategy))
         plan = place(snapshot)
-        assignments, rejections, held = Reference(snapshot).run()
+        assignments, rejections, held, avoided = Reference(snapshot).run()
         assert list(plan.assignments) == assignments
+        assert {job_id: r.host for job_id, r in plan.avoided.items()} == avoided
         assert dict(plan.reservations) == held
         assert {job_id: [(r.host, r.reason) for r in plan.waiting[job_id]]
                 for job_id in plan.waiting} == rejections

@@ -9,14 +9,17 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
-from herder.config import Settings
-from herder.model import HostRecord, JobSpec, JobStatus
-from herder.runtime.scheduler import Fleet, Scheduler
+from herder.config import Config, Settings
+from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
+from herder.runtime.coordinator import Coordinator, why
+from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch
+from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
+from herder.scheduling.health import HostHealth
 from herder.store import open_store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # prime window (night is 20:00–03:00 UTC)
@@ -93,6 +96,99 @@ def test_a_stale_plan_cannot_overbook_because_assign_rechecks_capacity(store):
     store.host_update(HostRecord("a", 40, prime_max_workers=3), NOW)
     assert len(store.job_assign("a", [(j, 3.0) for j in light], 3, 32.0, NOW)) == 1
     assert store.host_usage(NOW)["a"].workers == 3
+
+
+def test_an_agent_host_takes_no_work_after_its_missed_heartbeats_a_push_host_does(store):
+    """Liveness (3 heartbeats of 10 s) applies to hosts whose agent heartbeats; a host that
+    cron heartbeats keeps the display thresholds (healthy for 5 minutes)."""
+    fleet = Fleet.from_settings(Settings())
+    for label in ("agent1", "cron1"):
+        store.host_insert(HostRecord(label, 20, prime_max_workers=2), NOW)
+    store.host_heartbeat("agent1", NOW, {"worker": "agent1/10/20"})
+    store.host_heartbeat("cron1", NOW, {"via": "heartbeat"})
+    job_id, bound = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)), JobSpec(command=("true",), affinity="agent1")], NOW)]
+
+    later = NOW + timedelta(seconds=31)
+    snapshot = take_snapshot(store, fleet, later)
+    assert snapshot.loads["agent1"].agent_down == "agent down: no heartbeat for 31.0s (3 missed)"
+    assert snapshot.loads["agent1"].health is HostHealth.HEALTHY  # for display
+    assert snapshot.loads["cron1"].agent_down is None
+    assert why(store, fleet, bound, later).endswith(
+        "bound to agent1: agent1 agent down: no heartbeat for 31.0s (3 missed)")
+    scheduler = Scheduler(store, fleet)
+    assert scheduler.run_once(later)["placed"] == 1
+    assert store.job_get(job_id).host == "cron1"
+    assert store.job_get(bound).status is JobStatus.QUEUED
+
+    # an agent that said it stopped is not live however fresh its heartbeat
+    store.host_heartbeat("agent1", later, {"worker": "agent1/10/20", "stopped": True})
+    assert take_snapshot(store, fleet, later).loads["agent1"].agent_down == "agent stopped"
+
+
+def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store):
+    """The pickup watch fences an untaken placement (no runner can take it any more), hands
+    it back without spending an attempt, and placement then passes over its host."""
+    fleet = Fleet.from_settings(Settings())
+    for label in ("a", "b"):
+        store.host_insert(HostRecord(label, 20, prime_max_workers=2), NOW)
+        store.host_heartbeat(label, NOW, {"worker": f"{label}/1/2"})
+    untaken, taken = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)), JobSpec(command=("true",))], NOW)]
+    store.job_assign("a", [(untaken, 3.0), (taken, 3.0)], 2, 16.0, NOW)
+    assert store.attempt_set_worker(AttemptToken(taken, 1), "a/1/2")
+    watch = PickupWatch(store, timeout_seconds=25)
+
+    assert watch.run_once(NOW + timedelta(seconds=24)) == {"timed_out": 0, "requeued": 0}
+    later = NOW + timedelta(seconds=25)
+    for label in ("a", "b"):  # both agents still beat: only the pickup says anything
+        store.host_heartbeat(label, later, {"worker": f"{label}/1/2"})
+    assert watch.run_once(later) == {"timed_out": 1, "requeued": 1}
+    # the agent of `a` asking now gets nothing: the placement is fenced and gone
+    assert not store.attempt_set_worker(AttemptToken(untaken, 1), "a/1/2")
+    job = store.job_get(untaken)
+    assert (job.status, job.failures, job.lost, job.available_at) == (
+        JobStatus.QUEUED, 0, 0, later)
+    [ended] = store.attempt_list(untaken)
+    assert (ended.host, ended.worker, ended.outcome) == ("a", PICKUP_FENCE, Outcome.LOST)
+    assert store.job_get(taken).status is JobStatus.CLAIMED  # a runner has it: the lease's
+
+    # b is emptier, but best fit prefers a (fuller): the avoided host is passed over
+    assert why(store, fleet, untaken, later) == (
+        "placed on b, not a: failed to start this job; another host fits")
+    Scheduler(store, fleet).run_once(later)
+    again = store.job_get(untaken)
+    assert (again.host, again.attempt) == ("b", 2)
+
+
+def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(store, tmp_path):
+    """The guardian's report (Coordinator.agent_gone) declares the dead worker's attempts
+    lost at once, hands back what nobody took, leaves another worker's attempt alone and
+    keeps placement off the host until an agent heartbeats again."""
+    coordinator = Coordinator(store, Config(Settings(), tmp_path / "herder.toml"), "server")
+    store.host_insert(HostRecord("a", 40, prime_max_workers=4), NOW)
+    dead, other = "a/10/1", "a/11/1"
+    store.host_heartbeat("a", NOW, {"worker": dead})
+    mine, theirs, untaken = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)) for _ in range(3)], NOW)]
+    store.job_assign("a", [(mine, 3.0), (theirs, 3.0), (untaken, 3.0)], 4, 32.0, NOW)
+    for job_id, worker in ((mine, dead), (theirs, other)):
+        assert store.attempt_set_worker(AttemptToken(job_id, 1), worker)
+        assert store.attempt_start(AttemptToken(job_id, 1), 100 + job_id, "/log", NOW)
+
+    assert coordinator.agent_gone("a", dead) == {"lost": 1, "host_stopped": 1,
+                                                 "handed_back": 1}
+    assert [store.job_get(j).status for j in (mine, theirs, untaken)] == [
+        JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.QUEUED]
+    assert store.job_get(mine).lost == 1 and store.job_get(untaken).lost == 0
+    now = datetime.now(UTC)
+    assert take_snapshot(store, coordinator.fleet, now).loads["a"].agent_down == (
+        "agent gone: its guardian reported it dead")
+    # a report about a worker that is not the host's last one changes no host
+    store.host_heartbeat("a", now, {"worker": "a/12/1"})
+    assert coordinator.agent_gone("a", dead) == {"lost": 0, "host_stopped": 0,
+                                                 "handed_back": 0}
+    assert take_snapshot(store, coordinator.fleet, now).loads["a"].agent_down is None
 
 
 def test_leader_lease_is_exclusive_and_passes_on_release(store_url):

@@ -20,6 +20,7 @@ from herder.model import (
     AttemptToken,
     Decision,
     Event,
+    HostRecord,
     Job,
     JobSpec,
     JobStatus,
@@ -967,6 +968,38 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
         assert [j.id for j in store.job_list()] == [11, queued, done, running]
 
 
+def test_migration_7_gives_jobs_a_host_to_avoid_and_keeps_them(blank_store_url, monkeypatch):
+    """A v5 database keeps its queued and placed jobs; they start with no host to avoid, and
+    an attempt that ends before it started makes its host the one to avoid, while an
+    attempt that ran does not."""
+    with open_store(blank_store_url, migrate=False) as store:
+        _migrate_up_to(store, monkeypatch, 5)
+        for label in ("h1", "h2"):
+            assert store.host_insert(HostRecord(label, ram_total_gb=16, prime_max_workers=4,
+                                                night_max_workers=4), at(0))
+        placed, started, queued = submit(store, spec(), spec(), spec(), now=at(0))
+        assert {t.job_id for t in store.job_assign("h1", [(placed, 0.0), (started, 0.0)],
+                                                   4, 12.8, at(1))} == {placed, started}
+        assert store.attempt_start(AttemptToken(started, 1), 42, "/logs/1.log", at(2))
+        monkeypatch.undo()
+        assert store.migrate() == [v for v, _, _ in load_migrations(store.dialect) if v > 5]
+
+        assert [(d.id, d.avoid_host) for d in store.job_list_due(at(3), 10)] == [
+            (queued, None)]
+        assert finish(store, AttemptToken(placed, 1), Outcome.REFUSED, at(3))[0][1] is (
+            JobStatus.QUEUED)
+        assert finish(store, AttemptToken(started, 1), Outcome.LOST, at(3))[0][1] is (
+            JobStatus.QUEUED)
+        due = {d.id: d.avoid_host for d in store.job_list_due(at(100), 10)}
+        assert due == {placed: "h1", started: None, queued: None}
+        # the next unstarted end on another host replaces it
+        assert [t.job_id for t in store.job_assign("h2", [(placed, 0.0)], 4, 12.8,
+                                                   at(101))] == [placed]
+        finish(store, AttemptToken(placed, 2), Outcome.LAUNCH_FAILED, at(102))
+        due = {d.id: d.avoid_host for d in store.job_list_due(at(1000), 10)}
+        assert due[placed] == "h2"
+
+
 def test_a_schema_newer_than_the_code_stops_migrate_and_changes_nothing(blank_store_url):
     from herder.errors import StoreUnavailable
 
@@ -1014,3 +1047,26 @@ def test_postgres_finish_of_several_groups_is_all_or_nothing(postgres_url, monke
         monkeypatch.undo()
         assert len(store.attempt_finish(
             [AttemptResult(first.token, Outcome.OK, 0, Decision(JobStatus.DONE))], at(2))) == 1
+
+
+def test_host_agent_gone_marks_only_the_dead_workers_agent_stopped(store):
+    """The guardian's report stops the host only while its dead worker is the last one
+    heard from: a new agent that heartbeated meanwhile is left alone."""
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    store.host_heartbeat("h1", at(1), {"worker": "h1/10/1", "gate": {"weights": None}})
+    assert not store.host_agent_gone("h1", "h1/99/1")
+    assert not store.host_agent_gone("nowhere", "h1/10/1")
+    assert store.host_agent_gone("h1", "h1/10/1")
+    host = store.host_get("h1")
+    assert host is not None and host.last_heartbeat == at(1)
+    assert dict(host.agent_info) == {"worker": "h1/10/1", "gate": {"weights": None},
+                                     "stopped": True, "gone": "h1/10/1"}
+    store.host_heartbeat("h1", at(2), {"worker": "h1/11/1"})
+    assert not store.host_agent_gone("h1", "h1/10/1")
+    host = store.host_get("h1")
+    assert host is not None and dict(host.agent_info) == {"worker": "h1/11/1"}
+    # a clean stop stays a clean stop
+    store.host_heartbeat("h1", at(3), {"worker": "h1/11/1", "stopped": True})
+    assert not store.host_agent_gone("h1", "h1/11/1")
+    store.host_heartbeat("h1", at(4), {"worker": "h1/12/1", "stopped": False})
+    assert store.host_agent_gone("h1", "h1/12/1")

@@ -446,6 +446,13 @@ def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAP
             "lease_seconds": coordinator.lease_seconds,
         }
 
+    @app.post("/api/v1/agent/{label}/gone")
+    async def agent_gone(label: AgentHost, worker: str) -> dict[str, Any]:
+        """A dead agent's guardian, once it has killed the agent's jobs: their attempts are
+        lost now (not after the lease) and the host takes no work until an agent beats."""
+        check_worker(label, worker)
+        return await call(coordinator.agent_gone, label, worker)
+
     @app.get("/api/v1/agent/{label}/assignments")
     async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=400)],
                           request: Request,

@@ -402,7 +402,8 @@ class SingleAttemptSource(HttpSource):
         """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
 
 
-def start_guardian(label: str, grace: float) -> int:
+def start_guardian(label: str, grace: float, server: str | None = None,
+                   token: str | None = None, ca: str | None = None) -> int:
     """Fork a watchdog that outlives a crashed agent and kills the jobs it leaves behind.
 
     Job processes run in sessions of their own, so `kill -9` of the agent does not reach
@@ -410,6 +411,8 @@ def start_guardian(label: str, grace: float) -> int:
     elsewhere. The guardian sits in its own session blocked on a pipe from the agent; when
     the agent dies the pipe reaches EOF and the guardian kills every process carrying the
     agent's attempt markers (SIGTERM, then SIGKILL after `grace`), well inside the lease.
+    Then, given the server, it reports the agent gone, so the server reruns its jobs at
+    once instead of after the lease (`herder.runtime.guardian`).
     Call it before any thread starts. Returns the pipe's write end, which the agent keeps.
     """
     read_end, write_end = os.pipe()
@@ -430,6 +433,12 @@ def start_guardian(label: str, grace: float) -> int:
         for marker in token_markers():
             if marker.endswith(suffix):
                 kill_tree(None, marker, grace)
+        # A clean exit (the agent drained and said it stopped) is reported the same way:
+        # by then it has no live attempts and the host is marked stopped already.
+        if server and token:
+            from herder.runtime.guardian import report_gone
+
+            report_gone(server, token, label, worker, ca)
     finally:
         os._exit(0)
 

@@ -32,7 +32,7 @@ from herder.model import (
     Transport,
 )
 from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import Rescuer
+from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
     Fleet,
@@ -40,6 +40,7 @@ from herder.runtime.scheduler import (
     agent_state,
     expires,
     lease_seconds,
+    pickup_timeout_seconds,
     take_snapshot,
 )
 from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
@@ -61,6 +62,7 @@ class _SchedulerCycle:
     next_maintenance: float = 0.0
     hold_off_until: float = 0.0  # after giving up the lease, not before this
     rescuer: Rescuer | None = None
+    pickup: PickupWatch | None = None
 
 
 def _terminate_this_process() -> None:
@@ -299,6 +301,7 @@ class Coordinator:
                                                     if h.transport is Transport.LOCAL})
             cycle.rescuer = Rescuer(self.store, local_labels, self.lease_seconds,
                                     runtime.kill_grace, runtime.max_lost)
+            cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
         self.scheduler.run_once(now)
         if time.monotonic() >= cycle.next_maintenance:
             cycle.next_maintenance = time.monotonic() + 1.0
@@ -309,6 +312,10 @@ class Coordinator:
             rescued: dict[str, int] = {}
             if time.monotonic() - cycle.leader_since >= self.lease_seconds:
                 rescued = cycle.rescuer.run_once(now)
+            # Placements a new leader inherits get one pickup timeout too.
+            assert cycle.pickup is not None
+            if time.monotonic() - cycle.leader_since >= cycle.pickup.timeout_seconds:
+                cycle.pickup.run_once(now)  # logs each placement it hands back
             expired = self.store.reservation_expire(now)
             self.store.statistics_refresh()
             if any(rescued.values()) or expired:
@@ -424,6 +431,26 @@ class Coordinator:
             raise Conflict(f"attempt {token} has already ended")
         return applied[0][1]
 
+    def agent_gone(self, label: str, worker: str) -> dict[str, int]:
+        """An agent died and its guardian killed its jobs' processes: keep new work off the
+        host until an agent heartbeats again, then declare that worker's attempts lost at
+        once. Fenced by worker id, so a new agent of the host keeps its attempts."""
+        now = utcnow()
+        stopped = self.store.host_agent_gone(label, worker)
+        results = [lost_result(live, now, self.settings.runtime.max_lost)
+                   for live in self.store.attempt_list_live(label)
+                   if live.attempt.worker == worker]
+        applied = self.store.attempt_finish(results, now)
+        # Placements nobody took yet wait for no one while the host has no agent.
+        handed_back = PickupWatch(self.store, 0.0).run_once(now, label) if stopped else {}
+        if applied or handed_back.get("timed_out"):
+            self.poke()
+        log.warning("agent %s of %s is gone (its guardian says): %d attempt(s) lost%s", worker,
+                    label, len(applied),
+                    "" if stopped else "; it had stopped cleanly or a newer agent heartbeats")
+        return {"lost": len(applied), "host_stopped": int(stopped),
+                "handed_back": handed_back.get("timed_out", 0)}
+
     def live_tokens(self, label: str) -> set[AttemptToken]:
         return {live.attempt.token for live in self.store.attempt_list_live(label)}
 
@@ -504,6 +531,7 @@ def host_view(fleet: Fleet, host: HostRecord, usage: Any, now: datetime) -> dict
         "label": host.label, "enabled": host.enabled, "agent": agent_state(host),
         "transport": str(host.transport),
         "health": str(fleet.health(host, now)), "last_heartbeat": iso(host.last_heartbeat),
+        "agent_down": fleet.agent_down(host, now),
         "ram_total_gb": host.ram_total_gb, "ram_reserved_gb": host.ram_reserved_gb,
         "bookable_gb": round(bookable, 3), "booked_gb": round(booked, 3),
         "free_gb": round(bookable - booked, 3), "cpus": host.cpus,

@@ -5,6 +5,10 @@ An attempt is *orphaned* when its runner was on this host and that process no lo
 exists (a restart after kill -9 finds these at once); it is *stale* when its heartbeat is
 older than the lease, wherever it ran. Orphans' surviving processes are killed before the
 job is requeued, so no two attempts of a job ever run at the same time.
+
+The pickup watch hands back placements that no runner took within the pickup timeout
+(the host's agent died or is not asking for work), so they run elsewhere in seconds
+instead of waiting out the lease on a host that will never start them.
 """
 
 from __future__ import annotations
@@ -83,6 +87,61 @@ def local_worker_alive(worker: WorkerId) -> bool:
     return process_alive(worker.pid, worker.start_time)
 
 
+def lost_result(live: LiveAttempt, now: datetime, max_lost: int) -> AttemptResult:
+    """The result that declares a live attempt lost. One that never started spends nothing
+    (the job never ran: its host failed to start it, which placement remembers as the host
+    to avoid); one that ran spends the job's lost budget."""
+    attempt = live.attempt
+    if attempt.started_at is None:
+        decision = Decision(JobStatus.QUEUED, available_at=now)
+    else:
+        state = RetryState(live.failures, live.lost, live.max_attempts,
+                           live.backoff_base_seconds, live.backoff_max_seconds)
+        decision = decide(Outcome.LOST, state, now, max_lost)
+    return AttemptResult(attempt.token, Outcome.LOST, None, decision)
+
+
+PICKUP_FENCE = "pickup-timeout"
+"""The worker a timed-out placement is handed to, so that no runner can take it any more
+(`attempt_set_worker` only hands out untaken placements); the attempt history shows it."""
+
+
+def pickup_overdue(live: Iterable[LiveAttempt], now: datetime,
+                   timeout_seconds: float) -> list[LiveAttempt]:
+    """Placements no runner has taken within the timeout. Pure."""
+    cutoff = now - timedelta(seconds=timeout_seconds)
+    return [item for item in live
+            if item.attempt.worker == "" and item.attempt.started_at is None
+            and item.job_status is JobStatus.CLAIMED and item.attempt.claimed_at <= cutoff]
+
+
+class PickupWatch:
+    """Hands placements nobody picked up back to the queue, without spending attempts.
+    Leader only, like the server's rescuer."""
+
+    def __init__(self, store: Store, timeout_seconds: float) -> None:
+        self.store = store
+        self.timeout_seconds = timeout_seconds
+
+    def run_once(self, now: datetime, host: str | None = None) -> dict[str, int]:
+        """Hand back the overdue placements (of one host, or of all)."""
+        overdue = pickup_overdue(self.store.attempt_list_live(host), now, self.timeout_seconds)
+        results: list[AttemptResult] = []
+        for item in overdue:
+            # Fence first: a runner taking it at this very moment either got it (and this
+            # fails) or can no longer get it. The requeue below cannot race a start.
+            if self.store.attempt_set_worker(item.attempt.token, PICKUP_FENCE):
+                results.append(lost_result(item, now, max_lost=0))
+                log.warning("attempt %s: %s did not pick it up within %.1fs; placing it "
+                            "again", item.attempt.token, item.attempt.host,
+                            self.timeout_seconds)
+        counts = {"timed_out": len(results), "requeued": 0}
+        for _token, status in self.store.attempt_finish(results, now):
+            if status is JobStatus.QUEUED:
+                counts["requeued"] += 1
+        return counts
+
+
 class Rescuer:
     def __init__(
         self,
@@ -114,15 +173,7 @@ class Rescuer:
                 log.error("attempt %s: survivors would not die; not requeued", attempt.token)
                 continue
             counts[rescue.reason] += 1
-            state = RetryState(rescue.live.failures, rescue.live.lost, rescue.live.max_attempts,
-                               rescue.live.backoff_base_seconds, rescue.live.backoff_max_seconds)
-            if attempt.started_at is None:
-                # Placed but never delivered (its host's agent died or never polled): the
-                # job never ran, so this spends nothing; the host's health stops placements.
-                decision = Decision(JobStatus.QUEUED, available_at=now)
-            else:
-                decision = decide(Outcome.LOST, state, now, self.max_lost)
-            results.append(AttemptResult(attempt.token, Outcome.LOST, None, decision))
+            results.append(lost_result(rescue.live, now, self.max_lost))
             log.warning("attempt %s on %s is %s; declared lost", attempt.token, attempt.host,
                         rescue.reason)
         for _token, status in self.store.attempt_finish(results, now):

@@ -15,7 +15,7 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from herder.config import Settings
-from herder.model import HostRecord
+from herder.model import HostRecord, Transport
 from herder.scheduling.capacity import (
     Shedding,
     WeightTable,
@@ -23,7 +23,15 @@ from herder.scheduling.capacity import (
     WindowSchedule,
     bookable_gb,
 )
-from herder.scheduling.health import HealthThresholds, HostHealth, accepts_work, host_health
+from herder.scheduling.health import (
+    DEFAULT_LIVENESS,
+    HealthThresholds,
+    HostHealth,
+    Liveness,
+    accepts_work,
+    agent_down,
+    host_health,
+)
 from herder.scheduling.placement import (
     HostLoad,
     HostSpec,
@@ -47,6 +55,7 @@ class Fleet:
     weights: WeightTable
     policy: PlacementPolicy
     thresholds: HealthThresholds
+    liveness: Liveness = DEFAULT_LIVENESS
     max_due: int = 100_000
 
     @classmethod
@@ -72,6 +81,7 @@ class Fleet:
                                 tuple(w for w in fleet.escalation if w in settings.weights)),
             policy=policy,
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
+            liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
         )
 
     def caps(self, host: HostRecord, now: datetime) -> WindowCaps:
@@ -85,6 +95,15 @@ class Fleet:
 
     def health(self, host: HostRecord, now: datetime) -> HostHealth:
         return host_health(host.last_heartbeat, now, self.thresholds)
+
+    def agent_down(self, host: HostRecord, now: datetime) -> str | None:
+        """Why a host whose agent heartbeats is not live for placement; None when it is,
+        and for hosts no agent heartbeats for (ssh and local hosts, cron's `herder
+        heartbeat`), which go by the health thresholds alone."""
+        info = host.agent_info if isinstance(host.agent_info, dict) else {}
+        if host.transport is not Transport.AGENT or "worker" not in info:
+            return None
+        return agent_down(host.last_heartbeat, info, now, self.liveness)
 
 
 def _narrow(server: frozenset[str] | None, agent: Any) -> frozenset[str] | None:
@@ -107,8 +126,10 @@ def host_spec(host: HostRecord) -> HostSpec:
     gate = gate if isinstance(gate, dict) else {}
     floors = [f for f in (host.priority_floor, gate.get("priority_floor"))
               if isinstance(f, int)]
-    # An agent that is draining or has stopped takes no work, whatever its heartbeat's age.
-    available = agent_state(host) is None
+    # An agent that is draining or has stopped takes no work, whatever its heartbeat's age;
+    # a stopped agent's host is refused by liveness, which names it (agent_down).
+    state = agent_state(host)
+    available = state is None or (state == "stopped" and host.transport is Transport.AGENT)
     return HostSpec(
         label=host.label,
         ram_total_gb=host.ram_total_gb,
@@ -135,10 +156,11 @@ def take_snapshot(store: Store, fleet: Fleet, now: datetime) -> Snapshot:
         loads[host.label] = HostLoad(
             host.label, fleet.health(host, now),
             used.workers if used else 0, used.booked_gb if used else 0.0,
+            fleet.agent_down(host, now),
         )
     jobs = [
         PendingJob(job.id, job.priority, job.weight, job.job_type, job.affinity, None,
-                   job.available_at)
+                   job.available_at, job.avoid_host)
         for job in store.job_list_due(now, fleet.max_due)
     ]
     return Snapshot(now, jobs, [host_spec(h) for h in hosts], loads, fleet.weights,
@@ -184,9 +206,13 @@ class Scheduler:
     def _alert(self, snapshot: Snapshot, now: datetime) -> int:
         """Raise one deduplicated alert while no enabled host can take work."""
         enabled = [h for h in snapshot.hosts if h.enabled]
-        healthy = [h for h in enabled if accepts_work(snapshot.loads[h.label].health)]
+        loads = snapshot.loads
+        healthy = [h for h in enabled if accepts_work(loads[h.label].health)
+                   and loads[h.label].agent_down is None]
         if enabled and not healthy:
-            stale = ", ".join(f"{h.label} ({snapshot.loads[h.label].health})" for h in enabled)
+            stale = ", ".join(
+                f"{h.label} ({loads[h.label].agent_down or loads[h.label].health})"
+                for h in enabled)
             if self.store.alert_open(NO_HEALTHY_HOST,
                                      f"no healthy host can take work: {stale}", now):
                 log.error("ALERT: no healthy host can take work: %s", stale)
@@ -199,6 +225,24 @@ def lease_seconds(settings: Settings, heartbeat_interval: float) -> float:
     """How long an attempt may stay silent before it is declared lost."""
     return max(settings.runtime.attempt_lease,
                settings.fleet.missed_heartbeats * heartbeat_interval)
+
+
+PICKUP_SLACK_SECONDS = 5.0
+"""Room for a poll that queues behind other requests on a loaded server."""
+
+
+def pickup_timeout_seconds(settings: Settings) -> float:
+    """How long a placement may wait for its host's runner to take it.
+
+    A live agent asks for work at least once per heartbeat interval (its long-poll never
+    outlasts the time to its next heartbeat; a gated agent looks again every second), and
+    an open long-poll takes a placement within milliseconds. Two intervals forgive one lost
+    poll; the slack covers a slow request. Past that the host is not taking the job.
+    """
+    configured = settings.fleet.pickup_timeout
+    if configured is not None:
+        return configured
+    return 2 * settings.runtime.heartbeat_interval + PICKUP_SLACK_SECONDS
 
 
 def expires(now: datetime, seconds: float) -> datetime:

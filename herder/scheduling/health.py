@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 
 class HostHealth(enum.StrEnum):
@@ -48,3 +50,50 @@ def accepts_work(health: HostHealth) -> bool:
     """Degraded hosts still get work (seed 003 §5): a slow heartbeat is not a dead host,
     while dispatching to a dead or never-seen one is the worse failure."""
     return health in (HostHealth.HEALTHY, HostHealth.DEGRADED)
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """When an agent host stops counting as live for placement: after it has missed
+    `missed_heartbeats` of its heartbeats. The health thresholds above were made for cron
+    heartbeats every few minutes; an agent beats every few seconds, so its silence means
+    something long before it turns degraded."""
+
+    heartbeat_interval_seconds: float = 10.0
+    missed_heartbeats: int = 3
+
+    def window_seconds(self, advertised_interval: object = None) -> float:
+        """The silence allowed; an agent that advertises a slower heartbeat gets its own."""
+        interval = self.heartbeat_interval_seconds
+        if (isinstance(advertised_interval, int | float) and not isinstance(
+                advertised_interval, bool) and advertised_interval > interval):
+            interval = float(advertised_interval)
+        return self.missed_heartbeats * interval
+
+
+def agent_down(
+    last_heartbeat: datetime | None,
+    agent_info: Mapping[str, Any],
+    now: datetime,
+    liveness: Liveness,
+) -> str | None:
+    """Why an agent host is not live, or None while it is. Pure; the clock is passed in.
+
+    Not live: never heard from, said it stopped (a clean shutdown, or its guardian reported
+    it dead), or silent for `missed_heartbeats` heartbeats. A heartbeat from the future
+    (clock skew) counts as fresh.
+    """
+    if last_heartbeat is None:
+        return "agent never heartbeated"
+    if agent_info.get("stopped"):
+        return "agent gone: its guardian reported it dead" if agent_info.get("gone") else (
+            "agent stopped")
+    age = (now - last_heartbeat).total_seconds()
+    window = liveness.window_seconds(agent_info.get("heartbeat_interval"))
+    if age >= window:
+        return (f"agent down: no heartbeat for {age:.1f}s "
+                f"({liveness.missed_heartbeats} missed)")
+    return None
+
+
+DEFAULT_LIVENESS = Liveness()

@@ -29,7 +29,7 @@ import enum
 import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import attrgetter
 
@@ -64,6 +64,7 @@ class Reason(enum.StrEnum):
 
     DISABLED = "disabled"
     HEALTH = "health"
+    AGENT_DOWN = "agent_down"
     WINDOW_CLOSED = "window_closed"
     JOB_TYPE_NOT_ALLOWED = "job_type_not_allowed"
     WEIGHT_NOT_ALLOWED = "weight_not_allowed"
@@ -75,6 +76,8 @@ class Reason(enum.StrEnum):
     SLOTS_FULL = "slots_full"
     RAM = "ram"
     RESERVED = "reserved"
+    AVOIDED = "avoided"
+    """Not a refusal: the job went elsewhere because this host failed to start it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,18 +104,21 @@ class HostSpec:
 @dataclass(frozen=True, slots=True)
 class HostLoad:
     """A host right now: its health, active attempts, and GB booked by them and by
-    reservations (subagent and CI slots)."""
+    reservations (subagent and CI slots). `agent_down` says why a host whose agent
+    heartbeats is not live (None while it is, and for hosts without an agent)."""
 
     label: str
     health: HostHealth
     workers: int
     booked_gb: float
+    agent_down: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
     """What placement needs of a queued job. `affinity` binds it to one host;
-    `preferred_host` only wins ties among hosts that can take it."""
+    `preferred_host` only wins ties among hosts that can take it; `avoid_host` (one that
+    failed to start it) is passed over while another host can take it."""
 
     id: int
     priority: int
@@ -121,6 +127,7 @@ class PendingJob:
     affinity: str | None = None
     preferred_host: str | None = None
     waiting_since: datetime | None = None
+    avoid_host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +180,14 @@ class Plan:
     `assignments` are in the order they were decided. `waiting` has, for every job not
     placed, one rejection per host in the snapshot's host order; jobs of one shape share
     one tuple, and the tuples are built on first access. `reservations` maps a host to the
-    starving job it is held for.
+    starving job it is held for. `avoided` names, per placed job, the host it would have
+    gone to but for having failed to start it.
     """
 
     assignments: tuple[Assignment, ...]
     waiting: Mapping[int, tuple[Rejection, ...]]
     reservations: Mapping[str, int]
+    avoided: Mapping[int, Rejection] = field(default_factory=dict)
 
 
 # --- the pass -------------------------------------------------------------------------
@@ -188,6 +197,7 @@ class _Host:
     """A host's mutable state during one pass (never escapes `place`)."""
 
     __slots__ = (
+        "agent_down",
         "alive",
         "bookable",
         "free",
@@ -214,12 +224,14 @@ class _Host:
         self.label = spec.label
         self.rank = rank
         self.health = load.health if load is not None else HostHealth.UNKNOWN
+        self.agent_down = load.agent_down if load is not None else None
         self.max_workers = max(0, caps.max_workers)
         self.max_weight = caps.max_weight
         self.bookable = bookable_gb(spec.ram_total_gb, spec.ram_reserved_gb, cycle.fraction)
         self.free = self.bookable - (load.booked_gb if load is not None else 0.0)
         self.slots = self.max_workers - (load.workers if load is not None else 0)
-        self.alive = spec.enabled and accepts_work(self.health) and self.max_workers > 0
+        self.alive = (spec.enabled and accepts_work(self.health) and self.agent_down is None
+                      and self.max_workers > 0)
         self.open = self.alive and self.slots > 0
         self.group = -1
         self.key: tuple[float, int] = (0.0, 0)
@@ -299,7 +311,8 @@ class _Cycle:
 
         enabled_slots = sum(host.max_workers for host in self.hosts if host.spec.enabled)
         healthy_slots = sum(host.max_workers for host in self.hosts
-                            if host.spec.enabled and accepts_work(host.health))
+                            if host.spec.enabled and accepts_work(host.health)
+                            and host.agent_down is None)
         self.ratio = capacity_ratio(healthy_slots, enabled_slots)
         self.shed_max = policy.shedding.max_weight(self.ratio)
         self.shed_detail = f"fleet at {self.ratio:.0%} capacity, max weight {self.shed_max}"
@@ -373,6 +386,8 @@ class _Cycle:
         if not accepts_work(host.health):
             return Reason.HEALTH, ("down" if host.health is HostHealth.DOWN
                                    else f"health {host.health}")
+        if host.agent_down is not None:
+            return Reason.AGENT_DOWN, host.agent_down
         if host.max_workers <= 0:
             return Reason.WINDOW_CLOSED, ("closed at night" if self.window == NIGHT
                                           else "closed in prime time")
@@ -495,10 +510,12 @@ class _Cycle:
                 self.holders[group].append(pool)
         return pool
 
-    def choose(self, shape: _Shape, preferred: str | None) -> _Host | None:
-        """The host this job goes to, or None when no host can take it now."""
+    def choose(self, shape: _Shape, preferred: str | None,
+               avoid: str | None = None) -> _Host | None:
+        """The host this job goes to, or None when no host can take it now. The host to
+        avoid is taken only when no other can."""
         need = shape.need
-        if preferred is not None:
+        if preferred is not None and preferred != avoid:
             host = self.by_label.get(preferred)
             if (host is not None and host.open and host.free >= need
                     and (host is shape.target if shape.affinity is not None
@@ -509,23 +526,35 @@ class _Cycle:
             if target is not None and target.open and target.free >= need:
                 return target
             return None
+        avoided = self.by_label.get(avoid) if avoid is not None else None
+        skip = avoided.key if avoided is not None and avoided.open else None
+        best = self._best(shape, skip)
+        if best is None and skip is not None:
+            best = self._best(shape, None)
+        return None if best is None else self.by_rank[best[1]]
+
+    def _best(self, shape: _Shape, skip: tuple[float, int] | None) -> tuple[float, int] | None:
+        """The best open host's key over the shape's lists, passing over `skip`."""
         best: tuple[float, int] | None = None
         if self.best_fit:
             threshold = shape.threshold
             for keys in shape.lists:
                 index = bisect_left(keys, threshold)
+                if index < len(keys) and keys[index] == skip:
+                    index += 1
                 if index < len(keys):
                     key = keys[index]
                     if best is None or key < best:
                         best = key
         else:
-            ceiling = -need
+            ceiling = -shape.need
             for keys in shape.lists:
-                if keys:
-                    key = keys[0]
+                index = 1 if keys and keys[0] == skip else 0
+                if index < len(keys):
+                    key = keys[index]
                     if key[0] <= ceiling and (best is None or key < best):
                         best = key
-        return None if best is None else self.by_rank[best[1]]
+        return best
 
     def book(self, host: _Host, budget: float) -> None:
         old = host.key
@@ -607,6 +636,7 @@ class _Cycle:
         band_of: dict[int, int] = {}
         floors = self.floors
         assignments: list[Assignment] = []
+        avoided: dict[int, Rejection] = {}
         waiting: dict[int, _Shape] = {}
         for job in jobs:
             priority = job.priority
@@ -618,8 +648,11 @@ class _Cycle:
             if shape is None:
                 shape = shapes[key] = self.shape(job, band)
             if not shape.dead:
-                host = self.choose(shape, job.preferred_host) if self.free_slots > 0 else None
+                host = (self.choose(shape, job.preferred_host, job.avoid_host)
+                        if self.free_slots > 0 else None)
                 if host is not None:
+                    if job.avoid_host is not None and host.label != job.avoid_host:
+                        self._note_avoided(shape, job, avoided)
                     self.book(host, shape.budget)
                     assignments.append(Assignment(job.id, host.label))
                     continue
@@ -631,7 +664,16 @@ class _Cycle:
         placed = {assignment.job_id for assignment in assignments}
         if len(placed) + len(waiting) != len(jobs) or not placed.isdisjoint(waiting):
             raise ValueError("job ids must be unique")
-        return Plan(tuple(assignments), _Waiting(self, waiting), dict(self.reservations))
+        return Plan(tuple(assignments), _Waiting(self, waiting), dict(self.reservations),
+                    avoided)
+
+    def _note_avoided(self, shape: _Shape, job: PendingJob,
+                      avoided: dict[int, Rejection]) -> None:
+        """Record the host a job was steered away from, if it would have gone there."""
+        would = self.choose(shape, job.preferred_host)
+        if would is not None and would.label == job.avoid_host:
+            avoided[job.id] = Rejection(would.label, Reason.AVOIDED,
+                                        "failed to start this job; another host fits")
 
 
 class _Waiting(Mapping[int, tuple[Rejection, ...]]):
@@ -681,6 +723,7 @@ _EXPLAIN_ORDER = (
     Reason.MAX_WEIGHT,
     Reason.SHED,
     Reason.HEALTH,
+    Reason.AGENT_DOWN,
     Reason.WINDOW_CLOSED,
     Reason.PRIORITY_FLOOR,
     Reason.WEIGHT_NOT_ALLOWED,
@@ -696,6 +739,7 @@ _MORE = {
     Reason.MAX_WEIGHT: "hosts with a lower max weight",
     Reason.SHED: "hosts shed",
     Reason.HEALTH: "hosts down or unknown",
+    Reason.AGENT_DOWN: "hosts whose agent is down",
     Reason.WINDOW_CLOSED: "hosts closed now",
     Reason.PRIORITY_FLOOR: "hosts with a higher priority floor",
     Reason.WEIGHT_NOT_ALLOWED: "hosts refusing the weight",
@@ -712,6 +756,9 @@ def explain(job_id: int, plan: Plan, snapshot: Snapshot) -> str:
     closest to taking it first and crowds of alike refusals folded into a count."""
     for assignment in plan.assignments:
         if assignment.job_id == job_id:
+            passed = plan.avoided.get(job_id)
+            if passed is not None:
+                return f"placed on {assignment.host}, not {passed.host}: {passed.detail}"
             return f"placed on {assignment.host}"
     job = next((job for job in snapshot.jobs if job.id == job_id), None)
     rejections = plan.waiting.get(job_id)

@@ -99,6 +99,8 @@ class DueJob:
     affinity: str | None
     created_at: datetime
     available_at: datetime
+    avoid_host: str | None = None
+    """The last host that failed to start it (placement prefers any other that fits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +236,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool: ...
+
+    @abc.abstractmethod
+    def host_agent_gone(self, label: str, worker: str) -> bool:
+        """Mark the host's agent gone (stopped) while `worker` is the last one that
+        heartbeated; False when another agent has heartbeated since, the agent stopped
+        cleanly, or there is no such host."""
 
     @abc.abstractmethod
     def host_usage(self, now: datetime) -> dict[str, HostUsage]: ...
@@ -645,7 +653,7 @@ def alert_from_row(row: Mapping[str, Any]) -> Alert:
 
 def due_job_from_row(row: Mapping[str, Any]) -> DueJob:
     return DueJob(int(row["id"]), int(row["priority"]), row["weight"], row["job_type"],
-                  row["affinity"], row["created_at"], row["available_at"])
+                  row["affinity"], row["created_at"], row["available_at"], row["avoid_host"])
 
 
 CAPACITY_EPSILON_GB = 1e-9

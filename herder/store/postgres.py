@@ -479,6 +479,12 @@ class PostgresStore(Store):
                 "label": label, "now": now, "agent_info": Jsonb(dict(agent_info))}).fetchone()
         return row is not None
 
+    def host_agent_gone(self, label: str, worker: str) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
+                               ).fetchone()
+        return row is not None
+
     def host_usage(self, now: datetime) -> dict[str, HostUsage]:
         with self._connection() as conn:
             rows = conn.execute(Q["host_usage"], {"now": now}).fetchall()

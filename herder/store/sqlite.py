@@ -574,6 +574,12 @@ class SQLiteStore(Store):
                 "agent_info": json.dumps(dict(agent_info))}).fetchone()
         return row is not None
 
+    def host_agent_gone(self, label: str, worker: str) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
+                               ).fetchone()
+        return row is not None
+
     def host_usage(self, now: datetime) -> dict[str, HostUsage]:
         rows = self._conn().execute(Q["host_usage"], {"now": now.timestamp()}).fetchall()
         return {row[0]: HostUsage(row[0], int(row[1]), float(row[2]), float(row[3]))

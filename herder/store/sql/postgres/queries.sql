@@ -128,6 +128,7 @@ WITH j AS (
         available_at = COALESCE(%(available_at)s::timestamptz, available_at),
         finished_at = CASE WHEN %(next_status)s::text = 'queued' AND NOT cancel_requested
                            THEN NULL ELSE %(now)s END,
+        avoid_host = CASE WHEN started_at IS NULL THEN host ELSE avoid_host END,
         cancel_requested = false,
         updated_at = %(now)s
     WHERE id = ANY(%(job_ids)s::bigint[])
@@ -258,6 +259,16 @@ RETURNING label;
 UPDATE herder_hosts SET last_heartbeat = %(now)s, agent_info = %(agent_info)s
 WHERE label = %(label)s RETURNING label;
 
+-- name: host_agent_gone
+-- The host's agent died (its guardian said so): not live until an agent heartbeats again.
+-- Only while the dead worker is the last one heard from, so a new agent is left alone, and
+-- not after a clean stop (the agent said so itself).
+UPDATE herder_hosts
+SET agent_info = agent_info || jsonb_build_object('stopped', true, 'gone', %(worker)s::text)
+WHERE label = %(label)s AND agent_info ->> 'worker' = %(worker)s
+  AND agent_info -> 'stopped' IS DISTINCT FROM 'true'::jsonb
+RETURNING label;
+
 -- name: host_usage
 SELECT h.label,
        coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
@@ -284,7 +295,7 @@ SELECT (SELECT count(*) FROM herder_jobs
 -- Fleet: placement -------------------------------------------------------------------------
 
 -- name: job_list_due
-SELECT id, priority, weight, job_type, affinity, created_at, available_at
+SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
 FROM herder_jobs
 WHERE status = 'queued' AND available_at <= %(now)s
 ORDER BY priority, id

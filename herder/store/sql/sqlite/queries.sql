@@ -107,6 +107,7 @@ UPDATE herder_jobs SET
     available_at = COALESCE(:available_at, available_at),
     finished_at = CASE WHEN :next_status = 'queued' AND NOT cancel_requested
                        THEN NULL ELSE :now END,
+    avoid_host = CASE WHEN started_at IS NULL THEN host ELSE avoid_host END,
     cancel_requested = 0,
     updated_at = :now
 FROM json_each(:tokens) AS t
@@ -219,6 +220,16 @@ RETURNING label;
 UPDATE herder_hosts SET last_heartbeat = :now, agent_info = :agent_info
 WHERE label = :label RETURNING label;
 
+-- name: host_agent_gone
+-- The host's agent died (its guardian said so): not live until an agent heartbeats again.
+-- Only while the dead worker is the last one heard from, so a new agent is left alone, and
+-- not after a clean stop (the agent said so itself).
+UPDATE herder_hosts SET agent_info = json_set(agent_info, '$.stopped', json('true'),
+                                              '$.gone', :worker)
+WHERE label = :label AND json_extract(agent_info, '$.worker') = :worker
+  AND NOT coalesce(json_extract(agent_info, '$.stopped'), 0)
+RETURNING label;
+
 -- name: host_usage
 SELECT h.label,
        coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
@@ -245,7 +256,7 @@ SELECT (SELECT count(*) FROM herder_jobs
 -- Fleet: placement -------------------------------------------------------------------------
 
 -- name: job_list_due
-SELECT id, priority, weight, job_type, affinity, created_at, available_at
+SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
 FROM herder_job_records
 WHERE status = 'queued' AND available_at <= :now
 ORDER BY priority, id
