@@ -628,19 +628,19 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
                 "kill_grace (%.0fs) is not shorter than attempt_lease (%.0fs): after a crash "
                 "the server may rerun a job before its old processes are gone",
                 runtime.kill_grace, runtime.attempt_lease)
-        # First, before any thread exists: the guardian that cleans up if this agent dies.
+        client = ServerClient(server_url, secret, label, verify=ca or True)
+        # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
+        # server that is not up yet is waited for.
+        client.check()
+        # Then, before any thread exists: the guardian that cleans up if this agent dies.
         from herder.runtime.agent import start_guardian
 
         start_guardian(label, runtime.kill_grace, server=server_url, token=secret, ca=ca)
-        client = ServerClient(server_url, secret, label, verify=ca or True)
         source = HttpSource(
             client, LocalGate(_names(job_types), _names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
             check_ram=not no_ram_check, kill_grace=runtime.kill_grace,
         )
-        # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
-        # server that is not up yet is waited for.
-        client.check()
         options = RunnerOptions(
             host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir,
             concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,

@@ -118,6 +118,8 @@ class FakeServer:
                                              "attempts": []})
         if kind == "finish":
             return httpx.Response(200, json={"accepted": True, "status": "done"})
+        if kind == "cancels":
+            return httpx.Response(200, json={"cancel": []})
         return httpx.Response(200, json={"accepted": True})
 
     def _record(self, key: str, answer: str, request: httpx.Request) -> None:
@@ -737,3 +739,19 @@ def test_heartbeat_reads_the_token_file_and_the_variable_wins(tmp_path, plain_se
                      env={"HERDER_TOKEN_FILE": str(path)})
     assert refused.returncode == 2
     assert "chmod 600" in one_line(refused)
+
+
+def test_calls_on_the_runners_thread_time_out_well_inside_the_fence(server, make_source) -> None:
+    """A server that swallows packets must not stall supervision for the client's whole
+    timeout: heartbeats and cancel checks give up after half a heartbeat interval (1 s at
+    least, 10 s at most)."""
+    source = make_source()
+    assert source.runner_timeout == 1.0  # heartbeat_interval 0.2 s: the floor
+    source.heartbeat([], datetime.now(UTC))
+    source.cancel_requested([7])
+    for key in ("heartbeat", "cancels"):
+        timeouts = server.requests(key)[-1].request.extensions["timeout"]
+        assert timeouts["read"] == 1.0, (key, timeouts)
+    slow = HttpSource(client_for(server), LocalGate(), 1, heartbeat_interval=60.0,
+                      check_ram=False, poll=False)
+    assert slow.runner_timeout == 10.0

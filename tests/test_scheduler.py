@@ -136,7 +136,7 @@ def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store)
     untaken, taken = [r.job_id for r in store.job_insert(
         [JobSpec(command=("true",)), JobSpec(command=("true",))], NOW)]
     store.job_assign("a", [(untaken, 3.0), (taken, 3.0)], 2, 16.0, NOW)
-    assert store.attempt_set_worker(AttemptToken(taken, 1), "a/1/2")
+    assert store.attempt_set_worker(AttemptToken(taken, 1), "a/1/2", NOW)
     watch = PickupWatch(store, timeout_seconds=25)
 
     assert watch.run_once(NOW + timedelta(seconds=24)) == {"timed_out": 0, "requeued": 0}
@@ -145,7 +145,7 @@ def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store)
         store.host_heartbeat(label, later, {"worker": f"{label}/1/2"})
     assert watch.run_once(later) == {"timed_out": 1, "requeued": 1}
     # the agent of `a` asking now gets nothing: the placement is fenced and gone
-    assert not store.attempt_set_worker(AttemptToken(untaken, 1), "a/1/2")
+    assert not store.attempt_set_worker(AttemptToken(untaken, 1), "a/1/2", later)
     job = store.job_get(untaken)
     assert (job.status, job.failures, job.lost, job.available_at) == (
         JobStatus.QUEUED, 0, 0, later)
@@ -173,7 +173,7 @@ def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(stor
         [JobSpec(command=("true",)) for _ in range(3)], NOW)]
     store.job_assign("a", [(mine, 3.0), (theirs, 3.0), (untaken, 3.0)], 4, 32.0, NOW)
     for job_id, worker in ((mine, dead), (theirs, other)):
-        assert store.attempt_set_worker(AttemptToken(job_id, 1), worker)
+        assert store.attempt_set_worker(AttemptToken(job_id, 1), worker, NOW)
         assert store.attempt_start(AttemptToken(job_id, 1), 100 + job_id, "/log", NOW)
 
     assert coordinator.agent_gone("a", dead) == {"lost": 1, "host_stopped": 1,
@@ -261,3 +261,16 @@ def test_a_replica_takes_over_when_the_leader_is_killed(postgres_url, tmp_path):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(20)
+
+
+def test_handing_a_placement_to_a_runner_starts_its_lease_again(store):
+    """A placement may wait for its agent up to the pickup timeout; the runner counts its
+    lease from when it asked, so the server must too, or a cut right after the handout
+    would let the server rescue the attempt before the runner fences it."""
+    store.host_insert(HostRecord("a", 20, prime_max_workers=2), NOW)
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], NOW)]
+    store.job_assign("a", [(job_id, 3.0)], 2, 16.0, NOW)
+    handout = NOW + timedelta(seconds=20)
+    assert store.attempt_set_worker(AttemptToken(job_id, 1), "a/1/2", handout)
+    [live] = store.attempt_list_live("a")
+    assert (live.attempt.worker, live.attempt.heartbeat_at) == ("a/1/2", handout)

@@ -122,6 +122,9 @@ class HttpSource(WorkSource):
         self.gate = gate
         self.concurrency = concurrency
         self.heartbeat_interval = heartbeat_interval
+        # Heartbeats and cancel checks run on the runner's thread: a server that swallows
+        # packets must not stall supervision (timeouts, kills, the fence) for long.
+        self.runner_timeout = max(1.0, min(10.0, heartbeat_interval / 2))
         self.long_poll = long_poll
         self.check_ram = check_ram
         self.kill_grace = kill_grace
@@ -251,7 +254,8 @@ class HttpSource(WorkSource):
             self._next_cancel_check = now + 0.5
             try:
                 reply = self.client.call("GET", "/cancels", retry=False,
-                                         params={"jobs": ",".join(map(str, job_ids))})
+                                         params={"jobs": ",".join(map(str, job_ids))},
+                                         timeout=self.runner_timeout)
                 self._cancels = {AttemptToken(j, a) for j, a in reply["cancel"]}
             except ServerError:
                 pass
@@ -312,7 +316,7 @@ class HttpSource(WorkSource):
     def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool,
                         with_attempts: bool = False) -> dict[str, Any]:
         reply: dict[str, Any] = self.client.call(
-            "POST", "/heartbeat", retry=retry, stop=self._stop,
+            "POST", "/heartbeat", retry=retry, stop=self._stop, timeout=self.runner_timeout,
             json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
                   "with_attempts": with_attempts,
                   "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),

@@ -390,7 +390,8 @@ class Coordinator:
         if free <= 0:
             return []
         jobs = self.store.attempt_list_assigned(label, free)
-        return [job for job in jobs if self.store.attempt_set_worker(job.token, worker)]
+        now = utcnow()
+        return [job for job in jobs if self.store.attempt_set_worker(job.token, worker, now)]
 
     def assignment_view(self, job: Job) -> dict[str, Any]:
         return {

@@ -130,7 +130,7 @@ class PickupWatch:
         for item in overdue:
             # Fence first: a runner taking it at this very moment either got it (and this
             # fails) or can no longer get it. The requeue below cannot race a start.
-            if self.store.attempt_set_worker(item.attempt.token, PICKUP_FENCE):
+            if self.store.attempt_set_worker(item.attempt.token, PICKUP_FENCE, now):
                 results.append(lost_result(item, now, max_lost=0))
                 log.warning("attempt %s: %s did not pick it up within %.1fs; placing it "
                             "again", item.attempt.token, item.attempt.host,

@@ -142,7 +142,8 @@ class AssignmentSource(StoreSource):
 
     def take(self, free: int, now: datetime) -> list[Job]:
         jobs = self.store.attempt_list_assigned(self.host, free)
-        return [job for job in jobs if self.store.attempt_set_worker(job.token, self.worker)]
+        return [job for job in jobs
+                if self.store.attempt_set_worker(job.token, self.worker, now)]
 
     def idle(self) -> bool:
         return not any(self.store.job_counts().values())

@@ -94,7 +94,7 @@ class SshLauncher:
             if host.transport is not Transport.SSH or not host.ssh_target:
                 continue
             for job in self.store.attempt_list_assigned(host.label, 100):
-                if not self.store.attempt_set_worker(job.token, self.worker):
+                if not self.store.attempt_set_worker(job.token, self.worker, utcnow()):
                     continue
                 self._launch(host.label, host.ssh_target, job)
                 counts["launched"] += 1

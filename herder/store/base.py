@@ -266,8 +266,9 @@ class Store(abc.ABC):
         """Claimed jobs placed on a host whose attempt has not started yet."""
 
     @abc.abstractmethod
-    def attempt_set_worker(self, token: AttemptToken, worker: str) -> bool:
-        """Take a placed attempt for one runner; False when another runner has it."""
+    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
+        """Take a placed attempt for one runner; False when another runner has it. Its
+        lease starts again at `now`."""
 
     @abc.abstractmethod
     def reservation_create(

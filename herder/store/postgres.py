@@ -535,10 +535,11 @@ class PostgresStore(Store):
                                 {"host": host, "limit": limit}).fetchall()
         return [job_from_row(row) for row in rows]
 
-    def attempt_set_worker(self, token: AttemptToken, worker: str) -> bool:
+    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
         with self._connection() as conn:
             row = conn.execute(Q["attempt_set_worker"], {
-                "job_id": token.job_id, "attempt": token.attempt, "worker": worker}).fetchone()
+                "job_id": token.job_id, "attempt": token.attempt, "worker": worker,
+                "now": now}).fetchone()
         return row is not None
 
     def reservation_create(

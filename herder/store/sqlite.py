@@ -627,10 +627,11 @@ class SQLiteStore(Store):
             Q["attempt_list_assigned"], {"host": host, "limit": limit}).fetchall()
         return [job_from_row(_convert(row)) for row in rows]
 
-    def attempt_set_worker(self, token: AttemptToken, worker: str) -> bool:
+    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
         with self._write() as conn:
             row = conn.execute(Q["attempt_set_worker"], {
-                "job_id": token.job_id, "attempt": token.attempt, "worker": worker}).fetchone()
+                "job_id": token.job_id, "attempt": token.attempt, "worker": worker,
+                "now": now.timestamp()}).fetchone()
         return row is not None
 
     def reservation_create(

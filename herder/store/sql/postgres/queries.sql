@@ -324,7 +324,9 @@ ORDER BY priority, id
 LIMIT %(limit)s;
 
 -- name: attempt_set_worker
-UPDATE herder_jobs SET worker = %(worker)s
+-- Hands a placement to a runner. The lease restarts here: the runner counts its own from
+-- before it asked, so its fence always comes before the server's rescue.
+UPDATE herder_jobs SET heartbeat_at = %(now)s, worker = %(worker)s
 WHERE id = %(job_id)s AND attempt = %(attempt)s AND status IN ('claimed', 'running')
   AND (worker = '' OR worker = %(worker)s)
 RETURNING id AS job_id;

@@ -279,7 +279,9 @@ ORDER BY priority, id
 LIMIT :limit;
 
 -- name: attempt_set_worker
-UPDATE herder_jobs SET worker = :worker
+-- Hands a placement to a runner. The lease restarts here: the runner counts its own from
+-- before it asked, so its fence always comes before the server's rescue.
+UPDATE herder_jobs SET heartbeat_at = :now, worker = :worker
 WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
   AND (worker = '' OR worker = :worker)
 RETURNING id AS job_id;
