@@ -635,12 +635,14 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # Then, before any thread exists: the guardian that cleans up if this agent dies.
         from herder.runtime.agent import start_guardian
 
-        start_guardian(label, runtime.kill_grace, server=server_url, token=secret, ca=ca)
+        guardian = start_guardian(label, runtime.kill_grace, server=server_url, token=secret,
+                                  ca=ca)
         source = HttpSource(
             client, LocalGate(_names(job_types), _names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
             check_ram=not no_ram_check, kill_grace=runtime.kill_grace,
         )
+        source.guardian_fd = guardian
         options = RunnerOptions(
             host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir,
             concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,

@@ -125,6 +125,43 @@ def test_kill9_agent_jobs_are_requeued_and_rerun_elsewhere(make_fleet, tmp_path,
 
 
 @pytest.mark.slow
+def test_a_frozen_agents_jobs_are_killed_by_its_guardian_before_they_run_elsewhere(
+        make_fleet, tmp_path, sqlite_url):
+    """alpha's agent is frozen (SIGSTOP of its process group) while its job runs: it can
+    neither heartbeat nor fence itself, and its job's processes, in a session of their own,
+    run on. Its guardian (not frozen: another session) kills them at their backstop
+    deadline, before the server declares the attempt lost and the job runs on beta; the
+    flock sees no overlap. Thawed, the agent's late report is dropped."""
+    fleet = make_fleet(tmp_path, sqlite_url,
+                       runtime={"attempt_lease": "6s", "fence_margin": "2s"})
+    job_id, events, overlap = hanging_job_on_alpha(fleet, tmp_path)
+    survivors = fleet.job_processes(job_id)
+    assert survivors and {p.attempt for p in survivors} == {1}, survivors
+    fleet.start_agent("beta")
+    agent = fleet.agents["alpha"]
+
+    os.killpg(agent.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not alive(survivors), 30,
+                 "the guardian to kill the frozen agent's job processes", fleet.describe)
+        first = attempt_of(fleet, job_id, 1)
+        assert first is not None and first.outcome is None, (
+            f"the server declared attempt 1 {first.outcome if first else None} before its "
+            "processes were gone")
+        rerun = wait_for(lambda: started_line(events, job_id, 2) or read_lines(overlap), 30,
+                         "attempt 2 to run on beta", fleet.describe)
+        assert rerun
+    finally:
+        os.killpg(agent.pid, signal.SIGCONT)
+
+    assert read_lines(overlap) == [], "attempt 2 found attempt 1 still holding the job's lock"
+    done = fleet.wait_status(job_id, JobStatus.DONE)
+    assert attempt_of(fleet, job_id, done.attempt).host == "beta"
+    assert attempt_of(fleet, job_id, 1).outcome is Outcome.LOST
+    assert f"guardian: attempt {job_id}.1 outlived its lease unrenewed" in fleet.stderr_of(agent)
+
+
+@pytest.mark.slow
 def test_agent_restarted_within_the_lease_kills_survivors_before_the_rerun(
         make_fleet, tmp_path, sqlite_url):
     """The agent's guardian kills the dead agent's job processes at once and reports the

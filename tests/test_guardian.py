@@ -1,16 +1,19 @@
-"""The guardian's report that its agent died (`herder.runtime.guardian.report_gone`),
-against `httpx.MockTransport`; the whole path runs with real processes in
-tests/test_fleet_faults.py."""
+"""The guardian: its report that its agent died (`report_gone`, against
+`httpx.MockTransport`) and its watch over the attempts' deadlines (a real pipe); the whole
+path runs with real processes in tests/test_fleet_faults.py."""
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 
 import httpx
 import pytest
 
 from herder.backoff import Backoff
-from herder.runtime.guardian import report_gone
+from herder.runtime.guardian import decode_deadlines, due, encode_deadlines, report_gone, watch
 
 TOKEN = "hdr_secret-token-never-logged"
 
@@ -71,3 +74,46 @@ def test_an_unreachable_server_is_given_up_within_the_budget(caplog):
     assert len(calls) >= 2 and all(delay <= 0.05 for delay in slept)
     assert "could not tell the server agent alpha/10/20 is gone (ConnectError)" in caplog.text
     assert TOKEN not in caplog.text
+
+
+# -- the deadline watch ---------------------------------------------------------------------
+
+
+def test_deadlines_round_trip_and_malformed_entries_are_skipped():
+    deadlines = {"7.1@alpha/10/20": 123.25, "8.2@alpha/10/20": 99.5}
+    line = encode_deadlines(deadlines)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode_deadlines(line.rstrip(b"\n")) == deadlines
+    assert decode_deadlines(b"a=1.5 junk =2 b=nan c=x d=3") == {"a": 1.5, "d": 3.0}
+    assert decode_deadlines(b"") == {}
+    assert due({"a": 1.0, "b": 2.0, "c": 3.0}, 2.0) == ["a", "b"]
+
+
+def test_watch_kills_only_what_passed_its_deadline_and_ends_with_the_pipe():
+    read_end, write_end = os.pipe()
+    killed: list[list[str]] = []
+    first_kill = threading.Event()
+
+    def kill(markers: list[str]) -> None:
+        killed.append(markers)
+        first_kill.set()
+
+    watcher = threading.Thread(target=watch, args=(read_end, kill), daemon=True)
+    watcher.start()
+    try:
+        now = time.monotonic()
+        # Written in two pieces: a line counts only once it is whole.
+        line = encode_deadlines({"soon": now + 0.2, "later": now + 3600})
+        os.write(write_end, line[:5])
+        os.write(write_end, line[5:])
+        assert first_kill.wait(30), "the overdue attempt was never killed"
+        assert killed == [["soon"]]
+        # Renewed by the agent, an attempt is watched again; an empty line clears all.
+        os.write(write_end, encode_deadlines({"later": time.monotonic() + 3600}))
+        os.write(write_end, encode_deadlines({}))
+    finally:
+        os.close(write_end)
+    watcher.join(30)
+    assert not watcher.is_alive(), "the watch did not end when the agent's end closed"
+    assert killed == [["soon"]]
+    os.close(read_end)

@@ -1,17 +1,28 @@
-"""What an agent's guardian tells the server when the agent dies.
+"""An agent's guardian: what it watches and what it tells the server.
 
-The guardian (`herder.runtime.agent.start_guardian`) kills a dead agent's jobs; then this
-reports the agent gone, so the server declares its attempts lost and keeps work off the
-host at once instead of after the lease. Best effort: a few seconds of retries, then the
-lease still applies. The token is sent, never logged.
+The guardian (`herder.runtime.agent.start_guardian`) is a process in a session of its own,
+reading a pipe from its agent. Two things end an attempt through it:
+
+* The agent dies (the pipe closes): the guardian kills the agent's jobs, then reports the
+  agent gone, so the server declares its attempts lost and keeps work off the host at once
+  instead of after the lease. Best effort: a few seconds of retries, then the lease still
+  applies. The token is sent, never logged.
+* The agent is frozen (SIGSTOP, a debugger, a stuck runner thread) while its jobs run on:
+  it cannot fence itself, so the guardian does. After every change the agent writes each
+  running attempt's backstop deadline (monotonic seconds, a clock the two processes share);
+  an attempt whose deadline passes without renewal is killed, half a fence margin before
+  the server may declare it lost and run it elsewhere.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import select
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import httpx
 
@@ -21,6 +32,56 @@ log = logging.getLogger("herder.guardian")
 
 REPORT_BUDGET_SECONDS = 5.0
 """How long the guardian keeps trying; a supervisor restarting the agent must not wait."""
+
+
+def encode_deadlines(deadlines: Mapping[str, float]) -> bytes:
+    """One line: `marker=deadline` for each running attempt (markers hold no space or =)."""
+    return (" ".join(f"{marker}={deadline:.3f}"
+                     for marker, deadline in sorted(deadlines.items())) + "\n").encode()
+
+
+def decode_deadlines(line: bytes) -> dict[str, float]:
+    """The attempts of one line; a malformed entry is skipped, never guessed."""
+    deadlines: dict[str, float] = {}
+    for entry in line.decode(errors="replace").split():
+        marker, _, value = entry.rpartition("=")
+        try:
+            deadline = float(value)
+        except ValueError:
+            continue
+        if marker and math.isfinite(deadline):
+            deadlines[marker] = deadline
+    return deadlines
+
+
+def due(deadlines: Mapping[str, float], now: float) -> list[str]:
+    return sorted(marker for marker, deadline in deadlines.items() if deadline <= now)
+
+
+def watch(read_end: int, kill: Callable[[list[str]], None],
+          clock: Callable[[], float] = time.monotonic) -> None:
+    """Read deadline lines until the agent's end of the pipe closes; kill the attempts
+    whose deadline passes in between (each once, until the agent names it again)."""
+    deadlines: dict[str, float] = {}
+    pending = b""
+    while True:
+        soonest = min(deadlines.values(), default=math.inf)
+        timeout = None if soonest == math.inf else max(0.0, soonest - clock())
+        readable, _, _ = select.select([read_end], [], [], timeout)
+        if not readable:
+            overdue = due(deadlines, clock())
+            if overdue:
+                kill(overdue)
+                for marker in overdue:
+                    deadlines.pop(marker, None)
+            continue
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            return
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if lines:
+            deadlines = decode_deadlines(lines[-1])
 
 
 def report_gone(

@@ -331,6 +331,7 @@ class Runner:
         if self.running and mono >= self._next_heartbeat:
             self._heartbeat(mono)
         self._fence(time.monotonic())
+        self._publish_leases()
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -464,6 +465,15 @@ class Runner:
             attempt.renewed = max(attempt.renewed, sent)
             if attempt.token in reply.cancel:
                 attempt.request_stop(Outcome.CANCELLED, mono)
+
+    def _publish_leases(self) -> None:
+        """Each running attempt's backstop, for a watchdog that outlives a frozen runner
+        (the agent's guardian): half a fence margin after this runner's own fence, still
+        half a margin before the lease ends and the attempt may run elsewhere."""
+        lease = self.source.lease_seconds or self.options.attempt_lease
+        margin = fence_margin(lease, self.options.fence_margin)
+        self.source.leases({attempt.marker: attempt.renewed + lease - margin / 2
+                            for attempt in self.running.values()})
 
     def _fence(self, mono: float) -> None:
         """Stop the attempts whose lease this runner could not renew in time, before the

@@ -8,7 +8,7 @@ the source differs: `herder up` claims straight from the store, a `local` host u
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -81,6 +81,10 @@ class WorkSource(abc.ABC):
 
     def drain(self) -> None:
         """Ask for no new work (the runner is shutting down)."""
+
+    def leases(self, deadlines: Mapping[str, float]) -> None:
+        """The running attempts' backstop deadlines (attempt marker -> monotonic seconds),
+        after each change, for a watchdog that outlives a frozen runner; none by default."""
 
     def maintain(self, now: datetime) -> None:
         """Periodic upkeep (rescuing orphans); nothing by default."""
