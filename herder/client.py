@@ -18,11 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from herder.config import Config, load_config
-from herder.errors import NotFound
-from herder.intake import SubmitRequest, resolve
+from herder.errors import InputError, NotFound
+from herder.intake import resolve
 from herder.model import Attempt, Event, Job, JobStatus
 from herder.store import Store, open_store
+from herder.wire import SubmitBody
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,16 @@ class Submitted:
     job_id: int
     created: bool
     status: JobStatus
+
+
+def submit_body(**fields: Any) -> SubmitBody:
+    """The API's submit body from Python values; InputError names the first bad field."""
+    try:
+        return SubmitBody(**fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "submit"
+        raise InputError(field, error["msg"]) from None
 
 
 class Client:
@@ -56,27 +69,21 @@ class Client:
         command: Sequence[str] | None = None,
         payload: Mapping[str, Any] | None = None,
         *,
-        priority: int | None = None,
-        weight: str | None = None,
-        dedup_key: str | None = None,
-        force: bool = False,
-        affinity: str | None = None,
         available_at: datetime | None = None,
-        max_attempts: int | None = None,
-        timeout_seconds: float | None = None,
-        workdir: str | None = None,
-        env: Mapping[str, str] | None = None,
         check_command: bool = True,
+        **fields: Any,
     ) -> Submitted:
-        """Validate and enqueue one job. Raises InputError (naming the field) on bad input."""
-        request = SubmitRequest(
-            job_type=job_type, command=command, payload=payload or {}, priority=priority,
-            weight=weight, dedup_key=dedup_key, affinity=affinity, available_at=available_at,
-            max_attempts=max_attempts, timeout_seconds=timeout_seconds, workdir=workdir,
-            env=env or {}, check_command=check_command,
-        )
-        spec = resolve(self.config, request)
-        result = self.store.job_insert([spec], datetime.now(UTC), force=force)[0]
+        """Validate and enqueue one job. `fields` are those of `herder.wire.SubmitBody`, the
+        HTTP API's submit body (priority, weight, dedup_key, force, affinity, max_attempts,
+        timeout_seconds, workdir, env, delay_seconds); `available_at` stands for
+        delay_seconds. Raises InputError (naming the field) on bad input."""
+        now = datetime.now(UTC)
+        if available_at is not None and available_at > now:
+            fields["delay_seconds"] = (available_at - now).total_seconds()
+        request = submit_body(job_type=job_type, command=command, payload=payload or {},
+                              **fields)
+        spec = resolve(self.config, request, now, check_command=check_command)
+        result = self.store.job_insert([spec], now, force=request.force)[0]
         return Submitted(result.job_id, result.created, result.status)
 
     def get(self, job_id: int) -> Job:

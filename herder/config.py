@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from herder.errors import ConfigError, InputError
+from herder.model import MAX_DURATION
 from herder.urls import DEFAULT_DB
 
 CONFIG_FILE = "herder.toml"
@@ -30,10 +31,6 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?
                        r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-MAX_DURATION = 366 * 86400.0
-"""Longer is surely a typo, and would overflow datetime arithmetic downstream."""
 
 
 def parse_duration(value: object) -> float:

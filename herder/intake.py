@@ -12,40 +12,18 @@ import shlex
 import shutil
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from herder.config import Config, JobTypeSection
 from herder.errors import InputError
-from herder.model import JobSpec
+from herder.model import INT_MAX, INT_MIN, JobSpec
+from herder.wire import SubmitBody
 
 ADHOC = "adhoc"
 _FORMATTER = string.Formatter()
 MAX_PAYLOAD_BYTES = 1_000_000
-INT_MIN, INT_MAX = -(2**31), 2**31 - 1  # the store's integer columns
-
-
-@dataclass(frozen=True)
-class SubmitRequest:
-    """What a caller asks for; None means "take the job type's or the config's default"."""
-
-    job_type: str | None = None
-    command: Sequence[str] | None = None
-    payload: Mapping[str, Any] = field(default_factory=dict)
-    priority: int | None = None
-    weight: str | None = None
-    dedup_key: str | None = None
-    affinity: str | None = None
-    available_at: datetime | None = None
-    max_attempts: int | None = None
-    timeout_seconds: float | None = None
-    workdir: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    check_command: bool = True
-    local: bool = True
-    """Submitted on the machine that runs it: the workdir defaults to the current one."""
 
 
 def parse_payload(text: str) -> dict[str, Any]:
@@ -83,8 +61,13 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
 
 
-def resolve(config: Config, request: SubmitRequest) -> JobSpec:
-    """Validate a request against the config and render its command, env and workdir."""
+def resolve(config: Config, request: SubmitBody, now: datetime | None = None, *,
+            local: bool = True, check_command: bool = True) -> JobSpec:
+    """Validate a request against the config and render its command, env and workdir.
+
+    `local`: submitted on the machine that runs it, so the workdir defaults to the current
+    one; `check_command`: the command must exist there. The request's own checks are
+    repeated here, so a request built without validation cannot get past them."""
     settings = config.settings
     defaults = settings.defaults
     payload = dict(request.payload)
@@ -175,13 +158,13 @@ def resolve(config: Config, request: SubmitRequest) -> JobSpec:
         workdir = request.workdir
     elif workdir_template is not None:
         workdir = render(workdir_template, context, f"job_types.{request.job_type}.workdir")
-    elif request.local:
+    elif local:
         workdir = os.getcwd()
     else:
         workdir = None
-    if workdir is not None and request.local:
+    if workdir is not None and local:
         workdir = str(Path(os.path.expanduser(workdir)).resolve())
-    if request.check_command and workdir is not None:
+    if check_command and workdir is not None:
         if not os.path.isdir(workdir):
             raise InputError("workdir", f"{workdir} is not a directory",
                              "create it or pass --workdir")
@@ -198,7 +181,7 @@ def resolve(config: Config, request: SubmitRequest) -> JobSpec:
         weight=weight,
         dedup_key=request.dedup_key,
         affinity=request.affinity,
-        available_at=request.available_at,
+        available_at=request.available_at(now or datetime.now(UTC)),
         max_attempts=max_attempts,
         timeout_seconds=timeout,
         env=env,

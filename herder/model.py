@@ -10,6 +10,12 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 JSONObject = Mapping[str, Any]
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+"""The store's integer columns."""
+BIGINT_MAX = 2**63 - 1
+"""The store's ids."""
+MAX_DURATION = 366 * 86400.0
+"""Longer is surely a typo, and would overflow datetime arithmetic downstream."""
 _Frozen = TypeVar("_Frozen", bound=type)
 
 

@@ -115,3 +115,20 @@ def test_the_openapi_document_describes_request_bodies(tmp_path, monkeypatch):
     body = submit["requestBody"]["content"]["application/json"]["schema"]
     assert body["$ref"].endswith("/SubmitBody")
     assert "command" in document["components"]["schemas"]["SubmitBody"]["properties"]
+
+
+def test_the_openapi_document_describes_every_response(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with open_store(f"sqlite:///{tmp_path / 'doc.db'}") as store:
+        document = create_app(Coordinator(store, Config(Settings(), None), host="s")).openapi()
+    untyped = []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            success = next(answer for code, answer in operation["responses"].items()
+                           if code.startswith("2"))
+            schema = success.get("content", {}).get("application/json", {}).get("schema", {})
+            if not schema.get("$ref") and not schema.get("items", {}).get("$ref"):
+                untyped.append(f"{method.upper()} {path}")
+    assert untyped == []
+    assignment = document["components"]["schemas"]["Assignment"]
+    assert {"id", "attempt", "command", "env", "ram_gb"} <= set(assignment["required"])

@@ -38,6 +38,7 @@ from herder.runtime.runner import (
     fence_kill_at,
     fence_margin,
 )
+from herder.wire import HeartbeatReply, HostGate, pairs
 
 # -- the decision (pure) ------------------------------------------------------------------------
 
@@ -123,10 +124,12 @@ class CuttableServer:
             with self.lock:
                 self.accepted.append((time.monotonic(), running))
                 ended = {token for kind, token, _ in self.reports if kind == "finish"}
-            return httpx.Response(200, json={
-                "live": sorted([t.job_id, t.attempt] for t in running - ended), "cancel": [],
-                "host": {"enabled": True, "max_workers": 1}, "attempts": [],
-                "lease_seconds": SERVER_LEASE})
+            gate = HostGate(label=self.label, enabled=True, window="prime", max_workers=1,
+                            max_weight=None, allowed_job_types=None, allowed_weights=None,
+                            priority_floor=None, weights={"light": 3.0}, escalation=["light"])
+            reply = HeartbeatReply(live=pairs(running - ended), cancel=[], host=gate,
+                                   lease_seconds=SERVER_LEASE)
+            return httpx.Response(200, json=reply.model_dump(mode="json"))
         if tail == "/assignments":
             with self.lock:
                 jobs = [] if self.handed_out else [self.view]

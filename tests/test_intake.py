@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from herder.config import Config, load_config
 from herder.errors import InputError
-from herder.intake import SubmitRequest, parse_assignments, parse_payload, resolve
+from herder.intake import parse_assignments, parse_payload, resolve
+from herder.wire import SubmitBody
 
 CONFIG = """
 [defaults]
@@ -96,11 +97,12 @@ def config(tmp_path, monkeypatch) -> Config:
     return load_config(path)
 
 
-def request(job_type: str | None = None, command=None, **fields) -> SubmitRequest:
-    return SubmitRequest(job_type=job_type, command=command, **fields)
+def request(job_type: str | None = None, command=None, **fields) -> SubmitBody:
+    """Unvalidated, so `resolve`'s own checks are what these tests see."""
+    return SubmitBody.model_construct(job_type=job_type, command=command, **fields)
 
 
-def rejected(config: Config, req: SubmitRequest) -> InputError:
+def rejected(config: Config, req: SubmitBody) -> InputError:
     with pytest.raises(InputError) as raised:
         resolve(config, req)
     return raised.value
@@ -347,7 +349,7 @@ def test_command_is_looked_up_on_the_jobs_own_path(config, tmp_path):
 
 def test_no_check_skips_the_command_and_workdir_checks(config, tmp_path):
     spec = resolve(config, request(command=["no-such-program-for-herder-tests"],
-                                   workdir=str(tmp_path / "not-yet"), check_command=False))
+                                   workdir=str(tmp_path / "not-yet")), check_command=False)
     assert spec.command == ("no-such-program-for-herder-tests",)
     assert spec.workdir == str((tmp_path / "not-yet").resolve())
 

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from herder import wire
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.agent_client import (
     FINAL_LOG_WAIT,
@@ -42,6 +43,7 @@ from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.runtime.process import kill_tree, process_start_time, token_markers, tree_alive
 from herder.runtime.sources import WorkSource
 from herder.store import Waker
+from herder.wire import FinishBody, StartBody
 
 log = logging.getLogger("herder.agent")
 
@@ -135,7 +137,7 @@ class HttpSource(WorkSource):
         self.handed_back: Outcome | None = None
         self.in_flight: Callable[[], int] = lambda: 0
         self.draining = threading.Event()
-        self.server_gate: dict[str, Any] = {}
+        self.server_gate: wire.HostGate | None = None
         self.host_attempts: list[tuple[AttemptToken, str]] = []
         self.stopped = False
         self.close_timeout = close_timeout
@@ -208,8 +210,8 @@ class HttpSource(WorkSource):
         if refusal is not None:
             log.warning("job %d refused: %s", job.id, refusal)
             self.handed_back = Outcome.REFUSED
-            self._report(job.token, "finish", {"outcome": str(Outcome.REFUSED),
-                                               "retry_after": 0, "detail": refusal})
+            self._report(job.token, "finish", FinishBody(outcome=Outcome.REFUSED,
+                                                         retry_after=0, detail=refusal))
             return False
         if self.check_ram and job.ram_gb > 0:
             available = mem_available_gb()
@@ -217,29 +219,26 @@ class HttpSource(WorkSource):
                 log.warning("job %d handed back: needs %.1f GB x %.1f, %.1f GB available",
                             job.id, job.ram_gb, RAM_FACTOR, available)
                 self.handed_back = Outcome.RAM_CONTENTION
-                self._report(job.token, "finish", {"outcome": str(Outcome.RAM_CONTENTION),
-                                                   "detail": f"{available:.1f} GB free"})
+                self._report(job.token, "finish", FinishBody(
+                    outcome=Outcome.RAM_CONTENTION, detail=f"{available:.1f} GB free"))
                 return False
         return True
 
 
     def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
         self._logs.add(token, Path(log_path))
-        self._report(token, "start", {"pid": pid, "log_path": log_path})
+        self._report(token, "start", StartBody(pid=pid, log_path=log_path))
         return True
 
     def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
         # A failure raises: nothing was renewed, and the runner stops the attempts before
         # their lease ends if the server stays out of reach (self-fencing).
         reply = self._heartbeat_call(tokens, retry=False)
-        lease = reply.get("lease_seconds")
-        if isinstance(lease, int | float) and not isinstance(lease, bool) and lease > 0:
-            self.lease_seconds = float(lease)  # the server's lease is the one it enforces
-        live = frozenset(AttemptToken(j, a) for j, a in reply["live"])
+        if reply.lease_seconds is not None and reply.lease_seconds > 0:
+            self.lease_seconds = reply.lease_seconds  # the one the server enforces
         # An attempt whose start report is still in the outbox is not live on the server yet.
         pending = frozenset(t for t in tokens if self._pending_start(t))
-        cancel = frozenset(AttemptToken(j, a) for j, a in reply["cancel"])
-        return HeartbeatReply(live | pending, cancel)
+        return HeartbeatReply(wire.tokens(reply.live) | pending, wire.tokens(reply.cancel))
 
     def finished(self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
                  retry_after: float | None = None) -> JobStatus | None:
@@ -247,8 +246,8 @@ class HttpSource(WorkSource):
         # reaping, heartbeats, drain) for as long as the server is unreachable. The finish
         # waits for the last log chunks only while they go through (see `_log_hold`).
         self._logs.finish(job.token)
-        self._report(job.token, "finish", {"outcome": str(outcome), "exit_code": exit_code,
-                                           "retry_after": retry_after})
+        self._report(job.token, "finish", FinishBody(outcome=outcome, exit_code=exit_code,
+                                                     retry_after=retry_after))
         return None
 
     def leases(self, deadlines: Mapping[str, float]) -> None:
@@ -270,10 +269,10 @@ class HttpSource(WorkSource):
         if now >= self._next_cancel_check and job_ids:
             self._next_cancel_check = now + 0.5
             try:
-                reply = self.client.call("GET", "/cancels", retry=False,
-                                         params={"jobs": ",".join(map(str, job_ids))},
-                                         timeout=self.runner_timeout)
-                self._cancels = {AttemptToken(j, a) for j, a in reply["cancel"]}
+                reply = wire.Cancels.model_validate(self.client.call(
+                    "GET", "/cancels", retry=False, params={"jobs": ",".join(map(str, job_ids))},
+                    timeout=self.runner_timeout))
+                self._cancels = set(wire.tokens(reply.cancel))
             except ServerError:
                 pass
         return set(self._cancels)
@@ -302,7 +301,7 @@ class HttpSource(WorkSource):
                 continue
             log.warning("attempt %s survived a dead agent (pids %s): killing it", token, pids)
             if kill_tree(None, marker, self.kill_grace):
-                self._report(token, "finish", {"outcome": str(Outcome.LOST)})
+                self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
                 reported.add(token)
         for token, worker_text in self.host_attempts:
             worker = WorkerId.parse(worker_text)
@@ -312,7 +311,7 @@ class HttpSource(WorkSource):
             if kill_tree(None, f"{token}@{worker_text}", self.kill_grace):
                 log.warning("attempt %s belonged to a dead agent of this host: reporting it "
                             "lost", token)
-                self._report(token, "finish", {"outcome": str(Outcome.LOST)})
+                self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
                 reported.add(token)
         self.host_attempts = [(t, w) for t, w in self.host_attempts if t not in reported]
 
@@ -321,8 +320,8 @@ class HttpSource(WorkSource):
     def _pending_start(self, token: AttemptToken) -> bool:
         return self._outbox.pending(token, "start")
 
-    def _report(self, token: AttemptToken, kind: str, body: dict[str, Any]) -> None:
-        self._outbox.put(token, kind, body)
+    def _report(self, token: AttemptToken, kind: str, body: StartBody | FinishBody) -> None:
+        self._outbox.put(token, kind, body.model_dump(mode="json", exclude_unset=True))
 
     def _log_hold(self, report: Report) -> float:
         """When `report` may go (monotonic): a finish waits a little for its log."""
@@ -331,19 +330,19 @@ class HttpSource(WorkSource):
         return 0.0
 
     def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool,
-                        with_attempts: bool = False) -> dict[str, Any]:
-        reply: dict[str, Any] = self.client.call(
+                        with_attempts: bool = False) -> wire.HeartbeatReply:
+        answer = self.client.call(
             "POST", "/heartbeat", retry=retry, stop=self._stop, timeout=self.runner_timeout,
             json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
                   "with_attempts": with_attempts,
                   "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
                            "draining": self.draining.is_set(), "stopped": self.stopped,
                            "gate": self.gate.view()}})
-        if reply.get("host"):
-            self.server_gate = reply["host"]
+        reply = wire.HeartbeatReply.model_validate(answer)
+        if reply.host is not None:
+            self.server_gate = reply.host
         if with_attempts:
-            self.host_attempts = [(AttemptToken(j, a), w)
-                                  for j, a, w in reply.get("attempts", [])]
+            self.host_attempts = [(AttemptToken(j, a), w) for j, a, w in reply.attempts]
         return reply
 
     def _host_heartbeat(self, retry: bool, with_attempts: bool = False) -> None:
@@ -353,9 +352,9 @@ class HttpSource(WorkSource):
     def _free(self) -> int:
         """Self-gate: enabled, the current window's worker cap, what is in flight."""
         gate = self.server_gate
-        if self.draining.is_set() or not gate.get("enabled", False):
+        if self.draining.is_set() or gate is None or not gate.enabled:
             return 0
-        cap = min(self.concurrency, int(gate.get("max_workers", 0)))
+        cap = min(self.concurrency, gate.max_workers)
         return max(0, cap - self.in_flight() - self._inbox.qsize())
 
     def _poll_loop(self) -> None:
@@ -371,13 +370,14 @@ class HttpSource(WorkSource):
                     self._stop.wait(min(1.0, self.heartbeat_interval))
                     continue
                 wait = min(self.long_poll, max(0.5, next_heartbeat - time.monotonic()))
-                reply = self.client.call("GET", "/assignments", stop=self._stop,
-                                         params={"worker": self.worker, "free": free,
-                                                 "wait": wait},
-                                         timeout=wait + 10.0)
-                for view in reply["jobs"]:
-                    self._inbox.put(job_from_assignment(view))
-                if reply["jobs"]:
+                reply = wire.Assignments.model_validate(self.client.call(
+                    "GET", "/assignments", stop=self._stop,
+                    params={"worker": self.worker, "free": free, "wait": wait},
+                    timeout=wait + 10.0))
+                now = datetime.now().astimezone()
+                for assignment in reply.jobs:
+                    self._inbox.put(assignment.job(now))
+                if reply.jobs:
                     self._wake.set()
                 trouble.reset()
             except ServerUnavailable:
@@ -396,10 +396,11 @@ class HttpSource(WorkSource):
 def fetch_attempt(client: ServerClient, token: AttemptToken) -> Job | None:
     """One placed attempt of the client's host (for `herder run-attempt` over ssh)."""
     try:
-        view = client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False)
+        reply = wire.PlacedAttempt.model_validate(
+            client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False))
     except ServerError:
         return None
-    return job_from_assignment(view["job"]) if view.get("job") else None
+    return None if reply.job is None else reply.job.job(datetime.now().astimezone())
 
 
 class SingleAttemptSource(HttpSource):
@@ -488,23 +489,8 @@ def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:
 
 
 def job_from_assignment(view: dict[str, Any]) -> Job:
-    def stamp(value: str | None) -> datetime:
-        return datetime.fromisoformat(value) if value else datetime.now().astimezone()
-
-    return Job(
-        id=int(view["id"]), job_type=view["job_type"], command=tuple(view["command"]),
-        shell=bool(view["shell"]), payload=view["payload"], priority=int(view["priority"]),
-        weight=view["weight"], dedup_key=None, affinity=None,
-        available_at=stamp(view.get("available_at")), max_attempts=int(view["max_attempts"]),
-        timeout_seconds=view["timeout_seconds"], env=view["env"], workdir=view["workdir"],
-        backoff_base_seconds=float(view["backoff_base_seconds"]),
-        backoff_max_seconds=float(view["backoff_max_seconds"]), status=JobStatus.CLAIMED,
-        attempt=int(view["attempt"]), failures=int(view["failures"]), lost=int(view["lost"]),
-        host=None, exit_code=None, failure_reason=None, cancel_requested=False,
-        created_at=stamp(view.get("created_at")), claimed_at=None, started_at=None,
-        finished_at=None, updated_at=stamp(view.get("updated_at")),
-        ram_gb=float(view["ram_gb"]), spawn_failures=int(view["spawn_failures"]),
-    )
+    """An assignment as the server sends it, as the job the agent runs."""
+    return wire.Assignment.model_validate(view).job(datetime.now().astimezone())
 
 
 SYSTEMD_UNIT = """\

@@ -15,20 +15,26 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from herder.api.board import AssignmentBoard
 from herder.backoff import Backoff
 from herder.config import Config
 from herder.errors import Conflict, InputError, NotFound
+from herder.intake import resolve
 from herder.model import (
+    Attempt,
     AttemptResult,
     AttemptToken,
+    Event,
     HostRecord,
+    HostUsage,
+    InsertResult,
     Job,
+    JobSpec,
     JobStatus,
     Outcome,
     Reservation,
     ReservationKind,
     ReservationStatus,
+    TokenRecord,
     Transport,
 )
 from herder.runtime.loop_health import Loop, LoopRegistry
@@ -49,9 +55,13 @@ from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import Lease
 from herder.views import iso
+from herder.wire import HeartbeatReply, HostGate, HostView, SubmitBody, WindowView, pairs
 
 log = logging.getLogger("herder.coordinator")
-SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; board notifications wake it sooner
+SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
+AssignmentListener = Callable[[set[str]], None]
+"""Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
+long-polls of those hosts' agents, the ssh launcher its loop."""
 
 
 @dataclass
@@ -110,13 +120,12 @@ class Coordinator:
         self.config = config
         self.settings = config.settings
         self.fleet = Fleet.from_settings(config.settings)
-        self.board = AssignmentBoard()
         self.host = host or config.settings.herder.host or default_host()
         runtime = self.settings.runtime
         self.limits = PolicyLimits(runtime.max_lost, self.settings.fleet.max_spawn_failures,
                                    self.settings.fleet.spawn_backoff)
         self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
-        self.board_listeners: list[Any] = []
+        self.assignment_listeners: list[AssignmentListener] = []
         self.scheduler = Scheduler(store, self.fleet, on_assigned=self._assigned)
         self.public_url = config.settings.server.public_url or ""
         self.is_leader = False
@@ -221,9 +230,8 @@ class Coordinator:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _assigned(self, hosts: set[str]) -> None:
-        self.board.notify(hosts)
-        for listener in self.board_listeners:
-            listener()
+        for listener in list(self.assignment_listeners):
+            listener(hosts)
 
     def poke(self) -> None:
         """Something changed here (a submit, a finish): run a placement cycle soon."""
@@ -350,7 +358,7 @@ class Coordinator:
         launcher = SshLauncher(
             self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
             self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}")
-        self.board_listeners.append(launcher.wake.set)
+        self.assignment_listeners.append(lambda _hosts: launcher.wake.set())
         loop = self.loops.register("ssh", SSH_INTERVAL)
         backoff = Backoff(base=SSH_INTERVAL, cap=10.0)
         try:
@@ -393,19 +401,32 @@ class Coordinator:
         now = utcnow()
         return [job for job in jobs if self.store.attempt_set_worker(job.token, worker, now)]
 
-    def assignment_view(self, job: Job) -> dict[str, Any]:
-        return {
-            "id": job.id, "attempt": job.attempt, "job_type": job.job_type,
-            "command": list(job.command), "shell": job.shell, "payload": dict(job.payload),
-            "priority": job.priority, "weight": job.weight, "ram_gb": job.ram_gb,
-            "env": dict(job.env), "workdir": job.workdir, "timeout_seconds": job.timeout_seconds,
-            "max_attempts": job.max_attempts, "failures": job.failures, "lost": job.lost,
-            "spawn_failures": job.spawn_failures,
-            "backoff_base_seconds": job.backoff_base_seconds,
-            "backoff_max_seconds": job.backoff_max_seconds,
-            "available_at": iso(job.available_at), "created_at": iso(job.created_at),
-            "updated_at": iso(job.updated_at),
-        }
+    def placed_attempt(self, label: str, token: AttemptToken) -> Job | None:
+        """The job of an attempt placed on `label` and not started yet (ssh push)."""
+        job = self.store.job_get(token.job_id)
+        if (job is None or job.host != label or job.attempt != token.attempt
+                or job.status is not JobStatus.CLAIMED):
+            return None
+        return job
+
+    def agent_heartbeat(self, label: str, worker: str, running: list[AttemptToken],
+                        info: dict[str, Any], with_attempts: bool) -> HeartbeatReply:
+        """Renew the host and the attempts its agent runs; say which of them still live."""
+        stamp = utcnow()
+        self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
+        reply = self.store.attempt_heartbeat(running, stamp)
+        host = self.store.host_get(label)
+        attempts = self.store.attempt_list_live(label) if with_attempts else []
+        return HeartbeatReply(
+            live=pairs(reply.live), cancel=pairs(reply.cancel),
+            host=self.host_gate(host, stamp) if host else None,
+            attempts=[(a.attempt.job_id, a.attempt.attempt, a.attempt.worker)
+                      for a in attempts],
+            lease_seconds=self.lease_seconds)
+
+    def push_heartbeat(self, label: str) -> None:
+        """A heartbeat from cron's `herder heartbeat` on a push host."""
+        self.store.host_heartbeat(label, utcnow(), {"via": "heartbeat"})
 
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
                       _agent_log_path: str | None) -> None:
@@ -477,27 +498,60 @@ class Coordinator:
         finally:
             os.close(fd)
 
-    def host_gate(self, host: HostRecord, now: datetime) -> dict[str, Any]:
+    def host_gate(self, host: HostRecord, now: datetime) -> HostGate:
         """What an agent needs to gate itself before taking work."""
         caps = self.fleet.caps(host, now)
-        return {
-            "label": host.label, "enabled": host.enabled,
-            "window": self.fleet.policy.schedule.window_at(now),
-            "max_workers": caps.max_workers, "max_weight": caps.max_weight,
-            "allowed_job_types": None if host.allowed_job_types is None
-            else sorted(host.allowed_job_types),
-            "allowed_weights": None if host.allowed_weights is None
-            else sorted(host.allowed_weights),
-            "priority_floor": host.priority_floor,
-            "weights": dict(self.fleet.weights.budgets),
-            "escalation": list(self.fleet.weights.chain),
-        }
+        return HostGate(
+            label=host.label, enabled=host.enabled,
+            window=self.fleet.policy.schedule.window_at(now),
+            max_workers=caps.max_workers, max_weight=caps.max_weight,
+            allowed_job_types=_sorted(host.allowed_job_types),
+            allowed_weights=_sorted(host.allowed_weights),
+            priority_floor=host.priority_floor,
+            weights=dict(self.fleet.weights.budgets),
+            escalation=list(self.fleet.weights.chain))
 
-    def host_views(self) -> list[dict[str, Any]]:
+    def host_views(self) -> list[HostView]:
         now = utcnow()
         usage = self.store.host_usage(now)
-        return [host_view(self.fleet, host, usage.get(host.label), now)
+        return [host_status(self.fleet, host, usage.get(host.label), now)
                 for host in self.store.host_list()]
+
+    # -- operators' jobs ------------------------------------------------------------------------
+
+    def resolve_submit(self, body: SubmitBody) -> JobSpec:
+        """A submit over HTTP, validated against the config (the caller is not on the host
+        that runs it: no current directory, no PATH check)."""
+        return resolve(self.config, body, utcnow(), local=False, check_command=False)
+
+    def submit(self, spec: JobSpec, force: bool) -> InsertResult:
+        result = self.store.job_insert([spec], utcnow(), force)[0]
+        self.poke()
+        return result
+
+    def job(self, job_id: int) -> Job:
+        job = self.store.job_get(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def jobs(self, status: list[JobStatus] | None, limit: int) -> list[Job]:
+        return self.store.job_list(status, limit)
+
+    def job_history(self, job_id: int) -> tuple[Job, list[Attempt], list[Event]]:
+        return (self.job(job_id), self.store.attempt_list(job_id),
+                self.store.event_list(job_id))
+
+    def cancel(self, job_id: int) -> JobStatus:
+        """Cancel a queued job at once; a claimed or running one is stopped by its runner."""
+        status = self.store.job_cancel(job_id, utcnow())
+        return self.job(job_id).status if status is None else status
+
+    def token(self, token_hash: str) -> TokenRecord | None:
+        return self.store.token_get(token_hash)
+
+    def release_slot(self, run_id: str) -> bool:
+        return self.store.reservation_release_ci(run_id, utcnow()) is not None
 
     def why(self, job_id: int) -> str:
         return why(self.store, self.fleet, job_id, utcnow())
@@ -524,30 +578,39 @@ class Coordinator:
 # -- shared by the CLI (direct store access) and the server ---------------------------------------
 
 
-def host_view(fleet: Fleet, host: HostRecord, usage: Any, now: datetime) -> dict[str, Any]:
+def _sorted(names: frozenset[str] | None) -> list[str] | None:
+    return None if names is None else sorted(names)
+
+
+def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
+                now: datetime) -> HostView:
     bookable = fleet.bookable(host)
     booked = usage.booked_gb if usage else 0.0
     caps = fleet.caps(host, now)
-    return {
-        "label": host.label, "enabled": host.enabled, "agent": agent_state(host),
-        "transport": str(host.transport),
-        "health": str(fleet.health(host, now)), "last_heartbeat": iso(host.last_heartbeat),
-        "agent_down": fleet.agent_down(host, now),
-        "ram_total_gb": host.ram_total_gb, "ram_reserved_gb": host.ram_reserved_gb,
-        "bookable_gb": round(bookable, 3), "booked_gb": round(booked, 3),
-        "free_gb": round(bookable - booked, 3), "cpus": host.cpus,
-        "workers": usage.workers if usage else 0,
-        "window": fleet.policy.schedule.window_at(now),
-        "max_workers": caps.max_workers, "max_weight": caps.max_weight,
-        "prime": {"max_workers": host.prime_max_workers, "max_weight": host.prime_max_weight},
-        "night": {"max_workers": host.night_max_workers, "max_weight": host.night_max_weight},
-        "allowed_job_types": None if host.allowed_job_types is None
-        else sorted(host.allowed_job_types),
-        "allowed_weights": None if host.allowed_weights is None
-        else sorted(host.allowed_weights),
-        "priority_floor": host.priority_floor, "labels": sorted(host.labels),
-        "ssh_target": host.ssh_target,
-    }
+    return HostView(
+        label=host.label, enabled=host.enabled, agent=agent_state(host),
+        transport=str(host.transport), health=str(fleet.health(host, now)),
+        last_heartbeat=host.last_heartbeat, agent_down=fleet.agent_down(host, now),
+        ram_total_gb=host.ram_total_gb, ram_reserved_gb=host.ram_reserved_gb,
+        bookable_gb=round(bookable, 3), booked_gb=round(booked, 3),
+        free_gb=round(bookable - booked, 3), cpus=host.cpus,
+        workers=usage.workers if usage else 0,
+        window=fleet.policy.schedule.window_at(now),
+        max_workers=caps.max_workers, max_weight=caps.max_weight,
+        prime=WindowView(max_workers=host.prime_max_workers,
+                         max_weight=host.prime_max_weight),
+        night=WindowView(max_workers=host.night_max_workers,
+                         max_weight=host.night_max_weight),
+        allowed_job_types=_sorted(host.allowed_job_types),
+        allowed_weights=_sorted(host.allowed_weights),
+        priority_floor=host.priority_floor, labels=sorted(host.labels),
+        ssh_target=host.ssh_target)
+
+
+def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
+              now: datetime) -> dict[str, Any]:
+    """`host_status` as JSON-ready data, for `herder hosts --json`."""
+    return host_status(fleet, host, usage, now).model_dump(mode="json")
 
 
 def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:

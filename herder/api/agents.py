@@ -1,0 +1,122 @@
+"""The agent protocol: one host's agent (or its guardian, or cron on a push host) and only
+that host's; every route needs the host's agent token."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, call, check_worker
+from herder.model import BIGINT_MAX, AttemptToken
+from herder.wire import (
+    Assignment,
+    Assignments,
+    Cancels,
+    FinishBody,
+    Finished,
+    Gone,
+    HeartbeatBody,
+    HeartbeatReply,
+    LogWritten,
+    PlacedAttempt,
+    PushHeartbeat,
+    StartBody,
+    Started,
+    pairs,
+    tokens,
+)
+
+router = APIRouter(prefix="/api/v1", tags=["agent protocol"])
+ATTEMPT = "/agent/{label}/attempts/{job_id}/{attempt}"
+
+
+@router.post("/agent/{label}/heartbeat", response_model=HeartbeatReply)
+async def agent_heartbeat(label: AgentHost, body: HeartbeatBody,
+                          service: Service) -> HeartbeatReply:
+    check_worker(label, body.worker)
+    return await call(service.agent_heartbeat, label, body.worker, list(tokens(body.running)),
+                      body.info, body.with_attempts)
+
+
+@router.post("/agent/{label}/gone", response_model=Gone)
+async def agent_gone(label: AgentHost, worker: str, service: Service) -> Gone:
+    """A dead agent's guardian, once it has killed the agent's jobs: their attempts are
+    lost now (not after the lease) and the host takes no work until an agent beats."""
+    check_worker(label, worker)
+    return Gone(**await call(service.agent_gone, label, worker))
+
+
+@router.get("/agent/{label}/assignments", response_model=Assignments)
+async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=400)],
+                      request: Request, service: Service, board: Board,
+                      free: Annotated[int, Query(ge=0, le=10_000)] = 1,
+                      wait: Annotated[float, Query(ge=0, le=3600, allow_inf_nan=False)] = 0.0,
+                      ) -> Assignments:
+    """A long-poll: attempts placed on the host, taken by `worker`, as soon as there are
+    some or after `wait` seconds (at most the server's long_poll)."""
+    check_worker(label, worker)
+    wait = min(wait, service.settings.server.long_poll)
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        seen = board.version(label)
+        if await request.is_disconnected():
+            # The agent is gone (killed, restarted): taking work for it now would bind
+            # the attempts to a dead worker until their lease runs out.
+            return Assignments(jobs=[])
+        jobs = await call(service.take_assigned, label, worker, free)
+        remaining = deadline - asyncio.get_running_loop().time()
+        if jobs or remaining <= 0:
+            return Assignments(jobs=[Assignment.of(job) for job in jobs])
+        await board.wait(label, seen, remaining)
+
+
+@router.get(ATTEMPT, response_model=PlacedAttempt)
+async def attempt_get(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
+                      service: Service) -> PlacedAttempt:
+    job = await call(service.placed_attempt, label, AttemptToken(job_id, attempt))
+    return PlacedAttempt(job=None if job is None else Assignment.of(job))
+
+
+@router.post(ATTEMPT + "/start", response_model=Started)
+async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
+                        body: StartBody, service: Service) -> Started:
+    await call(service.start_attempt, label, AttemptToken(job_id, attempt), body.pid,
+               body.log_path)
+    return Started(accepted=True)
+
+
+@router.post(ATTEMPT + "/finish", response_model=Finished)
+async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
+                         body: FinishBody, service: Service) -> Finished:
+    status = await call(service.finish_attempt, label, AttemptToken(job_id, attempt),
+                        body.outcome, body.exit_code, body.retry_after)
+    return Finished(accepted=True, status=status)
+
+
+@router.get("/agent/{label}/cancels", response_model=Cancels)
+async def cancels(label: AgentHost, service: Service,
+                  jobs: Annotated[str, Query(max_length=100_000)] = "") -> Cancels:
+    """Of the comma-separated job ids, the attempts on this host asked to stop."""
+    ids = [int(part) for part in jobs.split(",")
+           if part.strip().isdigit() and int(part) <= BIGINT_MAX]
+    wanted = await call(service.cancels_for, label, ids)
+    return Cancels(cancel=pairs(wanted))
+
+
+@router.post(ATTEMPT + "/log", response_model=LogWritten)
+async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
+                    request: Request, service: Service,
+                    offset: Annotated[int, Query(ge=0, le=2**40)] = 0) -> LogWritten:
+    """Raw log bytes (the body) written at `offset` of the server's copy."""
+    data = await request.body()
+    size = await call(service.write_log, label, AttemptToken(job_id, attempt), offset, data)
+    return LogWritten(size=size)
+
+
+@router.post("/hosts/{label}/heartbeat", response_model=PushHeartbeat)
+async def push_heartbeat(label: AgentHost, service: Service) -> PushHeartbeat:
+    """cron's `herder heartbeat` on a push (ssh) host, with that host's token."""
+    await call(service.push_heartbeat, label)
+    return PushHeartbeat(ok=True)

@@ -1,0 +1,148 @@
+"""What routes depend on: the caller (scoped tokens), the coordinator, the thread pool.
+
+Every route declares the scope it needs through one of `operator(scope)`, `agent_host` or
+`public`; each carries a `herder_scope` attribute, which `route_scope` finds, so the app
+refuses to start with a route that declares none."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Header, HTTPException, Path, Request
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+
+from herder.api.board import AssignmentBoard
+from herder.api.tokens import (
+    ANONYMOUS_ADMIN,
+    LEGACY_ADMIN,
+    Caller,
+    Denied,
+    authorize,
+    identify,
+    plausible_token,
+    same_secret,
+    token_hash,
+)
+from herder.model import BIGINT_MAX, INT_MAX, Scope
+from herder.runtime.coordinator import Coordinator
+from herder.runtime.maintenance import WorkerId
+
+T = TypeVar("T")
+
+JobId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
+AttemptNumber = Annotated[int, Path(ge=1, le=INT_MAX)]
+ReservationId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
+
+
+@dataclass(frozen=True)
+class Access:
+    """How the server authenticates callers."""
+
+    open_access: bool = False
+    """--insecure-no-auth (loopback only): a request without a token acts as admin."""
+    legacy_admin_token: str | None = None
+    """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
+    max_body_bytes: int = 1024 * 1024
+
+
+async def call(function: Callable[..., T], *args: Any) -> T:
+    """Store work is synchronous: run it in the thread pool, off the event loop."""
+    return await run_in_threadpool(function, *args)
+
+
+def coordinator(request: Request) -> Coordinator:
+    found: Coordinator = request.app.state.coordinator
+    return found
+
+
+def board(request: Request) -> AssignmentBoard:
+    found: AssignmentBoard = request.app.state.board
+    return found
+
+
+Service = Annotated[Coordinator, Depends(coordinator)]
+Board = Annotated[AssignmentBoard, Depends(board)]
+
+
+# -- authentication -------------------------------------------------------------------------
+
+
+async def caller_of(request: Request, authorization: str | None) -> Caller | None:
+    """The caller a bearer token stands for; None when no token was sent."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Denied(401, "use 'Authorization: Bearer <token>'")
+    if not plausible_token(token):
+        raise Denied(401, "unknown token")
+    access: Access = request.app.state.access
+    if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
+        return LEGACY_ADMIN
+    return identify(await call(coordinator(request).token, token_hash(token)))
+
+
+def operator(scope: Scope) -> Any:
+    """An operator route needing `scope` (admin > submit > read)."""
+
+    async def dependency(request: Request,
+                         authorization: Annotated[str | None, Header()] = None) -> Caller:
+        caller = await caller_of(request, authorization)
+        if caller is None:
+            if not request.app.state.access.open_access:
+                raise Denied(401, f"a {scope} token is required "
+                                  "(Authorization: Bearer <token>)")
+            caller = ANONYMOUS_ADMIN
+        authorize(caller, scope)
+        return caller
+
+    dependency.herder_scope = scope  # type: ignore[attr-defined]
+    return Depends(dependency)
+
+
+async def agent_host(request: Request, label: Annotated[str, Path(max_length=200)],
+                     authorization: Annotated[str | None, Header()] = None) -> str:
+    """The token must be an agent token of the host named in the path: 403 otherwise."""
+    caller = await caller_of(request, authorization)
+    if caller is None:
+        raise Denied(401, "an agent token is required (Authorization: Bearer <token>)")
+    authorize(caller, Scope.AGENT, label)
+    return label
+
+
+agent_host.herder_scope = Scope.AGENT  # type: ignore[attr-defined]
+
+
+async def public() -> None:
+    """No token needed (liveness probes)."""
+
+
+public.herder_scope = None  # type: ignore[attr-defined]
+
+Reader = Annotated[Caller, operator(Scope.READ)]
+Submitter = Annotated[Caller, operator(Scope.SUBMIT)]
+AgentHost = Annotated[str, Depends(agent_host)]
+
+
+def route_scope(route: APIRoute) -> tuple[bool, Scope | None]:
+    """(declared, scope) of a route: every route must declare one, None meaning public."""
+    pending = list(route.dependant.dependencies)
+    while pending:
+        dependency = pending.pop()
+        function = dependency.call
+        if function is not None and hasattr(function, "herder_scope"):
+            return True, function.herder_scope
+        pending.extend(dependency.dependencies)
+    return False, None
+
+
+def check_worker(label: str, worker: str) -> str:
+    """A worker id of the host in the path (`label/pid/start`): 422 otherwise."""
+    parsed = WorkerId.parse(worker)
+    if parsed is None or parsed.host != label:
+        raise HTTPException(422, f"worker {worker!r} is not a worker of host {label!r}")
+    return worker

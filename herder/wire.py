@@ -1,0 +1,468 @@
+"""The HTTP API's contract: every request and response body, as pydantic models.
+
+The server validates requests and declares responses with them (so the OpenAPI document
+shows real schemas); the agent parses what it receives with them; the Python client submits
+with the same model. Only pydantic and `herder.model` are imported, so an agent or a client
+does not pull in FastAPI or the server.
+
+Requests are strict (unknown fields, NUL characters, non-finite numbers and out-of-range
+ints are refused: PostgreSQL cannot store them); replies ignore fields they do not know,
+so a newer server can add one without breaking an agent.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+
+from herder.model import (
+    BIGINT_MAX,
+    INT_MAX,
+    INT_MIN,
+    MAX_DURATION,
+    Attempt,
+    AttemptToken,
+    Event,
+    Job,
+    JobStatus,
+    Outcome,
+    ReservationStatus,
+)
+
+MAX_JSON_DEPTH = 32
+
+Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str,
+                                                       when_used="json")]
+"""Written as `datetime.isoformat()` (`+00:00`, not pydantic's `Z`), as before the models."""
+Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION, allow_inf_nan=False)]
+Int32 = Annotated[int, Field(ge=INT_MIN, le=INT_MAX)]
+JobNumber = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
+AttemptNumber = Annotated[int, Field(ge=1, le=INT_MAX)]
+TokenPair = tuple[int, int]
+"""An attempt on the wire: [job id, attempt number]."""
+
+
+def storable(value: Any, depth: int = 0) -> str | None:
+    """Why a decoded JSON value cannot be stored (NUL in text, NaN, nesting), or None.
+
+    PostgreSQL's text and jsonb hold no NUL character and JSON has no NaN; both would
+    otherwise fail deep in the store as a server error instead of a 422 at the edge."""
+    if depth > MAX_JSON_DEPTH:
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if isinstance(value, str):
+        return "contains a NUL character" if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "is not a finite number"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            problem = storable(key, depth + 1) or storable(item, depth + 1)
+            if problem:
+                return problem
+    if isinstance(value, list | tuple):
+        for item in value:
+            problem = storable(item, depth + 1)
+            if problem:
+                return problem
+    return None
+
+
+def pairs(tokens: Any) -> list[TokenPair]:
+    """Attempt tokens as sorted [job id, attempt] pairs."""
+    return sorted((token.job_id, token.attempt) for token in tokens)
+
+
+def tokens(pairs_: list[TokenPair]) -> frozenset[AttemptToken]:
+    return frozenset(AttemptToken(job_id, attempt) for job_id, attempt in pairs_)
+
+
+class Body(BaseModel):
+    """A request body: strict (no unknown fields), and every field storable."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        problem = storable(value, depth=1)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class Reply(BaseModel):
+    """A response body: fields a reader does not know are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# -- operators: jobs -------------------------------------------------------------------------
+
+
+class SubmitBody(Body):
+    """A job to submit, over HTTP or through the Python client; None means "the job type's
+    or the config's default"."""
+
+    job_type: str | None = Field(default=None, max_length=200)
+    command: list[str] | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: Int32 | None = None
+    weight: str | None = Field(default=None, max_length=200)
+    dedup_key: str | None = Field(default=None, max_length=1000)
+    force: bool = False
+    affinity: str | None = Field(default=None, max_length=200)
+    delay_seconds: Seconds | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=INT_MAX)
+    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_DURATION,
+                                            allow_inf_nan=False)] | None = None
+    workdir: str | None = Field(default=None, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    def available_at(self, now: datetime) -> datetime | None:
+        return now + timedelta(seconds=self.delay_seconds) if self.delay_seconds else None
+
+
+class Submitted(Reply):
+    """`created` is False when a job with the same dedup key already held it."""
+
+    id: int
+    created: bool
+    status: JobStatus
+
+
+class JobView(Reply):
+    id: int
+    status: JobStatus
+    job_type: str
+    priority: int
+    weight: str
+    attempt: int
+    max_attempts: int
+    failures: int
+    lost: int
+    host: str | None
+    exit_code: int | None
+    failure_reason: str | None
+    dedup_key: str | None
+    affinity: str | None
+    command: list[str]
+    payload: dict[str, Any]
+    workdir: str | None
+    timeout_seconds: float | None
+    cancel_requested: bool
+    available_at: Timestamp
+    created_at: Timestamp
+    claimed_at: Timestamp | None
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    updated_at: Timestamp
+
+    @classmethod
+    def of(cls, job: Job) -> JobView:
+        return cls(
+            id=job.id, status=job.status, job_type=job.job_type, priority=job.priority,
+            weight=job.weight, attempt=job.attempt, max_attempts=job.max_attempts,
+            failures=job.failures, lost=job.lost, host=job.host, exit_code=job.exit_code,
+            failure_reason=job.failure_reason, dedup_key=job.dedup_key, affinity=job.affinity,
+            command=list(job.command), payload=dict(job.payload), workdir=job.workdir,
+            timeout_seconds=job.timeout_seconds, cancel_requested=job.cancel_requested,
+            available_at=job.available_at, created_at=job.created_at,
+            claimed_at=job.claimed_at, started_at=job.started_at,
+            finished_at=job.finished_at, updated_at=job.updated_at)
+
+
+class AttemptView(Reply):
+    attempt: int
+    host: str
+    worker: str
+    pid: int | None
+    log_path: str | None
+    claimed_at: Timestamp
+    started_at: Timestamp | None
+    heartbeat_at: Timestamp
+    ended_at: Timestamp | None
+    exit_code: int | None
+    outcome: Outcome | None
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> AttemptView:
+        return cls(
+            attempt=attempt.attempt, host=attempt.host, worker=attempt.worker, pid=attempt.pid,
+            log_path=attempt.log_path, claimed_at=attempt.claimed_at,
+            started_at=attempt.started_at, heartbeat_at=attempt.heartbeat_at,
+            ended_at=attempt.ended_at, exit_code=attempt.exit_code, outcome=attempt.outcome)
+
+
+class EventView(Reply):
+    id: int
+    at: Timestamp
+    kind: str
+    from_status: JobStatus | None
+    to_status: JobStatus | None
+    attempt: int | None
+    detail: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: Event) -> EventView:
+        return cls(id=event.id, at=event.at, kind=event.kind, from_status=event.from_status,
+                   to_status=event.to_status, attempt=event.attempt, detail=dict(event.detail))
+
+
+class JobDetail(JobView):
+    """One job with its attempts and its whole event history."""
+
+    attempts: list[AttemptView]
+    events: list[EventView]
+
+
+class Why(Reply):
+    id: int
+    why: str
+
+
+class Cancelled(Reply):
+    """The job's status once the cancel was recorded (a running job stops soon after)."""
+
+    id: int
+    status: JobStatus
+
+
+# -- operators: hosts and health -------------------------------------------------------------
+
+
+class WindowView(Reply):
+    max_workers: int
+    max_weight: str | None
+
+
+class HostView(Reply):
+    label: str
+    enabled: bool
+    agent: str | None
+    """"stopped" or "draining" as its agent last said; None when it takes work."""
+    transport: str
+    health: str
+    last_heartbeat: Timestamp | None
+    agent_down: str | None
+    """Why its agent is not live for placement (missed heartbeats); None when it is."""
+    ram_total_gb: float
+    ram_reserved_gb: float
+    bookable_gb: float
+    booked_gb: float
+    free_gb: float
+    cpus: int
+    workers: int
+    window: str
+    max_workers: int
+    max_weight: str | None
+    prime: WindowView
+    night: WindowView
+    allowed_job_types: list[str] | None
+    allowed_weights: list[str] | None
+    priority_floor: int | None
+    labels: list[str]
+    ssh_target: str | None
+
+
+class LoopView(Reply):
+    ok: bool
+    age_seconds: float
+    stale_after_seconds: float
+    failures: int
+    last_error: str | None
+    ended: bool
+
+
+class Health(Reply):
+    """`/healthz`: ok only while every loop of the server has had a recent good cycle."""
+
+    ok: bool
+    leader: bool
+    fatal: str | None
+    loops: dict[str, LoopView]
+
+
+# -- the agent protocol ------------------------------------------------------------------------
+
+
+class HeartbeatBody(Body):
+    worker: str = Field(max_length=400)
+    running: list[tuple[JobNumber, AttemptNumber]] = Field(default_factory=list,
+                                                           max_length=100_000)
+    info: dict[str, Any] = Field(default_factory=dict)
+    with_attempts: bool = False
+    """Also list every live attempt of the host (an agent asks once, when it starts)."""
+
+
+class HostGate(Reply):
+    """What an agent needs to gate itself before taking work."""
+
+    label: str
+    enabled: bool
+    window: str
+    max_workers: int
+    max_weight: str | None
+    allowed_job_types: list[str] | None
+    allowed_weights: list[str] | None
+    priority_floor: int | None
+    weights: dict[str, float]
+    escalation: list[str]
+
+
+class HeartbeatReply(Reply):
+    live: list[TokenPair]
+    """Of the attempts the agent named, those still live on this host."""
+    cancel: list[TokenPair]
+    """Of those, the ones an operator asked to stop."""
+    host: HostGate | None
+    attempts: list[tuple[int, int, str]] = Field(default_factory=list)
+    """With `with_attempts`: every live attempt on the host and its runner, so a restarted
+    agent can report what its dead predecessor was running."""
+    lease_seconds: float | None = None
+    """The lease the server enforces: the agent fences itself before it runs out."""
+
+
+class Gone(Reply):
+    lost: int
+    host_stopped: int
+    handed_back: int
+
+
+class Assignment(Reply):
+    """A placed attempt as an agent receives it: everything it needs to run the job."""
+
+    id: int
+    attempt: int
+    job_type: str
+    command: list[str]
+    shell: bool
+    payload: dict[str, Any]
+    priority: int
+    weight: str
+    ram_gb: float
+    env: dict[str, str]
+    workdir: str | None
+    timeout_seconds: float | None
+    max_attempts: int
+    failures: int
+    lost: int
+    spawn_failures: int
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    available_at: Timestamp | None = None
+    created_at: Timestamp | None = None
+    updated_at: Timestamp | None = None
+
+    @classmethod
+    def of(cls, job: Job) -> Assignment:
+        return cls(
+            id=job.id, attempt=job.attempt, job_type=job.job_type, command=list(job.command),
+            shell=job.shell, payload=dict(job.payload), priority=job.priority,
+            weight=job.weight, ram_gb=job.ram_gb, env=dict(job.env), workdir=job.workdir,
+            timeout_seconds=job.timeout_seconds, max_attempts=job.max_attempts,
+            failures=job.failures, lost=job.lost, spawn_failures=job.spawn_failures,
+            backoff_base_seconds=job.backoff_base_seconds,
+            backoff_max_seconds=job.backoff_max_seconds, available_at=job.available_at,
+            created_at=job.created_at, updated_at=job.updated_at)
+
+    def job(self, now: datetime) -> Job:
+        """The claimed job the agent runs; a missing time is taken as `now`."""
+        return Job(
+            id=self.id, job_type=self.job_type, command=tuple(self.command), shell=self.shell,
+            payload=self.payload, priority=self.priority, weight=self.weight, dedup_key=None,
+            affinity=None, available_at=self.available_at or now,
+            max_attempts=self.max_attempts, timeout_seconds=self.timeout_seconds,
+            env=self.env, workdir=self.workdir, backoff_base_seconds=self.backoff_base_seconds,
+            backoff_max_seconds=self.backoff_max_seconds, status=JobStatus.CLAIMED,
+            attempt=self.attempt, failures=self.failures, lost=self.lost, host=None,
+            exit_code=None, failure_reason=None, cancel_requested=False,
+            created_at=self.created_at or now, claimed_at=None, started_at=None,
+            finished_at=None, updated_at=self.updated_at or now, ram_gb=self.ram_gb,
+            spawn_failures=self.spawn_failures)
+
+
+class Assignments(Reply):
+    jobs: list[Assignment]
+
+
+class PlacedAttempt(Reply):
+    """One attempt placed on the host (`herder run-attempt`); None when it is not."""
+
+    job: Assignment | None
+
+
+class StartBody(Body):
+    pid: int = Field(ge=0, le=INT_MAX)
+    log_path: str | None = Field(default=None, max_length=4096)
+
+
+class Started(Reply):
+    accepted: bool
+
+
+class FinishBody(Body):
+    outcome: Outcome
+    exit_code: Int32 | None = None
+    retry_after: Seconds | None = None
+    detail: str | None = Field(default=None, max_length=10_000)
+
+
+class Finished(Reply):
+    accepted: bool
+    status: JobStatus
+
+
+class Cancels(Reply):
+    cancel: list[TokenPair]
+
+
+class LogWritten(Reply):
+    size: int
+    """The server's copy of the log, in bytes, after this chunk."""
+
+
+class PushHeartbeat(Reply):
+    ok: bool
+
+
+# -- reservations and CI slots -----------------------------------------------------------------
+
+
+class ReserveBody(Body):
+    owner: str = Field(min_length=1, max_length=200)
+    host: str = Field(max_length=200)
+    count: int = Field(ge=1, le=1000)
+    weight: str = Field(default="subagent", max_length=200)
+
+
+class Reserved(Reply):
+    reserved: list[int]
+    """The ids of the slots that fit (maybe fewer than requested)."""
+    requested: int
+
+
+class CompleteBody(Body):
+    status: ReservationStatus
+
+
+class ReservationEnded(Reply):
+    id: int
+    status: ReservationStatus
+
+
+class SlotBody(Body):
+    run_id: str = Field(min_length=1, max_length=200)
+    host: str | None = Field(default=None, max_length=200)
+    weight: str | None = Field(default=None, max_length=200)
+
+
+class SlotClaimed(Reply):
+    id: int
+    run_id: str
+    host: str
+
+
+class SlotReleased(Reply):
+    released: bool
