@@ -93,9 +93,10 @@ class Body(BaseModel):
 
 
 class Reply(BaseModel):
-    """A response body: fields a reader does not know are ignored."""
+    """A response body: fields a reader does not know are ignored. Built on first use, so
+    a command that imports this module for the submit body pays for no reply model."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 # -- operators: jobs -------------------------------------------------------------------------
