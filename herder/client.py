@@ -18,10 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from herder.config import Config, load_config
-from herder.errors import InputError, NotFound
+from herder.errors import NotFound
 from herder.intake import resolve
 from herder.model import Attempt, Event, Job, JobStatus
 from herder.store import Store, open_store
@@ -38,13 +36,13 @@ class Submitted:
 
 
 def submit_body(**fields: Any) -> SubmitBody:
-    """The API's submit body from Python values; InputError names the first bad field."""
-    try:
-        return SubmitBody(**fields)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(part) for part in error["loc"]) or "submit"
-        raise InputError(field, error["msg"]) from None
+    """The API's submit body from Python values, unvalidated: `resolve` checks every field
+    and names the fix (pydantic's messages do not). An unknown field is a TypeError, as a
+    keyword argument would be."""
+    unknown = sorted(set(fields) - set(SubmitBody.model_fields))
+    if unknown:
+        raise TypeError(f"submit() got unexpected keyword arguments: {', '.join(unknown)}")
+    return SubmitBody.model_construct(**fields)
 
 
 class Client:
@@ -80,8 +78,8 @@ class Client:
         now = datetime.now(UTC)
         if available_at is not None and available_at > now:
             fields["delay_seconds"] = (available_at - now).total_seconds()
-        request = submit_body(job_type=job_type, command=command, payload=payload or {},
-                              **fields)
+        request = submit_body(job_type=job_type, command=None if command is None
+                              else list(command), payload=dict(payload or {}), **fields)
         spec = resolve(self.config, request, now, check_command=check_command)
         result = self.store.job_insert([spec], now, force=request.force)[0]
         return Submitted(result.job_id, result.created, result.status)

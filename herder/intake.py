@@ -18,7 +18,7 @@ from typing import Any
 
 from herder.config import Config, JobTypeSection
 from herder.errors import InputError
-from herder.model import INT_MAX, INT_MIN, JobSpec
+from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
 from herder.wire import SubmitBody
 
 ADHOC = "adhoc"
@@ -151,6 +151,9 @@ def resolve(config: Config, request: SubmitBody, now: datetime | None = None, *,
                               defaults.timeout)
     if timeout is not None and timeout <= 0:
         raise InputError("timeout", "must be greater than zero", "pass e.g. --timeout 30m")
+    for name, seconds in (("timeout", timeout), ("delay", request.delay_seconds)):
+        if seconds is not None and not 0 <= seconds <= MAX_DURATION:  # NaN fails this too
+            raise InputError(name, f"must be a number of seconds up to {MAX_DURATION:.0f}")
     backoff_base = _first(job_type.backoff_base if job_type else None, defaults.backoff_base)
     backoff_max = _first(job_type.backoff_max if job_type else None, defaults.backoff_max)
 

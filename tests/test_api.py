@@ -173,3 +173,13 @@ def test_submit_refuses_nul_characters_in_any_text(client, store_url, field):
         client.submit(**kwargs)
     assert raised.value.field == field
     assert client.list() == []
+
+
+def test_submit_names_an_unknown_field_and_an_impossible_delay(client):
+    with pytest.raises(TypeError, match="priorty"):
+        client.submit(command=["true"], priorty=3)
+    for delay in (float("nan"), -1.0, 10.0**12):
+        with pytest.raises(InputError) as raised:
+            client.submit(command=["true"], delay_seconds=delay)
+        assert raised.value.field == "delay"
+    assert client.list() == []

@@ -213,8 +213,11 @@ def test_an_agent_cut_off_kills_its_tree_before_the_lease_ends(tmp_path: Path):
             f"tree gone {dead - last:.2f}s after the last accepted heartbeat, "
             f"lease {SERVER_LEASE}s")
         assert server.report("finish", token) is None
-        log = (tmp_path / "logs" / str(token.job_id) / "1.log").read_text()
-        assert "lease not renewed" in log, log
+        log = tmp_path / "logs" / str(token.job_id) / "1.log"
+        # The runner notes the fence in the log once the kill is done, which may be a moment
+        # after the tree is seen gone.
+        wait_for(lambda: "lease not renewed" in log.read_text(), 10,
+                 "the fence's note in the attempt's log", log.read_text)
 
         server.cut = False
         finish = wait_for(lambda: server.report("finish", token), 20,

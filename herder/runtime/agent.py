@@ -331,13 +331,13 @@ class HttpSource(WorkSource):
 
     def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool,
                         with_attempts: bool = False) -> wire.HeartbeatReply:
-        answer = self.client.call(
-            "POST", "/heartbeat", retry=retry, stop=self._stop, timeout=self.runner_timeout,
-            json={"worker": self.worker, "running": [[t.job_id, t.attempt] for t in tokens],
-                  "with_attempts": with_attempts,
-                  "info": {"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
-                           "draining": self.draining.is_set(), "stopped": self.stopped,
-                           "gate": self.gate.view()}})
+        body = wire.HeartbeatBody(
+            worker=self.worker, running=wire.pairs(tokens), with_attempts=with_attempts,
+            info={"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
+                  "draining": self.draining.is_set(), "stopped": self.stopped,
+                  "gate": self.gate.view()})
+        answer = self.client.call("POST", "/heartbeat", retry=retry, stop=self._stop,
+                                  timeout=self.runner_timeout, json=body.model_dump(mode="json"))
         reply = wire.HeartbeatReply.model_validate(answer)
         if reply.host is not None:
             self.server_gate = reply.host
