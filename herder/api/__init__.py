@@ -1,1 +1,2 @@
-"""The HTTP API of `herder server`: operators' job endpoints and the agent protocol."""
+"""The HTTP API of `herder server`: routers by resource over the coordinator; the bodies
+are `herder.wire`'s models."""

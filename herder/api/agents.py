@@ -105,7 +105,11 @@ async def cancels(label: AgentHost, service: Service,
     return Cancels(cancel=pairs(wanted))
 
 
-@router.post(ATTEMPT + "/log", response_model=LogWritten)
+LOG_BODY = {"requestBody": {"required": False, "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post(ATTEMPT + "/log", response_model=LogWritten, openapi_extra=LOG_BODY)
 async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                     request: Request, service: Service,
                     offset: Annotated[int, Query(ge=0, le=2**40)] = 0) -> LogWritten:
