@@ -8,7 +8,6 @@ module (see COMMANDS) and each module imports its heavy dependencies where they 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
@@ -147,6 +146,8 @@ def fleet_of(state: State) -> Fleet:
 
 
 def log_to_stderr(level: str) -> None:
+    import logging
+
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
