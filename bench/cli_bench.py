@@ -14,6 +14,7 @@ that cost the most (cumulative, one run).
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -57,6 +58,42 @@ def measure(argv: Sequence[str], folder: Path, environment: dict[str, str]) -> l
     for _ in range(WARMUP):
         run(argv, folder, environment)
     return [run(argv, folder, environment) for _ in range(RUNS)]
+
+
+STEPS = [
+    ("click", "import click"),
+    ("herder.cli (root group, no command)", "import herder.cli"),
+    ("herder.model (dataclasses, enums)", "import herder.model"),
+    ("pydantic (BaseModel)", "from pydantic import BaseModel"),
+    ("herder.config (the settings models)", "import herder.config"),
+    ("load_config() (validate herder.toml)", "herder.config.load_config()"),
+    ("herder.store.sqlite", "import herder.store.sqlite"),
+    ("herder.client, herder.intake, herder.cli.jobs", "import herder.client, herder.cli.jobs"),
+    ("open_store() (connect, check the schema)",
+     "herder.store.open_store(herder.config.load_config().db_url()).close()"),
+    ("rich (jobs and show tables)", "import rich.console, rich.table"),
+]
+"""What `submit` loads, in order; each step's time is on top of the steps before it."""
+
+BREAKDOWN = """
+import json, sys, time
+times = []
+for statement in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    exec(statement)
+    times.append(time.perf_counter() - start)
+print(json.dumps(times))
+"""
+
+
+def breakdown(environment: dict[str, str], folder: Path) -> list[tuple[str, float]]:
+    """Median milliseconds of each step of STEPS, over RUNS fresh interpreters."""
+    statements = json.dumps([statement for _, statement in STEPS])
+    samples = [json.loads(subprocess.run(
+        [sys.executable, "-c", BREAKDOWN, statements], cwd=folder, env=environment,
+        capture_output=True, text=True, check=True).stdout) for _ in range(RUNS)]
+    return [(label, statistics.median(sample[index] for sample in samples) * 1000)
+            for index, (label, _) in enumerate(STEPS)]
 
 
 def import_costs(environment: dict[str, str], folder: Path, top: int = 8) -> list[str]:
@@ -115,6 +152,12 @@ def main() -> None:
             median = statistics.median(times)
             print(f"| `{label}` | {median * 1000:.0f} | {percentile(times, 0.9) * 1000:.0f} | "
                   f"{min(times) * 1000:.0f} | {(median - baseline) * 1000:+.0f} |")
+        print("\nWhere `submit`'s time goes: each step in a fresh interpreter, on top of the ones "
+              f"before it (median of {RUNS}, ms)\n")
+        print("| step | ms |")
+        print("|---|---|")
+        for label, milliseconds in breakdown(environment, folder):
+            print(f"| {label} | {milliseconds:.1f} |")
         print("\n`python -X importtime -c 'import herder.cli'`, largest top-level imports "
               "(cumulative):")
         for line in import_costs(environment, folder):
