@@ -81,3 +81,13 @@ def test_the_command_line_itself_loads_no_configuration_store_or_command(tmp_pat
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=clean_env(),
                             capture_output=True, text=True, timeout=CLI_TIMEOUT, check=True)
     assert result.stdout.strip() == "['herder.cli', 'herder.cli.root', 'herder.errors']"
+
+
+def test_every_named_command_loads_from_its_module_under_its_name():
+    from herder.cli.root import COMMANDS, main
+
+    assert sorted(main.commands) == sorted(COMMANDS)
+    for name, where in COMMANDS.items():
+        command = main.commands[name]
+        assert command.name == name, where
+        assert command.callback is not None and command.callback.__module__ == where.split(":")[0]
