@@ -7,7 +7,6 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -591,4 +590,6 @@ def _find_header(lines: list[str], table: list[str], prefix: bool = False) -> in
 
 def sample_config() -> str:
     """The commented herder.toml that `herder init` writes."""
+    from importlib import resources  # only `herder init` reads it; the import costs ~4 ms
+
     return resources.files("herder").joinpath("sample.toml").read_text()

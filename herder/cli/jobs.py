@@ -1,153 +1,23 @@
-"""The `herder` command. Usage errors exit 2 with the field and the fix, and change nothing."""
+"""Job commands: submit, jobs, show, logs, cancel, retry, should-dispatch."""
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from herder.client import Client
-from herder.config import CONFIG_FILE, Config, load_config, parse_duration, sample_config
-from herder.errors import HerderError, InputError, NotFound
-from herder.intake import parse_assignments, parse_payload
+from herder.cli.root import EXIT_SKIP, State, duration, edge, fail, pass_state
+from herder.errors import InputError
 from herder.model import JobStatus
-from herder.runtime.runner import Runner, RunnerOptions, default_host
-from herder.store import as_unavailable
-from herder.views import attempt_view, event_view, job_view
 
-EXIT_USAGE = 2
-EXIT_SKIP = 10
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
-    click.echo(f"herder: error: {one_line}", err=True)
-    sys.exit(code)
-
-
-def fail_if_unavailable(error: Exception) -> None:
-    """Exit 2 with one line when `error` is the database failing; return otherwise."""
-    unavailable = as_unavailable(error)
-    if unavailable is not None:
-        fail(f"{unavailable} (retry when the database is back)")
-
-
-@contextmanager
-def edge() -> Iterator[None]:
-    """Turn herder's errors into one clear line on stderr and exit 2; so too a database
-    that fails after connect (down, restarting, locked, an I/O error)."""
-    try:
-        yield
-    except (InputError, NotFound) as exc:
-        fail(str(exc))
-    except HerderError as exc:
-        fail(str(exc))
-    except Exception as exc:
-        fail_if_unavailable(exc)
-        raise
-
-
-class State:
-    def __init__(self, db: str | None, config_path: str | None) -> None:
-        self.db = db
-        self.config_path = config_path
-        self._config: Config | None = None
-        self._client: Client | None = None
-
-    @property
-    def config(self) -> Config:
-        if self._config is None:
-            self._config = load_config(self.config_path)
-        return self._config
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = Client(self.db, self.config)
-        return self._client
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-
-
-pass_state = click.make_pass_decorator(State)
-
-
-class HerderGroup(click.Group):
-    """Click's usage errors as one line too (`herder: error: ...`), exit 2."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        try:
-            code = super().main(*args, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
-            sys.exit(EXIT_USAGE)
-        except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx else "herder"
-            fail(f"{exc.format_message()} (see `{where} --help`)")
-        except click.ClickException as exc:
-            fail(exc.format_message(), exc.exit_code)
-        except click.Abort:
-            fail("aborted", 1)
-        except Exception as exc:  # a command outside `edge()`: database failures still one line
-            fail_if_unavailable(exc)
-            raise
-        sys.exit(code if isinstance(code, int) else 0)
-
-
-@click.group(cls=HerderGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", envvar="HERDER_DB", help="sqlite:///path or postgresql://... "
-              "[env HERDER_DB; default ./herder.db]")
-@click.option("--config", "config_path", envvar="HERDER_CONFIG", type=click.Path(),
-              help="herder.toml to use [env HERDER_CONFIG; default ./herder.toml]")
-@click.version_option(package_name="herder")
-@click.pass_context
-def main(ctx: click.Context, db: str | None, config_path: str | None) -> None:
-    """herder: a job queue and dispatcher for long-running command-line jobs."""
-    state = State(db, config_path)
-    ctx.obj = state
-    ctx.call_on_close(state.close)
-
-
-# -- init / migrate ---------------------------------------------------------------------------
-
-
-@main.command()
-@click.option("--force", is_flag=True, help="Overwrite an existing herder.toml.")
-@click.argument("directory", type=click.Path(file_okay=False), default=".")
-def init(directory: str, force: bool) -> None:
-    """Write a commented sample herder.toml."""
-    target = Path(directory) / CONFIG_FILE
-    if target.exists() and not force:
-        fail(f"{target} already exists (pass --force to overwrite it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(sample_config())
-    click.echo(f"wrote {target}")
-
-
-@main.command()
-@pass_state
-def migrate(state: State) -> None:
-    """Apply pending schema migrations (also done on every start)."""
-    with edge():
-        store = state.client.store
-        click.echo(f"schema version {store.schema_version()} ({store.dialect})")
-
-
-# -- submit -----------------------------------------------------------------------------------
+if TYPE_CHECKING:
+    from herder.client import Client
 
 
 class SubmitCommand(click.Command):
@@ -161,16 +31,7 @@ class SubmitCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
-def _duration(value: str | None, field: str) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise InputError(field, str(exc)) from exc
-
-
-@main.command(cls=SubmitCommand)
+@click.command(cls=SubmitCommand)
 @click.argument("job_type", required=False)
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="A payload field (repeatable); JSON values keep their type.")
@@ -199,6 +60,8 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
     Prints only the job id. With a dedup key already held, prints the holder's id
     (and says so on stderr).
     """
+    from herder.intake import parse_assignments, parse_payload
+
     state: State = ctx.obj
     command: list[str] | None = ctx.meta.get("herder.command")
     with edge():
@@ -210,7 +73,7 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
             if not sep or not name:
                 raise InputError("--env", f"{pair!r} is not NAME=VALUE", "write --env KEY=value")
             env[name] = value
-        delay_seconds = _duration(delay, "--delay")
+        delay_seconds = duration(delay, "--delay")
         try:
             available_at = (datetime.now(UTC) + timedelta(seconds=delay_seconds)
                             if delay_seconds else None)
@@ -222,7 +85,7 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
         result = client.submit(
             job_type, command, body, priority=priority, weight=weight, dedup_key=dedup_key,
             force=force, affinity=affinity, available_at=available_at,
-            max_attempts=max_attempts, timeout_seconds=_duration(timeout, "--timeout"),
+            max_attempts=max_attempts, timeout_seconds=duration(timeout, "--timeout"),
             workdir=workdir, env=env, check_command=not no_check,
         )
         if not result.created:
@@ -247,7 +110,7 @@ def _age(value: datetime | None) -> str:
     return f"{max(int(seconds), 0)}s"
 
 
-@main.command()
+@click.command()
 @click.option("--status", "statuses", multiple=True,
               type=click.Choice([s.value for s in JobStatus]), help="Only these (repeatable).")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
@@ -255,11 +118,16 @@ def _age(value: datetime | None) -> str:
 @pass_state
 def jobs(state: State, statuses: Sequence[str], limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
+    from herder.views import job_view
+
     with edge():
         found = state.client.list([JobStatus(s) for s in statuses] or None, limit)
     if as_json:
         click.echo(json.dumps([job_view(job) for job in found], indent=2))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     for column in ("ID", "STATUS", "TYPE", "PRI", "WEIGHT", "ATT", "HOST", "AGE", "COMMAND"):
         table.add_column(column)
@@ -270,12 +138,14 @@ def jobs(state: State, statuses: Sequence[str], limit: int, as_json: bool) -> No
     Console().print(table)
 
 
-@main.command()
+@click.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="The job, its attempts and events.")
 @pass_state
 def show(state: State, job_id: int, as_json: bool) -> None:
     """Show one job with its attempts and history."""
+    from herder.views import attempt_view, event_view, job_view
+
     with edge():
         client = state.client
         job = client.get(job_id)
@@ -287,6 +157,8 @@ def show(state: State, job_id: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(view, indent=2))
         return
+    from rich.console import Console
+
     console = Console()
     for key in ("id", "status", "job_type", "priority", "weight", "attempt", "max_attempts",
                 "host", "exit_code", "failure_reason", "dedup_key", "command", "workdir",
@@ -306,7 +178,7 @@ def show(state: State, job_id: int, as_json: bool) -> None:
                       f"{json.dumps(dict(e.detail)) if e.detail else ''}", highlight=False)
 
 
-@main.command()
+@click.command()
 @click.argument("job_id", type=int)
 @click.option("--attempt", type=int, help="Which attempt [default: the latest].")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing while the attempt runs.")
@@ -360,7 +232,7 @@ def _print_log(client: Client, job_id: int, number: int, path: Path, follow: boo
 # -- changing ---------------------------------------------------------------------------------
 
 
-@main.command()
+@click.command()
 @click.argument("job_id", type=int)
 @pass_state
 def cancel(state: State, job_id: int) -> None:
@@ -373,7 +245,7 @@ def cancel(state: State, job_id: int) -> None:
         click.echo(f"job {job_id}: {status}")
 
 
-@main.command()
+@click.command()
 @click.argument("job_id", type=int)
 @pass_state
 def retry(state: State, job_id: int) -> None:
@@ -386,7 +258,7 @@ def retry(state: State, job_id: int) -> None:
     click.echo(f"job {job_id}: queued")
 
 
-@main.command("should-dispatch")
+@click.command("should-dispatch")
 @click.argument("dedup_key")
 @pass_state
 def should_dispatch(state: State, dedup_key: str) -> None:
@@ -399,49 +271,3 @@ def should_dispatch(state: State, dedup_key: str) -> None:
     job_id, status = holder
     click.echo(f"skip: job {job_id} is {status} with dedup key {dedup_key!r}")
     sys.exit(EXIT_SKIP)
-
-
-# -- running ----------------------------------------------------------------------------------
-
-
-@main.command()
-@click.option("--concurrency", type=click.IntRange(1, 1024),
-              help="Attempts at once [default: runtime.concurrency, 4].")
-@click.option("--host", help="This machine's label [default: hostname].")
-@click.option("--exit-when-idle", is_flag=True,
-              help="Exit 0 once nothing is queued, claimed or running.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
-@pass_state
-def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
-       log_level: str) -> None:
-    """Run jobs on this machine: coordinator and local executor in one process."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with edge():
-        config = state.config
-        runtime = config.settings.runtime
-        store = state.client.store
-        options = RunnerOptions(
-            host=host or config.settings.herder.host or default_host(),
-            log_dir=config.log_dir,
-            concurrency=concurrency or runtime.concurrency,
-            heartbeat_interval=runtime.heartbeat_interval,
-            attempt_lease=runtime.attempt_lease,
-            kill_grace=runtime.kill_grace,
-            poll_interval=runtime.poll_interval,
-            max_lost=runtime.max_lost,
-            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
-            exit_when_idle=exit_when_idle,
-        )
-        sys.exit(Runner(store, options).run())
-
-
-import herder.cli_fleet  # noqa: E402, F401  (registers the fleet commands on `main`)
-
-if __name__ == "__main__":
-    # `python -m herder.cli` runs this file as `__main__`, a second copy of the module;
-    # herder.cli_fleet registered its commands on the importable `herder.cli.main`.
-    from herder.cli import main as registered_main
-
-    registered_main()

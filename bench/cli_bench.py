@@ -1,0 +1,168 @@
+"""Wall time of the `herder` commands scripts call in loops, against `python -c pass`.
+
+Every row runs its command RUNS times as a fresh process (after WARMUP unmeasured runs) and
+reports the median, the 90th percentile and the minimum in milliseconds. The database is a
+temporary SQLite file holding JOBS jobs; the commands run in a temporary folder with the
+sample herder.toml that `herder init` writes (CONFIG=none: no herder.toml, the defaults).
+
+    .venv/bin/python bench/cli_bench.py            # RUNS=30 WARMUP=3 JOBS=50 CONFIG=sample
+    RUNS=100 CONFIG=none .venv/bin/python bench/cli_bench.py
+
+The last lines are the top-level modules of `python -X importtime -c "import herder.cli"`
+that cost the most (cumulative, one run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+RUNS = int(os.environ.get("RUNS", "30"))
+WARMUP = int(os.environ.get("WARMUP", "3"))
+JOBS = int(os.environ.get("JOBS", "50"))
+CONFIG = os.environ.get("CONFIG", "sample")
+
+
+def herder_argv() -> list[str]:
+    """The installed console script next to this interpreter, as users run it."""
+    script = Path(sys.executable).parent / "herder"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from herder.cli import main; main()"]
+
+
+def run(argv: Sequence[str], folder: Path, environment: dict[str, str]) -> float:
+    """Seconds of wall time for one run; the command must succeed (or answer `skip`, 10)."""
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=folder, env=environment, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode not in (0, 10):
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()}")
+    return elapsed
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def measure(argv: Sequence[str], folder: Path, environment: dict[str, str]) -> list[float]:
+    for _ in range(WARMUP):
+        run(argv, folder, environment)
+    return [run(argv, folder, environment) for _ in range(RUNS)]
+
+
+STEPS = [
+    ("click", "import click"),
+    ("herder.cli (root group, no command)", "import herder.cli"),
+    ("herder.model (dataclasses, enums)", "import herder.model"),
+    ("pydantic (BaseModel)", "from pydantic import BaseModel"),
+    ("herder.config (the settings models)", "import herder.config"),
+    ("load_config() (validate herder.toml)", "herder.config.load_config()"),
+    ("herder.store.sqlite", "import herder.store.sqlite"),
+    ("herder.client, herder.intake, herder.cli.jobs", "import herder.client, herder.cli.jobs"),
+    ("open_store() (connect, check the schema)",
+     "herder.store.open_store(herder.config.load_config().db_url()).close()"),
+    ("rich (jobs and show tables)", "import rich.console, rich.table"),
+]
+"""What `submit` loads, in order; each step's time is on top of the steps before it."""
+
+BREAKDOWN = """
+import json, sys, time
+times = []
+for statement in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    exec(statement)
+    times.append(time.perf_counter() - start)
+print(json.dumps(times))
+"""
+
+
+def breakdown(environment: dict[str, str], folder: Path) -> list[tuple[str, float]]:
+    """Median milliseconds of each step of STEPS, over RUNS fresh interpreters."""
+    statements = json.dumps([statement for _, statement in STEPS])
+    samples = [json.loads(subprocess.run(
+        [sys.executable, "-c", BREAKDOWN, statements], cwd=folder, env=environment,
+        capture_output=True, text=True, check=True).stdout) for _ in range(RUNS)]
+    return [(label, statistics.median(sample[index] for sample in samples) * 1000)
+            for index, (label, _) in enumerate(STEPS)]
+
+
+def import_costs(environment: dict[str, str], folder: Path, top: int = 8) -> list[str]:
+    """The top-level imports of `import herder.cli` with the largest cumulative time."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import herder.cli"],
+                          cwd=folder, env=environment, capture_output=True, text=True,
+                          check=True)
+    rows: list[tuple[int, str]] = []
+    for line in done.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        name = parts[2]
+        depth = (len(name) - len(name.lstrip())) // 2
+        if depth <= 1:
+            rows.append((int(parts[1]), name.strip()))
+    rows.sort(reverse=True)
+    return [f"{micros / 1000:7.1f} ms  {name}" for micros, name in rows[:top]]
+
+
+def main() -> None:
+    herder = herder_argv()
+    with tempfile.TemporaryDirectory(prefix="herder-cli-bench-") as temporary:
+        folder = Path(temporary)
+        environment = {key: value for key, value in os.environ.items()
+                       if not key.startswith("HERDER_")}
+        environment["HERDER_DB"] = f"sqlite:///{folder / 'herder.db'}"
+        if CONFIG == "sample":
+            subprocess.run([*herder, "init"], cwd=folder, env=environment, check=True,
+                           stdout=subprocess.DEVNULL)
+        seed = ("import sys\nfrom herder.client import Client\n"
+                "with Client() as client:\n"
+                "    for number in range(int(sys.argv[1])):\n"
+                "        client.submit(command=['true'], dedup_key=f'bench-{number}')\n")
+        subprocess.run([sys.executable, "-c", seed, str(JOBS)], cwd=folder, env=environment,
+                       check=True)
+        rows: list[tuple[str, list[str]]] = [
+            ("python -c pass", [sys.executable, "-c", "pass"]),
+            ("python -c 'import herder.cli'", [sys.executable, "-c", "import herder.cli"]),
+            ("herder --help", [*herder, "--help"]),
+            ("herder submit -- true", [*herder, "submit", "--", "true"]),
+            ("herder jobs", [*herder, "jobs"]),
+            ("herder jobs --json", [*herder, "jobs", "--json"]),
+            ("herder show 1", [*herder, "show", "1"]),
+            ("herder should-dispatch bench-1", [*herder, "should-dispatch", "bench-1"]),
+            ("herder should-dispatch free-key", [*herder, "should-dispatch", "free-key"]),
+        ]
+        results = [(label, measure(argv, folder, environment)) for label, argv in rows]
+        baseline = statistics.median(results[0][1])
+        config = "sample herder.toml" if CONFIG == "sample" else "no herder.toml"
+        print(f"CLI wall time, SQLite, {config}, {JOBS} jobs in the database, "
+              f"{RUNS} runs after {WARMUP} warm-up runs (ms)\n")
+        print("| command | median | p90 | min | median - python -c pass |")
+        print("|---|---|---|---|---|")
+        for label, times in results:
+            median = statistics.median(times)
+            print(f"| `{label}` | {median * 1000:.0f} | {percentile(times, 0.9) * 1000:.0f} | "
+                  f"{min(times) * 1000:.0f} | {(median - baseline) * 1000:+.0f} |")
+        print("\nWhere `submit`'s time goes: each step in a fresh interpreter, on top of the ones "
+              f"before it (median of {RUNS}, ms)\n")
+        print("| step | ms |")
+        print("|---|---|")
+        for label, milliseconds in breakdown(environment, folder):
+            print(f"| {label} | {milliseconds:.1f} |")
+        print("\n`python -X importtime -c 'import herder.cli'`, largest top-level imports "
+              "(cumulative):")
+        for line in import_costs(environment, folder):
+            print("   ", line)
+
+
+if __name__ == "__main__":
+    main()

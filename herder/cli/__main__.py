@@ -1,0 +1,5 @@
+"""`python -m herder.cli`."""
+
+from herder.cli.root import main
+
+main()

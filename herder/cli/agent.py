@@ -1,0 +1,243 @@
+"""Commands a host runs against a server: agent (and install-systemd), run-attempt, heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from typing import Any
+
+import click
+
+from herder.cli.root import State, duration, edge, fail, log_to_stderr, names, pass_state, utcnow
+from herder.errors import InputError
+
+DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
+
+
+def token_options(function: Any) -> Any:
+    """--token and --token-file, shared by the commands that talk to a server as a host."""
+    options = [
+        click.option("--token", envvar="HERDER_AGENT_TOKEN",
+                     help="The host token; wins over --token-file [env HERDER_AGENT_TOKEN]."),
+        click.option("--token-file", envvar="HERDER_TOKEN_FILE", default=DEFAULT_TOKEN_FILE,
+                     show_default=True,
+                     help="File holding the host token, mode 0600 [env HERDER_TOKEN_FILE]."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def agent_token(token: str | None, token_file: str) -> str:
+    """--token / HERDER_AGENT_TOKEN, else the file (refused when others may read it)."""
+    from herder.runtime.agent_client import read_token_file
+
+    if token and token.strip():
+        return token.strip()
+    return read_token_file(os.path.expanduser(token_file))
+
+
+def forget_token_variable() -> None:
+    """Jobs start from this process's environment: the host token must not be in it."""
+    os.environ.pop("HERDER_AGENT_TOKEN", None)
+
+
+@click.command()
+@click.option("--host", "label", required=True, help="The host's label.")
+@click.option("--server", help="Report through this server instead of the database.")
+@token_options
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle that signed the server's certificate.")
+@pass_state
+def heartbeat(state: State, label: str, server: str | None, token: str | None,
+              token_file: str, ca: str | None) -> None:
+    """One heartbeat for a host (cron on ssh push hosts: `* * * * * herder heartbeat ...`)."""
+    if server:
+        from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
+
+        with edge():
+            client = ServerClient(server, agent_token(token, token_file), label,
+                                  verify=ca or True)
+            reply = client.request("POST", f"/api/v1/hosts/{label}/heartbeat")
+            client.close()
+            if reply.status is None:
+                problem = setup_problem(reply.error, client.server, client.ca)
+                if problem is not None:
+                    raise problem
+                fail(f"cannot reach {client.server}: {reply.problem}")
+            if reply.verdict is Verdict.UNAUTHORIZED:
+                fail(client.refusal(reply))
+            if reply.verdict is not Verdict.OK:
+                fail(f"the server answered {reply.problem}")
+        click.echo(f"heartbeat sent for {label}")
+        return
+    with edge():
+        if not state.client.store.host_heartbeat(label, utcnow(), {"via": "cli"}):
+            fail(f"no host {label!r} (see `herder hosts`)")
+    click.echo(f"heartbeat recorded for {label}")
+
+
+
+@click.group(invoke_without_command=True)
+@click.option("--server", "server_url", envvar="HERDER_SERVER", help="https://server:8470")
+@token_options
+@click.option("--host", "label", help="This host's label (as registered).")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="Upper bound; the host's window cap from the server applies too.")
+@click.option("--job-types", help="Local allow-list of job types (fail-closed).")
+@click.option("--weights", help="Local allow-list of weights (fail-closed).")
+@click.option("--priority-floor", type=int, help="Refuse jobs more urgent than this.")
+@click.option("--no-ram-check", is_flag=True, help="Skip the /proc/meminfo check.")
+@click.option("--drain-timeout", default="10m", show_default=True,
+              help="On SIGTERM, how long running jobs may finish before being handed back.")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle that signed the server's certificate.")
+@click.option("--log-dir", type=click.Path(file_okay=False), help="Local attempt logs.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+@click.pass_context
+def agent(ctx: click.Context, server_url: str | None, token: str | None, token_file: str,
+          label: str | None, concurrency: int, job_types: str | None, weights: str | None,
+          priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
+          log_dir: str | None, log_level: str) -> None:
+    """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from pathlib import Path
+
+    from herder.runtime.agent import HttpSource, LocalGate
+    from herder.runtime.agent_client import ServerClient, check_server_url
+    from herder.runtime.runner import Runner, RunnerOptions
+
+    log_to_stderr(log_level)
+    state: State = ctx.obj
+    with edge():
+        if not label:
+            raise InputError("--host", "is required", "pass the host label it was added with")
+        if not server_url:
+            raise InputError("--server", "is required", "pass --server https://host:8470")
+        check_server_url(server_url)
+        secret = agent_token(token, token_file)
+        forget_token_variable()
+        drain = duration(drain_timeout, "--drain-timeout")
+        runtime = state.config.settings.runtime
+        if runtime.kill_grace >= runtime.attempt_lease:
+            logging.getLogger("herder.agent").warning(
+                "kill_grace (%.0fs) is not shorter than attempt_lease (%.0fs): after a crash "
+                "the server may rerun a job before its old processes are gone",
+                runtime.kill_grace, runtime.attempt_lease)
+        client = ServerClient(server_url, secret, label, verify=ca or True)
+        # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
+        # server that is not up yet is waited for.
+        client.check()
+        # Then, before any thread exists: the guardian that cleans up if this agent dies.
+        from herder.runtime.agent import start_guardian
+
+        guardian = start_guardian(label, runtime.kill_grace, server=server_url, token=secret,
+                                  ca=ca)
+        source = HttpSource(
+            client, LocalGate(names(job_types), names(weights), priority_floor),
+            concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
+            check_ram=not no_ram_check, kill_grace=runtime.kill_grace,
+        )
+        source.guardian_fd = guardian
+        options = RunnerOptions(
+            host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir,
+            concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,
+            attempt_lease=runtime.attempt_lease, kill_grace=runtime.kill_grace,
+            poll_interval=runtime.poll_interval, max_lost=runtime.max_lost,
+            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
+            drain_timeout=drain,
+        )
+        runner = Runner(None, options, source=source)
+        source.in_flight = lambda: len(runner.running)
+        sys.exit(runner.run())
+
+
+@agent.command("install-systemd")
+@click.option("--server", "server_url", required=True)
+@click.option("--host", "label", required=True)
+@click.option("--user", default=lambda: os.environ.get("USER", "herder"))
+@click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
+              help="Where the unit's agent reads the host token (mode 0600, owned by --user).")
+@click.option("--drain-seconds", type=int, default=600, show_default=True)
+def install_systemd(server_url: str, label: str, user: str, token_file: str,
+                    drain_seconds: int) -> None:
+    """Print a systemd unit (Restart=always) for this host's agent."""
+    from herder.runtime.agent import SYSTEMD_UNIT
+    from herder.runtime.agent_client import check_server_url
+
+    with edge():
+        server_url = check_server_url(server_url)
+        if not os.path.isabs(token_file):
+            raise InputError("--token-file", f"{token_file!r} is not an absolute path",
+                             "systemd needs one, e.g. /etc/herder/agent-token")
+    herder_path = shutil.which("herder") or f"{sys.executable} -m herder.cli"
+    click.echo(SYSTEMD_UNIT.format(label=label, user=user, workdir=os.getcwd(),
+                                   token_file=token_file,
+                                   token_dir=os.path.dirname(token_file) or "/",
+                                   herder=herder_path, server=server_url,
+                                   stop_seconds=drain_seconds + 30))
+
+
+
+RUN_ATTEMPT_PATIENCE = 30.0
+"""How long `run-attempt` waits for an unreachable server before it gives up (exit 2)."""
+
+
+@click.command("run-attempt")
+@click.option("--server", "server_url", required=True)
+@click.option("--host", "label", required=True)
+@click.option("--job", "job_id", type=int, required=True)
+@click.option("--attempt", type=int, required=True)
+@token_options
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False))
+@click.option("--no-ram-check", is_flag=True)
+@click.option("--log-dir", type=click.Path(file_okay=False))
+@pass_state
+def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt: int,
+                token: str | None, token_file: str, ca: str | None, no_ram_check: bool,
+                log_dir: str | None) -> None:
+    """Run one placed attempt on this host and report it (what ssh push runs remotely).
+
+    Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
+    attempt; 2 the server cannot be reached; 3 RAM contention.
+    """
+    from pathlib import Path
+
+    from herder.model import AttemptToken, Outcome
+    from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
+    from herder.runtime.agent_client import ServerClient, ServerUnavailable
+    from herder.runtime.runner import Runner, RunnerOptions
+
+    log_to_stderr("info")
+    runtime = state.config.settings.runtime
+    try:
+        client = ServerClient(server_url, agent_token(token, token_file), label,
+                              verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))
+        forget_token_variable()
+        client.check(patience=RUN_ATTEMPT_PATIENCE)
+    except InputError as exc:
+        fail(str(exc), code=1)
+    except ServerUnavailable as exc:
+        fail(str(exc), code=2)
+    job = fetch_attempt(client, AttemptToken(job_id, attempt))
+    if job is None:
+        fail(f"attempt {job_id}.{attempt} is not placed on {label}", code=1)
+    source = SingleAttemptSource(client, LocalGate(), job, check_ram=not no_ram_check,
+                                 heartbeat_interval=runtime.heartbeat_interval,
+                                 kill_grace=runtime.kill_grace)
+    options = RunnerOptions(
+        host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir, concurrency=1,
+        heartbeat_interval=runtime.heartbeat_interval, attempt_lease=runtime.attempt_lease,
+        kill_grace=runtime.kill_grace, poll_interval=0.2, exit_when_idle=True,
+        drain_timeout=None,
+        pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
+    )
+    Runner(None, options, source=source).run()
+    if source.handed_back is Outcome.RAM_CONTENTION:
+        sys.exit(3)
+
+

@@ -1,0 +1,248 @@
+"""Host commands: hosts, host add/set/enable/drain/remove/token, ram, why."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from herder.cli.root import State, edge, fail, fleet_of, names, pass_state, utcnow
+from herder.errors import InputError
+from herder.model import HostRecord, Scope, Transport
+
+if TYPE_CHECKING:
+    from herder.store import Store
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of host objects.")
+@pass_state
+def hosts(state: State, as_json: bool) -> None:
+    """List hosts with health, window caps and RAM headroom."""
+    from herder.runtime.coordinator import host_view
+    with edge():
+        store = state.client.store
+        fleet = fleet_of(state)
+        now = utcnow()
+        usage = store.host_usage(now)
+        views = [host_view(fleet, h, usage.get(h.label), now) for h in store.host_list()]
+    if as_json:
+        click.echo(json.dumps(views, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("HOST", "STATE", "HEALTH", "TRANSPORT", "WINDOW", "WORKERS", "MAX WEIGHT",
+                   "RAM FREE/BOOKABLE"):
+        table.add_column(column)
+    for view in views:
+        condition = "drained" if not view["enabled"] else (
+            f"agent {view['agent']}" if view["agent"] else "enabled")
+        health = f"{view['health']}, not live" if view.get("agent_down") else view["health"]
+        table.add_row(view["label"], condition,
+                      health, view["transport"], view["window"],
+                      f"{view['workers']}/{view['max_workers']}", view["max_weight"] or "any",
+                      f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
+    Console().print(table)
+
+
+def host_options(function: Any) -> Any:
+    options = [
+        click.option("--ram", "ram_total_gb", type=click.FloatRange(min=0),
+                     help="Total RAM in GB."),
+        click.option("--reserved", "ram_reserved_gb", type=click.FloatRange(min=0),
+                     help="RAM kept for the OS and services, GB."),
+        click.option("--cpus", type=click.IntRange(min=1)),
+        click.option("--transport", type=click.Choice(["agent", "local", "ssh"])),
+        click.option("--ssh-target", help="user@host for transport ssh."),
+        click.option("--prime-workers", type=click.IntRange(min=0)),
+        click.option("--prime-max-weight"),
+        click.option("--night-workers", type=click.IntRange(min=0)),
+        click.option("--night-max-weight"),
+        click.option("--job-types", help="Allowed job types, comma-separated ('' = any)."),
+        click.option("--weights", help="Allowed weights, comma-separated ('' = any)."),
+        click.option("--priority-floor", type=int, help="Refuse jobs with a lower priority."),
+        click.option("--label", "labels", multiple=True, help="A free-form label (repeatable)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _apply(state: State, host: HostRecord, options: dict[str, Any]) -> HostRecord:
+    changes: dict[str, Any] = {}
+    for key in ("ram_total_gb", "ram_reserved_gb", "cpus", "ssh_target", "priority_floor"):
+        if options.get(key) is not None:
+            changes[key] = options[key]
+    if options.get("transport"):
+        changes["transport"] = Transport(options["transport"])
+    for window in ("prime", "night"):
+        if options.get(f"{window}_workers") is not None:
+            changes[f"{window}_max_workers"] = options[f"{window}_workers"]
+        weight = options.get(f"{window}_max_weight")
+        if weight is not None:
+            if weight in ("", "any"):
+                changes[f"{window}_max_weight"] = None
+            else:
+                state.config.check_weight(weight, f"--{window}-max-weight")
+                changes[f"{window}_max_weight"] = weight
+    if options.get("job_types") is not None:
+        changes["allowed_job_types"] = names(options["job_types"])
+    if options.get("weights") is not None:
+        allowed = names(options["weights"])
+        for weight in allowed or ():
+            state.config.check_weight(weight, "--weights")
+        changes["allowed_weights"] = allowed
+    if options.get("labels"):
+        changes["labels"] = frozenset(options["labels"])
+    updated = replace(host, **changes)
+    if updated.transport is Transport.SSH and not updated.ssh_target:
+        raise InputError("--ssh-target", "an ssh host needs a target", "pass --ssh-target u@h")
+    return updated
+
+
+@click.group()
+def host() -> None:
+    """Add, change, drain or remove a host."""
+
+
+@host.command("add")
+@click.argument("label")
+@host_options
+@click.option("--disabled", is_flag=True, help="Add it drained (enable it later).")
+@pass_state
+def host_add(state: State, /, label: str, disabled: bool, **options: Any) -> None:
+    """Register a host; prints its agent token once (store it; only its hash is kept)."""
+    from herder.config import _NAME
+
+    with edge():
+        if not _NAME.match(label):
+            raise InputError("LABEL", f"{label!r} is not a valid host label",
+                             "use letters, digits, '.', '_' and '-'")
+        if options.get("ram_total_gb") is None:
+            raise InputError("--ram", "is required", "pass the host's total RAM in GB")
+        record = _apply(state, HostRecord(label=label, ram_total_gb=0.0,
+                                          enabled=not disabled), options)
+        store = state.client.store
+        now = utcnow()
+        if not store.host_insert(record, now):
+            fail(f"host {label!r} exists already (use `herder host set`)")
+        token = _agent_token(store, label)
+    click.echo(f"added host {label}", err=True)
+    click.echo(f"agent token (shown once): {token}", err=True)
+    click.echo(token)
+
+
+@host.command("set")
+@click.argument("label")
+@host_options
+@pass_state
+def host_set(state: State, /, label: str, **options: Any) -> None:
+    """Change a host's configuration."""
+    with edge():
+        store = state.client.store
+        record = store.host_get(label)
+        if record is None:
+            fail(f"no host {label!r} (see `herder hosts`)")
+        store.host_update(_apply(state, record, options), utcnow())
+    click.echo(f"updated host {label}")
+
+
+def _set_enabled(state: State, label: str, enabled: bool) -> None:
+    with edge():
+        store = state.client.store
+        record = store.host_get(label)
+        if record is None:
+            fail(f"no host {label!r} (see `herder hosts`)")
+        store.host_update(replace(record, enabled=enabled), utcnow())
+
+
+@host.command("enable")
+@click.argument("label")
+@pass_state
+def host_enable(state: State, label: str) -> None:
+    """Let a host take new work."""
+    _set_enabled(state, label, True)
+    click.echo(f"host {label}: enabled")
+
+
+@host.command("drain")
+@click.argument("label")
+@pass_state
+def host_drain(state: State, label: str) -> None:
+    """Take nothing new; running jobs finish. `disable` is another name for it."""
+    _set_enabled(state, label, False)
+    click.echo(f"host {label}: drained (running jobs finish; nothing new is placed)")
+
+
+host.add_command(host_drain, name="disable")
+
+
+@host.command("remove")
+@click.argument("label")
+@pass_state
+def host_remove(state: State, label: str) -> None:
+    """Forget a host (refused while jobs are claimed or running on it)."""
+    with edge():
+        store = state.client.store
+        if store.host_get(label) is None:
+            fail(f"no host {label!r} (see `herder hosts`)")
+        if not store.host_remove(label):
+            fail(f"host {label!r} still has claimed or running jobs; drain it first")
+        # A host added again later under this label must not accept the old tokens.
+        store.token_revoke_host(label, utcnow())
+    click.echo(f"removed host {label}")
+
+
+@host.command("token")
+@click.argument("label")
+@pass_state
+def host_token(state: State, label: str) -> None:
+    """Issue a new agent token for a host (the old ones stop working)."""
+    with edge():
+        store = state.client.store
+        if store.host_get(label) is None:
+            fail(f"no host {label!r} (see `herder hosts`)")
+        store.token_revoke_host(label, utcnow())
+        token = _agent_token(store, label)
+    click.echo(token)
+
+
+def _agent_token(store: Store, label: str) -> str:
+    from herder.api.tokens import new_token, token_hash
+
+    token = new_token()
+    store.token_insert(f"host:{label}", Scope.AGENT, token_hash(token), utcnow(), host=label)
+    return token
+
+
+
+@click.command()
+@click.argument("label")
+@pass_state
+def ram(state: State, label: str) -> None:
+    """Bookable RAM headroom of a host in GB (negative when overbooked)."""
+    with edge():
+        store = state.client.store
+        record = store.host_get(label)
+        if record is None:
+            fail(f"no host {label!r} (see `herder hosts`)")
+        usage = store.host_usage(utcnow()).get(label)
+        booked = usage.booked_gb if usage else 0.0
+    click.echo(f"{fleet_of(state).bookable(record) - booked:.1f}")
+
+
+@click.command("why")
+@click.argument("job_id", type=int)
+@pass_state
+def why_command(state: State, job_id: int) -> None:
+    """One line: why a job is (not) running."""
+    from herder.runtime.coordinator import why
+
+    with edge():
+        click.echo(why(state.client.store, fleet_of(state), job_id, utcnow()))
+
+

@@ -1,0 +1,226 @@
+"""The root `herder` group and what every command module shares: the error edge, the
+lazily built state, small parsers. Command modules import this one, never each other.
+
+Scripts run `herder submit` and `should-dispatch` in loops, so a command loads only its own
+module (see COMMANDS) and each module imports its heavy dependencies where they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from herder.errors import HerderError, InputError, NotFound
+
+if TYPE_CHECKING:
+    from herder.client import Client
+    from herder.config import Config
+    from herder.runtime.scheduler import Fleet
+
+EXIT_USAGE = 2
+EXIT_SKIP = 10
+
+COMMANDS: dict[str, str] = {
+    "init": "herder.cli.project:init",
+    "migrate": "herder.cli.project:migrate",
+    "submit": "herder.cli.jobs:submit",
+    "jobs": "herder.cli.jobs:jobs",
+    "show": "herder.cli.jobs:show",
+    "logs": "herder.cli.jobs:logs",
+    "cancel": "herder.cli.jobs:cancel",
+    "retry": "herder.cli.jobs:retry",
+    "should-dispatch": "herder.cli.jobs:should_dispatch",
+    "up": "herder.cli.server:up",
+    "hosts": "herder.cli.hosts:hosts",
+    "host": "herder.cli.hosts:host",
+    "ram": "herder.cli.hosts:ram",
+    "why": "herder.cli.hosts:why_command",
+    "token": "herder.cli.tokens:token",
+    "heartbeat": "herder.cli.agent:heartbeat",
+    "slots": "herder.cli.slots:slots",
+    "reserve": "herder.cli.slots:reserve",
+    "complete": "herder.cli.slots:complete",
+    "server": "herder.cli.server:server",
+    "agent": "herder.cli.agent:agent",
+    "run-attempt": "herder.cli.agent:run_attempt",
+    "demo": "herder.cli.server:demo",
+}
+"""Every top-level command: its name and the `module:attribute` that defines it."""
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    click.echo(f"herder: error: {one_line}", err=True)
+    sys.exit(code)
+
+
+def fail_if_unavailable(error: Exception) -> None:
+    """Exit 2 with one line when `error` is the database failing; return otherwise."""
+    from herder.store import as_unavailable
+
+    unavailable = as_unavailable(error)
+    if unavailable is not None:
+        fail(f"{unavailable} (retry when the database is back)")
+
+
+@contextmanager
+def edge() -> Iterator[None]:
+    """Turn herder's errors into one clear line on stderr and exit 2; so too a database
+    that fails after connect (down, restarting, locked, an I/O error)."""
+    try:
+        yield
+    except (InputError, NotFound) as exc:
+        fail(str(exc))
+    except HerderError as exc:
+        fail(str(exc))
+    except Exception as exc:
+        fail_if_unavailable(exc)
+        raise
+
+
+class State:
+    def __init__(self, db: str | None, config_path: str | None) -> None:
+        self.db = db
+        self.config_path = config_path
+        self._config: Config | None = None
+        self._client: Client | None = None
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            from herder.config import load_config
+
+            self._config = load_config(self.config_path)
+        return self._config
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            from herder.client import Client
+
+            self._client = Client(self.db, self.config)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def duration(value: str | None, field: str) -> float | None:
+    """Seconds from an option like `10m`; an InputError naming `field` if it is not one."""
+    if value is None:
+        return None
+    from herder.config import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InputError(field, str(exc)) from exc
+
+
+def names(value: str | None) -> frozenset[str] | None:
+    """A comma-separated option as a set; None when it names nothing."""
+    if value is None:
+        return None
+    found = frozenset(part.strip() for part in value.split(",") if part.strip())
+    return found or None
+
+
+def fleet_of(state: State) -> Fleet:
+    from herder.runtime.scheduler import Fleet
+
+    return Fleet.from_settings(state.config.settings)
+
+
+def log_to_stderr(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The root group's commands by name; a command's module is imported when the command
+    is first looked up, so listing the names imports nothing."""
+
+    def __init__(self, where: dict[str, str]) -> None:
+        self.where = dict(where)
+        self.loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self.loaded:
+            module, _, attribute = self.where[name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{self.where[name]} is not a click command")
+            self.loaded[name] = command
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self.loaded[name] = command
+        self.where.pop(name, None)
+
+    def __delitem__(self, name: str) -> None:
+        if self.loaded.pop(name, None) is None:
+            del self.where[name]
+        else:
+            self.where.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**self.where, **self.loaded})
+
+    def __len__(self) -> int:
+        return len(self.where.keys() | self.loaded.keys())
+
+
+class HerderGroup(click.Group):
+    """Click's usage errors as one line too (`herder: error: ...`), exit 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "herder"
+            fail(f"{exc.format_message()} (see `{where} --help`)")
+        except click.ClickException as exc:
+            fail(exc.format_message(), exc.exit_code)
+        except click.Abort:
+            fail("aborted", 1)
+        except Exception as exc:  # a command outside `edge()`: database failures still one line
+            fail_if_unavailable(exc)
+            raise
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=HerderGroup, commands=LazyCommands(COMMANDS),
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", envvar="HERDER_DB", help="sqlite:///path or postgresql://... "
+              "[env HERDER_DB; default ./herder.db]")
+@click.option("--config", "config_path", envvar="HERDER_CONFIG", type=click.Path(),
+              help="herder.toml to use [env HERDER_CONFIG; default ./herder.toml]")
+@click.version_option(package_name="herder")
+@click.pass_context
+def main(ctx: click.Context, db: str | None, config_path: str | None) -> None:
+    """herder: a job queue and dispatcher for long-running command-line jobs."""
+    state = State(db, config_path)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+

@@ -1,0 +1,129 @@
+"""Commands that run the work: up (one machine), server (the fleet coordinator), demo."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+
+import click
+
+from herder.cli.root import State, edge, fail, log_to_stderr, pass_state
+from herder.errors import InputError
+
+
+@click.command()
+@click.option("--concurrency", type=click.IntRange(1, 1024),
+              help="Attempts at once [default: runtime.concurrency, 4].")
+@click.option("--host", help="This machine's label [default: hostname].")
+@click.option("--exit-when-idle", is_flag=True,
+              help="Exit 0 once nothing is queued, claimed or running.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+@pass_state
+def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
+       log_level: str) -> None:
+    """Run jobs on this machine: coordinator and local executor in one process."""
+    from herder.runtime.runner import Runner, RunnerOptions, default_host
+
+    log_to_stderr(log_level)
+    with edge():
+        config = state.config
+        runtime = config.settings.runtime
+        store = state.client.store
+        options = RunnerOptions(
+            host=host or config.settings.herder.host or default_host(),
+            log_dir=config.log_dir,
+            concurrency=concurrency or runtime.concurrency,
+            heartbeat_interval=runtime.heartbeat_interval,
+            attempt_lease=runtime.attempt_lease,
+            kill_grace=runtime.kill_grace,
+            poll_interval=runtime.poll_interval,
+            max_lost=runtime.max_lost,
+            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
+            exit_when_idle=exit_when_idle,
+        )
+        sys.exit(Runner(store, options).run())
+
+
+def loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.option("--listen", help="HOST:PORT [default: server.listen, 127.0.0.1:8470].")
+@click.option("--host", "label", help="This machine's label [default: hostname].")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
+@click.option("--insecure-no-auth", is_flag=True,
+              help="Loopback only: operator routes need no token (agents still need theirs).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+@pass_state
+def server(state: State, listen: str | None, label: str | None, tls_cert: str | None,
+           tls_key: str | None, insecure_no_auth: bool, log_level: str) -> None:
+    """The fleet coordinator: store, scheduler (one leader among replicas), HTTP API."""
+    import uvicorn
+
+    from herder.api.app import Access, create_app
+    from herder.api.tokens import active_admins
+    from herder.runtime.coordinator import Coordinator
+
+    log_to_stderr(log_level)
+    log = logging.getLogger("herder.server")
+    with edge():
+        settings = state.config.settings.server
+        address = listen or settings.listen
+        bind, _, port_text = address.rpartition(":")
+        if not bind or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise InputError("--listen", f"{address!r} is not HOST:PORT", "e.g. 127.0.0.1:8470")
+        cert = tls_cert or settings.tls_cert
+        key = tls_key or settings.tls_key
+        if bool(cert) != bool(key):
+            raise InputError("--tls-cert", "TLS needs both a certificate and a key",
+                             "pass --tls-cert and --tls-key together")
+        legacy = os.environ.get(settings.api_token_env) or None
+        if insecure_no_auth and not loopback(bind):
+            raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
+                             "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
+        admins = active_admins(state.client.store.token_list())
+        if not admins and not legacy and not insecure_no_auth:
+            if not loopback(bind):
+                raise InputError(
+                    "--listen", f"{bind} is reachable from the network and no admin token "
+                    "exists", "create one first: herder token create --scope admin --name ops")
+            log.warning("no admin token exists: operator routes answer 401 until one is "
+                        "created (herder token create --scope admin)")
+        if legacy:
+            log.warning("%s is deprecated: it works as an admin token; create a scoped token "
+                        "with `herder token create` and unset it", settings.api_token_env)
+        if insecure_no_auth:
+            log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
+        coordinator = Coordinator(state.client.store, state.config, label)
+        if not coordinator.public_url:
+            scheme = "https" if cert else "http"
+            coordinator.public_url = f"{scheme}://{bind}:{port_text}"
+        app = create_app(coordinator, Access(open_access=insecure_no_auth,
+                                             legacy_admin_token=legacy,
+                                             max_body_bytes=settings.max_body_bytes))
+    uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
+                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
+    if coordinator.fatal is not None:
+        fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
+
+
+
+@click.command()
+@click.option("--keep", is_flag=True, help="Keep the demo's folder (database, logs).")
+def demo(keep: bool) -> None:
+    """See a fleet work: a server, three agents posing as hosts, a mixed workload."""
+    from herder.demo import run_demo
+
+    sys.exit(run_demo(click.echo, keep=keep))
+

@@ -1,0 +1,93 @@
+"""The commands scripts run in loops import only what they use (no timing: which modules).
+
+Each case runs the real command in a fresh interpreter and lists, at exit, which of the
+server-side and presentation packages got imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import CLI_TIMEOUT, clean_env
+
+SERVER_SIDE = ("fastapi", "starlette", "uvicorn", "httpx", "anyio", "asyncio", "psycopg",
+               "herder.api", "herder.runtime", "herder.scheduling", "herder.demo")
+"""What the queue commands never need: the HTTP stack, the event loop, PostgreSQL's driver
+(the database here is SQLite), the coordinator and the scheduler."""
+
+PROBE = """
+import atexit, json, sys
+watched = json.loads(sys.argv[1])
+def report():
+    loaded = sorted(name for name in watched
+                    if any(module == name or module.startswith(name + ".")
+                           for module in sys.modules))
+    sys.stderr.write("imported: " + json.dumps(loaded) + "\\n")
+atexit.register(report)
+from herder.cli import main
+main(sys.argv[2:])
+"""
+
+
+def imported(tmp_path: Path, *args: str) -> list[str]:
+    """The watched packages the command `herder ARGS...` imported; it must succeed (or skip)."""
+    watched = [*SERVER_SIDE, "rich", "pydantic"]
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(watched), *args], cwd=tmp_path,
+        env=clean_env({"HERDER_DB": f"sqlite:///{tmp_path / 'herder.db'}"}),
+        capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False)
+    assert result.returncode in (0, 10), (args, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("imported: ")]
+    assert len(lines) == 1, result.stderr
+    return list(json.loads(lines[0].removeprefix("imported: ")))
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A project with one job in its SQLite database."""
+    imported(tmp_path, "submit", "--dedup-key", "held", "--", "true")
+    return tmp_path
+
+
+@pytest.mark.parametrize("args", [
+    ("submit", "--", "true"),
+    ("jobs", "--json"),
+    ("show", "1", "--json"),
+    ("should-dispatch", "held"),
+    ("should-dispatch", "free"),
+    ("cancel", "1"),
+])
+def test_queue_commands_import_no_server_side_or_presentation_package(folder, args):
+    assert set(imported(folder, *args)) & {*SERVER_SIDE, "rich"} == set()
+
+
+@pytest.mark.parametrize("args", [("jobs",), ("show", "1")])
+def test_tables_load_rich_but_nothing_server_side(folder, args):
+    found = set(imported(folder, *args))
+    assert "rich" in found
+    assert found & set(SERVER_SIDE) == set()
+
+
+def test_the_command_line_itself_loads_no_configuration_store_or_command(tmp_path):
+    # `--help` lists every command from its module; the config models (pydantic) and the
+    # store are loaded only by commands that use them.
+    assert imported(tmp_path, "--help") == []
+    probe = ("import sys, herder.cli; print(sorted(m for m in sys.modules "
+             "if m.startswith(('herder.', 'pydantic', 'rich'))))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=clean_env(),
+                            capture_output=True, text=True, timeout=CLI_TIMEOUT, check=True)
+    assert result.stdout.strip() == "['herder.cli', 'herder.cli.root', 'herder.errors']"
+
+
+def test_every_named_command_loads_from_its_module_under_its_name():
+    from herder.cli.root import COMMANDS, main
+
+    assert sorted(main.commands) == sorted(COMMANDS)
+    for name, where in COMMANDS.items():
+        command = main.commands[name]
+        assert command.name == name, where
+        assert command.callback is not None and command.callback.__module__ == where.split(":")[0]
