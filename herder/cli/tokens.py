@@ -10,7 +10,6 @@ import click
 from herder.cli.root import State, edge, fail, names, pass_state, utcnow
 from herder.errors import InputError
 from herder.model import Scope, TokenRecord
-from herder.views import iso
 
 
 @click.group()
@@ -89,6 +88,8 @@ def token_list(state: State, show_all: bool, as_json: bool) -> None:
 
 
 def token_view(record: TokenRecord) -> dict[str, Any]:
+    from herder.views import iso  # views load the wire models (pydantic): only when asked
+
     return {"id": record.id, "name": record.name, "scope": str(record.scope),
             "host": record.host,
             "job_types": None if record.job_types is None else sorted(record.job_types),
