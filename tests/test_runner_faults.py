@@ -8,9 +8,11 @@ still stops another. Once it works again, each result is recorded exactly once.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 
 import pytest
@@ -20,6 +22,7 @@ from test_runner import submit_in_missing_workdir
 from herder.errors import StoreUnavailable
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.maintenance import Rescuer
+from herder.runtime.process import token_markers
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.runtime.sources import ClaimSource
 from herder.store import open_store
@@ -74,6 +77,7 @@ class RunnerThread:
     """A Runner on a FaultySource, looping in a thread of this process."""
 
     def __init__(self, h: Harness, failing: set[str] | None = None,
+                 source_class: Callable[..., FaultySource] = FaultySource,
                  **overrides: float) -> None:
         self.store = open_store(h.db)
         values = {"heartbeat_interval": 0.2, "attempt_lease": 60.0, "kill_grace": 1.0,
@@ -82,7 +86,7 @@ class RunnerThread:
                                      **values)  # type: ignore[arg-type]
         rescuer = Rescuer(self.store, h.host, self.options.attempt_lease,
                           self.options.kill_grace, self.options.max_lost)
-        self.source = FaultySource(self.store, h.host, self.options.limits, rescuer)
+        self.source = source_class(self.store, h.host, self.options.limits, rescuer)
         self.source.failing.update(failing or ())
         self.runner = Runner(None, self.options, source=self.source)
         self.errors: list[BaseException] = []
@@ -167,3 +171,64 @@ def test_a_launch_failure_is_recorded_once_the_store_answers(harness: Harness):
     finally:
         runner.stop()
     assert [a.outcome for a in h.attempts(job_id)] == [Outcome.LAUNCH_FAILED]
+
+
+class StallingSource(FaultySource):
+    """Stalls once inside `take` (a frozen runner, a stuck call) for `stall` seconds, and
+    records what the runner tells the watchdog, with whether the attempt's process exists."""
+
+    def __init__(self, *args, stall: float = 0.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.stall = stall
+        self.published: list[tuple[str, bool]] = []
+
+    def take(self, free: int, now: datetime) -> list[Job]:
+        jobs = super().take(free, now)
+        if jobs and self.stall:
+            time.sleep(self.stall)  # the fault itself: the runner is held up here
+            self.stall = 0.0
+        return jobs
+
+    def leases(self, deadlines) -> None:  # type: ignore[no-untyped-def]
+        markers = token_markers()
+        self.published.extend((marker, marker in markers) for marker in deadlines)
+
+
+def stalled_runner(h: Harness, stall: float, **overrides: float) -> RunnerThread:
+    return RunnerThread(h, source_class=functools.partial(StallingSource, stall=stall),
+                        **overrides)
+
+
+def test_an_attempt_whose_lease_ran_out_before_its_start_is_handed_back(harness: Harness):
+    """The runner stalls between asking for work and starting it for longer than its fence
+    allows: it must not start the job (the server may be running it elsewhere by now)."""
+    h = harness
+    marker = h.dir / "ran"
+    job_id = h.submit(shell(f"touch {marker}"), max_attempts=3)
+    runner = stalled_runner(h, stall=1.0, attempt_lease=1.0, fence_margin=0.25)
+    try:
+        wait_for(lambda: h.job(job_id).lost >= 1, 30, "the stale attempt to be handed back",
+                 h.describe)
+        first = next(a for a in h.attempts(job_id) if a.attempt == 1)
+        assert (first.outcome, first.pid, first.started_at) == (Outcome.LOST, None, None)
+        # Given a fresh lease, the job runs on its next attempt.
+        wait_for(lambda: h.job(job_id).status is JobStatus.DONE, 30, "the rerun", h.describe)
+    finally:
+        runner.stop()
+    assert h.job(job_id).attempt == 2 and marker.exists()
+
+
+def test_the_watchdog_hears_of_an_attempt_before_its_process_exists(harness: Harness):
+    h = harness
+    job_id = h.submit(shell("sleep 0.2"))
+    runner = stalled_runner(h, stall=0.0)
+    try:
+        wait_for(lambda: h.job(job_id).status is JobStatus.DONE, 30, "the job", h.describe)
+    finally:
+        runner.stop()
+    published = runner.source.published  # type: ignore[attr-defined]
+    mine = [(marker, alive) for marker, alive in published
+            if marker.startswith(f"{job_id}.1@")]
+    assert mine, published
+    assert mine[0][1] is False, "the first deadline came after the process was spawned"
+    assert any(alive for _, alive in mine), "the deadline was never kept while it ran"

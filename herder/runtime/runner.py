@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +29,13 @@ from typing import TypeVar
 
 from herder.backoff import Backoff
 from herder.model import AttemptToken, Job, Outcome
-from herder.runtime.executor import LaunchError, RunningAttempt, append_log, spawn
+from herder.runtime.executor import (
+    LaunchError,
+    RunningAttempt,
+    append_log,
+    attempt_marker,
+    spawn,
+)
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import ClaimSource, PolicyLimits, WorkSource
@@ -358,6 +364,19 @@ class Runner:
                             job.id, older.job.attempt, job.attempt)
                 older.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
                 older.kill()
+        lease, margin = self._lease()
+        if fence_due(asked, time.monotonic(), lease, margin):
+            # The runner stalled between asking and starting (frozen, a stuck store call):
+            # its own fence already counts this lease as spent, and the server may be
+            # running the job elsewhere. Starting it would only be killed again at once.
+            log.warning("job %d attempt %d: its lease ran out before it could start; "
+                        "handing it back", job.id, job.attempt)
+            self.unreported[job.token] = Result(job, Outcome.LOST, None)
+            self._report(time.monotonic())
+            return
+        # The guardian learns the new attempt's backstop before there is a process to
+        # fence: a freeze right after the spawn leaves nothing unwatched.
+        self._publish_leases({attempt_marker(job.token, self.worker): asked})
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
                             self.options.kill_grace, self.options.pass_env)
@@ -466,20 +485,25 @@ class Runner:
             if attempt.token in reply.cancel:
                 attempt.request_stop(Outcome.CANCELLED, mono)
 
-    def _publish_leases(self) -> None:
-        """Each running attempt's backstop, for a watchdog that outlives a frozen runner
-        (the agent's guardian): half a fence margin after this runner's own fence, still
-        half a margin before the lease ends and the attempt may run elsewhere."""
+    def _lease(self) -> tuple[float, float]:
+        """The lease the attempts are held to and this runner's fence margin."""
         lease = self.source.lease_seconds or self.options.attempt_lease
-        margin = fence_margin(lease, self.options.fence_margin)
-        self.source.leases({attempt.marker: attempt.renewed + lease - margin / 2
-                            for attempt in self.running.values()})
+        return lease, fence_margin(lease, self.options.fence_margin)
+
+    def _publish_leases(self, starting: Mapping[str, float] | None = None) -> None:
+        """Each running (or `starting`: marker -> renewed) attempt's backstop, for a
+        watchdog that outlives a frozen runner (the agent's guardian): half a fence margin
+        after this runner's own fence, still half a margin before the lease ends and the
+        attempt may run elsewhere."""
+        lease, margin = self._lease()
+        renewed = {attempt.marker: attempt.renewed for attempt in self.running.values()}
+        renewed.update(starting or {})
+        self.source.leases({marker: at + lease - margin / 2 for marker, at in renewed.items()})
 
     def _fence(self, mono: float) -> None:
         """Stop the attempts whose lease this runner could not renew in time, before the
         store or server may declare them lost and run their jobs elsewhere."""
-        lease = self.source.lease_seconds or self.options.attempt_lease
-        margin = fence_margin(lease, self.options.fence_margin)
+        lease, margin = self._lease()
         for attempt in self.running.values():
             if attempt.fenced or not fence_due(attempt.renewed, mono, lease, margin):
                 continue
