@@ -169,6 +169,12 @@ class JobStream:
             backoff.wait()
 
 
+def raised(traceback: list[str]) -> str:
+    """The exception line that ends a traceback printed by threading's excepthook."""
+    return next((line.strip() for line in traceback
+                 if line[:1] not in (" ", "") and not line.startswith("Traceback")), "?")
+
+
 class ChaosFleet:
     """A server, three agents behind proxies, the database, and the faults done to them."""
 
@@ -262,7 +268,11 @@ class ChaosFleet:
         if not kinds:
             return
         kind = self.random.choice(kinds)
-        target = self.random.choice(healthy) if kind in AGENT_KINDS else kind.split("_")[0]
+        # A host with jobs running makes the fault count (victims to recover, attempts that
+        # could overlap); an idle one only when all are idle.
+        busy = [label for label in healthy if self.running_on(label)]
+        target = (self.random.choice(busy or healthy) if kind in AGENT_KINDS
+                  else kind.split("_")[0])
         getattr(self, f"_{kind}")(target)
 
     def _record(self, kind: str, target: str, victims: tuple[tuple[int, int], ...] = (),
@@ -365,6 +375,18 @@ class ChaosFleet:
         except Exception:
             return jobs
         return [job for job in jobs if job not in rows or rows[job].status not in final]
+
+    def thread_deaths(self) -> list[str]:
+        """Threads of herder processes that died of an exception, from their stderr: the
+        usual cause when jobs stay queued or results go unreported."""
+        found: list[str] = []
+        for started in self.fleet.started:
+            with contextlib.suppress(OSError):
+                lines = started.stderr.read_text(errors="replace").splitlines()
+                found += [f"{started.stderr.name}: {line.strip()} {raised(lines[index + 1:])}"
+                          for index, line in enumerate(lines)
+                          if line.startswith("Exception in thread")]
+        return found
 
     def close(self) -> None:
         self.stop.set()

@@ -41,6 +41,7 @@ class Proxy:
         self.connections = 0  # accepted and forwarded, for the summary
         self.refused = 0  # reset while cut
         self._open: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._handlers = 0  # connections being accepted or forwarded now
         self._server: asyncio.Server | None = None
 
     @property
@@ -62,13 +63,26 @@ class Proxy:
         self.cut_now = False
 
     async def close(self) -> None:
-        await self.cut()
+        """Stop listening, reset every connection and let each handler finish (a handler
+        still pending when the loop stops would be destroyed mid-flight)."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+        await self.cut()
+        for _ in range(200):
+            if not self._handlers:
+                break
+            await asyncio.sleep(0.01)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                       ) -> None:
+        self._handlers += 1
+        try:
+            await self._forward(reader, writer)
+        finally:
+            self._handlers -= 1
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                       ) -> None:
         if self.cut_now:
             self.refused += 1
             reset(writer)

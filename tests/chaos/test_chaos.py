@@ -110,6 +110,7 @@ def summary(settings: ChaosSettings, stream: JobStream, chaos: ChaosFleet,
     lines += [f"  {'PASS' if item.passed else 'FAIL'}  {item.name}"
               + ("" if item.passed else f" ({len(item.violations)})") for item in invariants]
     lines += [f"  harness: {error}" for error in chaos.errors + stream.errors]
+    lines += [f"  thread died: {death}" for death in chaos.thread_deaths()]
     return "\n".join(lines)
 
 
@@ -165,7 +166,6 @@ def test_fleet_under_chaos(private_postgres: PostgresCluster, make_fleet, tmp_pa
             [r.seconds for r in agent_recovered if r.seconds is not None],
             sum(1 for r in recovered if r.seconds is None))
         print(text, flush=True)
-        (tmp_path / "chaos-summary.txt").write_text(text + "\n")
         failed = [item for item in invariants if not item.passed]
         details = "\n".join(
             f"--- {item.name}: {len(item.violations)} violation(s) ---\n"
@@ -176,6 +176,8 @@ def test_fleet_under_chaos(private_postgres: PostgresCluster, make_fleet, tmp_pa
             f"  t={fault.at:.3f} {fault.kind} {fault.target} victims={list(fault.victims)} "
             f"ended={'-' if fault.ended is None else f'{fault.ended:.3f}'} {fault.note}"
             for fault in chaos.faults)
+        report = f"{text}\n{details}\n--- faults ---\n{faults}\n"
+        (tmp_path / "chaos-summary.txt").write_text(report)
         assert not failed, (
             f"{len(failed)} chaos invariant(s) broken (seed {settings.seed}; rerun with "
             f"HERDER_CHAOS_SEED={settings.seed})\n{text}\n{details}\n--- faults ---\n{faults}")
