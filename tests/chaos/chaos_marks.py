@@ -220,6 +220,11 @@ def describe_job(job: Job | None) -> str:
             f"reason={job.failure_reason}")
 
 
+def accounted(job: Job) -> int:
+    """How many started attempts a finished job's counters explain."""
+    return 1 + job.failures + job.lost + job.spawn_failures
+
+
 def check(submitted: Sequence[int], jobs: Mapping[int, Job], runs: Mapping[int, Sequence[Run]],
           recovered: Sequence[Recovery], limits: Limits, recovery_p50_bound: float,
           recovery_max_bound: float) -> list[Invariant]:
@@ -249,6 +254,17 @@ def check(submitted: Sequence[int], jobs: Mapping[int, Job], runs: Mapping[int, 
         f"(max_attempts {limits.max_attempts} + max_lost {limits.max_lost} + "
         f"max_spawn_failures {limits.max_spawn_failures})\n{evidence(job_id)}"
         for job_id, job_runs in sorted(runs.items()) if len(job_runs) > limits.budget)
+    # Each attempt that started either ended the job or spent one of the counters the budget
+    # limits; a run none accounts for is one the budget cannot stop (a result that never
+    # arrived, an attempt the server never saw start).
+    unaccounted = tuple(
+        f"job {job_id}: {len(job_runs)} attempts started, but the store counts "
+        f"{accounted(jobs[job_id])} (1 + failures {jobs[job_id].failures} + lost "
+        f"{jobs[job_id].lost} + spawn failures {jobs[job_id].spawn_failures})\n"
+        f"{evidence(job_id)}"
+        for job_id, job_runs in sorted(runs.items())
+        if job_id in jobs and jobs[job_id].status in (JobStatus.DONE, JobStatus.FAILED)
+        and len(job_runs) > accounted(jobs[job_id]))
     seconds = [item.seconds for item in recovered if item.seconds is not None]
     slow: list[str] = [
         f"job {item.job} attempt {item.attempt} on {item.fault.target} "
@@ -267,6 +283,7 @@ def check(submitted: Sequence[int], jobs: Mapping[int, Job], runs: Mapping[int, 
         Invariant("done means the recorded attempt ended", unfinished),
         Invariant("no overlapping attempts", overlapping),
         Invariant("attempts within budget", over_budget),
+        Invariant("every started attempt counted by the store", unaccounted),
         Invariant("recovery after a host dies", tuple(slow)),
     ]
 

@@ -18,6 +18,7 @@ takes about three minutes. The other tests here check the analysis and the proxy
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from datetime import UTC, datetime
@@ -247,6 +248,12 @@ def test_check_names_the_broken_invariant_the_job_and_its_marks(sqlite_url: str)
     assert len(overlap) == 1 and f"job {ids[0]}: attempts 1 (alpha) and 2 (alpha)" in overlap[0]
     assert "1.00s" in overlap[0]
     assert len(result["attempts within budget"].violations) == 1
+    assert result["every started attempt counted by the store"].passed, "only finished jobs"
+    done = {ids[0]: dataclasses.replace(jobs[ids[0]], status=JobStatus.DONE, lost=1)}
+    runs[ids[0]].append(run(3, 14.0, 15.0, ended=True, job=ids[0]))
+    counted = check(ids[:1], done, runs, [], limits, 1.0, 1.0)
+    unaccounted = next(item for item in counted if "counted" in item.name).violations
+    assert len(unaccounted) == 1 and "3 attempts started, but the store counts 2" in unaccounted[0]
     assert result["recovery after a host dies"].passed
 
 
