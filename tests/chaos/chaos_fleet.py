@@ -220,6 +220,10 @@ class ChaosFleet:
     def start_faults(self) -> None:
         self._thread.start()
 
+    def faults_over(self) -> bool:
+        """True once the fault window has ended (or the loop stopped)."""
+        return not self._thread.is_alive()
+
     def stop_faults(self, timeout: float = 120.0) -> None:
         """Stop injecting, then undo every fault still in force (restart what is dead)."""
         self.stop.set()

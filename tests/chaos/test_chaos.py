@@ -130,8 +130,8 @@ def test_fleet_under_chaos(private_postgres: PostgresCluster, make_fleet, tmp_pa
         chaos.start()
         stream.start()
         chaos.start_faults()
-        wait_for(lambda: chaos.stop.wait(0.5) or not chaos._thread.is_alive(),
-                 settings.seconds + 120, "the fault window to end")
+        wait_for(chaos.faults_over, settings.seconds + 120, "the fault window to end",
+                 interval=0.5)
         stream.join(timeout=150)
         chaos.stop_faults()
         submitted = [item.job for item in stream.submitted]
