@@ -15,7 +15,7 @@ from pathlib import Path
 from herder.model import Job, JobStatus
 
 TICK = 0.2  # mark_job.py's tick period
-MARK_KINDS = ("start", "held", "tick", "end")
+MARK_KINDS = ("start", "held", "tick", "end", "term")
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,10 @@ class Run:
     last: float
     ended: bool
     held: bool
+    terminated: bool = False  # marked SIGTERM: `last` is when it died
 
     def __str__(self) -> str:
-        state = "end" if self.ended else "no end"
+        state = "end" if self.ended else "SIGTERM" if self.terminated else "no end"
         held = ", found the job's lock HELD" if self.held else ""
         return (f"attempt {self.attempt} on {self.host} pid {self.pid}: "
                 f"{self.started:.3f} .. {self.last:.3f} ({state}{held})")
@@ -149,7 +150,8 @@ def runs_of(marks: Iterable[Mark]) -> list[Run]:
         runs.append(Run(start.job, start.attempt, start.host, pid, start.monotonic,
                         max(mark.monotonic for mark in own),
                         any(mark.kind == "end" for mark in own),
-                        any(mark.kind == "held" for mark in own)))
+                        any(mark.kind == "held" for mark in own),
+                        any(mark.kind == "term" for mark in own)))
     return sorted(runs, key=lambda run: run.started)
 
 
@@ -159,8 +161,8 @@ def runs_of(marks: Iterable[Mark]) -> list[Run]:
 def overlaps(runs: Sequence[Run]) -> list[Overlap]:
     """Pairs of runs of one job that were provably alive at the same time: the later one
     started before the earlier one's last mark, or found the job's lock held. A run killed
-    between ticks may have lived up to one TICK past its last mark; that is not counted (see
-    `near_misses`), so every overlap reported here is certain."""
+    with SIGKILL between ticks may have lived up to one TICK past its last mark; that is not
+    counted (see `near_misses`), so every overlap reported here is certain."""
     found: list[Overlap] = []
     for index, second in enumerate(runs):
         earlier = runs[:index]
@@ -174,11 +176,13 @@ def overlaps(runs: Sequence[Run]) -> list[Overlap]:
 
 def near_misses(runs: Sequence[Run], slack: float = TICK) -> list[Overlap]:
     """Pairs where the later run started within `slack` after the earlier one's last mark
-    (the earlier one had no `end`): not proof of an overlap, a figure to watch."""
+    (the earlier one had neither `end` nor `term`, so it died of SIGKILL some time after
+    its last tick): not proof of an overlap, a figure to watch."""
     found: list[Overlap] = []
     for index, first in enumerate(runs):
         for second in runs[index + 1:]:
-            if not first.ended and first.last <= second.started < first.last + slack:
+            if (not first.ended and not first.terminated
+                    and first.last <= second.started < first.last + slack):
                 found.append(Overlap(first.job, first, second))
     return found
 

@@ -4,18 +4,22 @@
     held  <job> <attempt> <host> <monotonic> <wall> <pid>   (another attempt holds the lock)
     tick  <job> <attempt> <host> <monotonic> <wall> <pid>   (every TICK seconds)
     end   <job> <attempt> <host> <monotonic> <wall> <pid>   (after DURATION seconds, exit 0)
+    term  <job> <attempt> <host> <monotonic> <wall> <pid>   (SIGTERM: then it dies of it)
 
 Every line is one O_APPEND write, so lines of attempts running at once never interleave.
 CLOCK_MONOTONIC is one clock for the whole machine, so marks of attempts on different
 "hosts" (agents on this machine) compare directly. The per-job flock is held for the whole
 run: a second attempt that finds it held is proof of an overlap, whatever the tick timing.
-Killed by a signal it just stops; it never exits non-zero on its own.
+SIGTERM is marked before the process dies of it (as it would unmarked), so an attempt
+stopped with TERM has an exact last moment; SIGKILL leaves the last tick. It never exits
+non-zero on its own.
 
 Usage: mark_job.py MARKS_DIR DURATION_SECONDS
 """
 
 import fcntl
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +39,12 @@ def main() -> None:
                 f"{os.getpid()}\n")
         os.write(out, line.encode())
 
+    def terminated(signum: int, _frame: object) -> None:
+        mark("term")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, terminated)
     mark("start")
     lock = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
     try:

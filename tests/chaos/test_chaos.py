@@ -19,7 +19,10 @@ takes about three minutes. The other tests here check the analysis and the proxy
 from __future__ import annotations
 
 import dataclasses
+import signal
 import socket
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +33,7 @@ from chaos_fleet import (
     KINDS,
     LEASE,
     LIMITS,
+    MARK_JOB,
     RECOVERY_TARGET,
     SECONDS_ENV,
     ChaosFleet,
@@ -207,12 +211,40 @@ def test_marks_become_runs_per_process_and_torn_lines_are_ignored(tmp_path: Path
         "tick 7 1 alpha 10.4 1.4 501\n"
         "tick 7 2 be\n"  # torn by a kill mid-write
         "held 7 2 beta 10.31 1.31 502\n"
-        "end 7 2 beta 11.0 2.0 502\n")
+        "end 7 2 beta 11.0 2.0 502\n"
+        "start 7 3 gamma 12.0 3.0 503\n"
+        "term 7 3 gamma 12.1 3.1 503\n")
     (tmp_path / "7.lock").write_text("")
     runs = runs_of(read_marks(tmp_path)[7])
     assert runs == [Run(7, 1, "alpha", 501, 10.0, 10.4, False, False),
-                    Run(7, 2, "beta", 502, 10.3, 11.0, True, True)]
+                    Run(7, 2, "beta", 502, 10.3, 11.0, True, True),
+                    Run(7, 3, "gamma", 503, 12.0, 12.1, False, False, terminated=True)]
     assert parse_mark("tick 7 x alpha 1 2 3") is None
+
+
+def test_the_job_marks_its_run_and_finds_the_lock_of_a_second_attempt_held(tmp_path: Path
+                                                                          ) -> None:
+    """The real job script: two attempts at once; the second one finds the lock held, the
+    first one is stopped with SIGTERM and marks it; both runs overlap, provably."""
+    def attempt(number: int, duration: str) -> subprocess.Popen[bytes]:
+        env = {"HERDER_JOB_ID": "7", "HERDER_ATTEMPT": str(number), "HERDER_HOST": "alpha"}
+        return subprocess.Popen([sys.executable, str(MARK_JOB), str(tmp_path), duration],
+                                env=env)
+
+    first = attempt(1, "30")
+    wait_for(lambda: "tick 7 1" in read_text(tmp_path / "7"), 20, "attempt 1 to tick")
+    second = attempt(2, "0.3")
+    assert second.wait(timeout=20) == 0
+    first.terminate()
+    assert first.wait(timeout=20) == -signal.SIGTERM
+    runs = runs_of(read_marks(tmp_path)[7])
+    assert [(run.attempt, run.ended, run.held, run.terminated) for run in runs] == [
+        (1, False, False, True), (2, True, True, False)], runs
+    assert [(o.first.attempt, o.second.attempt) for o in overlaps(runs)] == [(1, 2)]
+
+
+def read_text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_an_overlap_needs_proof_and_a_near_miss_is_only_counted() -> None:
@@ -221,6 +253,8 @@ def test_an_overlap_needs_proof_and_a_near_miss_is_only_counted() -> None:
     after = run(2, 12.1, 14.0, ended=True)
     assert not overlaps([killed, after])
     assert near_misses([killed, after]) and not near_misses([killed, run(2, 12.5, 13.0)])
+    terminated = dataclasses.replace(killed, terminated=True)
+    assert not near_misses([terminated, after]), "SIGTERM marks the moment of death"
     # A held lock is proof even when the ticks do not show it.
     assert overlaps([killed, run(2, 12.1, 14.0, ended=True, held=True)])
     assert not overlaps([run(1, 10.0, 12.0, ended=True), run(2, 12.0, 13.0, ended=True)])
