@@ -45,6 +45,10 @@ FENCE_MARGIN = 1.5
 PICKUP_TIMEOUT = 3.0
 LIMITS = Limits(max_attempts=3, max_lost=10, max_spawn_failures=5)
 RECOVERY_TARGET = 2 * HEARTBEAT + LEASE  # the issue's target: two heartbeats plus the lease
+QUIET_AFTER_HOST_DIES = 2 * RECOVERY_TARGET
+"""No server or database fault for this long after a host dies: its recovery is timed
+against the product, not against a pile-up of outages (a new leader waits a lease)."""
+CONTROL_PLANE_KINDS = frozenset({"server_dies", "postgres_restart"})
 
 KINDS = ("host_dies", "agent_dies", "server_dies", "postgres_restart", "agent_stops",
          "network_cut")
@@ -190,6 +194,7 @@ class ChaosFleet:
         self.proxies: dict[str, Proxy] = {}
         self.state: dict[str, str] = {}  # host → up | dead | stopped | cut
         self.server_up = False
+        self.quiet_until = 0.0  # monotonic; see QUIET_AFTER_HOST_DIES
         self.faults: list[Fault] = []
         self.pending: list[tuple[float, int, Callable[[], None]]] = []  # due, fault, undo
         self.errors: list[str] = []
@@ -268,7 +273,8 @@ class ChaosFleet:
         impaired = len(HOSTS) - len(healthy)
         kinds = [kind for kind in self.settings.kinds
                  if (kind not in AGENT_KINDS or (healthy and impaired < len(HOSTS) - 1))
-                 and (kind != "server_dies" or self.server_up)]
+                 and (kind != "server_dies" or self.server_up)
+                 and (kind not in CONTROL_PLANE_KINDS or time.monotonic() >= self.quiet_until)]
         if not kinds:
             return
         kind = self.random.choice(kinds)
@@ -296,6 +302,7 @@ class ChaosFleet:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
         self._record("host_dies", label, victims, f"{len(doomed)} processes")
+        self.quiet_until = time.monotonic() + QUIET_AFTER_HOST_DIES
         kill_group(agent)
         self.state[label] = "dead"
         self._later(self.random.uniform(10.0, 25.0), lambda: self._restart_agent(label))
