@@ -267,6 +267,13 @@ def test_recovery_is_fault_to_next_start_and_a_finished_victim_needs_none() -> N
             9: [run(2, 99.0, 99.9, job=9)]}
     found = {item.job: (item.seconds, item.host) for item in recoveries([fault], runs)}
     assert found == {7: (4.5, "beta"), 9: (None, None)}
+    verdict = check([], {}, runs, recoveries([fault], runs), LIMITS, 1.0, 4.0)
+    slow = next(item for item in verdict if item.name == "recovery after a host dies")
+    assert [line.splitlines()[0] for line in slow.violations] == [
+        "job 9 attempt 2 on alpha (host_dies at t=100.000) never ran again",
+        "recovery p50 4.5s > bound 1.0s",
+        "job 7 attempt 1 on alpha (host_dies at t=100.000) ran again after 4.5s > bound 4.0s "
+        "on beta"]
 
 
 def test_check_names_the_broken_invariant_the_job_and_its_marks(sqlite_url: str) -> None:
