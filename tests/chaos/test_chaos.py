@@ -115,7 +115,6 @@ def summary(settings: ChaosSettings, stream: JobStream, chaos: ChaosFleet,
     lines += [f"  {'PASS' if item.passed else 'FAIL'}  {item.name}"
               + ("" if item.passed else f" ({len(item.violations)})") for item in invariants]
     lines += [f"  harness: {error}" for error in chaos.errors + stream.errors]
-    lines += [f"  thread died: {death}" for death in chaos.thread_deaths()]
     return "\n".join(lines)
 
 
@@ -162,6 +161,10 @@ def test_fleet_under_chaos(private_postgres: PostgresCluster, make_fleet, tmp_pa
         invariants.append(Invariant("no job process outlives the run", tuple(
             f"pid {proc.pid} {proc.marker} still runs after every job settled"
             for proc in strays)))
+        # A thread that dies leaves its process up but half-dead (a scheduler that places
+        # nothing, an outbox that reports nothing); it must retry or take the process down.
+        invariants.append(Invariant("no herder thread died of an exception",
+                                    tuple(chaos.thread_deaths())))
         invariants.append(Invariant("the server is healthy after the faults", () if healthy
                                     else (f"/healthz did not answer 200 within "
                                           f"{SETTLE_SECONDS:.0f}s of the last fault",)))
