@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def chaos_timeout() -> float:
         return ChaosSettings.from_environment().seconds + 300
     except ValueError:
         return 300
+
+
+def settles(predicate: Callable[[], object], deadline: float) -> bool:
+    """Whether `predicate` came true by `deadline` (monotonic); a False is reported by the
+    invariants, not raised here, so every invariant gets checked."""
+    try:
+        wait_for(predicate, max(0.0, deadline - time.monotonic()), "the fleet to settle",
+                 interval=0.5)
+    except AssertionError:
+        return False
+    return True
 
 
 def summary(settings: ChaosSettings, stream: JobStream, chaos: ChaosFleet,
@@ -140,14 +152,9 @@ def test_fleet_under_chaos(private_postgres: PostgresCluster, make_fleet, tmp_pa
         submitted = [item.job for item in stream.submitted]
         # Settle, bounded: whatever is not done by then is reported below, not waited for.
         deadline = time.monotonic() + SETTLE_SECONDS
-        while not chaos.server_answers() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        healthy = chaos.server_answers()
-        while chaos.unfinished(submitted) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        stray_deadline = time.monotonic() + 15
-        while fleet.job_processes() and time.monotonic() < stray_deadline:
-            time.sleep(0.2)
+        healthy = settles(chaos.server_answers, deadline)
+        settles(lambda: not chaos.unfinished(submitted), deadline)
+        settles(lambda: not fleet.job_processes(), time.monotonic() + 15)
         strays = fleet.job_processes()
 
         with open_store(private_postgres.url) as store:
