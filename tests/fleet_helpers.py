@@ -304,6 +304,7 @@ class FleetHarness:
         self.server: subprocess.Popen[Any] | None = None
         self.agents: dict[str, subprocess.Popen[Any]] = {}
         self.tokens: dict[str, str] = {}
+        self.agent_urls: dict[str, str] = {}  # an agent's way to the server, if not self.url
         self._admin_token: str | None = None
         self._store: Store | None = None
         self._http = httpx.Client(base_url=self.url, timeout=10.0)
@@ -480,7 +481,7 @@ class FleetHarness:
         up (it has heartbeated and run its orphan recovery). The token goes in the
         environment, which the agent clears once read: on the command line every process of
         the user, jobs included, could read it from /proc."""
-        args = ["agent", "--server", self.url, "--host", label,
+        args = ["agent", "--server", self.agent_urls.get(label, self.url), "--host", label,
                 "--log-dir", str(self.root / "agents" / label), "--drain-timeout", "5s", *extra]
         if not ram_check:
             args.append("--no-ram-check")

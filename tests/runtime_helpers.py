@@ -127,14 +127,36 @@ def marked_processes(select: Callable[[str], bool]) -> list[Proc]:
     return found
 
 
-def process_group(pid: int) -> int | None:
-    """The process group of pid (field 5 of /proc/PID/stat), None if it is gone."""
+def _stat_after_name(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from field 3 (state) on, None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
     except OSError:
         return None
-    return int(data[data.rfind(b")") + 2 :].split()[2])
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def process_group(pid: int) -> int | None:
+    """The process group of pid (field 5 of /proc/PID/stat), None if it is gone."""
+    fields = _stat_after_name(pid)
+    return None if fields is None else int(fields[2])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid in the parent tree (field 4 of /proc/PID/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat_after_name(int(entry)) if entry.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        below = children.get(pending.pop(), [])
+        found += below
+        pending += below
+    return found
 
 
 def kill_all(procs: Iterable[Proc]) -> None:
