@@ -274,3 +274,23 @@ def test_handing_a_placement_to_a_runner_starts_its_lease_again(store):
     assert store.attempt_set_worker(AttemptToken(job_id, 1), "a/1/2", handout)
     [live] = store.attempt_list_live("a")
     assert (live.attempt.worker, live.attempt.heartbeat_at) == ("a/1/2", handout)
+
+
+def test_a_lost_attempt_spends_the_lost_budget_once_a_runner_took_it():
+    """Untaken placements go back for free; a taken one spends `lost` even if its start
+    report never arrived (the runner may have died with it, perhaps killed by its job)."""
+    from herder.model import Attempt
+    from herder.runtime.maintenance import lost_result
+    from herder.store import LiveAttempt
+
+    def live(worker: str, started: datetime | None) -> LiveAttempt:
+        attempt = Attempt(7, 1, "a", worker, None, None, NOW, started, NOW, None, None, None)
+        return LiveAttempt(attempt, JobStatus.CLAIMED if started is None else JobStatus.RUNNING,
+                           failures=0, lost=0, max_attempts=3, backoff_base_seconds=1.0,
+                           backoff_max_seconds=1.0)
+
+    later = NOW + timedelta(seconds=30)
+    for worker, started, spends in [("", None, False), (PICKUP_FENCE, None, False),
+                                    ("a/1/2", None, True), ("a/1/2", NOW, True)]:
+        decision = lost_result(live(worker, started), later, max_lost=5).decision
+        assert (decision.status, decision.spend_lost) == (JobStatus.QUEUED, spends), worker

@@ -88,11 +88,13 @@ def local_worker_alive(worker: WorkerId) -> bool:
 
 
 def lost_result(live: LiveAttempt, now: datetime, max_lost: int) -> AttemptResult:
-    """The result that declares a live attempt lost. One that never started spends nothing
-    (the job never ran: its host failed to start it, which placement remembers as the host
-    to avoid); one that ran spends the job's lost budget."""
+    """The result that declares a live attempt lost. A placement no runner took spends
+    nothing (the job never ran: its host failed to take it, which placement remembers as the
+    host to avoid). One a runner took spends the job's lost budget even if its start was
+    never heard of: the start report may have been lost with the runner (a job that kills
+    its own agent, say by eating its memory, must not loop for free)."""
     attempt = live.attempt
-    if attempt.started_at is None:
+    if attempt.started_at is None and attempt.worker in ("", PICKUP_FENCE):
         decision = Decision(JobStatus.QUEUED, available_at=now)
     else:
         state = RetryState(live.failures, live.lost, live.max_attempts,
