@@ -755,3 +755,16 @@ def test_calls_on_the_runners_thread_time_out_well_inside_the_fence(server, make
     slow = HttpSource(client_for(server), LocalGate(), 1, heartbeat_interval=60.0,
                       check_ram=False, poll=False)
     assert slow.runner_timeout == 10.0
+
+
+def test_a_409_on_a_start_marks_the_attempt_fenced_out_for_the_runner(server, make_source,
+                                                                      tmp_path) -> None:
+    """The runner must not wait a heartbeat to stop an attempt the server says is not live
+    (its job may already run elsewhere): the dropped report names it at once."""
+    server.script("start 7.1", status(409, detail="attempt 7.1 is not live on host h1"))
+    source = make_source()
+    start(source, 7, tmp_path / "7.log")
+    fenced: set[AttemptToken] = set()
+    wait_for(lambda: fenced.update(source.fenced_out()) or AttemptToken(7, 1) in fenced, 20,
+             "the 409 to reach the runner's side", server.describe)
+    assert source.fenced_out() == set(), "a fenced-out attempt is reported once"

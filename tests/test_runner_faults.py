@@ -232,3 +232,30 @@ def test_the_watchdog_hears_of_an_attempt_before_its_process_exists(harness: Har
     assert mine, published
     assert mine[0][1] is False, "the first deadline came after the process was spawned"
     assert any(alive for _, alive in mine), "the deadline was never kept while it ran"
+
+
+class LongPolledSource(StallingSource):
+    """Says each attempt's request left `early` seconds before `take` (a long-poll answer
+    that sat in the inbox while the runner was frozen)."""
+
+    def __init__(self, *args, early: float = 0.0, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.early = early
+
+    def asked_at(self, token: AttemptToken) -> float | None:
+        return time.monotonic() - self.early
+
+
+def test_the_lease_counts_from_when_the_long_poll_left_not_from_take(harness: Harness):
+    h = harness
+    marker = h.dir / "ran"
+    job_id = h.submit(shell(f"touch {marker}"), max_attempts=3)
+    runner = RunnerThread(h, source_class=functools.partial(LongPolledSource, early=5.0),
+                          attempt_lease=4.0, fence_margin=1.0)
+    try:
+        wait_for(lambda: h.job(job_id).lost >= 2, 30,
+                 "attempts whose lease ran out in the inbox to be handed back", h.describe)
+    finally:
+        runner.stop()
+    assert not marker.exists(), "an attempt whose lease had run out was started"
+    assert all(a.pid is None for a in h.attempts(job_id))

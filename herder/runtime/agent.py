@@ -143,7 +143,11 @@ class HttpSource(WorkSource):
         self.close_timeout = close_timeout
         self._closed = False
         self._inbox: queue.Queue[Job] = queue.Queue()
-        self._outbox = Outbox(client, self._log_hold)
+        # Written by the outbox's and the poll thread, read by the runner's: set and dict
+        # operations are atomic.
+        self._gone: set[AttemptToken] = set()
+        self._asked: dict[AttemptToken, float] = {}
+        self._outbox = Outbox(client, self._log_hold, gone=self._gone.add)
         self._logs = LogShipper(client, log_backlog, interval=log_interval,
                                 on_settled=self._outbox.wake)
         self._wake = threading.Event()
@@ -249,6 +253,14 @@ class HttpSource(WorkSource):
         self._report(job.token, "finish", FinishBody(outcome=outcome, exit_code=exit_code,
                                                      retry_after=retry_after))
         return None
+
+    def asked_at(self, token: AttemptToken) -> float | None:
+        return self._asked.pop(token, None)
+
+    def fenced_out(self) -> set[AttemptToken]:
+        gone = set(self._gone)
+        self._gone.difference_update(gone)
+        return gone
 
     def leases(self, deadlines: Mapping[str, float]) -> None:
         if self.guardian_fd is None:
@@ -370,13 +382,18 @@ class HttpSource(WorkSource):
                     self._stop.wait(min(1.0, self.heartbeat_interval))
                     continue
                 wait = min(self.long_poll, max(0.5, next_heartbeat - time.monotonic()))
+                # Before the request left: the server restarts a placement's lease when it
+                # hands it out, so the runner's fence must count from no later than this.
+                sent = time.monotonic()
                 reply = wire.Assignments.model_validate(self.client.call(
                     "GET", "/assignments", stop=self._stop,
                     params={"worker": self.worker, "free": free, "wait": wait},
                     timeout=wait + 10.0))
                 now = datetime.now().astimezone()
                 for assignment in reply.jobs:
-                    self._inbox.put(assignment.job(now))
+                    job = assignment.job(now)
+                    self._asked[job.token] = sent
+                    self._inbox.put(job)
                 if reply.jobs:
                     self._wake.set()
                 trouble.reset()

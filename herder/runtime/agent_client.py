@@ -384,10 +384,13 @@ class Outbox:
     a report that the server keeps refusing for attempt A never delays attempt B's."""
 
     def __init__(self, client: ServerClient, hold: Callable[[Report], float],
-                 senders: int = REPORT_SENDERS) -> None:
+                 senders: int = REPORT_SENDERS,
+                 gone: Callable[[AttemptToken], None] = lambda _token: None) -> None:
         self.client = client
         self.hold = hold
         self.senders = senders
+        self.gone = gone
+        """Told of an attempt the server says is no longer live (409/410 on a report)."""
         self._lanes: dict[AttemptToken, _Lane] = {}
         self._changed = threading.Condition()
         self._stopping = False
@@ -499,6 +502,7 @@ class Outbox:
         elif reply.verdict is Verdict.GONE:
             log.warning("attempt %s: %s dropped, the attempt is no longer live here (%s)",
                         token, kind, reply.problem)
+            self.gone(token)
         elif reply.verdict is Verdict.REFUSED:
             log.error("attempt %s: %s dropped, the server refused it (%s); this is a bug in "
                       "herder, please report it", token, kind, reply.problem)

@@ -336,6 +336,15 @@ class Runner:
             self._step("cancel check", lambda: self._check_cancels(mono), mono)
         if self.running and mono >= self._next_heartbeat:
             self._heartbeat(mono)
+        for token in self.source.fenced_out():
+            attempt = self.running.get(token)
+            if attempt is not None and not attempt.killed:
+                # The server refused its report: the attempt is not live there, and its job
+                # may already run elsewhere. Do not wait for the next heartbeat to say so.
+                log.warning("job %d attempt %d is no longer live on the server: killing it",
+                            token.job_id, token.attempt)
+                attempt.request_stop(Outcome.LOST, mono, grace=0.0)
+                attempt.kill()
         self._fence(time.monotonic())
         self._publish_leases()
 
@@ -346,8 +355,9 @@ class Runner:
         asked = time.monotonic()
         jobs = self.source.take(free, self.clock())
         for job in jobs:
+            came = self.source.asked_at(job.token)
             try:
-                self._start(job, asked)
+                self._start(job, asked if came is None else min(asked, came))
             except Exception:
                 # Claimed, so never dropped: record it as not launched (retried by policy).
                 log.exception("job %d attempt %d: start failed", job.id, job.attempt)

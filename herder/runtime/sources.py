@@ -82,6 +82,15 @@ class WorkSource(abc.ABC):
     def drain(self) -> None:
         """Ask for no new work (the runner is shutting down)."""
 
+    def asked_at(self, token: AttemptToken) -> float | None:
+        """When (monotonic) the request that brought this attempt left, if it came in
+        ahead of `take` (a long-poll); None means "when `take` was called"."""
+        return None
+
+    def fenced_out(self) -> set[AttemptToken]:
+        """Attempts the other side has said are no longer live since the last call."""
+        return set()
+
     def leases(self, deadlines: Mapping[str, float]) -> None:
         """The running attempts' backstop deadlines (attempt marker -> monotonic seconds),
         after each change, for a watchdog that outlives a frozen runner; none by default."""
