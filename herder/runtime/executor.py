@@ -115,6 +115,12 @@ class RunningAttempt:
         signal_tree(self.pgid, self.marker, signal.SIGKILL)
         self.killed = True
 
+    def fence_out(self, now: float) -> None:
+        """Kill at once, recorded as lost: the job may already run elsewhere (a newer
+        attempt, a server that no longer counts this one live), so there is no grace."""
+        self.request_stop(Outcome.LOST, now, grace=0.0)
+        self.kill()
+
     def poll(self, now: float) -> bool:
         """Advance timeouts and kills; True once the whole tree is gone."""
         if self.returncode is None:

@@ -343,10 +343,8 @@ class Runner:
                 # may already run elsewhere. Do not wait for the next heartbeat to say so.
                 log.warning("job %d attempt %d is no longer live on the server: killing it",
                             token.job_id, token.attempt)
-                attempt.request_stop(Outcome.LOST, mono, grace=0.0)
-                attempt.kill()
+                attempt.fence_out(mono)
         self._fence(time.monotonic())
-        self._publish_leases()
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -372,8 +370,7 @@ class Runner:
                 # elsewhere: it must not overlap the new one. Kill it now.
                 log.warning("job %d attempt %d was fenced out by attempt %d: killing it",
                             job.id, older.job.attempt, job.attempt)
-                older.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
-                older.kill()
+                older.fence_out(time.monotonic())
         lease, margin = self._lease()
         if fence_due(asked, time.monotonic(), lease, margin):
             # The runner stalled between asking and starting (frozen, a stuck store call):
@@ -418,8 +415,7 @@ class Runner:
         del self._start_retries[attempt.token]
         if not accepted:
             # Fenced out between claim and start (declared lost meanwhile): never run it.
-            attempt.request_stop(Outcome.LOST, time.monotonic(), grace=0.0)
-            attempt.kill()
+            attempt.fence_out(time.monotonic())
             append_log(attempt.log_path, "attempt was fenced out before it started; killed")
 
     def _reap(self, mono: float) -> None:
@@ -494,6 +490,8 @@ class Runner:
             attempt.renewed = max(attempt.renewed, sent)
             if attempt.token in reply.cancel:
                 attempt.request_stop(Outcome.CANCELLED, mono)
+        # Deadlines move only here (and at a start): the watchdog hears of each renewal.
+        self._publish_leases()
 
     def _lease(self) -> tuple[float, float]:
         """The lease the attempts are held to and this runner's fence margin."""
