@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import select
-import ssl
 import time
 from collections.abc import Callable, Mapping
 
@@ -99,31 +98,31 @@ def report_gone(
 
     Network errors and 5xx are retried with jittered backoff within the budget; any other
     answer is final (a 4xx cannot improve by asking again)."""
+    from herder.runtime.agent_client import ServerClient  # the agent's own client
+
     backoff = backoff or Backoff(base=0.2, cap=1.0)
     deadline = time.monotonic() + budget_seconds
-    verify: bool | ssl.SSLContext = ssl.create_default_context(cafile=ca) if ca else True
-    with httpx.Client(base_url=server.rstrip("/"), verify=verify, timeout=2.0,
-                      transport=transport,
-                      headers={"Authorization": f"Bearer {token}",
-                               "User-Agent": "herder-guardian"}) as client:
+    client = ServerClient(server, token, label, verify=ca or True, timeout=2.0,
+                          transport=transport)
+    try:
         while True:
-            try:
-                response = client.post(f"/api/v1/agent/{label}/gone",
-                                       params={"worker": worker})
-                if response.status_code < 500:
-                    if response.status_code == 200:
-                        log.warning("guardian: reported agent %s gone (%s)", worker,
-                                    response.json())
-                        return True
-                    log.error("guardian: the server refused the report that agent %s is "
-                              "gone: HTTP %d", worker, response.status_code)
-                    return False
-                problem = f"HTTP {response.status_code}"
-            except httpx.HTTPError as exc:
-                problem = type(exc).__name__  # its text could name the URL; keep it short
+            reply = client.request("POST", client.agent_path("/gone"),
+                                   params={"worker": worker})
+            if reply.status is not None and reply.status < 500:
+                if reply.status == 200:
+                    log.warning("guardian: reported agent %s gone (%s)", worker, reply.body)
+                    return True
+                log.error("guardian: the server refused the report that agent %s is "
+                          "gone: HTTP %d", worker, reply.status)
+                return False
+            # A network error's text could name the URL; its type says enough.
+            problem = (f"HTTP {reply.status}" if reply.status is not None
+                       else type(reply.error).__name__)
             delay = backoff.next()
             if time.monotonic() + delay > deadline:
                 log.error("guardian: could not tell the server agent %s is gone (%s); its "
                           "attempts are lost after the lease instead", worker, problem)
                 return False
             sleep(delay)
+    finally:
+        client.close()
