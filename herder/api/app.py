@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import psycopg
-import psycopg_pool
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -35,8 +34,10 @@ log = logging.getLogger("herder.api")
 RETRY_AFTER_SECONDS = 5
 ROUTERS: tuple[APIRouter, ...] = (health.router, jobs.router, hosts.router, agents.router,
                                   reservations.router)
-DATABASE_ERRORS: tuple[type[Exception], ...] = (
-    psycopg.OperationalError, psycopg_pool.PoolTimeout, sqlite3.OperationalError)
+# What `herder.store.as_unavailable` counts as the database failing (psycopg_pool's
+# PoolTimeout is a psycopg.OperationalError too).
+DATABASE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError,
+                                                sqlite3.OperationalError)
 
 
 class BodyLimit:
