@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import State, edge, fail, fleet_of, names, pass_state, utcnow
+from herder.cli.root import (
+    State,
+    edge,
+    fail,
+    fleet_of,
+    known_host,
+    names,
+    pass_state,
+    utcnow,
+)
 from herder.errors import InputError
 from herder.model import HostRecord, Scope, Transport
 
@@ -144,9 +153,7 @@ def host_set(state: State, /, label: str, **options: Any) -> None:
     """Change a host's configuration."""
     with edge():
         store = state.client.store
-        record = store.host_get(label)
-        if record is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        record = known_host(store, label)
         store.host_update(_apply(state, record, options), utcnow())
     click.echo(f"updated host {label}")
 
@@ -154,9 +161,7 @@ def host_set(state: State, /, label: str, **options: Any) -> None:
 def _set_enabled(state: State, label: str, enabled: bool) -> None:
     with edge():
         store = state.client.store
-        record = store.host_get(label)
-        if record is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        record = known_host(store, label)
         store.host_update(replace(record, enabled=enabled), utcnow())
 
 
@@ -188,8 +193,7 @@ def host_remove(state: State, label: str) -> None:
     """Forget a host (refused while jobs are claimed or running on it)."""
     with edge():
         store = state.client.store
-        if store.host_get(label) is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        known_host(store, label)
         if not store.host_remove(label):
             fail(f"host {label!r} still has claimed or running jobs; drain it first")
         # A host added again later under this label must not accept the old tokens.
@@ -204,8 +208,7 @@ def host_token(state: State, label: str) -> None:
     """Issue a new agent token for a host (the old ones stop working)."""
     with edge():
         store = state.client.store
-        if store.host_get(label) is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        known_host(store, label)
         store.token_revoke_host(label, utcnow())
         token = _agent_token(store, label)
     click.echo(token)
@@ -227,9 +230,7 @@ def ram(state: State, label: str) -> None:
     """Bookable RAM headroom of a host in GB (negative when overbooked)."""
     with edge():
         store = state.client.store
-        record = store.host_get(label)
-        if record is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        record = known_host(store, label)
         usage = store.host_usage(utcnow()).get(label)
         booked = usage.booked_gb if usage else 0.0
     click.echo(f"{fleet_of(state).bookable(record) - booked:.1f}")

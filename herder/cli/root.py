@@ -21,7 +21,9 @@ from herder.errors import HerderError, InputError, NotFound
 if TYPE_CHECKING:
     from herder.client import Client
     from herder.config import Config
+    from herder.model import HostRecord
     from herder.runtime.scheduler import Fleet
+    from herder.store import Store
 
 EXIT_USAGE = 2
 EXIT_SKIP = 10
@@ -58,6 +60,14 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
     click.echo(f"herder: error: {one_line}", err=True)
     sys.exit(code)
+
+
+def known_host(store: Store, label: str) -> HostRecord:
+    """The host with this label; exit 2 naming the fix when there is none."""
+    record = store.host_get(label)
+    if record is None:
+        fail(f"no host {label!r} (see `herder hosts`)")
+    return record
 
 
 def fail_if_unavailable(error: Exception) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from herder.cli.root import State, edge, fail, fleet_of, pass_state, utcnow
+from herder.cli.root import State, edge, fleet_of, known_host, pass_state, utcnow
 from herder.model import ReservationKind, ReservationStatus
 
 
@@ -50,9 +50,7 @@ def reserve(state: State, owner: str, label: str, count: int, weight: str) -> No
 
     with edge():
         store = state.client.store
-        record = store.host_get(label)
-        if record is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        record = known_host(store, label)
         state.config.check_weight(weight)
         fleet = fleet_of(state)
         now = utcnow()

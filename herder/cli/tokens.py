@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from herder.cli.root import State, edge, fail, names, pass_state, utcnow
+from herder.cli.root import State, edge, fail, known_host, names, pass_state, utcnow
 from herder.errors import InputError
 from herder.model import Scope, TokenRecord
 
@@ -47,8 +47,8 @@ def token_create(state: State, scope: str, name: str | None, label: str | None,
         if job_types is not None and limited is None:
             raise InputError("--job-types", "names no job type", "e.g. --job-types dev-issue")
         store = state.client.store
-        if label and store.host_get(label) is None:
-            fail(f"no host {label!r} (see `herder hosts`)")
+        if label:
+            known_host(store, label)
         secret = new_token()
         token_id = store.token_insert(name or (f"host:{label}" if label else chosen.value),
                                       chosen, token_hash(secret), utcnow(), host=label,
