@@ -206,6 +206,8 @@ class HttpSource(WorkSource):
                 break
             if self.admit(job):
                 jobs.append(job)
+            else:
+                self._asked.pop(job.token, None)  # handed back: the runner never asks
         return jobs
 
     def admit(self, job: Job) -> bool:
