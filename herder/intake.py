@@ -19,7 +19,7 @@ from typing import Any
 from herder.config import Config, JobTypeSection
 from herder.errors import InputError
 from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
-from herder.wire import SubmitBody
+from herder.wire import SubmitBody, storable
 
 ADHOC = "adhoc"
 _FORMATTER = string.Formatter()
@@ -75,8 +75,9 @@ def resolve(config: Config, request: SubmitBody, now: datetime | None = None, *,
     for name, value in (("job_type", request.job_type), ("command", request.command),
                         ("env", request.env), ("workdir", request.workdir),
                         ("dedup_key", request.dedup_key), ("affinity", request.affinity)):
-        if _has_nul(value):
-            raise InputError(name, "contains a NUL character", "remove it")
+        problem = storable(value)
+        if problem:
+            raise InputError(name, problem, "remove it")
     job_type: JobTypeSection | None = None
     if request.job_type is not None and request.job_type != ADHOC:
         job_type = settings.job_types.get(request.job_type)
@@ -243,21 +244,11 @@ def _check_payload(payload: Mapping[str, Any]) -> None:
         encoded = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InputError("payload", f"not JSON-serialisable: {exc}") from exc
-    if _has_nul(payload):
-        raise InputError("payload", "contains a NUL character", "remove it")
+    problem = storable(payload)
+    if problem:
+        raise InputError("payload", problem, "remove it")
     if len(encoded) > MAX_PAYLOAD_BYTES:
         raise InputError("payload", f"is {len(encoded)} bytes", "keep it under 1 MB")
-
-
-def _has_nul(value: Any) -> bool:
-    """PostgreSQL text and jsonb cannot hold NUL, so no backend accepts it."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, Mapping):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
 
 
 def _check_executable(program: str, workdir: str, env: Mapping[str, str]) -> None:
