@@ -226,7 +226,7 @@ class ChaosFleet:
         self._thread.start()
 
     def faults_over(self) -> bool:
-        """True once the fault window has ended (or the loop stopped)."""
+        """True once the fault window has ended and its last fault was undone."""
         return not self._thread.is_alive()
 
     def stop_faults(self, timeout: float = 120.0) -> None:
@@ -248,14 +248,18 @@ class ChaosFleet:
                     self.pending.remove(item)
                     self._undo(item[1], item[2])
             if now >= end:
-                return
-            if now >= next_fault:
+                # The window is over but faults still in force end at their own time, so
+                # the stream is not left facing a server that no one restarts.
+                if not self.pending:
+                    return
+            elif now >= next_fault:
                 try:
                     self._inject()
                 except Exception as exc:  # record and carry on: the test reports it
                     self.errors.append(f"fault injection failed: {exc!r}")
                 next_fault = time.monotonic() + self.random.uniform(1.5, 4.0)
-            due = min([next_fault, end, *(item[0] for item in self.pending)])
+            ahead = [next_fault, end] if now < end else []
+            due = min([*ahead, *(item[0] for item in self.pending)], default=now + 0.5)
             self.stop.wait(max(0.0, min(due - time.monotonic(), 0.5)))
 
     def _undo(self, index: int, undo: Callable[[], None]) -> None:
