@@ -49,6 +49,15 @@ echo "end $HERDER_JOB_ID $HERDER_ATTEMPT" >> "$dir/record.txt"
 
 
 
+def submit_flock_jobs(h: Harness, count: int) -> list[int]:
+    """`count` jobs of FLOCK_JOB, whose overlaps land in overlap.txt."""
+    (h.dir / "locks").mkdir()
+    script = h.dir / "job.sh"
+    script.write_text(FLOCK_JOB)
+    script.chmod(0o755)
+    return [h.submit([str(script)]) for _ in range(count)]
+
+
 def read_record(path: Path) -> list[tuple[str, int, int]]:
     if not path.exists():
         return []
@@ -61,19 +70,19 @@ def read_record(path: Path) -> list[tuple[str, int, int]]:
 
 @pytest.mark.slow
 def test_kill_9_of_up_loses_running_attempts_and_never_overlaps(harness: Harness):
+    """`up` is killed with three jobs running: its guardian stops them, and the next `up`
+    declares them lost after the lease and reruns each once, never two at a time."""
     h = harness
-    (h.dir / "locks").mkdir()
-    script = h.dir / "job.sh"
-    script.write_text(FLOCK_JOB)
-    script.chmod(0o755)
-    job_ids = [h.submit([str(script)]) for _ in range(6)]
+    job_ids = submit_flock_jobs(h, 6)
 
     first = h.up("--concurrency", "3")
 
     def running() -> list[int]:
         return [j.id for j in h.client.list([JobStatus.RUNNING])]
 
-    wait_for(lambda: len(running()) == 3, 30, "3 attempts running", h.describe)
+    wait_for(lambda: len(running()) == 3 and len({p.token for p in h.marked()}) == 3, 30,
+             "3 attempts running", h.describe)
+    survivors = h.marked()
     os.kill(first.pid, signal.SIGKILL)  # only `up` itself: its jobs are in their own sessions
     first.wait(timeout=10)
 
@@ -83,22 +92,16 @@ def test_kill_9_of_up_loses_running_attempts_and_never_overlaps(harness: Harness
         for job in h.client.list([JobStatus.CLAIMED, JobStatus.RUNNING])
     }
     assert JobStatus.RUNNING in in_flight.values(), in_flight
-    survivors = {}
-    for (job_id, attempt), status in in_flight.items():
-        procs = h.marked(job_id, attempt)
-        if status is JobStatus.RUNNING:
-            assert procs, f"job {job_id} attempt {attempt}: no process survived the kill -9"
-        survivors[(job_id, attempt)] = procs
-    tokens = {p.token for procs in survivors.values() for p in procs}
+    tokens = {p.token for p in survivors}
+    # Its guardian (another session, so alive) stops them: no process runs unsupervised.
+    wait_for(lambda: not any(p.alive() for p in survivors), 30,
+             "the guardian to stop the dead runner's jobs", h.describe)
 
     second = h.up("--concurrency", "3", "--exit-when-idle")
     assert h.wait_exit(second, 60, "the restarted `herder up --exit-when-idle`") == 0, (
         h.describe())
 
     assert not (h.dir / "overlap.txt").exists(), (h.dir / "overlap.txt").read_text()
-    for procs in survivors.values():
-        for proc in procs:
-            assert not proc.alive(), f"survivor {proc} still runs"
     assert h.marked() == [], "job processes of this test outlived `up`"
     for token in tokens:
         assert processes_with_token(token) == []
@@ -135,6 +138,43 @@ def test_kill_9_of_up_loses_running_attempts_and_never_overlaps(harness: Harness
         assert finished[0].to_status is JobStatus.QUEUED
         job = h.job(job_id)
         assert job.attempt > attempt and job.lost == 1, job
+
+
+@pytest.mark.slow
+def test_a_frozen_up_s_jobs_are_stopped_by_its_guardian_before_another_up_reruns_them(
+        harness: Harness):
+    """`up` is frozen (SIGSTOP) with jobs running: it can neither renew their leases nor
+    fence itself. Its guardian kills them at their backstop, before the lease ends and a
+    second `up` on the same store declares them lost and reruns them: the per-job lock sees
+    no overlap. Thawed, the first `up` records them lost, not failed."""
+    h = harness
+    job_ids = submit_flock_jobs(h, 2)
+    first = h.up("--concurrency", "2")
+    wait_for(lambda: len({p.token for p in h.marked()}) == 2, 30, "2 attempts running",
+             h.describe)
+    frozen = h.marked()
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not any(p.alive() for p in frozen), 30,
+                 "the guardian to stop the frozen runner's jobs", h.describe)
+        for job_id in job_ids:
+            assert h.job(job_id).status is JobStatus.RUNNING, (
+                "the store moved the job on before its processes were gone\n" + h.describe())
+        second = h.up("--concurrency", "2", "--exit-when-idle", host=h.host + "b")
+        assert h.wait_exit(second, 60, "the second `herder up --exit-when-idle`") == 0, (
+            h.describe())
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert not (h.dir / "overlap.txt").exists(), (h.dir / "overlap.txt").read_text()
+    for job_id in job_ids:
+        job = h.job(job_id)
+        assert (job.status, job.failures, job.lost) == (JobStatus.DONE, 0, 1), job
+        assert [a.outcome for a in h.attempts(job_id)] == [Outcome.LOST, Outcome.OK]
+    assert "outlived its lease unrenewed" in h.stderr_of(first)
+    first.send_signal(signal.SIGTERM)
+    assert h.wait_exit(first, 30, "the thawed `herder up`") == 0, h.describe()
+    for job_id in job_ids:  # its late results were refused: nothing changed
+        assert [a.outcome for a in h.attempts(job_id)] == [Outcome.LOST, Outcome.OK]
 
 
 @pytest.mark.slow

@@ -194,3 +194,71 @@ def test_remote_side_without_a_token_exits_1_and_the_job_is_retried_then_failed(
         assert [a.exit_code for a in store.attempt_list(job_id)] == [1, 1]
     finally:
         store.close()
+
+
+def run_attempt_processes(config: Path, job_id: int) -> list[int]:
+    """Pids of `herder run-attempt --job <job_id>` (the ssh session's remote side), not of
+    its guardian (a fork: the same command line, run-attempt its parent)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        mine = str(config).encode() in argv and b"run-attempt" in argv
+        if mine and argv[argv.index(b"run-attempt"):].count(str(job_id).encode()):
+            found.append(int(entry))
+    return [pid for pid in found if parent_of(pid) not in found]
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
+def test_a_frozen_run_attempt_s_job_is_stopped_by_its_guardian_before_the_rerun(
+    tmp_path: Path, sshd: Sshd, fleet: tuple[Path, str]
+) -> None:
+    """The remote `herder run-attempt` freezes (SIGSTOP) while its job runs: it can neither
+    heartbeat nor fence itself. Its guardian kills the job at its backstop, before the server
+    declares the attempt lost and pushes the next one; the guardian does not hold the ssh
+    session open once run-attempt is gone."""
+    from herder.runtime.process import token_markers
+
+    tmp, url = fleet
+    token = add_ssh_host(tmp, "s3", sshd.alias)
+    (tmp / "token").write_text(token)
+    (tmp / "token").chmod(0o600)
+    # Each attempt holds the job's lock for its whole life; a second one that finds it held
+    # ran while the first still did.
+    job_id = int(herder(tmp, "submit", "--", "sh", "-c",
+                        f'exec 9>>{tmp / "job.lock"}; flock -n 9 || {{ echo overlap >> '
+                        f'{tmp / "overlap"}; exit 1; }}; '
+                        'if [ "$HERDER_ATTEMPT" = 1 ]; then exec sleep 300; fi; echo second'
+                        ).stdout)
+    first = f"{job_id}.1@"
+    store = open_store(url)
+    with running_server(tmp):
+        until(lambda: any(m.startswith(first) for m in token_markers()), 60,
+              "attempt 1 to run over ssh")
+        [remote] = until(lambda: run_attempt_processes(tmp / "remote.toml", job_id), 10,
+                         "run-attempt's pid")
+        os.kill(remote, signal.SIGSTOP)
+        try:
+            until(lambda: not any(m.startswith(first) for m in token_markers()), 30,
+                  "the guardian to stop the frozen run-attempt's job")
+            job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+                        "the rerun")
+        finally:
+            os.kill(remote, signal.SIGCONT)
+        assert not (tmp / "overlap").exists(), "attempt 2 ran while attempt 1 still did"
+        assert job.status is JobStatus.DONE and job.attempt == 2, job
+        assert [a.outcome for a in store.attempt_list(job_id)] == ["lost", "ok"]
+        until(lambda: remote not in run_attempt_processes(tmp / "remote.toml", job_id), 30,
+              "the thawed run-attempt to exit")
+    store.close()

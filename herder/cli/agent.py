@@ -132,17 +132,21 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
         # server that is not up yet is waited for.
         client.check()
-        # Then, before any thread exists: the guardian that cleans up if this agent dies.
-        from herder.runtime.agent import start_guardian
+        # Then, before any thread exists: the guardian that cleans up if this agent dies
+        # (and tells the server, so its jobs are rerun at once).
+        from herder.runtime.guardian import report_gone, start_guardian
+        from herder.runtime.maintenance import WorkerId
+        from herder.runtime.process import process_start_time
 
-        guardian = start_guardian(label, runtime.kill_grace, server=server_url, token=secret,
-                                  ca=ca)
+        worker = str(WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0))
+        guardian = start_guardian(runtime.kill_grace, report=lambda: report_gone(
+            server_url, secret, label, worker, ca))
         source = HttpSource(
             client, LocalGate(names(job_types), names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
             check_ram=not no_ram_check, kill_grace=runtime.kill_grace,
         )
-        source.guardian_fd = guardian
+        source.guardian = guardian
         options = RunnerOptions(
             host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir,
             concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,
@@ -226,9 +230,15 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     job = fetch_attempt(client, AttemptToken(job_id, attempt))
     if job is None:
         fail(f"attempt {job_id}.{attempt} is not placed on {label}", code=1)
+    # Before the source's threads: a frozen or killed run-attempt must not leave its job
+    # running past the lease (the server would run it elsewhere).
+    from herder.runtime.guardian import start_guardian
+
+    guardian = start_guardian(runtime.kill_grace)
     source = SingleAttemptSource(client, LocalGate(), job, check_ram=not no_ram_check,
                                  heartbeat_interval=runtime.heartbeat_interval,
                                  kill_grace=runtime.kill_grace)
+    source.guardian = guardian
     options = RunnerOptions(
         host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir, concurrency=1,
         heartbeat_interval=runtime.heartbeat_interval, attempt_lease=runtime.attempt_lease,

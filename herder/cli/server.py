@@ -25,12 +25,16 @@ from herder.errors import InputError
 def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
        log_level: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
+    from herder.runtime.guardian import start_guardian
     from herder.runtime.runner import Runner, RunnerOptions, default_host
 
     log_to_stderr(log_level)
     with edge():
         config = state.config
         runtime = config.settings.runtime
+        # Before the store's threads: the watchdog that stops this runner's jobs if it dies
+        # or freezes, before another runner may take them over.
+        guardian = start_guardian(runtime.kill_grace)
         store = state.client.store
         options = RunnerOptions(
             host=host or config.settings.herder.host or default_host(),
@@ -44,7 +48,9 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
             pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
             exit_when_idle=exit_when_idle,
         )
-        sys.exit(Runner(store, options).run())
+        runner = Runner(store, options)
+        runner.source.guardian = guardian
+        sys.exit(runner.run())
 
 
 def loopback(bind: str) -> bool:
@@ -74,6 +80,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
     from herder.api.app import Access, create_app
     from herder.api.tokens import active_admins
     from herder.runtime.coordinator import Coordinator
+    from herder.runtime.guardian import start_guardian
 
     log_to_stderr(log_level)
     log = logging.getLogger("herder.server")
@@ -89,6 +96,8 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
         legacy = os.environ.get(settings.api_token_env) or None
+        # Before the store's threads: the watchdog for the jobs of this server's local hosts.
+        guardian = start_guardian(state.config.settings.runtime.kill_grace)
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
@@ -105,7 +114,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
                         "with `herder token create` and unset it", settings.api_token_env)
         if insecure_no_auth:
             log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
-        coordinator = Coordinator(state.client.store, state.config, label)
+        coordinator = Coordinator(state.client.store, state.config, label, guardian=guardian)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
             coordinator.public_url = f"{scheme}://{bind}:{port_text}"

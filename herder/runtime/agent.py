@@ -16,10 +16,9 @@ import contextlib
 import logging
 import os
 import queue
-import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -40,7 +39,7 @@ from herder.runtime.agent_client import (
     ServerUnavailable,
 )
 from herder.runtime.maintenance import WorkerId, local_worker_alive
-from herder.runtime.process import kill_tree, process_start_time, token_markers, tree_alive
+from herder.runtime.process import kill_tree, token_markers
 from herder.runtime.sources import WorkSource
 from herder.store import Waker
 from herder.wire import FinishBody, StartBody
@@ -127,9 +126,6 @@ class HttpSource(WorkSource):
         # Heartbeats and cancel checks run on the runner's thread: a server that swallows
         # packets must not stall supervision (timeouts, kills, the fence) for long.
         self.runner_timeout = max(1.0, min(10.0, heartbeat_interval / 2))
-        self.guardian_fd: int | None = None
-        """The pipe to this agent's guardian (`start_guardian`), for the lease deadlines."""
-        self._leases_sent: bytes | None = None
         self.long_poll = long_poll
         self.check_ram = check_ram
         self.kill_grace = kill_grace
@@ -263,20 +259,6 @@ class HttpSource(WorkSource):
         gone = set(self._gone)
         self._gone.difference_update(gone)
         return gone
-
-    def leases(self, deadlines: Mapping[str, float]) -> None:
-        if self.guardian_fd is None:
-            return
-        from herder.runtime.guardian import encode_deadlines
-
-        line = encode_deadlines(deadlines)
-        if line == self._leases_sent:
-            return
-        try:
-            os.write(self.guardian_fd, line)
-            self._leases_sent = line
-        except OSError as exc:  # full (a guardian not reading) or gone: the lease still holds
-            log.warning("cannot tell the guardian the attempts' deadlines: %s", exc)
 
     def cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         now = time.monotonic()
@@ -441,62 +423,6 @@ class SingleAttemptSource(HttpSource):
 
     def maintain(self, now: datetime) -> None:
         """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
-
-
-def start_guardian(label: str, grace: float, server: str | None = None,
-                   token: str | None = None, ca: str | None = None) -> int:
-    """Fork a watchdog that outlives a crashed agent and kills the jobs it leaves behind.
-
-    Job processes run in sessions of their own, so `kill -9` of the agent does not reach
-    them; left alone they would still run when the server, after the lease, runs the job
-    elsewhere. The guardian sits in its own session blocked on a pipe from the agent; when
-    the agent dies the pipe reaches EOF and the guardian kills every process carrying the
-    agent's attempt markers (SIGTERM, then SIGKILL after `grace`), well inside the lease.
-    Then, given the server, it reports the agent gone, so the server reruns its jobs at
-    once instead of after the lease. While the agent lives, it kills any attempt the agent
-    lets pass its backstop deadline without renewal (a frozen agent cannot fence itself;
-    `herder.runtime.guardian`).
-    Call it before any thread starts. Returns the pipe's write end, which the agent keeps.
-    """
-    read_end, write_end = os.pipe()
-    parent = os.getpid()
-    worker = str(WorkerId(label, parent, process_start_time(parent) or 0))
-    child = os.fork()
-    if child:
-        os.close(read_end)
-        # The runner writes deadlines as it goes: a guardian that stopped reading must not
-        # block it (an update it misses only makes it act on an older, earlier deadline).
-        os.set_blocking(write_end, False)
-        return write_end
-    try:  # the guardian
-        os.close(write_end)
-        os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        from herder.runtime.guardian import watch
-
-        def kill_frozen(markers: list[str]) -> None:
-            # The agent let these run past their backstop without renewing them: it is
-            # frozen (or its runner is stuck), and the server will soon run them elsewhere.
-            for marker in markers:
-                if tree_alive(None, marker) and kill_tree(None, marker, 0.0):
-                    logging.getLogger("herder.guardian").error(
-                        "guardian: attempt %s outlived its lease unrenewed (is the agent "
-                        "frozen?): killed it", marker.partition("@")[0])
-
-        watch(read_end, kill_frozen)
-        suffix = f"@{worker}"
-        for marker in token_markers():
-            if marker.endswith(suffix):
-                kill_tree(None, marker, grace)
-        # A clean exit (the agent drained and said it stopped) is reported the same way:
-        # by then it has no live attempts and the host is marked stopped already.
-        if server and token:
-            from herder.runtime.guardian import report_gone
-
-            report_gone(server, token, label, worker, ca)
-    finally:
-        os._exit(0)
 
 
 def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:

@@ -37,6 +37,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
+from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
 from herder.runtime.runner import Runner, RunnerOptions, default_host
@@ -115,8 +116,11 @@ def utcnow() -> datetime:
 
 
 class Coordinator:
-    def __init__(self, store: Store, config: Config, host: str | None = None) -> None:
+    def __init__(self, store: Store, config: Config, host: str | None = None,
+                 guardian: GuardianLink | None = None) -> None:
         self.store = store
+        self.guardian = guardian
+        """The server process's guardian (`herder.runtime.guardian`), for its local hosts."""
         self.config = config
         self.settings = config.settings
         self.fleet = Fleet.from_settings(config.settings)
@@ -190,6 +194,7 @@ class Coordinator:
             rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
                               runtime.max_lost)
             source = AssignmentSource(self.store, host.label, self.limits, rescuer)
+            source.guardian = self.guardian
             runner = Runner(None, options, source=source)
             self._runners.append(runner)
             self._spawn(functools.partial(runner.run, install_signals=False),

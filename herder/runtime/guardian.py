@@ -1,17 +1,20 @@
-"""An agent's guardian: what it watches and what it tells the server.
+"""A runner's guardian: a watchdog process that outlives a dead or frozen runner.
 
-The guardian (`herder.runtime.agent.start_guardian`) is a process in a session of its own,
-reading a pipe from its agent. Two things end an attempt through it:
+Job processes run in sessions of their own, so neither `kill -9` nor SIGSTOP of the runner
+reaches them; left alone they would run on while the store or server, after the lease, runs
+the job elsewhere. Every runner process (`herder up`, `herder server` with local hosts,
+`herder agent`, `herder run-attempt`) forks a guardian before its threads start
+(`start_guardian`). It sits in its own session reading a pipe from the runner:
 
-* The agent dies (the pipe closes): the guardian kills the agent's jobs, then reports the
-  agent gone, so the server declares its attempts lost and keeps work off the host at once
-  instead of after the lease. Best effort: a few seconds of retries, then the lease still
-  applies. The token is sent, never logged.
-* The agent is frozen (SIGSTOP, a debugger, a stuck runner thread) while its jobs run on:
-  it cannot fence itself, so the guardian does. After every change the agent writes each
-  running attempt's backstop deadline (monotonic seconds, a clock the two processes share);
-  an attempt whose deadline passes without renewal is killed, half a fence margin before
-  the server may declare it lost and run it elsewhere.
+* The runner dies (the pipe closes): the guardian kills every process carrying one of the
+  runner's attempt markers (SIGTERM, then SIGKILL after the grace), then runs its `report`
+  (an agent tells the server it is gone, so its jobs are rerun at once instead of after
+  the lease; best effort, a few seconds of retries; the token is sent, never logged).
+* The runner is frozen (SIGSTOP, a debugger, a stuck thread) while its jobs run on: it
+  cannot fence itself, so the guardian does. After every change each runner writes its
+  attempts' backstop deadlines (monotonic seconds, a clock the two processes share); an
+  attempt whose deadline passes without renewal is killed, half a fence margin before the
+  lease ends and the job may run elsewhere.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ import logging
 import math
 import os
 import select
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
-
-import httpx
+from typing import TYPE_CHECKING
 
 from herder.backoff import Backoff
+from herder.runtime.process import kill_tree, process_start_time, token_markers, tree_alive
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("herder.guardian")
 
@@ -81,6 +89,78 @@ def watch(read_end: int, kill: Callable[[list[str]], None],
         *lines, pending = pending.split(b"\n")
         if lines:
             deadlines = decode_deadlines(lines[-1])
+
+
+class GuardianLink:
+    """The runner process's end of the pipe; the runners of one process (a server's local
+    hosts) share it, each publishing its own attempts, and the guardian gets the union."""
+
+    def __init__(self, write_end: int) -> None:
+        self.write_end = write_end
+        self._lock = threading.Lock()
+        self._by_runner: dict[str, dict[str, float]] = {}
+        self._sent: bytes | None = None
+
+    def publish(self, runner: str, deadlines: Mapping[str, float]) -> None:
+        with self._lock:
+            self._by_runner[runner] = dict(deadlines)
+            line = encode_deadlines({marker: deadline
+                                     for runner_deadlines in self._by_runner.values()
+                                     for marker, deadline in runner_deadlines.items()})
+            if line == self._sent:
+                return
+            try:
+                os.write(self.write_end, line)
+                self._sent = line
+            except OSError as exc:  # full (a guardian not reading) or gone: the lease holds
+                log.warning("cannot tell the guardian the attempts' deadlines: %s", exc)
+
+
+def start_guardian(grace: float, report: Callable[[], object] | None = None) -> GuardianLink:
+    """Fork this process's guardian; call it before any thread starts.
+
+    On the runner's death it kills the attempts of every runner of this process (markers
+    end in this process's pid and start time, whatever the host label), SIGTERM then
+    SIGKILL after `grace`, well inside the lease; then it calls `report`."""
+    read_end, write_end = os.pipe()
+    parent = os.getpid()
+    suffix = f"/{parent}/{process_start_time(parent) or 0}"
+    child = os.fork()
+    if child:
+        os.close(read_end)
+        # The runner writes deadlines as it goes: a guardian that stopped reading must not
+        # block it (an update it misses only makes it act on an older, earlier deadline).
+        os.set_blocking(write_end, False)
+        return GuardianLink(write_end)
+    try:
+        os.close(write_end)
+        os.setsid()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        # Not the runner's stdin or stdout: an ssh session (`run-attempt`) ends when they
+        # close. Its stderr stays, for the lines below.
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        watch(read_end, kill_frozen)
+        for marker in token_markers():
+            if marker.endswith(suffix):
+                kill_tree(None, marker, grace)
+        # A clean exit (an agent that drained and said it stopped) is reported the same
+        # way: by then it has no live attempts and the host is marked stopped already.
+        if report is not None:
+            report()
+    finally:
+        os._exit(0)
+
+
+def kill_frozen(markers: list[str]) -> None:
+    """The runner let these run past their backstop without renewing them: it is frozen
+    (or its loop is stuck), and the job may soon run elsewhere."""
+    for marker in markers:
+        if tree_alive(None, marker) and kill_tree(None, marker, 0.0):
+            log.error("guardian: attempt %s outlived its lease unrenewed (is the runner "
+                      "frozen?): killed it", marker.partition("@")[0])
 
 
 def report_gone(

@@ -422,6 +422,11 @@ class Runner:
         for token, attempt in list(self.running.items()):
             if attempt.poll(mono):
                 outcome = attempt.outcome()
+                lease, margin = self._lease()
+                if outcome is Outcome.FAILED and fence_due(attempt.renewed, mono, lease, margin):
+                    # Ended unrenewed past this runner's fence: the guardian killed it while
+                    # this runner was frozen. Not the job's failure; the job may run elsewhere.
+                    outcome = Outcome.LOST
                 if not attempt.logged_exit:
                     attempt.logged_exit = True
                     elapsed = mono - attempt.started

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from herder.model import AttemptResult, AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
 from herder.scheduling.policy import RetryState, decide
 from herder.store import Store, Waker
@@ -40,6 +41,8 @@ def decide_for(
 
 class WorkSource(abc.ABC):
     worker: str = ""
+    guardian: GuardianLink | None = None
+    """This process's guardian (`herder.runtime.guardian`), when it has one."""
     lease_seconds: float | None = None
     """The lease the other side enforces, when it says (the server's); else the runner's
     own `attempt_lease`."""
@@ -93,7 +96,9 @@ class WorkSource(abc.ABC):
 
     def leases(self, deadlines: Mapping[str, float]) -> None:
         """The running attempts' backstop deadlines (attempt marker -> monotonic seconds),
-        after each change, for a watchdog that outlives a frozen runner; none by default."""
+        after each change, for the guardian that outlives a frozen runner."""
+        if self.guardian is not None:
+            self.guardian.publish(self.worker, deadlines)
 
     def maintain(self, now: datetime) -> None:
         """Periodic upkeep (rescuing orphans); nothing by default."""
