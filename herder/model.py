@@ -73,6 +73,16 @@ class Outcome(enum.StrEnum):
     REFUSED = "refused"
     RAM_CONTENTION = "ram_contention"
     SPAWN_FAILED = "spawn_failed"
+    # Read from the log or the exit code (herder.scheduling.classification).
+    TRANSIENT = "transient"
+    USAGE_BLOCKED = "usage_blocked"
+    NEEDS_HEAVIER = "needs_heavier"
+    OOM = "oom"
+    AUTH_REVOKED = "auth_revoked"
+    NO_HEALTHY_ACCOUNT = "no_healthy_account"
+    WORKSPACE_FAILED = "workspace_failed"
+    UNREACHABLE = "unreachable"
+    STUCK = "stuck"
 
 
 @_slot_init
@@ -189,6 +199,16 @@ class Decision:
     spend_failure: bool = False
     spend_lost: bool = False
     spend_spawn_failure: bool = False
+    spend_transient: bool = False
+    weight: str | None = None
+    """The heavier weight the job moves to (an escalation), or None to keep its own."""
+    avoid_host: bool = False
+    """The next attempt should go elsewhere while another host can take it."""
+    actionable: bool = False
+    """A failure someone should look at (a code fault, a timeout), not weather."""
+    human_action: bool = False
+    """Only a human can fix it (a revoked login); retrying cannot."""
+    note: str | None = None
 
 
 @_slot_init

@@ -123,7 +123,7 @@ def test_wait_returns_when_a_runner_finishes_the_jobs(client, store_url, tmp_pat
     assert (done.status, done.exit_code, done.attempt, done.host) == (
         JobStatus.DONE, 0, 1, "api-test")
     assert (failed.status, failed.exit_code, failed.failure_reason, failed.failures) == (
-        JobStatus.FAILED, 3, "exit_nonzero", 1)
+        JobStatus.FAILED, 3, "implementation_error", 1)
     (attempt,) = client.attempts(good)
     assert attempt.log_path is not None
     assert f"out-{good}" in Path(attempt.log_path).read_text()

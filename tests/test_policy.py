@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,12 +10,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from herder.model import JobStatus, Outcome
-from herder.scheduling.policy import SPAWN_OUTCOMES, RetryState, backoff_seconds, decide
+from herder.scheduling.policy import (
+    DEFAULT_RULES,
+    SPAWN_OUTCOMES,
+    Action,
+    Budget,
+    RetryState,
+    Rule,
+    backoff_seconds,
+    decide,
+)
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FAILING = (Outcome.FAILED, Outcome.TIMEOUT, Outcome.LAUNCH_FAILED)
 REASONS = {
-    Outcome.FAILED: "exit_nonzero",
+    Outcome.FAILED: "implementation_error",
     Outcome.TIMEOUT: "timeout",
     Outcome.LAUNCH_FAILED: "launch_failed",
 }
@@ -42,6 +52,10 @@ def retry_states(draw: st.DrawFn) -> RetryState:
         backoff_base_seconds=draw(durations),
         backoff_max_seconds=draw(durations),
         spawn_failures=draw(st.integers(min_value=0, max_value=20)),
+        transient=draw(st.integers(min_value=0, max_value=4)),
+        escalations=draw(st.integers(min_value=0, max_value=3)),
+        weight="light",
+        heavier=draw(st.none() | st.just("heavy")),
     )
 
 
@@ -220,11 +234,13 @@ def test_refused_requeues_after_retry_after_and_spends_nothing():
     assert decision.status is JobStatus.QUEUED
     assert decision.available_at == NOW + timedelta(seconds=30)
     assert not (decision.spend_failure or decision.spend_lost or decision.spend_spawn_failure)
-    assert decide(Outcome.REFUSED, state(), NOW).available_at == NOW
+    # Never at once: a refusal spends nothing, so it must wait to be unable to loop.
+    assert decide(Outcome.REFUSED, state(), NOW).available_at == NOW + timedelta(seconds=1)
 
 
 @given(
-    outcome=st.sampled_from(sorted(SPAWN_OUTCOMES)),
+    outcome=st.sampled_from(sorted(o for o in SPAWN_OUTCOMES
+                                   if DEFAULT_RULES[o].action is Action.RETRY)),
     retry=retry_states(),
     max_spawn_failures=st.integers(min_value=1, max_value=30),
     spawn_backoff=durations,
@@ -243,7 +259,7 @@ def test_spawn_failures_spend_only_their_own_budget(
         assert decision.status is JobStatus.FAILED
     else:
         assert decision.status is JobStatus.QUEUED
-        delay = spawn_backoff if retry_after is None else retry_after
+        delay = max(spawn_backoff, retry_after or 0.0)
         assert decision.available_at == now + timedelta(seconds=delay)
 
 
@@ -256,11 +272,17 @@ def test_spawn_failures_spend_only_their_own_budget(
 )
 def test_every_decision_is_consistent(outcome, retry, max_lost, retry_after, now):
     decision = decide(outcome, retry, now, max_lost=max_lost, retry_after=retry_after)
-    spent = [decision.spend_failure, decision.spend_lost, decision.spend_spawn_failure]
+    spent = [decision.spend_failure, decision.spend_lost, decision.spend_spawn_failure,
+             decision.spend_transient]
     assert sum(spent) <= 1
     if decision.status is JobStatus.FAILED:
-        assert sum(spent) == 1
+        assert sum(spent) == 1 or DEFAULT_RULES[outcome].spends is Budget.NONE
         assert decision.failure_reason is not None
+    if decision.status is JobStatus.QUEUED:
+        # Nothing loops forever: each requeue spends a bounded budget, waits for a time,
+        # or moves up a weight chain that ends.
+        assert (sum(spent) == 1 or decision.available_at > now
+                or decision.weight is not None), decision
     if decision.available_at is not None:
         assert decision.status is JobStatus.QUEUED
         assert decision.available_at >= now
@@ -272,3 +294,95 @@ def test_every_decision_is_consistent(outcome, retry, max_lost, retry_after, now
         assert decision.status is JobStatus.DONE
     if outcome is Outcome.CANCELLED:
         assert decision.status is JobStatus.CANCELLED
+
+
+# -- the outcome table (issue 14) -------------------------------------------------------------
+
+
+def test_transient_spends_its_own_budget_with_its_own_backoff_and_honours_retry_after():
+    delays = []
+    for spent in range(4):
+        decision = decide(Outcome.TRANSIENT, replace(state(failures=2), transient=spent), NOW)
+        assert (decision.status, decision.spend_transient, decision.spend_failure) == (
+            JobStatus.QUEUED, True, False)
+        assert decision.failure_reason == "transient" and not decision.actionable
+        delays.append((decision.available_at - NOW).total_seconds())
+    assert delays == [10, 20, 40, 80]
+    capped = decide(Outcome.TRANSIENT, replace(state(), transient=0, max_transient=99), NOW)
+    assert capped.available_at == NOW + timedelta(seconds=10)
+    far = decide(Outcome.TRANSIENT, replace(state(), transient=7, max_transient=99), NOW)
+    assert far.available_at == NOW + timedelta(seconds=600)
+    asked = decide(Outcome.TRANSIENT, state(), NOW, retry_after=120)
+    assert asked.available_at == NOW + timedelta(seconds=120)
+    last = decide(Outcome.TRANSIENT, replace(state(), transient=4), NOW)
+    assert (last.status, last.failure_reason, last.spend_transient) == (
+        JobStatus.FAILED, "transient", True)
+
+
+def test_usage_blocked_waits_for_the_reset_spends_nothing_and_avoids_the_host():
+    reset = NOW + timedelta(hours=3, minutes=10)
+    decision = decide(Outcome.USAGE_BLOCKED, state(failures=2), NOW, resume_at=reset)
+    assert (decision.status, decision.available_at, decision.avoid_host) == (
+        JobStatus.QUEUED, reset, True)
+    assert not any((decision.spend_failure, decision.spend_transient,
+                    decision.spend_spawn_failure, decision.spend_lost))
+    unknown = decide(Outcome.USAGE_BLOCKED, state(), NOW)
+    assert unknown.available_at == NOW + timedelta(hours=1)
+    past = decide(Outcome.USAGE_BLOCKED, state(), NOW, resume_at=NOW - timedelta(hours=1))
+    assert past.available_at == NOW + timedelta(hours=1)
+
+
+def test_no_healthy_account_waits_a_quarter_hour_elsewhere():
+    decision = decide(Outcome.NO_HEALTHY_ACCOUNT, state(), NOW)
+    assert (decision.available_at, decision.avoid_host, decision.failure_reason) == (
+        NOW + timedelta(minutes=15), True, "no_healthy_account")
+
+
+def test_a_revoked_login_fails_at_once_for_a_human():
+    decision = decide(Outcome.AUTH_REVOKED, state(failures=0, max_attempts=9), NOW)
+    assert (decision.status, decision.failure_reason, decision.human_action,
+            decision.actionable) == (JobStatus.FAILED, "spawn_oauth_expired", True, True)
+
+
+def test_needs_heavier_moves_up_the_chain_then_fails_at_its_end():
+    up = decide(Outcome.NEEDS_HEAVIER, replace(state(), weight="light", heavier="heavy"), NOW)
+    assert (up.status, up.weight, up.available_at) == (JobStatus.QUEUED, "heavy", NOW)
+    top = decide(Outcome.NEEDS_HEAVIER, replace(state(), weight="heavy", heavier=None), NOW)
+    assert (top.status, top.failure_reason, top.note) == (
+        JobStatus.FAILED, "spawn_oom", "cannot find capacity for heavy")
+
+
+def test_oom_escalates_once_then_holds_the_weight_on_the_spawn_budget():
+    first = decide(Outcome.OOM, replace(state(), weight="light", heavier="heavy"), NOW)
+    assert (first.weight, first.spend_spawn_failure) == ("heavy", True)
+    held = decide(Outcome.OOM, replace(state(), weight="heavy", heavier="xl", escalations=1,
+                                       spawn_failures=1), NOW)
+    assert (held.status, held.weight, held.available_at) == (
+        JobStatus.QUEUED, None, NOW + timedelta(minutes=5))
+    spent = decide(Outcome.OOM, replace(state(), escalations=1, spawn_failures=4), NOW)
+    assert (spent.status, spent.failure_reason) == (JobStatus.FAILED, "spawn_oom")
+    # Already the heaviest: hold it rather than fail.
+    heaviest = decide(Outcome.OOM, replace(state(), weight="xl", heavier=None), NOW)
+    assert (heaviest.status, heaviest.weight) == (JobStatus.QUEUED, None)
+
+
+def test_a_job_type_may_override_a_rule():
+    rules = {**DEFAULT_RULES, Outcome.FAILED: Rule(Action.FAIL, Budget.ATTEMPTS, "broken")}
+    decision = decide(Outcome.FAILED, state(max_attempts=5), NOW, rules=rules)
+    assert (decision.status, decision.failure_reason) == (JobStatus.FAILED, "broken")
+
+
+def test_every_default_rule_is_usable():
+    assert {o: r.problems() for o, r in DEFAULT_RULES.items() if r.problems()} == {}
+    assert set(DEFAULT_RULES) == set(Outcome)
+
+
+@pytest.mark.parametrize(("rule", "problem"), [
+    (Rule(Action.RETRY, Budget.NONE, "x"), "could loop forever"),
+    (Rule(Action.WAIT, Budget.NONE, "x", delay=0.0), "could loop forever"),
+    (Rule(Action.RETRY, Budget.ATTEMPTS, "x", delay=-1.0), "negative"),
+    (Rule(Action.RETRY, Budget.ATTEMPTS, "x", delay=10.0, delay_max=5.0), "delay_max"),
+    (Rule(Action.RETRY, Budget.ATTEMPTS), "failure_reason"),
+])
+def test_a_rule_that_cannot_work_says_why(rule: Rule, problem: str):
+    assert any(problem in text for text in rule.problems()), rule.problems()

@@ -134,7 +134,7 @@ def test_retries_until_max_attempts_and_backoff(tmp_path: Path, store_url: str):
 
         job = h.job(always)
         assert (job.status, job.attempt, job.failures) == (JobStatus.FAILED, 3, 3), job
-        assert (job.exit_code, job.failure_reason) == (3, "exit_nonzero"), job
+        assert (job.exit_code, job.failure_reason) == (3, "implementation_error"), job
         assert [(a.attempt, a.outcome, a.exit_code) for a in h.attempts(always)] == [
             (n, Outcome.FAILED, 3) for n in (1, 2, 3)]
 

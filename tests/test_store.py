@@ -450,7 +450,7 @@ def test_failure_requeues_with_backoff_then_fails_at_max_attempts(store):
         (second.token, JobStatus.FAILED)]
     job = get(store, job_id)
     assert job.status is JobStatus.FAILED and job.failures == 2
-    assert job.failure_reason == "exit_nonzero" and job.exit_code == 4
+    assert job.failure_reason == "implementation_error" and job.exit_code == 4
     assert job.finished_at == at(13)
     assert store.job_claim("h1", "w1", 1, at(10_000)) == []
 

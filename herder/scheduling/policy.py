@@ -1,22 +1,133 @@
-"""What an attempt's outcome means for its job: done, retry after a backoff, or fail."""
+"""What an attempt's outcome means for its job, as a table of rules (data) and one pure
+function that applies a rule to the job's counters.
+
+Each outcome maps to an action (done, retry after a delay, move to a heavier weight, wait
+until a time, fail), to the budget it spends (the job's attempts, its transient attempts,
+its spawn failures, its lost attempts, or none), to the `failure_reason` it records and to
+two flags: actionable (someone should look at it) and human action (only a human can fix
+it). The defaults are seed 004's exit-code table and seed 002's resilience layer; a job type
+may override any rule in `herder.toml`.
+
+Separate budgets are the point: host trouble (spawn failures), rate limits (transient) and
+infrastructure churn (lost) never burn the attempts a job has for its own faults.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from herder.model import Decision, JobStatus, Outcome
 
-FAILURE_REASONS = {
-    Outcome.FAILED: "exit_nonzero",
-    Outcome.TIMEOUT: "timeout",
-    Outcome.LAUNCH_FAILED: "launch_failed",
-    Outcome.LOST: "lost",
-    Outcome.CANCELLED: "cancelled",
-    Outcome.RAM_CONTENTION: "spawn_ram",
-    Outcome.SPAWN_FAILED: "spawn_failed",
+MAX_TRANSIENT_ATTEMPTS = 5
+"""Transient outcomes (a 429, an overloaded API) a job may meet before it fails (seed 002)."""
+
+
+class Action(enum.StrEnum):
+    DONE = "done"
+    RETRY = "retry"
+    """Requeue after the rule's delay (or the budget's backoff)."""
+    ESCALATE = "escalate"
+    """Requeue at the next heavier weight; past the heaviest, fail."""
+    WAIT = "wait"
+    """Requeue when the attempt said work can resume (a quota's reset), else after the delay."""
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+class Budget(enum.StrEnum):
+    ATTEMPTS = "attempts"
+    TRANSIENT = "transient_attempts"
+    SPAWN = "spawn_failures"
+    LOST = "lost"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    action: Action
+    spends: Budget = Budget.NONE
+    failure_reason: str | None = None
+    actionable: bool = False
+    human_action: bool = False
+    delay: float | None = None
+    """Seconds before the next attempt. None: the budget's own backoff (the job's backoff for
+    attempts, the spawn backoff for spawn failures, at once for lost)."""
+    delay_max: float | None = None
+    """When set, `delay` doubles with each spend of the budget, up to this."""
+    avoid_host: bool = False
+    """The outcome was the host's doing: the next attempt goes elsewhere if it can."""
+    escalations: int | None = None
+    """ESCALATE only this many times in a job's life, then RETRY on the same weight."""
+
+    def problems(self) -> list[str]:
+        """What makes this rule unusable; empty when it is fine."""
+        found = []
+        if self.delay is not None and self.delay < 0:
+            found.append("delay must not be negative")
+        if self.delay_max is not None and (self.delay is None or self.delay_max < self.delay):
+            found.append("delay_max needs a delay no longer than it")
+        if (self.action in (Action.RETRY, Action.WAIT) and self.spends is Budget.NONE
+                and not self.delay):
+            found.append("a retry that spends no budget must wait (set delay > 0), or it "
+                         "could loop forever")
+        if self.action is Action.ESCALATE and self.spends is Budget.NONE and self.escalations:
+            found.append("an escalation with a limit holds the weight afterwards; it must "
+                         "spend a budget then")
+        if self.action in (Action.FAIL, Action.RETRY, Action.ESCALATE, Action.WAIT) and (
+                not self.failure_reason):
+            found.append("needs a failure_reason")
+        return found
+
+
+DEFAULT_SPAWN_BACKOFF = 300.0
+"""Seed 004's SPAWN_BACKOFF_MIN: a contended or broken host gets five minutes."""
+
+DEFAULT_RULES: Mapping[Outcome, Rule] = {
+    Outcome.OK: Rule(Action.DONE),
+    Outcome.CANCELLED: Rule(Action.CANCEL, failure_reason="cancelled"),
+    # The job's own faults spend its attempts, with its backoff.
+    Outcome.FAILED: Rule(Action.RETRY, Budget.ATTEMPTS, "implementation_error",
+                         actionable=True),
+    Outcome.TIMEOUT: Rule(Action.RETRY, Budget.ATTEMPTS, "timeout", actionable=True),
+    Outcome.STUCK: Rule(Action.RETRY, Budget.ATTEMPTS, "stuck", actionable=True),
+    Outcome.LAUNCH_FAILED: Rule(Action.RETRY, Budget.ATTEMPTS, "launch_failed",
+                                actionable=True),
+    # Weather: its own budget, min(2^n x 10 s, 600 s), at least what Retry-After asks.
+    Outcome.TRANSIENT: Rule(Action.RETRY, Budget.TRANSIENT, "transient", delay=10.0,
+                            delay_max=600.0),
+    # Quotas and accounts: nothing spent, a time waited, another host preferred.
+    Outcome.USAGE_BLOCKED: Rule(Action.WAIT, Budget.NONE, "usage_blocked", delay=3600.0,
+                                avoid_host=True),
+    Outcome.NO_HEALTHY_ACCOUNT: Rule(Action.WAIT, Budget.NONE, "no_healthy_account",
+                                     delay=900.0, avoid_host=True),
+    Outcome.AUTH_REVOKED: Rule(Action.FAIL, Budget.NONE, "spawn_oauth_expired",
+                               actionable=True, human_action=True),
+    # Capacity: a heavier weight, bounded by the chain (needs_heavier) or once (oom).
+    Outcome.NEEDS_HEAVIER: Rule(Action.ESCALATE, Budget.NONE, "spawn_oom", actionable=True),
+    Outcome.OOM: Rule(Action.ESCALATE, Budget.SPAWN, "spawn_oom", actionable=True,
+                      escalations=1),
+    # Host trouble spends spawn failures, never the job's attempts (seed 004).
+    Outcome.RAM_CONTENTION: Rule(Action.RETRY, Budget.SPAWN, "spawn_ram", avoid_host=True),
+    Outcome.WORKSPACE_FAILED: Rule(Action.RETRY, Budget.SPAWN, "spawn_git_auth",
+                                   actionable=True, avoid_host=True),
+    Outcome.UNREACHABLE: Rule(Action.RETRY, Budget.SPAWN, "spawn_ssh_failure",
+                              actionable=True, avoid_host=True),
+    Outcome.SPAWN_FAILED: Rule(Action.RETRY, Budget.SPAWN, "spawn_failed", actionable=True,
+                               avoid_host=True),
+    # Not the job's doing: at once, on its own budget.
+    Outcome.LOST: Rule(Action.RETRY, Budget.LOST, "lost", delay=0.0),
+    # A host's allow-list said no (an agent re-checking its assignment): elsewhere, soon.
+    Outcome.REFUSED: Rule(Action.RETRY, Budget.NONE, "refused", delay=1.0, avoid_host=True),
 }
-SPAWN_OUTCOMES = frozenset({Outcome.RAM_CONTENTION, Outcome.SPAWN_FAILED})
+
+# Kept for the spawn path and the tests that name them.
+FAILURE_REASONS = {outcome: rule.failure_reason for outcome, rule in DEFAULT_RULES.items()
+                   if rule.failure_reason}
+SPAWN_OUTCOMES = frozenset(outcome for outcome, rule in DEFAULT_RULES.items()
+                           if rule.spends is Budget.SPAWN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +140,22 @@ class RetryState:
     backoff_base_seconds: float
     backoff_max_seconds: float
     spawn_failures: int = 0
+    transient: int = 0
+    max_transient: int = MAX_TRANSIENT_ATTEMPTS
+    escalations: int = 0
+    """Weight escalations the job has had."""
+    weight: str = ""
+    heavier: str | None = None
+    """The next weight in the chain after the job's own; None at the heaviest."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The fleet-wide budgets (the job's own are in its RetryState)."""
+
+    max_lost: int = 5
+    max_spawn_failures: int = 5
+    spawn_backoff_seconds: float = DEFAULT_SPAWN_BACKOFF
 
 
 def backoff_seconds(failures: int, base: float, cap: float) -> float:
@@ -47,44 +174,72 @@ def decide(
     *,
     retry_after: float | None = None,
     max_spawn_failures: int = 5,
-    spawn_backoff_seconds: float = 300.0,
+    spawn_backoff_seconds: float = DEFAULT_SPAWN_BACKOFF,
+    resume_at: datetime | None = None,
+    rules: Mapping[Outcome, Rule] = DEFAULT_RULES,
 ) -> Decision:
-    """Map an outcome to the job's next state.
+    """Apply `outcome`'s rule to the job's counters.
 
-    A lost attempt (the runner died, the host vanished) is not the job's fault: it is retried
-    at once and spends a separate budget, so infrastructure churn cannot fail a healthy job.
-    A refusal (a host's allow-list said no) spends nothing. Spawn failures (RAM contention on
-    the host, an unreachable host) spend their own counter, so host trouble never burns the
-    job's attempts (seed 004: the two-counter split).
-    """
-    if retry_after is not None:
-        retry_after = max(0.0, retry_after)
-    if outcome is Outcome.REFUSED:
-        delay = retry_after or 0.0
-        return Decision(JobStatus.QUEUED, available_at=now + timedelta(seconds=delay))
-    if outcome in SPAWN_OUTCOMES:
-        reason = FAILURE_REASONS[outcome]
-        if state.spawn_failures + 1 >= max_spawn_failures:
-            return Decision(JobStatus.FAILED, failure_reason=reason, spend_spawn_failure=True)
-        delay = spawn_backoff_seconds if retry_after is None else retry_after
-        return Decision(JobStatus.QUEUED, available_at=now + timedelta(seconds=delay),
-                        failure_reason=reason, spend_spawn_failure=True)
-    if outcome is Outcome.OK:
+    `retry_after` (seconds the attempt asked to wait) is a floor on any requeue's delay;
+    `resume_at` (a quota's reset) is when a WAIT ends."""
+    limits = Limits(max_lost, max_spawn_failures, spawn_backoff_seconds)
+    rule = rules.get(outcome) or DEFAULT_RULES[outcome]
+    floor = max(0.0, retry_after) if retry_after is not None else 0.0
+    spends = rule.spends
+    flags = Decision(JobStatus.QUEUED, failure_reason=rule.failure_reason,
+                     spend_failure=spends is Budget.ATTEMPTS, spend_lost=spends is Budget.LOST,
+                     spend_spawn_failure=spends is Budget.SPAWN,
+                     spend_transient=spends is Budget.TRANSIENT,
+                     actionable=rule.actionable, human_action=rule.human_action)
+    if rule.action is Action.DONE:
         return Decision(JobStatus.DONE)
-    if outcome is Outcome.CANCELLED:
-        return Decision(JobStatus.CANCELLED, failure_reason=FAILURE_REASONS[outcome])
-    if outcome is Outcome.LOST:
-        if state.lost + 1 >= max_lost:
-            return Decision(JobStatus.FAILED, failure_reason="lost", spend_lost=True)
-        return Decision(JobStatus.QUEUED, available_at=now, spend_lost=True)
-    failures = state.failures + 1
-    reason = FAILURE_REASONS[outcome]
-    if failures >= state.max_attempts:
-        return Decision(JobStatus.FAILED, failure_reason=reason, spend_failure=True)
-    delay = backoff_seconds(failures, state.backoff_base_seconds, state.backoff_max_seconds)
-    return Decision(
-        JobStatus.QUEUED,
-        available_at=now + timedelta(seconds=delay),
-        failure_reason=reason,
-        spend_failure=True,
-    )
+    if rule.action is Action.CANCEL:
+        return Decision(JobStatus.CANCELLED, failure_reason=rule.failure_reason)
+    if rule.action is Action.FAIL:
+        return replace(flags, status=JobStatus.FAILED)
+    count, budget = _count(rule.spends, state, limits)
+    if budget is not None and count >= budget:
+        return replace(flags, status=JobStatus.FAILED)
+    action = rule.action
+    if action is Action.ESCALATE and rule.escalations is not None and (
+            state.escalations >= rule.escalations):
+        action = Action.RETRY  # escalated as often as allowed: hold the weight
+    if action is Action.ESCALATE and state.heavier is None:
+        if rule.escalations is None:  # needs heavier, and there is none
+            return replace(flags, status=JobStatus.FAILED,
+                           note=f"cannot find capacity for {state.weight or 'its weight'}")
+        action = Action.RETRY  # escalate once if it can, else hold the weight
+    if action is Action.ESCALATE:
+        return replace(flags, available_at=now + timedelta(seconds=floor),
+                       weight=state.heavier, avoid_host=rule.avoid_host)
+    if action is Action.WAIT and resume_at is not None and resume_at > now:
+        wait = max((resume_at - now).total_seconds(), floor)
+    else:
+        wait = max(_delay(rule, state, count, limits), floor)
+    return replace(flags, available_at=now + timedelta(seconds=wait),
+                   avoid_host=rule.avoid_host)
+
+
+def _count(budget: Budget, state: RetryState, limits: Limits) -> tuple[int, int | None]:
+    """The budget's count after this spend, and its limit (None: unlimited)."""
+    if budget is Budget.ATTEMPTS:
+        return state.failures + 1, state.max_attempts
+    if budget is Budget.TRANSIENT:
+        return state.transient + 1, state.max_transient
+    if budget is Budget.SPAWN:
+        return state.spawn_failures + 1, limits.max_spawn_failures
+    if budget is Budget.LOST:
+        return state.lost + 1, limits.max_lost
+    return 0, None
+
+
+def _delay(rule: Rule, state: RetryState, count: int, limits: Limits) -> float:
+    if rule.delay is not None:
+        if rule.delay_max is None:
+            return rule.delay
+        return backoff_seconds(max(count, 1), rule.delay, rule.delay_max)
+    if rule.spends is Budget.ATTEMPTS:
+        return backoff_seconds(count, state.backoff_base_seconds, state.backoff_max_seconds)
+    if rule.spends is Budget.SPAWN:
+        return limits.spawn_backoff_seconds
+    return 0.0

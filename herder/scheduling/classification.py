@@ -1,0 +1,241 @@
+"""What an attempt's log says about how it ended: a rate limit, a usage quota with its reset
+time, a revoked login, memory, or nothing herder knows.
+
+AI agent CLIs end in many ways that an exit code does not tell apart (seed 002's
+"Resilience" layer, seed 004's exit codes): a 429 must wait and retry on its own budget, a
+usage limit must wait until its reset, a revoked login needs a human. The classifier reads
+the tail of the log (16 KB, as the seed's `classify_log_file`) and, where the agent printed
+one, its structured result (Claude Code's `--output-format json` / `stream-json` result
+line), and names the outcome with what it found. Pure: the clock is passed in, the patterns
+are data a job type may extend or replace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from herder.model import Outcome
+
+TAIL_BYTES = 16 * 1024
+"""How much of the log's end is read (seed 002)."""
+
+MAX_WAIT = timedelta(days=8)
+"""A reset further away than this is not believed (a weekly quota is the longest known)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """A log line that means `outcome`; earlier patterns win over later ones."""
+
+    outcome: Outcome
+    regex: re.Pattern[str]
+
+    @classmethod
+    def of(cls, outcome: Outcome | str, expression: str) -> Pattern:
+        """A case-insensitive pattern; raises ValueError naming what is wrong."""
+        try:
+            regex = re.compile(expression, re.IGNORECASE)
+        except re.error as exc:
+            raise ValueError(f"{expression!r} is not a regular expression: {exc}") from None
+        return cls(Outcome(outcome), regex)
+
+
+def _defaults() -> tuple[Pattern, ...]:
+    auth = Outcome.AUTH_REVOKED
+    usage = Outcome.USAGE_BLOCKED
+    memory = Outcome.OOM
+    transient = Outcome.TRANSIENT
+    return tuple(Pattern.of(outcome, expression) for outcome, expression in (
+        # A login only a human can renew (seed 004: exit 7, spawn_oauth_expired).
+        (auth, r"oauth (access )?token (has been|was) revoked"),
+        (auth, r"invalid (x-)?api[ -_]?key|authentication_error|invalid bearer token"),
+        (auth, r"please run /login|not logged in|login required|token (has )?expired"),
+        # A quota with a reset time (exit 5): Claude Code, Codex CLI, the API's own words.
+        (usage, r"usage limit|limit reached|hit your (usage )?limit|quota (exceeded|reached)"),
+        (usage, r"insufficient_quota|credit balance is too low|out of credits"),
+        # Memory.
+        (memory, r"out of memory|heap out of memory|memoryerror|cannot allocate memory"),
+        (memory, r"oom[- ]?killed|killed process \d+ .*oom"),
+        # Worth another try after a while (seed 002: 429/rate limit/overloaded/503/529).
+        # A bare status number only next to a word that makes it one ("processed 503 files"
+        # is no outage).
+        (transient, r"(error|status|http|code)\W{0,3}(\w+\W{1,3}){0,2}\b(429|50[0234]|529)\b"),
+        (transient, r"too many requests|rate[ _-]?limit(ed)?\b|ratelimiterror|overloaded"),
+        (transient, r"service unavailable|bad gateway|gateway timeout|internal server error"),
+        (transient, r"econnreset|etimedout|econnrefused|connection (reset|refused|error)"),
+        (transient, r"network error|temporarily unavailable|apiconnectionerror|api_error"),
+        (transient, r"request timed out"),
+    ))
+
+
+DEFAULT_PATTERNS: tuple[Pattern, ...] = _defaults()
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the agent's structured result says it cost."""
+
+    cost_usd: float | None = None
+    turns: int | None = None
+    is_error: bool | None = None
+    subtype: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """The log's verdict. `outcome` is None when nothing herder knows was found."""
+
+    outcome: Outcome | None
+    evidence: str = ""
+    """The line that decided it (cut to 200 characters), for `herder show` and the event."""
+    retry_after: float | None = None
+    """Seconds the log asked to wait (Retry-After and its kin)."""
+    resume_at: datetime | None = None
+    """When a usage quota resets, if the log said."""
+    usage: Usage = Usage()
+
+
+def classify(tail: str, now: datetime,
+             patterns: Sequence[Pattern] = DEFAULT_PATTERNS) -> Classification:
+    """The outcome the log's tail shows, by the first pattern in `patterns` order that any
+    line matches, and the waits and costs it states. `now` must be timezone-aware."""
+    usage, result_text = structured_result(tail)
+    text = tail if result_text is None else f"{tail}\n{result_text}"
+    lines = text.splitlines()
+    outcome: Outcome | None = None
+    evidence = ""
+    for pattern in patterns:
+        line = next((line for line in reversed(lines) if pattern.regex.search(line)), None)
+        if line is not None:
+            outcome, evidence = pattern.outcome, line.strip()[:200]
+            break
+    retry_after = retry_after_seconds(text)
+    resume_at = reset_time(text, now) if outcome is Outcome.USAGE_BLOCKED else None
+    return Classification(outcome, evidence, retry_after, resume_at, usage)
+
+
+def structured_result(tail: str) -> tuple[Usage, str | None]:
+    """The last Claude-Code-style result object in the tail (`{"type": "result", ...}`, one
+    per line in stream-json, the whole output in json), with its text; malformed lines are
+    skipped."""
+    for raw in reversed(tail.splitlines()):
+        line = raw.strip()
+        if not (line.startswith("{") and line.endswith("}") and '"result"' in line):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(value, dict) or value.get("type") != "result":
+            continue
+        return Usage(
+            cost_usd=_number(value.get("total_cost_usd", value.get("cost_usd"))),
+            turns=_integer(value.get("num_turns")),
+            is_error=value.get("is_error") if isinstance(value.get("is_error"), bool) else None,
+            subtype=value.get("subtype") if isinstance(value.get("subtype"), str) else None,
+        ), value.get("result") if isinstance(value.get("result"), str) else None
+    return Usage(), None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value >= 0 else None
+
+
+def _integer(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if value >= 0 else None
+
+
+_WAIT = r"(?P<value>\d+(\.\d+)?)\s*(?P<unit>ms|s|sec|seconds?|m|min|minutes?)"
+_RETRY_AFTER = re.compile(r"retry[-_ ]after(?P<ms>[-_]ms)?\"?\s*[:=]?\s*\"?" + _WAIT + r"?\b",
+                          re.IGNORECASE)
+_RETRY_IN = re.compile(r"(?:retry(?:ing)?|try again)\s+in\s+" + _WAIT + r"\b", re.IGNORECASE)
+
+
+def retry_after_seconds(text: str) -> float | None:
+    """The last wait the text asks for, in seconds: `Retry-After: 120`, `retry-after-ms:
+    500`, `"retry_after": 30`, `retrying in 4.5 seconds`."""
+    found: float | None = None
+    for match in _RETRY_AFTER.finditer(text):
+        unit = (match.group("unit") or ("ms" if match.group("ms") else "s")).lower()
+        found = _seconds(float(match.group("value")), unit)
+    if found is None:
+        for match in _RETRY_IN.finditer(text):
+            found = _seconds(float(match.group("value")), match.group("unit").lower())
+    return found
+
+
+def _seconds(value: float, unit: str) -> float:
+    if unit == "ms":
+        return value / 1000
+    if unit.startswith("m"):
+        return value * 60
+    return value
+
+
+_EPOCH = re.compile(r"limit reached\|(?P<epoch>\d{10})\b", re.IGNORECASE)
+_RESETS_AT = re.compile(
+    r"resets?\s+(?:at\s+)?(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<half>am|pm)?"
+    r"(?:\s*\((?P<zone>[A-Za-z_]+(?:/[A-Za-z_+-]+)*)\))?", re.IGNORECASE)
+_DURATION = re.compile(
+    r"(?:try again|resets?|available again)\s+in\s+(?P<parts>(?:\d+\s*(?:days?|d|hours?|h|"
+    r"minutes?|mins?|m|seconds?|secs?|s)\b[\s,]*(?:and\s+)?)+)", re.IGNORECASE)
+_DURATION_PART = re.compile(r"(\d+)\s*(days?|d|hours?|h|minutes?|mins?|m|seconds?|secs?|s)\b",
+                            re.IGNORECASE)
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def reset_time(text: str, now: datetime) -> datetime | None:
+    """When a usage limit the text reports resets, in the forms agents print it:
+    `Claude AI usage limit reached|1750000000`, `resets 3pm (Europe/Berlin)`, `resets at
+    15:30`, `try again in 4h 12m`, `try again in 2 days 3 hours`. The last one stated wins;
+    None when none is stated or it is in the past or implausibly far."""
+    found: list[tuple[int, datetime]] = []
+    for match in _EPOCH.finditer(text):
+        found.append((match.start(), datetime.fromtimestamp(int(match["epoch"]), now.tzinfo)))
+    for match in _RESETS_AT.finditer(text):
+        at = _clock_time(match, now)
+        if at is not None:
+            found.append((match.start(), at))
+    for match in _DURATION.finditer(text):
+        seconds = sum(int(number) * _UNIT_SECONDS[unit[0].lower()]
+                      for number, unit in _DURATION_PART.findall(match["parts"]))
+        found.append((match.start(), now + timedelta(seconds=seconds)))
+    for _, at in sorted(found, key=lambda item: item[0], reverse=True):
+        if now < at <= now + MAX_WAIT:
+            return at
+    return None
+
+
+def _clock_time(match: re.Match[str], now: datetime) -> datetime | None:
+    """The next time the clock shows hour:minute in the named zone (else now's zone)."""
+    hour, minute = int(match["hour"]), int(match["minute"] or 0)
+    half = (match["half"] or "").lower()
+    if half:
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if half == "pm" else 0)
+    elif match["minute"] is None:
+        return None  # a bare number ("resets 3") is not a time
+    if hour > 23 or minute > 59:
+        return None
+    zone = now.tzinfo
+    if match["zone"]:
+        try:
+            zone = ZoneInfo(match["zone"])
+        except (ZoneInfoNotFoundError, ValueError):
+            return None
+    local = now.astimezone(zone)
+    at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if at <= local:
+        at += timedelta(days=1)
+    return at
