@@ -157,6 +157,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 # Shared fixtures that live beside their helpers.
-from fleet_helpers import make_fleet  # noqa: E402, F401
-from pg_cluster import private_postgres  # noqa: E402, F401
-from runtime_helpers import harness  # noqa: E402, F401
+from support.fleet import make_fleet  # noqa: E402, F401
+from support.local import harness  # noqa: E402, F401
+from support.postgres import private_postgres  # noqa: E402, F401

@@ -20,13 +20,14 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
+from support.ports import free_port
 
 BIN_ENV = "HERDER_TEST_PG_BIN"
 DEFAULT_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -56,12 +57,6 @@ def missing_requirement() -> str | None:
         except KeyError:
             return f"running as root and there is no {SERVICE_USER!r} OS user to run postgres"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PostgresCluster:
@@ -170,7 +165,7 @@ class PostgresCluster:
         # stays on, or an immediate restart would forget commits a test has seen succeed.
         text = "".join(f"{name} = {value}\n" for name, value in settings.items())
         conf = self.data / "postgresql.auto.conf"
-        conf.write_text("# written by tests/pg_cluster.py\n" + text)
+        conf.write_text("# written by tests/support/postgres.py\n" + text)
         self._give_to_service_user(conf)
 
     def _give_to_service_user(self, path: Path) -> None:
