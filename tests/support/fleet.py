@@ -36,7 +36,6 @@ from support.processes import (
     Proc,
     children_like,
     kill_group,
-    kill_leftovers,
     marked_processes,
 )
 from support.waits import wait_for
@@ -358,6 +357,7 @@ class FleetHarness(HarnessBase):
                  f"everything of host {label} to be dead", self.describe)
 
     def job_processes(self, job_id: int | None = None) -> list[Proc]:
+        """Live job processes whose log is under this fleet's folder, of one job or all."""
         found = marked_processes(log_under=self.root)
         return [proc for proc in found if job_id is None or proc.job == job_id]
 
@@ -393,32 +393,8 @@ class FleetHarness(HarnessBase):
 
     # -- diagnostics --------------------------------------------------------------------------
 
-    def describe(self) -> str:
-        """Jobs with attempts, hosts, live job processes and the tail of every stderr."""
-        lines: list[str] = []
-        with contextlib.suppress(Exception):
-            for host in self.store.host_list():
-                lines.append(f"host {host.label}: enabled={host.enabled} "
-                             f"heartbeat={host.last_heartbeat}")
-            for job in self.store.job_list(None, 60):
-                lines.append(f"job {job.id} {job.job_type}/{job.weight}/p{job.priority}: "
-                             f"{job.status} on {job.host} attempt={job.attempt} "
-                             f"failures={job.failures} lost={job.lost} "
-                             f"reason={job.failure_reason}")
-                for a in self.attempts(job.id)[-6:]:
-                    lines.append(f"    #{a.attempt} {a.host} worker={a.worker!r} pid={a.pid} "
-                                 f"started={a.started_at is not None} outcome={a.outcome} "
-                                 f"exit={a.exit_code}")
-        with contextlib.suppress(Exception):
-            for proc in self.job_processes():
-                lines.append(f"process {proc.pid} {proc.token} {' '.join(proc.argv)[:80]}")
-        lines += self.started.tails(20)
-        return "\n".join(lines)
-
     def close(self) -> None:
-        self.started.close()
-        # Job processes run in sessions of their own: find them by marker and log path.
-        kill_leftovers(self.job_processes)
+        super().close()
         self._http.close()
         if self._store is not None:
             self._store.close()

@@ -3,6 +3,7 @@ the `herder` processes it started, and reading and waiting on the jobs in its st
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -12,7 +13,7 @@ from herder.model import Attempt, Job, JobStatus
 from herder.store import Store
 from support.cli import herder_argv, run_herder
 from support.environment import clean_environment
-from support.processes import StartedProcesses
+from support.processes import Proc, StartedProcesses, kill_leftovers
 from support.waits import wait_status
 
 
@@ -27,9 +28,38 @@ class HarnessBase:
     def store(self) -> Store:
         raise NotImplementedError
 
-    def describe(self) -> str:
-        """The state a failed wait shows (jobs, processes, stderr tails)."""
+    def job_processes(self) -> list[Proc]:
+        """This test's live job processes."""
         raise NotImplementedError
+
+    def describe(self) -> str:
+        """What a failed wait shows: hosts, jobs with their last attempts, live job
+        processes and the tail of every stderr."""
+        lines: list[str] = []
+        with contextlib.suppress(Exception):
+            for host in self.store.host_list():
+                lines.append(f"host {host.label}: enabled={host.enabled} "
+                             f"heartbeat={host.last_heartbeat}")
+            for job in self.store.job_list(None, 60):
+                lines.append(f"job {job.id} {job.job_type}/{job.weight}/p{job.priority}: "
+                             f"{job.status} on {job.host} attempt={job.attempt} "
+                             f"failures={job.failures} lost={job.lost} exit={job.exit_code} "
+                             f"reason={job.failure_reason}")
+                for a in self.attempts(job.id)[-6:]:
+                    lines.append(f"    #{a.attempt} {a.host} worker={a.worker!r} pid={a.pid} "
+                                 f"started={a.started_at is not None} outcome={a.outcome} "
+                                 f"exit={a.exit_code}")
+        with contextlib.suppress(Exception):
+            for proc in self.job_processes():
+                lines.append(f"process {proc.pid} {proc.token} {' '.join(proc.argv)[:80]}")
+        lines += self.started.tails(30)
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Kill every process this test started, then its job processes (which live in
+        sessions of their own, so only their marker finds them)."""
+        self.started.close()
+        kill_leftovers(self.job_processes)
 
     # -- the herder command ---------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ all, and every `up` group, so nothing leaks into other tests.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -27,7 +26,6 @@ from support.config import write_config
 from support.harness import HarnessBase
 from support.processes import (
     Proc,
-    kill_leftovers,
     marked_processes,
 )
 from support.waits import wait_for
@@ -115,27 +113,11 @@ class Harness(HarnessBase):
 
         return marked_processes(select)
 
-    def describe(self) -> str:
-        """Jobs, attempts, live job processes and the tail of each herder stderr."""
-        lines: list[str] = []
-        with contextlib.suppress(Exception):
-            for job in self.client.list(limit=50):
-                lines.append(f"job {job.id}: {job.status} attempt={job.attempt} "
-                             f"failures={job.failures} lost={job.lost} exit={job.exit_code} "
-                             f"reason={job.failure_reason}")
-                for a in self.attempts(job.id):
-                    lines.append(f"    #{a.attempt} worker={a.worker} pid={a.pid} "
-                                 f"outcome={a.outcome} exit={a.exit_code}")
-        with contextlib.suppress(Exception):
-            for proc in self.marked():
-                lines.append(f"process {proc.pid} {proc.token} {' '.join(proc.argv)}")
-        lines += self.started.tails(40)
-        return "\n".join(lines)
+    def job_processes(self) -> list[Proc]:
+        return self.marked()
 
     def close(self) -> None:
-        self.started.close()
-        # Job processes live in sessions of their own: find them by their marker.
-        kill_leftovers(self.marked, rounds=3)
+        super().close()
         self.client.close()
 
 
