@@ -17,32 +17,23 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from psycopg import sql
+from support.postgres import (
+    BACKENDS,
+    DEFAULT_POSTGRES_URL,
+    HERDER_TABLES,
+    POSTGRES_ENV,
+    postgres_url_for,
+)
 
 from herder.store import Store, open_store
 from herder.urls import redact_url
 
-POSTGRES_ENV = "HERDER_TEST_POSTGRES"
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-HERDER_TABLES = ("herder_jobs", "herder_events")  # herder_attempts is a view of events
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
-
 _postgres_unreachable: list[str] = []
-
-
-def postgres_url_for(url: str, database: str, **query: str) -> str:
-    """`url` pointed at another database, with extra query options (e.g. `options=...`)."""
-    parts = urlsplit(url)
-    extra = "&".join(f"{key}={value}" for key, value in query.items())
-    joined = "&".join(part for part in (parts.query, extra) if part)
-    return urlunsplit(parts._replace(path=f"/{database}", query=joined))
 
 
 # -- PostgreSQL server and session database ---------------------------------------------------
@@ -157,6 +148,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 # Shared fixtures that live beside their helpers.
-from fleet_helpers import make_fleet  # noqa: E402, F401
-from pg_cluster import private_postgres  # noqa: E402, F401
-from runtime_helpers import harness  # noqa: E402, F401
+from support.fleet import make_fleet  # noqa: E402, F401
+from support.local import harness  # noqa: E402, F401
+from support.postgres import private_postgres  # noqa: E402, F401

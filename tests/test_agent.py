@@ -4,10 +4,10 @@ once the drain deadline passes. And the systemd unit it prints."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
+from pathlib import Path
 
-from fleet_helpers import Started, cli_environment, wait_for
+from support.cli import run_herder
+from support.waits import wait_for
 
 from herder.model import JobStatus, Outcome
 
@@ -61,11 +61,9 @@ def test_past_the_drain_deadline_running_jobs_are_handed_back(make_fleet, tmp_pa
     assert [a.outcome for a in fleet.attempts(job_id)] == [Outcome.LOST]
 
 
-def test_install_systemd_prints_a_unit_without_the_token():
-    result = subprocess.run(
-        [sys.executable, "-m", "herder.cli", "agent", "install-systemd", "--server",
-         "https://coordinator:8470", "--host", "bms-4", "--user", "herder"],
-        capture_output=True, text=True, check=True)
+def test_install_systemd_prints_a_unit_without_the_token(tmp_path: Path):
+    result = run_herder("agent", "install-systemd", "--server", "https://coordinator:8470",
+                        "--host", "bms-4", "--user", "herder", cwd=tmp_path, check=True)
     unit = result.stdout
     assert "Restart=always" in unit
     assert ("--server https://coordinator:8470 --host bms-4 "
@@ -91,15 +89,9 @@ def test_the_token_comes_from_a_0600_file_or_the_variable_and_never_reaches_a_jo
     environments = {"by-file": {"HOME": str(home)},
                     "by-variable": {"HERDER_AGENT_TOKEN": fleet.tokens["by-variable"]}}
     for label, extra in environments.items():
-        stderr = tmp_path / f"agent-{label}.stderr"
-        with open(stderr, "wb") as err:
-            process = subprocess.Popen(
-                fleet.argv("agent", "--server", fleet.url, "--host", label, "--no-ram-check",
-                           "--log-dir", str(tmp_path / "agents" / label)),
-                cwd=tmp_path, env={**cli_environment(), **extra}, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        fleet.started.append(Started(f"agent-{label}", process, stderr))
-        fleet.agents[label] = process
+        fleet.agents[label] = fleet.start(
+            f"agent-{label}", "agent", "--server", fleet.url, "--host", label, "--no-ram-check",
+            "--log-dir", str(tmp_path / "agents" / label), env=extra)
     for label in environments:
         fleet.wait_agent(label)
     for label in environments:

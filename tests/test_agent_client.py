@@ -15,7 +15,6 @@ import os
 import re
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -28,8 +27,9 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from fleet_helpers import cli_environment, free_port
-from runtime_helpers import wait_for
+from support.cli import run_herder
+from support.ports import free_port
+from support.waits import wait_for
 from test_tls import make_certificate
 
 from herder.errors import InputError
@@ -676,11 +676,8 @@ def test_check_gives_up_after_its_patience() -> None:
 
 def herder(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
            ) -> subprocess.CompletedProcess[str]:
-    environment = {**cli_environment(), "HOME": str(tmp_path), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "herder.cli", "--db",
-                           f"sqlite:///{tmp_path}/herder.db", *args], cwd=tmp_path,
-                          env=environment, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return run_herder(*args, cwd=tmp_path, db=f"sqlite:///{tmp_path}/herder.db",
+                      env={"HOME": str(tmp_path), **(env or {})})
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import schemathesis
-from conftest import BACKENDS
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.postgres import BACKENDS
 
 from herder.api.app import create_app
 from herder.api.tokens import new_token, token_hash

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import (
+from support.cli import (
     UNREACHABLE_DB,
     as_json,
     end_job,

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import CLI_TIMEOUT, clean_env
+from support.cli import CLI_TIMEOUT
+from support.environment import clean_environment
 
 SERVER_SIDE = ("fastapi", "starlette", "uvicorn", "httpx", "anyio", "asyncio", "psycopg",
                "herder.api", "herder.runtime", "herder.scheduling", "herder.demo")
@@ -38,7 +39,7 @@ def imported(tmp_path: Path, *args: str) -> list[str]:
     watched = [*SERVER_SIDE, "rich", "pydantic"]
     result = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(watched), *args], cwd=tmp_path,
-        env=clean_env({"HERDER_DB": f"sqlite:///{tmp_path / 'herder.db'}"}),
+        env=clean_environment({"HERDER_DB": f"sqlite:///{tmp_path / 'herder.db'}"}),
         capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False)
     assert result.returncode in (0, 10), (args, result.stdout, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.startswith("imported: ")]
@@ -78,7 +79,7 @@ def test_the_command_line_itself_loads_no_configuration_store_or_command(tmp_pat
     assert imported(tmp_path, "--help") == []
     probe = ("import sys, herder.cli; print(sorted(m for m in sys.modules "
              "if m.startswith(('herder.', 'pydantic', 'rich'))))")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=clean_env(),
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=clean_environment(),
                             capture_output=True, text=True, timeout=CLI_TIMEOUT, check=True)
     assert result.stdout.strip() == "['herder.cli', 'herder.cli.root', 'herder.errors']"
 

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from cli_helpers import ok, run_herder
+from support.cli import ok, run_herder
 
 from herder.config import Config, Settings, load_config, parse_duration, sample_config
 from herder.errors import ConfigError, InputError

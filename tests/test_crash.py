@@ -18,7 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from runtime_helpers import Harness, Proc, shell, wait_for
+from support.local import Harness, shell
+from support.processes import Proc
+from support.waits import wait_for
 
 from herder.model import (
     AttemptResult,

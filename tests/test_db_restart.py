@@ -1,4 +1,4 @@
-"""PostgreSQL restarts on a private cluster (tests/pg_cluster.py): a clean stop and a start
+"""PostgreSQL restarts on a private cluster (tests/support/postgres.py): a clean stop and a start
 after a while, and `pg_ctl restart -m immediate`, which cuts every connection as a crash
 would. `herder up`, `herder server` (with a local or an agent host) and `herder agent` ride
 them out; a CLI command while the database is down, or failing after connect, is one line and
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from fleet_helpers import FleetHarness
-from pg_cluster import PostgresCluster
-from runtime_helpers import Harness, cli_environment, shell, wait_for
+from support.cli import run_herder
+from support.fleet import FleetHarness
+from support.local import Harness, shell
+from support.postgres import PostgresCluster
+from support.waits import wait_for
 
 from herder.store import open_store
 
@@ -235,10 +236,7 @@ def test_a_database_failure_after_connect_is_one_line_and_exit_2(tmp_path, postg
     impatient = f"{postgres_url}?options=-c%20lock_timeout%3D300"
     with psycopg.connect(postgres_url) as holder:
         holder.execute("LOCK TABLE herder_jobs IN ACCESS EXCLUSIVE MODE")
-        result = subprocess.run(
-            [sys.executable, "-m", "herder.cli", "--db", impatient, "--config", str(config),
-             "jobs"], capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
-            env=cli_environment())
+        result = run_herder("jobs", cwd=tmp_path, db=impatient, config=config)
     assert_one_line_exit_2(result, "the database is unavailable", "lock timeout")
 
 

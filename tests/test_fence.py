@@ -24,7 +24,9 @@ from typing import Any
 
 import httpx
 import pytest
-from runtime_helpers import Harness, marked_processes, shell, wait_for
+from support.local import Harness, shell
+from support.processes import marked_processes
+from support.waits import wait_for
 from test_runner_faults import RunnerThread
 
 from herder.config import load_config

@@ -2,7 +2,7 @@
 hosts of different sizes on this machine, and the `herder` CLI, all as subprocesses.
 
 What each test proves is observed from outside: the jobs record where and when they ran,
-the store and the HTTP API show the rest. See tests/fleet_helpers.py for the harness.
+the store and the HTTP API show the rest. See tests/support/fleet.py for the harness.
 """
 
 from __future__ import annotations
@@ -13,16 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from fleet_helpers import (
-    WEIGHTS,
-    bookable,
-    holds_for,
-    peaks,
-    read_intervals,
-    read_lines,
-    recorder,
-    wait_for,
-)
+from support.fleet import WEIGHTS, bookable, peaks, read_intervals, read_lines, recorder
+from support.waits import holds_for, wait_for
 
 from herder.model import JobStatus, Outcome
 

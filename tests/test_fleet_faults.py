@@ -1,6 +1,6 @@
 """Fleet fault tests: kill -9 of an agent, a server restart, a host that stops heartbeating.
 
-Real processes throughout (see tests/fleet_helpers.py). Jobs that must never run twice at
+Real processes throughout (see tests/support/fleet.py). Jobs that must never run twice at
 once take an flock for their whole run; a second attempt that finds it held records OVERLAP
 and exits 1, so an overlap is evidence on disk, not a guess from timing.
 """
@@ -14,15 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fleet_helpers import (
-    FleetHarness,
-    Proc,
-    holds_for,
-    read_intervals,
-    read_lines,
-    recorder,
-    wait_for,
-)
+from support.fleet import FleetHarness, read_intervals, read_lines, recorder
+from support.processes import Proc
+from support.waits import holds_for, wait_for
 
 from herder.model import JobStatus, Outcome
 from herder.runtime.scheduler import NO_HEALTHY_HOST

@@ -9,14 +9,13 @@ Pure tests of `job_environment` and of the `[runtime] pass_env` check, then real
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fleet_helpers import Started
-from runtime_helpers import Harness, cli_environment, shell, wait_for
+from support.cli import run_herder
+from support.local import Harness, shell
+from support.waits import wait_for
 
 from herder.config import load_config
 from herder.errors import ConfigError
@@ -132,13 +131,10 @@ def test_a_job_under_up_sees_no_herder_credential(tmp_path: Path, store_url: str
         db = store_url
         if db.startswith("postgresql://postgres@"):  # a password the server ignores (trust)
             db = db.replace("postgresql://postgres@", "postgresql://postgres:db-password-42@")
-        env = {**cli_environment(), **SECRETS, "HERDER_DB": db, "EXTRA_ONE": "1",
-               "UNLISTED_SECRET": "u-secret"}
         # No --db: `up` itself must use HERDER_DB, so the variable really is herder's.
-        argv = [sys.executable, "-m", "herder.cli", "--config", str(h.config), "up",
-                "--host", h.host, "--exit-when-idle"]
-        result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=60, check=False)
+        result = run_herder("up", "--host", h.host, "--exit-when-idle", cwd=tmp_path,
+                            config=h.config, env={**SECRETS, "HERDER_DB": db, "EXTRA_ONE": "1",
+                                                  "UNLISTED_SECRET": "u-secret"})
         assert result.returncode == 0, result.stderr
         assert h.job(job_id).status is JobStatus.DONE, h.describe()
 
@@ -162,17 +158,10 @@ def test_a_job_under_an_agent_sees_no_agent_token(make_fleet, tmp_path: Path, sq
                            "--night-workers", "1")
     fleet.start_server()
     # The token only in the agent's environment, as the systemd unit gives it.
-    stderr = tmp_path / "agent-envhost.stderr"
-    argv = fleet.argv("agent", "--server", fleet.url, "--host", "envhost", "--log-dir",
-                      str(tmp_path / "agents" / "envhost"), "--no-ram-check")
-    with open(stderr, "wb") as err:
-        process = subprocess.Popen(
-            argv, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=err, start_new_session=True,
-            env={**cli_environment(), "HERDER_AGENT_TOKEN": token,
-                 "HERDER_SERVER": fleet.url})
-    fleet.started.append(Started("agent-envhost", process, stderr))
-    fleet.agents["envhost"] = process
+    fleet.agents["envhost"] = fleet.start(
+        "agent-envhost", "agent", "--server", fleet.url, "--host", "envhost", "--log-dir",
+        str(tmp_path / "agents" / "envhost"), "--no-ram-check",
+        env={"HERDER_AGENT_TOKEN": token, "HERDER_SERVER": fleet.url})
     fleet.wait_agent("envhost")
 
     job_id = fleet.submit(["/bin/sh", "-c", "env"])

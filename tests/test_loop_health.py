@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from runtime_helpers import wait_for
+from support.waits import wait_for
 
 from herder.config import load_config
 from herder.errors import StoreUnavailable

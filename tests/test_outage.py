@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from runtime_helpers import Harness, shell, wait_for
+from support.local import Harness, shell
+from support.waits import wait_for
 
 from herder.store import open_store
 

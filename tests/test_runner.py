@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
-from runtime_helpers import Harness, Proc, process_group, shell, wait_for
+from support.local import Harness, shell
+from support.processes import Proc, process_group
+from support.waits import wait_for
 
 from herder.model import JobStatus, Outcome
 from herder.runtime.process import process_alive

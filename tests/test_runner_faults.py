@@ -16,7 +16,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 import pytest
-from runtime_helpers import Harness, shell, wait_for
+from support.local import Harness, shell
+from support.waits import wait_for
 from test_runner import submit_in_missing_workdir
 
 from herder.errors import StoreUnavailable

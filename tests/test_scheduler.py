@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from support.cli import herder_argv
+from support.ports import free_port
+from support.waits import wait_for
 
 from herder.config import Config, Settings
 from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
@@ -208,12 +208,6 @@ def test_leader_lease_is_exclusive_and_passes_on_release(store_url):
         second.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def leader(port: int) -> bool | None:
     try:
         return bool(httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).json()["leader"])
@@ -226,7 +220,6 @@ def test_a_replica_takes_over_when_the_leader_is_killed(postgres_url, tmp_path):
     config = tmp_path / "herder.toml"
     config.write_text(f'[herder]\ndb = "{postgres_url}"\nlog_dir = "{tmp_path}/logs"\n'
                       '[fleet]\nscheduler_interval = "0.2s"\n')
-    cli = [sys.executable, "-m", "herder.cli", "--config", str(config)]
     store = open_store(postgres_url)
     store.host_insert(HostRecord("h", 16, prime_max_workers=1, night_max_workers=1),
                       datetime.now(UTC))
@@ -235,25 +228,22 @@ def test_a_replica_takes_over_when_the_leader_is_killed(postgres_url, tmp_path):
         for _ in range(2):
             port = free_port()
             replicas[port] = subprocess.Popen(
-                [*cli, "server", "--listen", f"127.0.0.1:{port}"], cwd=tmp_path,
+                herder_argv("server", "--listen", f"127.0.0.1:{port}", config=config),
+                cwd=tmp_path,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while sorted(leader(p) or False for p in replicas) != [False, True]:
-            assert time.monotonic() < deadline, {p: leader(p) for p in replicas}
-            time.sleep(0.1)
+        wait_for(lambda: sorted(leader(p) or False for p in replicas) == [False, True], 30,
+                 "one replica to lead", lambda: {p: leader(p) for p in replicas})
         old = next(p for p in replicas if leader(p))
         other = next(p for p in replicas if p != old)
         os.killpg(replicas[old].pid, signal.SIGKILL)
         replicas[old].wait(10)
-        while not leader(other):
-            assert time.monotonic() < deadline + 30, "no replica took over"
-            time.sleep(0.1)
+        wait_for(lambda: leader(other), 30, "the other replica to take over")
         # The new leader schedules: a job is placed on the (heartbeating) host.
         store.host_heartbeat("h", datetime.now(UTC), {})
         job_id = store.job_insert([JobSpec(command=("true",))], datetime.now(UTC))[0].job_id
-        while (job := store.job_get(job_id)) is None or job.status is JobStatus.QUEUED:
-            assert time.monotonic() < deadline + 60, "the new leader placed nothing"
-            time.sleep(0.05)
+        job = wait_for(lambda: (found := store.job_get(job_id)) is not None
+                       and found.status is not JobStatus.QUEUED and found, 60,
+                       "the new leader to place the job")
         assert job.host == "h"
     finally:
         store.close()

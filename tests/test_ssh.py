@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.cli import herder_argv, run_herder
+from support.ports import free_port
+from support.waits import wait_for
 
 from herder.model import JobStatus
 from herder.store import open_store
@@ -24,22 +25,6 @@ pytestmark = pytest.mark.skipif(
     not os.path.exists(SSHD) and not os.environ.get("CI"),
     reason="sshd is not installed (apt-get install openssh-server)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def until(check: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @dataclass
@@ -74,7 +59,7 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     process = subprocess.Popen([SSHD, "-D", "-f", str(folder / "sshd_config"), "-E",
                                 str(folder / "sshd.log")])
     try:
-        until(lambda: subprocess.run(
+        wait_for(lambda: subprocess.run(
             ["ssh", "-F", str(client), "-o", "BatchMode=yes", "herder-test", "true"],
             check=False, capture_output=True).returncode == 0, 15, "sshd to accept a login")
         yield Sshd(client, "herder-test", "herder-dead")
@@ -83,10 +68,9 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
         process.wait(10)
 
 
-def herder(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "herder.cli", "--config",
-                           str(tmp / "herder.toml"), *args], cwd=tmp, capture_output=True,
-                          text=True, check=check, timeout=60)
+def herder(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`herder ARGS...` with the test's herder.toml; it must exit 0."""
+    return run_herder(*args, cwd=tmp, config=tmp / "herder.toml", check=True)
 
 
 @pytest.fixture
@@ -109,8 +93,8 @@ def fleet(tmp_path: Path, sshd: Sshd, store_url: str) -> Iterator[tuple[Path, st
 def running_server(tmp: Path) -> Iterator[None]:
     with open(tmp / "server.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "herder.cli", "--config", str(tmp / "herder.toml"),
-             "server", "--listen", f"127.0.0.1:{free_port()}"], cwd=tmp,
+            herder_argv("server", "--listen", f"127.0.0.1:{free_port()}",
+                        config=tmp / "herder.toml"), cwd=tmp,
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     try:
         yield
@@ -144,7 +128,7 @@ def test_ssh_push_runs_the_attempt_remotely_and_reports_over_the_api(
                         'echo "ran on $HERDER_HOST as attempt $HERDER_ATTEMPT"').stdout)
     store = open_store(url)
     with running_server(tmp):
-        job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+        job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
                     "the ssh job to end")
         assert job.status is JobStatus.DONE, (tmp / "server.log").read_text()
         assert job.host == "s1"
@@ -165,7 +149,7 @@ def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
     job_id = int(herder(tmp, "submit", "--", "true").stdout)
     store = open_store(url)
     try:
-        job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+        job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
                     "the job to fail")
         assert job.status is JobStatus.FAILED
         assert job.failure_reason == "spawn_failed"
@@ -186,7 +170,7 @@ def test_remote_side_without_a_token_exits_1_and_the_job_is_retried_then_failed(
     job_id = int(herder(tmp, "submit", "--max-attempts", "2", "--", "true").stdout)
     store = open_store(url)
     try:
-        job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+        job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
                     "the job to fail")
         assert job.status is JobStatus.FAILED
         attempts = store.attempt_list(job_id)

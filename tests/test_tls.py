@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import ssl
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from support.cli import herder_argv, run_herder
+from support.environment import clean_environment
+from support.ports import free_port
+from support.waits import wait_for
 
 from herder.model import JobStatus
 from herder.store import open_store
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_certificate(folder: Path) -> tuple[Path, Path]:
@@ -41,29 +36,27 @@ def test_agent_runs_a_job_over_https_and_rejects_an_untrusted_server(tmp_path: P
     config.write_text(f'[herder]\ndb = "{url}"\nlog_dir = "{tmp_path}/logs"\n'
                       '[runtime]\nheartbeat_interval = "0.3s"\n'
                       '[fleet]\nscheduler_interval = "0.2s"\n')
-    cli = [sys.executable, "-m", "herder.cli", "--config", str(config)]
-    token = subprocess.run([*cli, "host", "add", "tls-1", "--ram", "8"], capture_output=True,
-                           text=True, check=True, cwd=tmp_path).stdout.strip()
+    token = run_herder("host", "add", "tls-1", "--ram", "8", cwd=tmp_path, config=config,
+                       check=True).stdout.strip()
     port = free_port()
     base = f"https://127.0.0.1:{port}"
     processes = []
     with open(tmp_path / "server.log", "wb") as log:
         processes.append(subprocess.Popen(
-            [*cli, "server", "--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert),
-             "--tls-key", str(key)], cwd=tmp_path, stdout=log, stderr=log,
+            herder_argv("server", "--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert),
+                        "--tls-key", str(key), config=config), cwd=tmp_path, stdout=log, stderr=log,
             start_new_session=True))
     store = open_store(url)
     trust = ssl.create_default_context(cafile=str(cert))
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def answers() -> bool:
             try:
-                if httpx.get(f"{base}/healthz", verify=trust, timeout=1).status_code == 200:
-                    break
+                return httpx.get(f"{base}/healthz", verify=trust, timeout=1).status_code == 200
             except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return False
+
+        wait_for(answers, 30, "the TLS server to answer /healthz",
+                 (tmp_path / "server.log").read_text)
         # Plain HTTP to the TLS port is not served, and an untrusted certificate is refused.
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
@@ -72,17 +65,16 @@ def test_agent_runs_a_job_over_https_and_rejects_an_untrusted_server(tmp_path: P
 
         with open(tmp_path / "agent.log", "wb") as log:
             processes.append(subprocess.Popen(
-                [*cli, "agent", "--server", base, "--host", "tls-1", "--ca", str(cert),
-                 "--no-ram-check", "--log-dir", str(tmp_path / "agent-logs")],
+                herder_argv("agent", "--server", base, "--host", "tls-1", "--ca", str(cert),
+                            "--no-ram-check", "--log-dir", str(tmp_path / "agent-logs"),
+                            config=config),
                 cwd=tmp_path, stdout=log, stderr=log, start_new_session=True,
-                env={**os.environ, "HERDER_AGENT_TOKEN": token}))
-        job_id = int(subprocess.run([*cli, "submit", "--", "sh", "-c", "echo over tls"],
-                                    capture_output=True, text=True, check=True,
-                                    cwd=tmp_path).stdout)
-        deadline = time.monotonic() + 30
-        while (job := store.job_get(job_id)) is None or not job.status.terminal:
-            assert time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
-            time.sleep(0.05)
+                env=clean_environment({"HERDER_AGENT_TOKEN": token})))
+        job_id = int(run_herder("submit", "--", "sh", "-c", "echo over tls", cwd=tmp_path,
+                                config=config, check=True).stdout)
+        job = wait_for(lambda: (found := store.job_get(job_id)) is not None
+                       and found.status.terminal and found, 30, "the job to end",
+                       (tmp_path / "agent.log").read_text)
         assert job.status is JobStatus.DONE
         assert job.host == "tls-1"
         assert token not in (tmp_path / "agent.log").read_text()

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from cli_helpers import error_line, ok, run_herder, run_many
+from support.cli import error_line, ok, run_herder, run_many
 from test_store import _migrate_up_to, _raw_execute
 
 from herder.api.tokens import token_hash

@@ -1,7 +1,7 @@
 """The chaos suite's moving parts: a fleet on a private PostgreSQL cluster, a stream of jobs,
 and a seeded random fault loop that acts like bad luck followed by a supervisor.
 
-Processes come from tests/fleet_helpers.py (`FleetHarness`: a real `herder server`, real
+Processes come from tests/support/fleet.py (`FleetHarness`: a real `herder server`, real
 `herder agent`s posing as three hosts, each in its own process group). Each agent reaches
 the server through its own cuttable TCP proxy (chaos_proxy.py). Faults only ever touch
 processes this test started and only 127.0.0.1.
@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 from chaos_marks import Fault, Limits
 from chaos_proxy import Proxy, ProxyLoop
-from fleet_helpers import FleetHarness, kill_group
-from pg_cluster import PostgresCluster
-from runtime_helpers import descendants
+from support.fleet import FleetHarness
+from support.postgres import PostgresCluster
+from support.processes import descendants, kill_group
 
 from herder.backoff import Backoff
 from herder.config import FleetSection, RuntimeSection

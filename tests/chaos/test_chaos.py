@@ -58,9 +58,9 @@ from chaos_marks import (
     runs_of,
 )
 from chaos_proxy import ProxyLoop
-from fleet_helpers import FleetHarness
-from pg_cluster import PostgresCluster
-from runtime_helpers import wait_for
+from support.fleet import FleetHarness
+from support.postgres import PostgresCluster
+from support.waits import wait_for
 
 from herder.model import JobSpec, JobStatus
 from herder.store import open_store

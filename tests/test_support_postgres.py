@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from pg_cluster import PostgresCluster
+from support.postgres import PostgresCluster
 
 
 def select_one(url: str) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_helpers import store_state
+from support.cli import store_state
 
 from herder.client import Client, Submitted
 from herder.config import Config, Settings

@@ -1,4 +1,6 @@
-"""A private PostgreSQL cluster for tests that stop, restart or kill the database.
+"""PostgreSQL for the tests: where the shared test server is and the backends a store test
+runs on (conftest builds its fixtures from these), and a private cluster for tests that stop,
+restart or kill the database.
 
 The shared test server (conftest's `postgres_server_url`) must never be restarted, so tests of
 outages start their own cluster: `initdb` into a fresh directory, listening on 127.0.0.1 at a
@@ -20,13 +22,24 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from support.ports import free_port
+
+POSTGRES_ENV = "HERDER_TEST_POSTGRES"
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+HERDER_TABLES = ("herder_jobs", "herder_events")  # herder_attempts is a view of events
+# The backends a store test runs on; the postgres half carries the `postgres` marker.
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
 
 BIN_ENV = "HERDER_TEST_PG_BIN"
 DEFAULT_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -34,6 +47,14 @@ SERVICE_USER = "postgres"  # who runs the cluster when the tests run as root
 SUPERUSER = "postgres"
 START_TIMEOUT = 60  # seconds for pg_ctl -w; a loaded 2-core machine recovers slowly
 PORT_ATTEMPTS = 5
+
+
+def postgres_url_for(url: str, database: str, **query: str) -> str:
+    """`url` pointed at another database, with extra query options (e.g. `options=...`)."""
+    parts = urlsplit(url)
+    extra = "&".join(f"{key}={value}" for key, value in query.items())
+    joined = "&".join(part for part in (parts.query, extra) if part)
+    return urlunsplit(parts._replace(path=f"/{database}", query=joined))
 
 
 def postgres_bin_dir() -> Path | None:
@@ -56,12 +77,6 @@ def missing_requirement() -> str | None:
         except KeyError:
             return f"running as root and there is no {SERVICE_USER!r} OS user to run postgres"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PostgresCluster:
@@ -170,7 +185,7 @@ class PostgresCluster:
         # stays on, or an immediate restart would forget commits a test has seen succeed.
         text = "".join(f"{name} = {value}\n" for name, value in settings.items())
         conf = self.data / "postgresql.auto.conf"
-        conf.write_text("# written by tests/pg_cluster.py\n" + text)
+        conf.write_text("# written by tests/support/postgres.py\n" + text)
         self._give_to_service_user(conf)
 
     def _give_to_service_user(self, path: Path) -> None:

@@ -1,13 +1,11 @@
-"""Helpers for the fleet integration tests (tests/test_fleet.py, tests/test_fleet_faults.py).
+"""The fleet harness: one test's server and agents (tests/test_fleet.py,
+tests/test_fleet_faults.py, the chaos run and others).
 
 A `FleetHarness` owns one test's fleet: a herder.toml with fast timings in tmp_path, a real
 `herder server` on a free 127.0.0.1 port, real `herder agent` processes posing as different
 hosts on this one machine, and `herder` CLI calls. Every process runs in its own process
 group; job processes (which live in sessions of their own) are found by their attempt marker
 and their log path under tmp_path, so `close()` kills exactly this test's processes.
-
-Synchronisation is always on an observed event (a store row, an HTTP answer, a log line, a
-file) with a deadline; `wait_for` fails with what did not happen and the state around it.
 """
 
 from __future__ import annotations
@@ -16,28 +14,31 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
-from runtime_helpers import _argv, wait_for
 
 from herder.api.tokens import new_token, token_hash
-from herder.model import Attempt, Job, JobStatus, Scope
-from herder.runtime.process import TOKEN_VARIABLE, process_alive, process_start_time
+from herder.model import Scope
 from herder.store import Store, open_store
-
-T = TypeVar("T")
+from support.config import toml_value, write_config
+from support.harness import HarnessBase
+from support.ports import free_port
+from support.processes import (
+    Proc,
+    children_like,
+    kill_group,
+    marked_processes,
+)
+from support.waits import wait_for
 
 FAST_RUNTIME: dict[str, Any] = {
     "heartbeat_interval": "0.3s",
@@ -51,60 +52,10 @@ FAST_FLEET: dict[str, Any] = {
     "missed_heartbeats": 6,  # liveness: 1.8 s of silence (an idle agent beats every ~0.5 s)
     "spawn_backoff": "1s",
 }
-SCRUBBED_ENV = ("HERDER_DB", "HERDER_CONFIG", "HERDER_API_TOKEN", "HERDER_AGENT_TOKEN",
-                "HERDER_SERVER", TOKEN_VARIABLE)
 WEIGHTS = {"light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0}
 
 
-# -- waiting ------------------------------------------------------------------------------------
-
-
-def holds_for(
-    predicate: Callable[[], bool],
-    seconds: float,
-    what: str,
-    detail: Callable[[], object] | None = None,
-    interval: float = 0.05,
-) -> None:
-    """Assert that `predicate` stays true for `seconds` (how a test checks that something
-    does NOT happen: over a window of several scheduler cycles)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        if not predicate():
-            message = f"expected {what} to hold for {seconds:.1f}s, but it stopped holding"
-            if detail is not None:
-                message += f"\n--- state ---\n{detail()}"
-            raise AssertionError(message)
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(interval)
-
-
-# -- small things -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    raise TypeError(f"no TOML literal for {value!r}")
-
-
-def cli_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+# -- budgets ------------------------------------------------------------------------------------
 
 
 def bookable(ram_gb: float, reserved_gb: float = 0.0) -> float:
@@ -205,87 +156,10 @@ def peaks(intervals: Iterable[Interval],
     return result
 
 
-# -- processes --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Proc:
-    """A job process seen in /proc; pid plus kernel start time, so a reused pid is not it."""
-
-    pid: int
-    start: int
-    marker: str
-    argv: tuple[str, ...]
-
-    def alive(self) -> bool:
-        return process_alive(self.pid, self.start)
-
-    @property
-    def job(self) -> int:
-        return int(self.marker.partition("@")[0].partition(".")[0])
-
-    @property
-    def attempt(self) -> int:
-        return int(self.marker.partition("@")[0].partition(".")[2])
-
-    @property
-    def worker(self) -> str:
-        return self.marker.partition("@")[2]
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return {}
-    env: dict[str, str] = {}
-    for item in data.split(b"\0"):
-        name, sep, value = item.partition(b"=")
-        if sep:
-            env[name.decode(errors="replace")] = value.decode(errors="replace")
-    return env
-
-
-def job_processes(root: Path) -> list[Proc]:
-    """Live job processes whose log is under `root` (this test's agents' log folders)."""
-    prefix = str(root)
-    own = os.getpid()
-    found: list[Proc] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == own:
-            continue
-        pid = int(entry)
-        env = _environ(pid)
-        marker = env.get(TOKEN_VARIABLE)
-        if marker is None or not env.get("HERDER_LOG", "").startswith(prefix):
-            continue
-        start = process_start_time(pid)
-        if start is not None and process_alive(pid, start):
-            found.append(Proc(pid, start, marker, _argv(pid)))
-    return found
-
-
-def kill_group(process: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-    if sig == signal.SIGKILL:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-
-
 # -- the harness ------------------------------------------------------------------------------
 
 
-@dataclass
-class Started:
-    name: str
-    process: subprocess.Popen[Any]
-    stderr: Path
-
-
-class FleetHarness:
+class FleetHarness(HarnessBase):
     def __init__(
         self,
         root: Path,
@@ -295,12 +169,10 @@ class FleetHarness:
         defaults: Mapping[str, Any] | None = None,
         extra: str = "",
     ) -> None:
+        super().__init__(root, db, root / "herder.toml")
         self.root = root
-        self.db = db
-        self.config = root / "herder.toml"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.started: list[Started] = []
         self.server: subprocess.Popen[Any] | None = None
         self.agents: dict[str, subprocess.Popen[Any]] = {}
         self.tokens: dict[str, str] = {}
@@ -326,12 +198,8 @@ class FleetHarness:
             "defaults": {**FAST_DEFAULTS, **(defaults or {})},
             "fleet": {**FAST_FLEET, **(fleet or {})},
         }
-        lines: list[str] = []
-        for name, values in sections.items():
-            lines.append(f"[{name}]")
-            lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
-            lines.append("")
-        self.config.write_text("\n".join(lines) + "\n" + extra)
+        write_config(self.config, {name: {key: toml_value(value) for key, value in values.items()}
+                                   for name, values in sections.items()}, extra)
 
     # -- store --------------------------------------------------------------------------------
 
@@ -341,39 +209,7 @@ class FleetHarness:
             self._store = open_store(self.db)
         return self._store
 
-    def job(self, job_id: int) -> Job:
-        job = self.store.job_get(job_id)
-        assert job is not None, f"no job {job_id}"
-        return job
-
-    def attempts(self, job_id: int) -> list[Attempt]:
-        return self.store.attempt_list(job_id)
-
-    def wait_status(self, job_id: int, statuses: JobStatus | Iterable[JobStatus],
-                    timeout: float = 30.0) -> Job:
-        wanted = {statuses} if isinstance(statuses, JobStatus) else set(statuses)
-
-        def reached() -> Job | None:
-            job = self.job(job_id)
-            return job if job.status in wanted else None
-
-        return wait_for(reached, timeout, f"job {job_id} to be {'/'.join(sorted(wanted))}",
-                        self.describe)
-
     # -- cli ----------------------------------------------------------------------------------
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "herder.cli", "--db", self.db, "--config",
-                str(self.config), *args]
-
-    def cli(self, *args: str, check: bool = True, timeout: float = 60.0
-            ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(self.argv(*args), cwd=self.root, env=cli_environment(),
-                                capture_output=True, text=True, timeout=timeout, check=False)
-        if check and result.returncode != 0:
-            raise AssertionError(f"herder {' '.join(args)} exited {result.returncode}\n"
-                                 f"stdout: {result.stdout}\nstderr: {result.stderr}")
-        return result
 
     def cli_many(self, *calls: Sequence[str], check: bool = True
                  ) -> list[subprocess.CompletedProcess[str]]:
@@ -421,28 +257,11 @@ class FleetHarness:
 
     # -- processes ----------------------------------------------------------------------------
 
-    def spawn(self, name: str, *args: str,
-              env: Mapping[str, str] | None = None) -> subprocess.Popen[Any]:
-        stderr = self.root / f"{len(self.started):02d}-{name}.stderr"
-        with open(stderr, "wb") as err:
-            process = subprocess.Popen(self.argv(*args), cwd=self.root,
-                                       env={**cli_environment(), **(env or {})},
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=err, start_new_session=True)
-        self.started.append(Started(name, process, stderr))
-        return process
-
-    def stderr_of(self, process: subprocess.Popen[Any]) -> str:
-        for started in self.started:
-            if started.process is process:
-                return started.stderr.read_text(errors="replace")
-        raise KeyError(process.pid)
-
     def start_server(self, *extra: str, wait: bool = True) -> subprocess.Popen[Any]:
         """`herder server` on this fleet's port; with `wait`, until it answers /healthz
         (agents started meanwhile retry until it does)."""
         assert self.server is None or self.server.poll() is not None, "a server runs already"
-        process = self.spawn("server", "server", "--listen", f"127.0.0.1:{self.port}", *extra)
+        process = self.start("server", "server", "--listen", f"127.0.0.1:{self.port}", *extra)
         self.server = process
         if wait:
             self.wait_server()
@@ -485,7 +304,7 @@ class FleetHarness:
                 "--log-dir", str(self.root / "agents" / label), "--drain-timeout", "5s", *extra]
         if not ram_check:
             args.append("--no-ram-check")
-        process = self.spawn(f"agent-{label}", *args,
+        process = self.start(f"agent-{label}", *args,
                              env={"HERDER_AGENT_TOKEN": token or self.tokens[label]})
         self.agents[label] = process
         if wait:
@@ -519,21 +338,9 @@ class FleetHarness:
     def guardian(self, label: str) -> Proc:
         """The agent's guardian: the child it forked first, in a session of its own, with
         the agent's own command line (job processes carry a marker instead)."""
-        agent = self.agents[label]
-        argv = _argv(agent.pid)
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    parent = int(handle.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            start = process_start_time(pid)
-            if (parent == agent.pid and _argv(pid) == argv and start is not None
-                    and TOKEN_VARIABLE not in _environ(pid)):
-                return Proc(pid, start, "", argv)
+        guardians = children_like(self.agents[label].pid)
+        if guardians:
+            return guardians[0]
         raise AssertionError(f"agent {label} has no guardian\n{self.describe()}")
 
     def kill_host(self, label: str) -> None:
@@ -542,15 +349,16 @@ class FleetHarness:
         guardian = self.guardian(label)
         os.kill(guardian.pid, signal.SIGKILL)
         kill_group(self.agents[label])
-        for proc in job_processes(self.root / "agents" / label):
+        for proc in marked_processes(log_under=self.root / "agents" / label):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
         wait_for(lambda: not guardian.alive()
-                 and not job_processes(self.root / "agents" / label), 10,
+                 and not marked_processes(log_under=self.root / "agents" / label), 10,
                  f"everything of host {label} to be dead", self.describe)
 
     def job_processes(self, job_id: int | None = None) -> list[Proc]:
-        found = job_processes(self.root)
+        """Live job processes whose log is under this fleet's folder, of one job or all."""
+        found = marked_processes(log_under=self.root)
         return [proc for proc in found if job_id is None or proc.job == job_id]
 
     # -- http ---------------------------------------------------------------------------------
@@ -585,50 +393,8 @@ class FleetHarness:
 
     # -- diagnostics --------------------------------------------------------------------------
 
-    def describe(self) -> str:
-        """Jobs with attempts, hosts, live job processes and the tail of every stderr."""
-        lines: list[str] = []
-        with contextlib.suppress(Exception):
-            for host in self.store.host_list():
-                lines.append(f"host {host.label}: enabled={host.enabled} "
-                             f"heartbeat={host.last_heartbeat}")
-            for job in self.store.job_list(None, 60):
-                lines.append(f"job {job.id} {job.job_type}/{job.weight}/p{job.priority}: "
-                             f"{job.status} on {job.host} attempt={job.attempt} "
-                             f"failures={job.failures} lost={job.lost} "
-                             f"reason={job.failure_reason}")
-                for a in self.attempts(job.id)[-6:]:
-                    lines.append(f"    #{a.attempt} {a.host} worker={a.worker!r} pid={a.pid} "
-                                 f"started={a.started_at is not None} outcome={a.outcome} "
-                                 f"exit={a.exit_code}")
-        with contextlib.suppress(Exception):
-            for proc in self.job_processes():
-                lines.append(f"process {proc.pid} {proc.marker} {' '.join(proc.argv)[:80]}")
-        for started in self.started:
-            with contextlib.suppress(OSError):
-                tail = started.stderr.read_text(errors="replace").splitlines()[-20:]
-                state = started.process.poll()
-                lines.append(f"--- {started.stderr.name} (exit {state}) ---")
-                lines.extend(tail)
-        return "\n".join(lines)
-
     def close(self) -> None:
-        for started in self.started:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(started.process.pid, signal.SIGCONT)
-            kill_group(started.process)
-        # Job processes run in sessions of their own: find them by marker and log path.
-        for _ in range(5):
-            left = self.job_processes()
-            if not left:
-                break
-            for proc in left:
-                if proc.alive():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(AssertionError):
-                wait_for(lambda procs=left: not any(p.alive() for p in procs), 5,
-                         "leftover job processes to die")
+        super().close()
         self._http.close()
         if self._store is not None:
             self._store.close()

@@ -1,8 +1,8 @@
-"""Helpers for the edge tests: run the real `herder` command, look at a store, move jobs on.
+"""The real `herder` command, run as a subprocess (`python -m herder.cli`), and the store
+it leaves behind.
 
-The CLI always runs as a subprocess (`python -m herder.cli`), with `HERDER_DB` and
-`HERDER_CONFIG` removed from its environment unless a test sets them, so nothing from the
-developer's shell leaks in. Store state is read and changed only through the public Store API.
+Its environment is `clean_environment()`, so nothing from the developer's shell leaks in.
+Store state is read and changed only through the public Store API.
 """
 
 from __future__ import annotations
@@ -11,55 +11,69 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from herder.model import AttemptResult, Job, JobStatus, Outcome
 from herder.scheduling.policy import RetryState, decide
 from herder.store import open_store
+from support.environment import clean_environment
 
 CLI_TIMEOUT = 60.0
 UNREACHABLE_DB = "postgresql://postgres@127.0.0.1:1/nope"
-T = TypeVar("T")
 
 
-def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HERDER_DB", "HERDER_CONFIG")}
-    env.update(extra or {})
-    return env
+def herder_argv(*args: str, db: str | None = None, config: Path | None = None) -> list[str]:
+    """argv of `herder [--db DB] [--config CONFIG] ARGS...` in this interpreter."""
+    argv = [sys.executable, "-m", "herder.cli"]
+    if db is not None:
+        argv += ["--db", db]
+    if config is not None:
+        argv += ["--config", str(config)]
+    return [*argv, *args]
 
 
 def run_herder(
     *args: str,
     cwd: Path,
     db: str | None = None,
+    config: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = CLI_TIMEOUT,
+    check: bool = False,
+    detail: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`herder [--db DB] ARGS...` in `cwd`; stdout and stderr captured as text."""
-    argv = [sys.executable, "-m", "herder.cli"]
-    if db is not None:
-        argv += ["--db", db]
-    argv += list(args)
-    return subprocess.run(
-        argv, cwd=cwd, env=clean_env(env), capture_output=True, text=True, timeout=timeout,
-        check=False,
-    )
+    """`herder [--db DB] [--config CONFIG] ARGS...` in `cwd`; output captured as text.
+    With `check`, a non-zero exit fails the test; a timeout always does, with `detail()`."""
+    try:
+        result = subprocess.run(
+            herder_argv(*args, db=db, config=config), cwd=cwd, env=clean_environment(env),
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        state = "" if detail is None else f"\n--- state ---\n{detail()}"
+        raise AssertionError(
+            f"herder {' '.join(args)} did not exit within {timeout:.0f}s\n"
+            f"stdout: {exc.stdout!r}\nstderr: {exc.stderr!r}{state}") from None
+    if check and result.returncode != 0:
+        raise AssertionError(f"herder {' '.join(args)} exited {result.returncode}\n"
+                             f"stdout: {result.stdout}\nstderr: {result.stderr}")
+    return result
 
 
 def run_many(
     calls: Sequence[Sequence[str]], cwd: Path, db: str | None = None,
-    env: Mapping[str, str] | None = None, workers: int = 4,
+    config: Path | None = None, env: Mapping[str, str] | None = None, workers: int = 4,
 ) -> list[subprocess.CompletedProcess[str]]:
     """Several independent `herder` invocations at once (they must not depend on each other);
     results in the order of `calls`."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_herder, *args, cwd=cwd, db=db, env=env) for args in calls]
+        futures = [pool.submit(run_herder, *args, cwd=cwd, db=db, config=config, env=env)
+                   for args in calls]
         return [future.result() for future in futures]
 
 
@@ -136,16 +150,3 @@ def end_job(url: str, job_id: int, outcome: Outcome, exit_code: int | None = Non
                                        now)
     assert len(applied) == 1, applied
     return applied[0][1]
-
-
-def poll(fetch: Callable[[], T], until: Callable[[T], bool], timeout: float = 20.0,
-         interval: float = 0.02) -> T:
-    """Call `fetch` until `until(value)` holds; fail with the last value after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if until(value):
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout}s; last value {value!r}")
-        time.sleep(interval)
