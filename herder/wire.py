@@ -386,12 +386,16 @@ class Assignment(Reply):
 
 class Assignments(Reply):
     jobs: list[Assignment]
+    lease_seconds: float | None = None
+    """The lease the server enforces, known before the first heartbeat: a runner that
+    starts an attempt fences (and tells its guardian) by it from the start."""
 
 
 class PlacedAttempt(Reply):
     """One attempt placed on the host (`herder run-attempt`); None when it is not."""
 
     job: Assignment | None
+    lease_seconds: float | None = None
 
 
 class StartBody(Body):

@@ -765,3 +765,25 @@ def test_a_409_on_a_start_marks_the_attempt_fenced_out_for_the_runner(server, ma
     wait_for(lambda: fenced.update(source.fenced_out()) or AttemptToken(7, 1) in fenced, 20,
              "the 409 to reach the runner's side", server.describe)
     assert source.fenced_out() == set(), "a fenced-out attempt is reported once"
+
+
+def test_the_servers_lease_is_known_from_the_first_assignment_reply(server, make_source
+                                                                   ) -> None:
+    """Before any heartbeat: a job taken from the long-poll is fenced (and its guardian
+    told) by the lease the server enforces, not the agent's own `attempt_lease`."""
+    gate = {"label": LABEL, "enabled": True, "window": "prime", "max_workers": 2,
+            "max_weight": None, "allowed_job_types": None, "allowed_weights": None,
+            "priority_floor": None, "weights": {"light": 1.0}, "escalation": ["light"]}
+    # The heartbeat replies say no lease: only the long-poll's reply can tell it.
+    server.always("heartbeat", httpx.Response(200, json={
+        "live": [], "cancel": [], "host": gate, "attempts": []}))
+    server.always("assignments", httpx.Response(200, json={"jobs": [], "lease_seconds": 7.5}))
+    source = make_source(poll=True)
+    wait_for(lambda: source.lease_seconds == 7.5, 10, "the lease from the long-poll")
+
+
+def test_the_servers_lease_is_known_from_a_host_heartbeat(server, make_source) -> None:
+    server.always("heartbeat", httpx.Response(200, json={
+        "live": [], "cancel": [], "host": None, "attempts": [], "lease_seconds": 4.0}))
+    source = make_source(poll=True)
+    wait_for(lambda: source.lease_seconds == 4.0, 10, "the lease from a host heartbeat")

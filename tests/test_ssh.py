@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support.cli import herder_argv, run_herder
 from support.ports import free_port
+from support.processes import process_argv, process_ids, process_parent
 from support.waits import wait_for
 
 from herder.model import JobStatus
@@ -184,25 +185,12 @@ def run_attempt_processes(config: Path, job_id: int) -> list[int]:
     """Pids of `herder run-attempt --job <job_id>` (the ssh session's remote side), not of
     its guardian (a fork: the same command line, run-attempt its parent)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        mine = str(config).encode() in argv and b"run-attempt" in argv
-        if mine and argv[argv.index(b"run-attempt"):].count(str(job_id).encode()):
-            found.append(int(entry))
-    return [pid for pid in found if parent_of(pid) not in found]
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(b")") + 2:].split()[1])
+    for pid in process_ids():
+        argv = process_argv(pid)
+        if str(config) in argv and "run-attempt" in argv and (
+                str(job_id) in argv[argv.index("run-attempt"):]):
+            found.append(pid)
+    return [pid for pid in found if process_parent(pid) not in found]
 
 
 def test_a_frozen_run_attempt_s_job_is_stopped_by_its_guardian_before_the_rerun(
@@ -228,21 +216,21 @@ def test_a_frozen_run_attempt_s_job_is_stopped_by_its_guardian_before_the_rerun(
     first = f"{job_id}.1@"
     store = open_store(url)
     with running_server(tmp):
-        until(lambda: any(m.startswith(first) for m in token_markers()), 60,
+        wait_for(lambda: any(m.startswith(first) for m in token_markers()), 60,
               "attempt 1 to run over ssh")
-        [remote] = until(lambda: run_attempt_processes(tmp / "remote.toml", job_id), 10,
+        [remote] = wait_for(lambda: run_attempt_processes(tmp / "remote.toml", job_id), 10,
                          "run-attempt's pid")
         os.kill(remote, signal.SIGSTOP)
         try:
-            until(lambda: not any(m.startswith(first) for m in token_markers()), 30,
+            wait_for(lambda: not any(m.startswith(first) for m in token_markers()), 30,
                   "the guardian to stop the frozen run-attempt's job")
-            job = until(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+            job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
                         "the rerun")
         finally:
             os.kill(remote, signal.SIGCONT)
         assert not (tmp / "overlap").exists(), "attempt 2 ran while attempt 1 still did"
         assert job.status is JobStatus.DONE and job.attempt == 2, job
         assert [a.outcome for a in store.attempt_list(job_id)] == ["lost", "ok"]
-        until(lambda: remote not in run_attempt_processes(tmp / "remote.toml", job_id), 30,
+        wait_for(lambda: remote not in run_attempt_processes(tmp / "remote.toml", job_id), 30,
               "the thawed run-attempt to exit")
     store.close()

@@ -64,11 +64,12 @@ async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=
         if await request.is_disconnected():
             # The agent is gone (killed, restarted): taking work for it now would bind
             # the attempts to a dead worker until their lease runs out.
-            return Assignments(jobs=[])
+            return Assignments(jobs=[], lease_seconds=service.lease_seconds)
         jobs = await call(service.take_assigned, label, worker, free)
         remaining = deadline - asyncio.get_running_loop().time()
         if jobs or remaining <= 0:
-            return Assignments(jobs=[Assignment.of(job) for job in jobs])
+            return Assignments(jobs=[Assignment.of(job) for job in jobs],
+                               lease_seconds=service.lease_seconds)
         await board.wait(label, seen, remaining)
 
 
@@ -76,7 +77,8 @@ async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=
 async def attempt_get(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                       service: Service) -> PlacedAttempt:
     job = await call(service.placed_attempt, label, AttemptToken(job_id, attempt))
-    return PlacedAttempt(job=None if job is None else Assignment.of(job))
+    return PlacedAttempt(job=None if job is None else Assignment.of(job),
+                         lease_seconds=service.lease_seconds)
 
 
 @router.post(ATTEMPT + "/start", response_model=Started)

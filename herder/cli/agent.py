@@ -227,7 +227,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         fail(str(exc), code=1)
     except ServerUnavailable as exc:
         fail(str(exc), code=2)
-    job = fetch_attempt(client, AttemptToken(job_id, attempt))
+    job, lease = fetch_attempt(client, AttemptToken(job_id, attempt))
     if job is None:
         fail(f"attempt {job_id}.{attempt} is not placed on {label}", code=1)
     # Before the source's threads: a frozen or killed run-attempt must not leave its job
@@ -239,6 +239,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
                                  heartbeat_interval=runtime.heartbeat_interval,
                                  kill_grace=runtime.kill_grace)
     source.guardian = guardian
+    source.learn_lease(lease)
     options = RunnerOptions(
         host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir, concurrency=1,
         heartbeat_interval=runtime.heartbeat_interval, attempt_lease=runtime.attempt_lease,

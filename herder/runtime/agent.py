@@ -236,8 +236,6 @@ class HttpSource(WorkSource):
         # A failure raises: nothing was renewed, and the runner stops the attempts before
         # their lease ends if the server stays out of reach (self-fencing).
         reply = self._heartbeat_call(tokens, retry=False)
-        if reply.lease_seconds is not None and reply.lease_seconds > 0:
-            self.lease_seconds = reply.lease_seconds  # the one the server enforces
         # An attempt whose start report is still in the outbox is not live on the server yet.
         pending = frozenset(t for t in tokens if self._pending_start(t))
         return HeartbeatReply(wire.tokens(reply.live) | pending, wire.tokens(reply.cancel))
@@ -251,6 +249,11 @@ class HttpSource(WorkSource):
         self._report(job.token, "finish", FinishBody(outcome=outcome, exit_code=exit_code,
                                                      retry_after=retry_after))
         return None
+
+    def learn_lease(self, seconds: float | None) -> None:
+        """The lease the server enforces, from any reply that says it."""
+        if seconds is not None and seconds > 0:
+            self.lease_seconds = seconds
 
     def asked_at(self, token: AttemptToken) -> float | None:
         return self._asked.pop(token, None)
@@ -335,6 +338,7 @@ class HttpSource(WorkSource):
         answer = self.client.call("POST", "/heartbeat", retry=retry, stop=self._stop,
                                   timeout=self.runner_timeout, json=body.model_dump(mode="json"))
         reply = wire.HeartbeatReply.model_validate(answer)
+        self.learn_lease(reply.lease_seconds)
         if reply.host is not None:
             self.server_gate = reply.host
         if with_attempts:
@@ -373,6 +377,7 @@ class HttpSource(WorkSource):
                     "GET", "/assignments", stop=self._stop,
                     params={"worker": self.worker, "free": free, "wait": wait},
                     timeout=wait + 10.0))
+                self.learn_lease(reply.lease_seconds)
                 now = datetime.now().astimezone()
                 for assignment in reply.jobs:
                     job = assignment.job(now)
@@ -394,14 +399,17 @@ class HttpSource(WorkSource):
         self._logs.run(self._stop)
 
 
-def fetch_attempt(client: ServerClient, token: AttemptToken) -> Job | None:
-    """One placed attempt of the client's host (for `herder run-attempt` over ssh)."""
+def fetch_attempt(client: ServerClient, token: AttemptToken
+                  ) -> tuple[Job | None, float | None]:
+    """One placed attempt of the client's host (for `herder run-attempt` over ssh), and the
+    lease the server enforces."""
     try:
         reply = wire.PlacedAttempt.model_validate(
             client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False))
     except ServerError:
-        return None
-    return None if reply.job is None else reply.job.job(datetime.now().astimezone())
+        return None, None
+    job = None if reply.job is None else reply.job.job(datetime.now().astimezone())
+    return job, reply.lease_seconds
 
 
 class SingleAttemptSource(HttpSource):

@@ -96,7 +96,7 @@ def process_group(pid: int) -> int | None:
     return None if fields is None else int(fields[2])
 
 
-def _pids() -> Iterator[int]:
+def process_ids() -> Iterator[int]:
     own = os.getpid()
     return (int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != own)
 
@@ -104,7 +104,7 @@ def _pids() -> Iterator[int]:
 def descendants(pid: int) -> list[int]:
     """Every live process below pid in the parent tree."""
     children: dict[int, list[int]] = {}
-    for child in _pids():
+    for child in process_ids():
         parent = process_parent(child)
         if parent is not None:
             children.setdefault(parent, []).append(child)
@@ -122,7 +122,7 @@ def children_like(parent: int) -> list[Proc]:
     of it, such as an agent's guardian, rather than a job)."""
     argv = process_argv(parent)
     found: list[Proc] = []
-    for pid in _pids():
+    for pid in process_ids():
         start = process_start_time(pid)
         if (process_parent(pid) == parent and start is not None
                 and process_argv(pid) == argv and TOKEN_VARIABLE not in process_environment(pid)):
@@ -135,7 +135,7 @@ def marked_processes(select: Callable[[str], bool] = lambda token: True,
     """Live (non-zombie) job processes whose attempt marker satisfies `select` and, with
     `log_under`, whose job log is below that folder."""
     found: list[Proc] = []
-    for pid in _pids():
+    for pid in process_ids():
         environment = process_environment(pid)
         token = environment.get(TOKEN_VARIABLE)
         if token is None or not select(token):
