@@ -174,6 +174,18 @@ class JobTypeSection(_Strict):
     backoff_max: Duration | None = None
     workdir: str | None = None
     description: str | None = None
+    preflight: list[str] | bool = True
+    """Run by an agent before it takes this type: true is `<program> --version` (the program
+    must exist and answer), a list is a command that must exit 0, false is none."""
+    preflight_timeout: Duration = Field(default=5.0, gt=0)
+
+    @field_validator("preflight")
+    @classmethod
+    def _preflight(cls, value: list[str] | bool) -> list[str] | bool:
+        if isinstance(value, list) and not value:
+            raise ValueError("the preflight command is empty; give an argv list like "
+                             "[\"claude\", \"--version\"], or false for none")
+        return value
 
     @field_validator("command")
     @classmethod

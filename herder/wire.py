@@ -297,6 +297,14 @@ class HeartbeatBody(Body):
     """Also list every live attempt of the host (an agent asks once, when it starts)."""
 
 
+class PreflightCheck(Reply):
+    """A job type's preflight (`herder.runtime.preflight.Check`)."""
+
+    argv: list[str]
+    strict: bool
+    timeout: float
+
+
 class HostGate(Reply):
     """What an agent needs to gate itself before taking work."""
 
@@ -310,6 +318,8 @@ class HostGate(Reply):
     priority_floor: int | None
     weights: dict[str, float]
     escalation: list[str]
+    preflight: dict[str, PreflightCheck] = Field(default_factory=dict)
+    """Job type -> the check the agent runs before taking that type."""
 
 
 class HeartbeatReply(Reply):

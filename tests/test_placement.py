@@ -930,3 +930,24 @@ def test_a_larger_random_cycle_matches_the_reference():
         assert dict(plan.reservations) == held
         assert {job_id: [(r.host, r.reason) for r in plan.waiting[job_id]]
                 for job_id in plan.waiting} == rejections
+
+
+def test_a_job_type_blocked_on_a_host_goes_elsewhere_and_says_why():
+    """A host whose preflight for a job type failed (or whose breaker for it is open) takes
+    other types as before; a job of that type goes elsewhere, or waits naming the reason."""
+    blocked = {"dev-issue": (Reason.PREFLIGHT_FAILED, "preflight failed: claude: not found")}
+    loads = {**idle(BMS4, VPS_H1), "bms-4": HostLoad("bms-4", HEALTHY, 0, 0.0, blocked=blocked)}
+    plan = place(snap([job(1), job(2, job_type="review-pr")], [BMS4, VPS_H1], loads))
+    assert placed(plan) == {1: "vps-h1", 2: "bms-4"}
+    alone = place(snap([job(1)], [BMS4], {"bms-4": loads["bms-4"]}))
+    assert only_rejection(alone, 1) == Rejection(
+        "bms-4", Reason.PREFLIGHT_FAILED, "preflight failed: claude: not found")
+    assert "preflight failed" in explain(1, alone, snap([job(1)], [BMS4],
+                                                        {"bms-4": loads["bms-4"]}))
+
+
+def test_an_open_breaker_is_a_reason_of_its_own():
+    blocked = {"dev-issue": (Reason.BREAKER_OPEN, "3 transient outcomes in a row, until 12:05")}
+    loads = {"bms-4": HostLoad("bms-4", HEALTHY, 0, 0.0, blocked=blocked)}
+    plan = place(snap([job(1)], [BMS4], loads))
+    assert reasons(plan, 1) == {"bms-4": Reason.BREAKER_OPEN}

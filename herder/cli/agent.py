@@ -135,6 +135,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # Then, before any thread exists: the guardian that cleans up if this agent dies
         # (and tells the server, so its jobs are rerun at once).
         from herder.runtime.guardian import report_gone, start_guardian
+        from herder.runtime.preflight import Preflight
         from herder.runtime.maintenance import WorkerId
         from herder.runtime.process import process_start_time
 
@@ -145,6 +146,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             client, LocalGate(names(job_types), names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
             check_ram=not no_ram_check, kill_grace=runtime.kill_grace,
+            preflight=Preflight(pass_env=runtime.pass_env),
         )
         source.guardian = guardian
         options = RunnerOptions(

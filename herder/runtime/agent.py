@@ -39,6 +39,7 @@ from herder.runtime.agent_client import (
     ServerUnavailable,
 )
 from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, token_markers
 from herder.runtime.sources import WorkSource
 from herder.store import Waker
@@ -114,8 +115,10 @@ class HttpSource(WorkSource):
         close_timeout: float = 30.0,
         log_backlog: int = LOG_BACKLOG,
         log_interval: float = 1.0,
+        preflight: Preflight | None = None,
     ) -> None:
         self.client = client
+        self.preflight = preflight or Preflight()
         # Retry no slower than the heartbeat: after an outage the server must hear from this
         # agent (and get its queued reports) within one lease, or it declares them lost.
         client.max_delay = min(client.max_delay, max(heartbeat_interval, 0.2))
@@ -209,6 +212,9 @@ class HttpSource(WorkSource):
     def admit(self, job: Job) -> bool:
         """The agent's own checks before spawning; a refused job is handed back."""
         refusal = self.gate.refusal(job)
+        failed = self.preflight.failed().get(job.job_type)
+        if refusal is None and failed is not None:
+            refusal = f"preflight for job type {job.job_type} failed: {failed}"
         if refusal is not None:
             log.warning("job %d refused: %s", job.id, refusal)
             self.handed_back = Outcome.REFUSED
@@ -334,7 +340,7 @@ class HttpSource(WorkSource):
             worker=self.worker, running=wire.pairs(tokens), with_attempts=with_attempts,
             info={"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
                   "draining": self.draining.is_set(), "stopped": self.stopped,
-                  "gate": self.gate.view()})
+                  "gate": self.gate.view(), "preflight_failed": self.preflight.failed()})
         answer = self.client.call("POST", "/heartbeat", retry=retry, stop=self._stop,
                                   timeout=self.runner_timeout, json=body.model_dump(mode="json"))
         reply = wire.HeartbeatReply.model_validate(answer)
@@ -348,6 +354,20 @@ class HttpSource(WorkSource):
     def _host_heartbeat(self, retry: bool, with_attempts: bool = False) -> None:
         with contextlib.suppress(ConnectionError):
             self._heartbeat_call([], retry=retry, with_attempts=with_attempts)
+
+    def _check_preflight(self) -> bool:
+        """Run the job types' preflights that are due (on this, the poll thread); True when
+        a verdict changed."""
+        gate = self.server_gate
+        checks = {} if gate is None else {
+            job_type: Check(tuple(check.argv), check.strict, check.timeout)
+            for job_type, check in gate.preflight.items()}
+        if not self.preflight.refresh(checks):
+            return False
+        for job_type, detail in sorted(self.preflight.failed().items()):
+            log.warning("preflight for job type %s failed (%s): not taking it for now",
+                        job_type, detail)
+        return True
 
     def _free(self) -> int:
         """Self-gate: enabled, the current window's worker cap, what is in flight."""
@@ -365,6 +385,8 @@ class HttpSource(WorkSource):
                 if time.monotonic() >= next_heartbeat:
                     next_heartbeat = time.monotonic() + self.heartbeat_interval
                     self._host_heartbeat(retry=False)
+                if self._check_preflight():
+                    self._host_heartbeat(retry=False)  # the server hears before we ask
                 free = self._free()
                 if free <= 0:
                     self._stop.wait(min(1.0, self.heartbeat_interval))

@@ -10,13 +10,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from herder.backoff import Backoff
-from herder.config import Config
+from herder.config import Config, JobTypeSection
 from herder.errors import Conflict, InputError, NotFound
 from herder.intake import resolve
 from herder.model import (
@@ -40,6 +40,7 @@ from herder.model import (
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
+from herder.runtime.preflight import default_check
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
     Fleet,
@@ -56,7 +57,15 @@ from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import Lease
 from herder.views import iso
-from herder.wire import HeartbeatReply, HostGate, HostView, SubmitBody, WindowView, pairs
+from herder.wire import (
+    HeartbeatReply,
+    HostGate,
+    HostView,
+    PreflightCheck,
+    SubmitBody,
+    WindowView,
+    pairs,
+)
 
 log = logging.getLogger("herder.coordinator")
 SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
@@ -130,6 +139,7 @@ class Coordinator:
                                    self.settings.fleet.spawn_backoff)
         self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
         self.assignment_listeners: list[AssignmentListener] = []
+        self.preflight_checks = preflight_checks(config.settings.job_types)
         self.scheduler = Scheduler(store, self.fleet, on_assigned=self._assigned)
         self.public_url = config.settings.server.public_url or ""
         self.is_leader = False
@@ -514,7 +524,8 @@ class Coordinator:
             allowed_weights=_sorted(host.allowed_weights),
             priority_floor=host.priority_floor,
             weights=dict(self.fleet.weights.budgets),
-            escalation=list(self.fleet.weights.chain))
+            escalation=list(self.fleet.weights.chain),
+            preflight=self.preflight_checks)
 
     def host_views(self) -> list[HostView]:
         now = utcnow()
@@ -668,3 +679,22 @@ def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: s
         ReservationKind.CI, run_id, label, weight, fleet.weights.budget(weight), 1,
         expires(now, config.settings.fleet.ci_slot_ttl), None, now)
     return created[0]
+
+
+def preflight_checks(job_types: Mapping[str, JobTypeSection]) -> dict[str, PreflightCheck]:
+    """Each job type's preflight as agents run it (none for `preflight = false`, or for a
+    shell command, whose program herder does not guess)."""
+    checks = {}
+    for name, job_type in job_types.items():
+        if job_type.preflight is False:
+            continue
+        if job_type.preflight is True:
+            check = default_check(job_type.command, job_type.shell)
+            if check is None:
+                continue
+            argv, strict = list(check.argv), False
+        else:
+            argv, strict = list(job_type.preflight), True
+        checks[name] = PreflightCheck(argv=argv, strict=strict,
+                                      timeout=job_type.preflight_timeout)
+    return checks

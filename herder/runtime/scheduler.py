@@ -38,6 +38,7 @@ from herder.scheduling.placement import (
     PendingJob,
     PlacementPolicy,
     Plan,
+    Reason,
     Snapshot,
     place,
 )
@@ -119,6 +120,16 @@ def agent_state(host: HostRecord) -> str | None:
     return "stopped" if info.get("stopped") else "draining" if info.get("draining") else None
 
 
+def blocked_job_types(host: HostRecord) -> dict[str, tuple[Reason, str]]:
+    """The job types the host's agent said it cannot run now (its preflight failed)."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    failed = info.get("preflight_failed")
+    if not isinstance(failed, dict):
+        return {}
+    return {str(job_type): (Reason.PREFLIGHT_FAILED, f"preflight failed: {detail}"[:240])
+            for job_type, detail in failed.items()}
+
+
 def host_spec(host: HostRecord) -> HostSpec:
     """The host as placement sees it: its record, narrowed by the allow-lists its agent
     advertises, so the agent's fail-closed check rarely has to refuse anything."""
@@ -156,7 +167,7 @@ def take_snapshot(store: Store, fleet: Fleet, now: datetime) -> Snapshot:
         loads[host.label] = HostLoad(
             host.label, fleet.health(host, now),
             used.workers if used else 0, used.booked_gb if used else 0.0,
-            fleet.agent_down(host, now),
+            fleet.agent_down(host, now), blocked_job_types(host),
         )
     jobs = [
         PendingJob(job.id, job.priority, job.weight, job.job_type, job.affinity, None,

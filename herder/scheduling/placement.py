@@ -67,6 +67,8 @@ class Reason(enum.StrEnum):
     AGENT_DOWN = "agent_down"
     WINDOW_CLOSED = "window_closed"
     JOB_TYPE_NOT_ALLOWED = "job_type_not_allowed"
+    PREFLIGHT_FAILED = "preflight_failed"
+    BREAKER_OPEN = "breaker_open"
     WEIGHT_NOT_ALLOWED = "weight_not_allowed"
     PRIORITY_FLOOR = "priority_floor"
     AFFINITY = "affinity"
@@ -112,6 +114,9 @@ class HostLoad:
     workers: int
     booked_gb: float
     agent_down: str | None = None
+    blocked: Mapping[str, tuple[Reason, str]] = field(default_factory=dict)
+    """Job types this host cannot take for now, with why (its preflight for the type
+    failed, its circuit breaker for the type is open)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,7 @@ class _Host:
     __slots__ = (
         "agent_down",
         "alive",
+        "blocked",
         "bookable",
         "free",
         "group",
@@ -225,6 +231,7 @@ class _Host:
         self.rank = rank
         self.health = load.health if load is not None else HostHealth.UNKNOWN
         self.agent_down = load.agent_down if load is not None else None
+        self.blocked = load.blocked if load is not None else {}
         self.max_workers = max(0, caps.max_workers)
         self.max_weight = caps.max_weight
         self.bookable = bookable_gb(spec.ram_total_gb, spec.ram_reserved_gb, cycle.fraction)
@@ -361,6 +368,8 @@ class _Cycle:
         spec = host.spec
         types = self.queue_types if spec.allowed_job_types is None else (
             self.queue_types & spec.allowed_job_types)
+        if host.blocked:
+            types = types.difference(host.blocked)
         weights = self.queue_weights if spec.allowed_weights is None else (
             self.queue_weights & spec.allowed_weights)
         floor = 0 if spec.priority_floor is None else bisect_left(
@@ -393,6 +402,9 @@ class _Cycle:
                                           else "closed in prime time")
         if spec.allowed_job_types is not None and shape.job_type not in spec.allowed_job_types:
             return Reason.JOB_TYPE_NOT_ALLOWED, f"refuses job type {shape.job_type}"
+        blocked = host.blocked.get(shape.job_type)
+        if blocked is not None:
+            return blocked
         if spec.allowed_weights is not None and shape.weight not in spec.allowed_weights:
             return Reason.WEIGHT_NOT_ALLOWED, f"refuses weight {shape.weight}"
         if spec.priority_floor is not None and shape.priority < spec.priority_floor:
@@ -727,6 +739,8 @@ _EXPLAIN_ORDER = (
     Reason.WINDOW_CLOSED,
     Reason.PRIORITY_FLOOR,
     Reason.WEIGHT_NOT_ALLOWED,
+    Reason.BREAKER_OPEN,
+    Reason.PREFLIGHT_FAILED,
     Reason.JOB_TYPE_NOT_ALLOWED,
     Reason.DISABLED,
     Reason.UNKNOWN_WEIGHT,
@@ -744,6 +758,8 @@ _MORE = {
     Reason.PRIORITY_FLOOR: "hosts with a higher priority floor",
     Reason.WEIGHT_NOT_ALLOWED: "hosts refusing the weight",
     Reason.JOB_TYPE_NOT_ALLOWED: "hosts refusing the job type",
+    Reason.PREFLIGHT_FAILED: "hosts whose preflight for the job type failed",
+    Reason.BREAKER_OPEN: "hosts whose breaker for the job type is open",
     Reason.DISABLED: "hosts disabled",
     Reason.UNKNOWN_WEIGHT: "hosts",
     Reason.AFFINITY: "hosts bound elsewhere",

@@ -295,7 +295,8 @@ class FleetHarness(HarnessBase):
         self.server = None
 
     def start_agent(self, label: str, *extra: str, token: str | None = None,
-                    ram_check: bool = False, wait: bool = True) -> subprocess.Popen[Any]:
+                    ram_check: bool = False, wait: bool = True,
+                    env: Mapping[str, str] | None = None) -> subprocess.Popen[Any]:
         """`herder agent` for `label` with its own log folder; waits until its runner loop is
         up (it has heartbeated and run its orphan recovery). The token goes in the
         environment, which the agent clears once read: on the command line every process of
@@ -305,7 +306,8 @@ class FleetHarness(HarnessBase):
         if not ram_check:
             args.append("--no-ram-check")
         process = self.start(f"agent-{label}", *args,
-                             env={"HERDER_AGENT_TOKEN": token or self.tokens[label]})
+                             env={**(env or {}),
+                                  "HERDER_AGENT_TOKEN": token or self.tokens[label]})
         self.agents[label] = process
         if wait:
             self.wait_agent(label)

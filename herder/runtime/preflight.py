@@ -1,0 +1,124 @@
+"""Preflight: a cheap check, per job type, that this host can run it at all, before taking
+one (seed 002, "Resilience" A: the CLI exists and `--version` answers; no prompt, no
+tokens spent).
+
+A failing check makes the host refuse that job type for now: the agent reports it with its
+heartbeat, placement skips the host for the type (`preflight_failed`), and the job stays
+queued for other hosts with nothing spent. Results are cached for `ttl` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from herder.runtime.executor import BASE_ENVIRONMENT, passes
+
+TTL_SECONDS = 45.0
+"""How long a result stands (seed 002's `preflight_cache_ttl`)."""
+TIMEOUT_SECONDS = 5.0
+"""How long a check may take before it counts as failed (seed 002)."""
+DETAIL_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What to run for one job type. `strict`: a non-zero exit fails it (a check the
+    operator wrote); otherwise any exit means the program answered (the default
+    `<program> --version`, which some programs do not know)."""
+
+    argv: tuple[str, ...]
+    strict: bool = False
+    timeout: float = TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    ok: bool
+    detail: str
+    checked_at: float
+    """Monotonic seconds."""
+
+
+def default_check(command: Sequence[str] | str, shell: bool) -> Check | None:
+    """`<program> --version` for a job type's command; None when there is no program to
+    name (a shell string's first word is a guess herder does not make)."""
+    if shell or isinstance(command, str) or not command:
+        return None
+    return Check((command[0], "--version"))
+
+
+def run(check: Check, pass_env: Sequence[str] = ()) -> Result:
+    """Run the check in a session of its own, with a job's environment allow-list; kill
+    its group at the timeout."""
+    patterns = (*BASE_ENVIRONMENT, *pass_env)
+    env = {name: value for name, value in os.environ.items() if passes(name, patterns)}
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(check.argv, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   env=env, start_new_session=True)
+    except OSError as exc:
+        return Result(False, f"{check.argv[0]}: {exc.strerror or exc}", started)
+    try:
+        _, stderr = process.communicate(timeout=check.timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return Result(False, f"{' '.join(check.argv)}: no answer within {check.timeout:g}s",
+                      started)
+    code = process.returncode
+    if code < 0:
+        return Result(False, f"{' '.join(check.argv)}: killed by signal {-code}", started)
+    if code != 0 and check.strict:
+        last = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return Result(False, f"{' '.join(check.argv)}: exit {code} {last[0]}".strip()
+                      [:DETAIL_CHARS], started)
+    return Result(True, "", started)
+
+
+class Preflight:
+    """The agent's results per job type, refreshed when older than `ttl`."""
+
+    def __init__(self, ttl: float = TTL_SECONDS, pass_env: Sequence[str] = (),
+                 runner: Callable[[Check, Sequence[str]], Result] = run,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.pass_env = tuple(pass_env)
+        self.runner = runner
+        self.clock = clock
+        # Refreshed on the agent's poll thread, read on its runner thread.
+        self._lock = threading.Lock()
+        self.results: dict[str, Result] = {}
+
+    def refresh(self, checks: Mapping[str, Check]) -> bool:
+        """Run the checks that are due; True when a type's verdict changed."""
+        changed = False
+        with self._lock:
+            for job_type in [t for t in self.results if t not in checks]:
+                del self.results[job_type]  # no longer checked: no longer held against it
+                changed = True
+            now = self.clock()
+            due = {job_type: check for job_type, check in checks.items()
+                   if job_type not in self.results
+                   or now - self.results[job_type].checked_at >= self.ttl}
+        for job_type, check in sorted(due.items()):
+            result = self.runner(check, self.pass_env)
+            with self._lock:
+                previous = self.results.get(job_type)
+                self.results[job_type] = result
+            changed = changed or previous is None or previous.ok != result.ok
+        return changed
+
+    def failed(self) -> dict[str, str]:
+        """The job types this host cannot run now, with why."""
+        with self._lock:
+            return {job_type: result.detail for job_type, result in self.results.items()
+                    if not result.ok}

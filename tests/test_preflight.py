@@ -1,0 +1,137 @@
+"""Preflight: a job type's cheap check before a host takes it; a failing one keeps the job
+queued for other hosts with nothing spent."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from support.waits import wait_for
+
+from herder.config import JobTypeSection
+from herder.model import JobStatus
+from herder.runtime.coordinator import preflight_checks
+from herder.runtime.preflight import Check, Preflight, Result, default_check, run
+
+AGENTCLI = """\
+#!/bin/sh
+# A stand-in for an agent CLI: answers --version, otherwise says where it ran.
+if [ "$1" = "--version" ]; then echo "agentcli 1.0"; exit 0; fi
+echo "agentcli ran on $HERDER_HOST"
+"""
+
+
+# -- the check itself -------------------------------------------------------------------------
+
+
+def test_a_program_that_answers_passes_whatever_its_exit_unless_strict() -> None:
+    assert run(Check((sys.executable, "--version"))).ok
+    # `false --version` exits 1: the default check only asks that the program answer.
+    assert run(Check(("false", "--version"))).ok
+    strict = run(Check(("sh", "-c", "echo broken install >&2; exit 3"), strict=True))
+    assert not strict.ok and "exit 3 broken install" in strict.detail
+
+
+def test_a_missing_program_fails_naming_it() -> None:
+    result = run(Check(("no-such-agent-cli-here", "--version")))
+    assert not result.ok and "no-such-agent-cli-here" in result.detail
+
+
+def test_a_hanging_check_is_killed_at_its_timeout_and_fails(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    result = run(Check(("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"), timeout=0.5))
+    assert not result.ok and "no answer within 0.5s" in result.detail
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # killed, and reaped by the check
+        os.kill(pid, 0)
+
+
+def test_a_check_sees_no_herder_credentials(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HERDER_AGENT_TOKEN", "hdr_secret")
+    out = tmp_path / "env"
+    assert run(Check(("sh", "-c", f"env > {out}"), strict=True)).ok
+    assert "hdr_secret" not in out.read_text() and "PATH=" in out.read_text()
+
+
+def test_results_are_cached_for_the_ttl_and_a_change_is_reported() -> None:
+    clock = [100.0]
+    answers = {"claude": True}
+    runs: list[str] = []
+
+    def runner(check: Check, _pass_env: object) -> Result:
+        runs.append(check.argv[0])
+        return Result(answers[check.argv[0]], "" if answers[check.argv[0]] else "gone",
+                      clock[0])
+
+    preflight = Preflight(ttl=45.0, runner=runner, clock=lambda: clock[0])
+    checks = {"claude-issue": Check(("claude", "--version"))}
+    assert preflight.refresh(checks) and preflight.failed() == {}
+    clock[0] += 44.0
+    answers["claude"] = False
+    assert not preflight.refresh(checks) and runs == ["claude"]  # still cached
+    clock[0] += 1.0
+    assert preflight.refresh(checks)
+    assert preflight.failed() == {"claude-issue": "gone"}
+    # A type the server no longer checks is no longer held against the host.
+    assert preflight.refresh({}) and preflight.failed() == {}
+
+
+def test_job_types_get_the_default_check_a_custom_one_or_none() -> None:
+    types = {
+        "claude-issue": JobTypeSection(command=["claude", "-p", "{prompt}"]),
+        "custom": JobTypeSection(command=["aider"], preflight=["aider", "--check"],
+                                 preflight_timeout="2s"),
+        "off": JobTypeSection(command=["codex"], preflight=False),
+        "shell": JobTypeSection(command="make test", shell=True),
+    }
+    checks = preflight_checks(types)
+    assert sorted(checks) == ["claude-issue", "custom"]
+    assert (checks["claude-issue"].argv, checks["claude-issue"].strict,
+            checks["claude-issue"].timeout) == (["claude", "--version"], False, 5.0)
+    assert (checks["custom"].argv, checks["custom"].strict, checks["custom"].timeout) == (
+        ["aider", "--check"], True, 2.0)
+    assert default_check("make test", shell=True) is None
+
+
+def test_an_empty_preflight_command_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ValueError, match="preflight command is empty"):
+        JobTypeSection(command=["claude"], preflight=[])
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_host_whose_preflight_fails_is_passed_over_and_another_runs_the_job(
+        make_fleet, tmp_path: Path, sqlite_url: str) -> None:
+    """alpha cannot find `agentcli` on its PATH, beta can. The job waits while only alpha
+    is up, naming alpha's failed preflight, with nothing spent; beta runs it."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "agentcli").write_text(AGENTCLI)
+    (tools / "agentcli").chmod(0o755)
+    fleet = make_fleet(tmp_path, sqlite_url,
+                       extra='[job_types.agentic]\ncommand = ["agentcli", "work"]\n')
+    fleet.add_hosts({"alpha": ("--ram", "16"), "beta": ("--ram", "16")})
+    fleet.start_server()
+    fleet.start_agent("alpha")
+
+    def alpha_refuses() -> bool:
+        host = fleet.store.host_get("alpha")
+        info = host.agent_info if host is not None else {}
+        return "agentic" in (info.get("preflight_failed") or {})
+
+    wait_for(alpha_refuses, 30, "alpha to report its failed preflight", fleet.describe)
+    job_id = fleet.submit(job_type="agentic")
+    why = wait_for(lambda: "preflight" in (text := fleet.why(job_id)) and text, 30,
+                   "why to name the preflight", fleet.describe)
+    assert "alpha" in why and "agentcli" in why, why
+    job = fleet.job(job_id)
+    assert (job.status, job.attempt, job.failures, job.spawn_failures) == (
+        JobStatus.QUEUED, 0, 0, 0), job
+
+    fleet.start_agent("beta", env={"PATH": f"{tools}:{os.environ['PATH']}"})
+    done = fleet.wait_status(job_id, JobStatus.DONE)
+    assert (done.host, done.attempt, done.failures) == ("beta", 1, 0), done
