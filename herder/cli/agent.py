@@ -135,8 +135,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # Then, before any thread exists: the guardian that cleans up if this agent dies
         # (and tells the server, so its jobs are rerun at once).
         from herder.runtime.guardian import report_gone, start_guardian
-        from herder.runtime.preflight import Preflight
         from herder.runtime.maintenance import WorkerId
+        from herder.runtime.preflight import Preflight
         from herder.runtime.process import process_start_time
 
         worker = str(WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0))
