@@ -951,3 +951,18 @@ def test_an_open_breaker_is_a_reason_of_its_own():
     loads = {"bms-4": HostLoad("bms-4", HEALTHY, 0, 0.0, blocked=blocked)}
     plan = place(snap([job(1)], [BMS4], loads))
     assert reasons(plan, 1) == {"bms-4": Reason.BREAKER_OPEN}
+
+
+def test_the_fleet_is_stopped_only_when_no_host_is_able_to_run_anything():
+    down = {"bms-4": HostLoad("bms-4", HostHealth.DOWN, 0, 0.0),
+            "vps-h1": HostLoad("vps-h1", HEALTHY, 0, 0.0, blocked={
+                "dev-issue": (Reason.PREFLIGHT_FAILED, "preflight failed: no claude")})}
+    plan = place(snap([job(1), job(2)], [BMS4, VPS_H1], down))
+    assert placement.stopped(plan) == {"bms-4": "down",
+                                       "vps-h1": "preflight failed: no claude"}
+    # Work placed, or waiting only for room or for a host that suits it: not stopped.
+    assert placement.stopped(place(snap([job(1)], [BMS4]))) is None
+    full = {"bms-4": HostLoad("bms-4", HEALTHY, 6, 0.0)}
+    assert placement.stopped(place(snap([job(1)], [BMS4], full))) is None
+    assert placement.stopped(place(snap([job(1, job_type="infra-task")], [WSL1]))) is None
+    assert placement.stopped(place(snap([], [BMS4], down))) is None

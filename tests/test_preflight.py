@@ -132,6 +132,13 @@ def test_a_host_whose_preflight_fails_is_passed_over_and_another_runs_the_job(
     assert (job.status, job.attempt, job.failures, job.spawn_failures) == (
         JobStatus.QUEUED, 0, 0, 0), job
 
+    # Queued work that no host is able to run raises one alert naming each host and why.
+    [alert] = wait_for(lambda: [a for a in fleet.store.alert_list() if a.key == "fleet:stopped"],
+                       30, "the fleet-stopped alert", fleet.describe)
+    assert "alpha: preflight failed" in alert.message and "beta" in alert.message, alert
+
     fleet.start_agent("beta", env={"PATH": f"{tools}:{os.environ['PATH']}"})
     done = fleet.wait_status(job_id, JobStatus.DONE)
     assert (done.host, done.attempt, done.failures) == ("beta", 1, 0), done
+    wait_for(lambda: not [a for a in fleet.store.alert_list() if a.key == "fleet:stopped"],
+             30, "the alert to clear", fleet.describe)

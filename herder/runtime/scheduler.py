@@ -41,12 +41,14 @@ from herder.scheduling.placement import (
     Reason,
     Snapshot,
     place,
+    stopped,
 )
 from herder.store import Store
 
 log = logging.getLogger("herder.scheduler")
 
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
+FLEET_STOPPED = "fleet:stopped"
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,7 @@ class Scheduler:
         if hosts_with_work:
             self.on_assigned(hosts_with_work)
         healthy = self._alert(snapshot, now)
+        self._alert_stopped(plan, now, healthy > 0)
         return {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
                 "healthy_hosts": healthy}
 
@@ -230,6 +233,19 @@ class Scheduler:
         elif self.store.alert_clear(NO_HEALTHY_HOST, now):
             log.warning("alert cleared: %d healthy host(s)", len(healthy))
         return len(healthy)
+
+
+    def _alert_stopped(self, plan: Plan, now: datetime, any_healthy: bool) -> None:
+        """One deduplicated alert while work is queued and no host is able to run any of it
+        (the no-healthy-host alert already says so when every host is down)."""
+        hosts = stopped(plan) if any_healthy else None
+        if hosts:
+            text = "; ".join(f"{host}: {why}" for host, why in hosts.items())
+            if self.store.alert_open(FLEET_STOPPED, f"work is queued and no host can run "
+                                     f"any of it: {text}", now):
+                log.error("ALERT: work is queued and no host can run any of it: %s", text)
+        elif self.store.alert_clear(FLEET_STOPPED, now):
+            log.warning("alert cleared: a host can run queued work again")
 
 
 def lease_seconds(settings: Settings, heartbeat_interval: float) -> float:

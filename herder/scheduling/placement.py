@@ -716,6 +716,29 @@ class _Waiting(Mapping[int, tuple[Rejection, ...]]):
         return f"<{len(self._shapes)} waiting jobs>"
 
 
+HOST_UNABLE = frozenset({Reason.DISABLED, Reason.HEALTH, Reason.AGENT_DOWN,
+                         Reason.WINDOW_CLOSED, Reason.PREFLIGHT_FAILED, Reason.BREAKER_OPEN})
+"""Refusals that say the host cannot run work now, not that this job does not suit it or
+that the host is busy."""
+
+
+def stopped(plan: Plan) -> dict[str, str] | None:
+    """When work is queued and nothing could be placed because no host is able to run any
+    of it (down, closed, disabled, failing its preflight, breaker open), each host and why;
+    None otherwise (work was placed, or waits only for capacity or a suitable host)."""
+    if plan.assignments or not plan.waiting:
+        return None
+    why: dict[str, dict[str, int]] = {}
+    for job_id in plan.waiting:
+        for rejection in plan.waiting[job_id]:
+            if rejection.reason not in HOST_UNABLE:
+                return None
+            counts = why.setdefault(rejection.host, {})
+            counts[rejection.detail] = counts.get(rejection.detail, 0) + 1
+    return {host: max(sorted(details), key=lambda detail: details[detail])
+            for host, details in sorted(why.items())} or None
+
+
 def place(snapshot: Snapshot) -> Plan:
     """Decide where each queued job runs this cycle; see the module docstring."""
     return _Cycle(snapshot).run()
