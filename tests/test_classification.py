@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 from herder.model import Outcome
 from herder.scheduling.classification import (
     DEFAULT_PATTERNS,
+    SEED_EXIT_CODES,
     Pattern,
     classify,
     reset_time,
     retry_after_seconds,
     structured_result,
+    verdict,
 )
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)  # 11:00 in Berlin
@@ -246,3 +248,70 @@ def test_any_text_classifies_without_error(text: str) -> None:
         assert NOW < found.resume_at <= NOW + timedelta(days=8)
     if found.retry_after is not None:
         assert found.retry_after >= 0
+
+
+# -- the verdict: which signal wins ------------------------------------------------------------
+
+SEED = SEED_EXIT_CODES
+
+
+def test_the_job_s_own_word_wins_over_exit_code_and_log() -> None:
+    result = json.dumps({"outcome": "failed", "failure_reason": "mutex_collision",
+                         "summary": "another worker holds issue #412", "cost_usd": 0.02})
+    found = verdict(Outcome.FAILED, 5, CLAUDE_429, NOW, result, SEED)
+    assert (found.outcome, found.source, found.failure_reason, found.cost_usd) == (
+        Outcome.FAILED, "result", "mutex_collision", 0.02)
+    assert found.evidence == "another worker holds issue #412"
+
+
+def test_an_exit_code_the_map_names_wins_over_the_log() -> None:
+    found = verdict(Outcome.FAILED, 4, CLAUDE_429, NOW, None, SEED)
+    assert (found.outcome, found.source, found.evidence) == (
+        Outcome.NEEDS_HEAVIER, "exit_code", "exit 4")
+    usage = verdict(Outcome.FAILED, 5, CODEX_USAGE, NOW, None, SEED)
+    assert (usage.outcome, usage.resume_at) == (Outcome.USAGE_BLOCKED,
+                                                NOW + timedelta(hours=4, minutes=12))
+
+
+def test_the_log_decides_a_plain_non_zero_exit() -> None:
+    found = verdict(Outcome.FAILED, 1, CLAUDE_429, NOW, None, SEED)
+    assert (found.outcome, found.source, found.retry_after) == (Outcome.TRANSIENT, "log", 120)
+    plain = verdict(Outcome.FAILED, 1, PLAIN_FAILURE, NOW, None, SEED)
+    assert (plain.outcome, plain.source) == (Outcome.FAILED, "runner")
+
+
+def test_exit_0_is_done_even_when_the_log_met_a_rate_limit_on_the_way() -> None:
+    found = verdict(Outcome.OK, 0, CLAUDE_429 + stream_json_result(), NOW, None, SEED)
+    assert (found.outcome, found.cost_usd, found.turns) == (Outcome.OK, 0.4213, 17)
+
+
+def test_herder_s_own_outcomes_stand_whatever_the_job_says() -> None:
+    result = json.dumps({"outcome": "ok"})
+    for ended in (Outcome.TIMEOUT, Outcome.CANCELLED, Outcome.LOST, Outcome.STUCK):
+        assert verdict(ended, None, CLAUDE_429, NOW, result, SEED).outcome is ended
+
+
+def test_without_a_map_an_exit_code_means_nothing_special() -> None:
+    assert verdict(Outcome.FAILED, 4, PLAIN_FAILURE, NOW, None, {}).outcome is Outcome.FAILED
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("not json", "result: Invalid JSON"),
+    ('{"outcome": "ok", "colour": "red"}', "colour: Extra inputs are not permitted"),
+    ('{"outcome": "lost"}', "outcome: Value error, lost is herder's to say"),
+    ('{"failure_reason": "Has Spaces"}', "failure_reason: String should match pattern"),
+    ('{"resume_at": "2026-12-01T15:00:00"}', "resume_at: Value error, give a timezone"),
+    ('{"cost_usd": -1}', "cost_usd: Input should be greater than or equal to 0"),
+    ('"x" ' + " " * 70_000, "larger than 65536 bytes"),
+])
+def test_a_bad_result_is_recorded_as_such_and_ignored(text: str, problem: str) -> None:
+    found = verdict(Outcome.FAILED, 1, CLAUDE_429, NOW, text, SEED)
+    assert found.result is None and found.result_error is not None
+    assert found.result_error.startswith(problem), found.result_error
+    assert found.outcome is Outcome.TRANSIENT  # decided as if there were none
+
+
+def test_an_empty_or_missing_result_is_no_result() -> None:
+    for text in (None, "", "  \n"):
+        found = verdict(Outcome.OK, 0, "", NOW, text, SEED)
+        assert (found.result, found.result_error) == (None, None)

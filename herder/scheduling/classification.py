@@ -14,16 +14,38 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from pydantic import ValidationError
+
 from herder.model import Outcome
+from herder.wire import JobResult
 
 TAIL_BYTES = 16 * 1024
 """How much of the log's end is read (seed 002)."""
+RESULT_BYTES = 64 * 1024
+"""The most of `$HERDER_RESULT` that is read; a bigger file is not a result."""
+
+SEED_EXIT_CODES: Mapping[int, Outcome] = {
+    2: Outcome.OOM,
+    3: Outcome.RAM_CONTENTION,
+    4: Outcome.NEEDS_HEAVIER,
+    5: Outcome.USAGE_BLOCKED,
+    6: Outcome.WORKSPACE_FAILED,
+    7: Outcome.AUTH_REVOKED,
+    8: Outcome.NO_HEALTHY_ACCOUNT,
+}
+"""Seed 004's exit-code contract of the wrapper that launches an agent: a job type's
+default `exit_codes` (a job type sets `exit_codes = {}` for a program that means something
+else by them)."""
+
+DECIDES = frozenset({Outcome.OK, Outcome.FAILED})
+"""The runner's own outcomes that the job's word, its exit code and its log may refine;
+the others (timeout, cancel, lost, stuck ...) are herder's knowledge and stand."""
 
 MAX_WAIT = timedelta(days=8)
 """A reset further away than this is not believed (a weekly quota is the longest known)."""
@@ -239,3 +261,72 @@ def _clock_time(match: re.Match[str], now: datetime) -> datetime | None:
     if at <= local:
         at += timedelta(days=1)
     return at
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How an attempt ended, all signals weighed (`verdict`)."""
+
+    outcome: Outcome
+    source: str
+    """What decided: "result" ($HERDER_RESULT), "exit_code", "log" or "runner"."""
+    evidence: str = ""
+    retry_after: float | None = None
+    resume_at: datetime | None = None
+    failure_reason: str | None = None
+    """The job's own reason ($HERDER_RESULT), recorded instead of the policy's."""
+    cost_usd: float | None = None
+    turns: int | None = None
+    result: JobResult | None = None
+    result_error: str | None = None
+    """Why $HERDER_RESULT was ignored for the decision (not JSON, unknown fields ...)."""
+
+
+def read_result(text: str | None) -> tuple[JobResult | None, str | None]:
+    """The job's $HERDER_RESULT and, when it cannot be used, why (never raises)."""
+    if text is None or not text.strip():
+        return None, None
+    if len(text) > RESULT_BYTES:
+        return None, f"larger than {RESULT_BYTES} bytes"
+    try:
+        return JobResult.model_validate_json(text), None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "result"
+        return None, f"{where}: {first['msg']}"[:300]
+
+
+def verdict(ended: Outcome, exit_code: int | None, tail: str, now: datetime,
+            result_text: str | None = None,
+            exit_codes: Mapping[int, Outcome] | None = None,
+            patterns: Sequence[Pattern] = DEFAULT_PATTERNS) -> Verdict:
+    """The outcome of an attempt the runner saw end as `ended`. Which signal wins: the
+    job's own `$HERDER_RESULT`, then an exit code the job type's map names, then the log's
+    patterns (only for a non-zero exit: a job that retried a 429 and succeeded is done),
+    then the runner's plain ok or failed."""
+    result, result_error = read_result(result_text)
+    found = classify(tail, now, patterns)
+    cost = result.cost_usd if result and result.cost_usd is not None else found.usage.cost_usd
+    turns = result.turns if result and result.turns is not None else found.usage.turns
+    base = Verdict(ended, "runner", retry_after=found.retry_after, cost_usd=cost, turns=turns,
+                   result=result, result_error=result_error,
+                   failure_reason=result.failure_reason if result else None)
+    if ended not in DECIDES:
+        return base
+    if result is not None and result.outcome is not None:
+        resume_at = result.resume_at or (found.resume_at
+                                         if result.outcome is Outcome.USAGE_BLOCKED else None)
+        return replace(base, outcome=result.outcome, source="result",
+                       evidence=(result.summary or "")[:200],
+                       retry_after=result.retry_after if result.retry_after is not None
+                       else found.retry_after, resume_at=resume_at)
+    if ended is Outcome.OK:
+        return base
+    mapped = (exit_codes or {}).get(exit_code) if exit_code is not None else None
+    if mapped is not None:
+        return replace(base, outcome=mapped, source="exit_code", evidence=f"exit {exit_code}",
+                       resume_at=found.resume_at if mapped is Outcome.USAGE_BLOCKED else None)
+    if found.outcome is not None:
+        return replace(base, outcome=found.outcome, source="log", evidence=found.evidence,
+                       resume_at=found.resume_at)
+    return base
