@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from herder.config import FleetSection, RuntimeSection
 from herder.model import Decision, JobStatus, Outcome
 
 FAILURE_REASONS = {
@@ -43,11 +44,11 @@ def decide(
     outcome: Outcome,
     state: RetryState,
     now: datetime,
-    max_lost: int = 5,
+    max_lost: int = RuntimeSection.max_lost,
     *,
     retry_after: float | None = None,
-    max_spawn_failures: int = 5,
-    spawn_backoff_seconds: float = 300.0,
+    max_spawn_failures: int = FleetSection.max_spawn_failures,
+    spawn_backoff_seconds: float = FleetSection.spawn_backoff,
 ) -> Decision:
     """Map an outcome to the job's next state.
 
