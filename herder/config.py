@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import re
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -104,6 +103,8 @@ def quoted_placeholder(script: str) -> str | None:
 
 @dataclass(frozen=True)
 class HerderSection:
+    """[herder]: where the database and the logs are, and this machine's label."""
+
     db: str | None = None
     log_dir: str = "herder-logs"
     host: str | None = None
@@ -147,6 +148,8 @@ def _names(pattern: re.Pattern[str], message: str) -> Callable[[Any], Any]:
 
 @dataclass(frozen=True)
 class RuntimeSection:
+    """[runtime]: how a runner runs attempts (`herder up`, agents, the server's local hosts)."""
+
     concurrency: int = field(default=4, metadata=rules(ge=1, le=1024))
     heartbeat_interval: Duration = field(default=10.0, metadata=positive())
     attempt_lease: Duration = 60.0
@@ -165,6 +168,8 @@ class RuntimeSection:
 
 @dataclass(frozen=True)
 class DefaultsSection:
+    """[defaults]: what a submitted job gets when neither it nor its job type says."""
+
     priority: int = 100
     weight: str = "light"
     max_attempts: int = field(default=3, metadata=rules(ge=1))
@@ -183,6 +188,8 @@ def _command(value: list[str] | str) -> list[str] | str:
 
 @dataclass(frozen=True)
 class JobTypeSection:
+    """[job_types.NAME]: a named route to a command (`herder submit NAME -p key=value`)."""
+
     command: list[str] | str = field(metadata=rules(check=_command))
     shell: bool = False
     prompt_file: str | None = None
@@ -212,6 +219,8 @@ class JobTypeSection:
 
 @dataclass(frozen=True)
 class WindowCapsSection:
+    """[hosts.LABEL.prime] and [hosts.LABEL.night]: what the host takes in that window."""
+
     max_workers: int = field(default=1, metadata=rules(ge=0))
     max_weight: str | None = None
 
@@ -286,6 +295,8 @@ DEFAULT_WEIGHTS: Mapping[str, float] = types.MappingProxyType({
 
 @dataclass(frozen=True)
 class FleetSection:
+    """[fleet]: placement, health and retry rules of `herder server`'s scheduler."""
+
     bookable_fraction: float = field(default=0.8, metadata=rules(gt=0, le=1))
     """Bookable RAM is this fraction of what the OS reservation leaves (seed 004)."""
     strategy: str = field(default="best_fit", metadata=rules(check=_strategy))
@@ -316,6 +327,8 @@ class FleetSection:
 
 @dataclass(frozen=True)
 class ServerSection:
+    """[server]: how `herder server` listens and authenticates."""
+
     listen: str = "127.0.0.1:8470"
     api_token_env: str = "HERDER_API_TOKEN"
     long_poll: Duration = 25.0
@@ -340,6 +353,9 @@ def _weights(value: dict[str, float]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Settings:
+    """All of herder.toml. A dataclass gets a docstring built with `inspect.signature`
+    unless it has one: each of these has its own, which saves that at every start."""
+
     herder: HerderSection = HerderSection()
     runtime: RuntimeSection = RuntimeSection()
     defaults: DefaultsSection = DefaultsSection()
@@ -579,6 +595,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         if explicit:
             raise ConfigError(str(candidate), "file not found", "run `herder init` to write one")
         return Config(Settings(), None)
+    import tomllib  # only with a file to read: the parser is a few ms of every start
+
     text = candidate.read_text()
     try:
         data = tomllib.loads(text)
