@@ -61,11 +61,12 @@ Duration = Annotated[float, DURATION]
 
 
 def rules(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
-          check: Callable[[Any], Any] | None = None,
+          check: Callable[[Any], Any] | None = None, each: Callable[[Any], Any] | None = None,
           before: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """A field's checks beyond its type, as dataclass field metadata: bounds, then `check`
-    (raises ValueError with the fix); `before` rewrites the raw value first."""
-    return {"ge": ge, "gt": gt, "le": le, "check": check, "before": before}
+    of the value and `each` of its items (raise ValueError with the fix; an item's error
+    names its index); `before` rewrites the raw value first."""
+    return {"ge": ge, "gt": gt, "le": le, "check": check, "each": each, "before": before}
 
 
 def positive(what: str = "") -> dict[str, Any]:
@@ -157,8 +158,7 @@ class RuntimeSection:
     poll_interval: Duration = field(default=1.0, metadata=positive())
     max_lost: int = field(default=5, metadata=rules(ge=1))
     """Lost attempts (runner crashes) before a job fails as lost."""
-    pass_env: list[str] = field(default_factory=list, metadata=rules(
-        check=lambda entries: [_pass_env_entry(entry) for entry in entries]))
+    pass_env: list[str] = field(default_factory=list, metadata=rules(each=_pass_env_entry))
     """Variables of the runner's environment a job gets besides the base allow-list."""
     fence_margin: Duration | None = field(default=None, metadata=positive(
         " (or left out for a quarter of attempt_lease)"))
@@ -438,6 +438,11 @@ def _field_value(item: dataclasses.Field[Any], hint: Any, raw: Any, loc: list[st
             value = meta["check"](value)
         except ValueError as exc:
             raise Invalid(loc, str(exc)) from exc
+    for index, entry in enumerate(value if meta.get("each") else ()):
+        try:
+            meta["each"](entry)
+        except ValueError as exc:
+            raise Invalid([*loc, str(index)], str(exc)) from exc
     return value
 
 
