@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,10 +21,9 @@ from typing import Any
 
 from herder.config import Config, load_config
 from herder.errors import NotFound
-from herder.intake import resolve
 from herder.model import Attempt, Event, Job, JobStatus
 from herder.store import Store, open_store
-from herder.wire import SubmitBody
+from herder.submission import SubmitRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +35,13 @@ class Submitted:
     status: JobStatus
 
 
-def submit_body(**fields: Any) -> SubmitBody:
-    """The API's submit body from Python values, unvalidated: `resolve` checks every field
-    and names the fix (pydantic's messages do not). An unknown field is a TypeError, as a
-    keyword argument would be."""
-    unknown = sorted(set(fields) - set(SubmitBody.model_fields))
+def submit_request(**fields: Any) -> SubmitRequest:
+    """A submit from Python values, unvalidated: `resolve` checks every field and names the
+    fix. An unknown field is a TypeError, as a keyword argument would be."""
+    unknown = sorted(set(fields) - {item.name for item in dataclasses.fields(SubmitRequest)})
     if unknown:
         raise TypeError(f"submit() got unexpected keyword arguments: {', '.join(unknown)}")
-    return SubmitBody.model_construct(**fields)
+    return SubmitRequest(**fields)
 
 
 class Client:
@@ -71,14 +70,17 @@ class Client:
         check_command: bool = True,
         **fields: Any,
     ) -> Submitted:
-        """Validate and enqueue one job. `fields` are those of `herder.wire.SubmitBody`, the
-        HTTP API's submit body (priority, weight, dedup_key, force, affinity, max_attempts,
-        timeout_seconds, workdir, env, delay_seconds); `available_at` stands for
+        """Validate and enqueue one job. `fields` are those of
+        `herder.submission.SubmitRequest`, as in the HTTP API's submit body (priority, weight,
+        dedup_key, force, affinity, max_attempts, timeout_seconds, workdir, env,
+        delay_seconds); `available_at` stands for
         delay_seconds. Raises InputError (naming the field) on bad input."""
         now = datetime.now(UTC)
         if available_at is not None and available_at > now:
             fields["delay_seconds"] = (available_at - now).total_seconds()
-        request = submit_body(job_type=job_type, command=None if command is None
+        from herder.intake import resolve  # only submit renders commands (string, shlex)
+
+        request = submit_request(job_type=job_type, command=None if command is None
                               else list(command), payload=dict(payload or {}), **fields)
         spec = resolve(self.config, request, now, check_command=check_command)
         result = self.store.job_insert([spec], now, force=request.force)[0]

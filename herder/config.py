@@ -1,25 +1,24 @@
-"""herder.toml → validated settings. Every error names the file, the key and its line."""
+"""herder.toml → validated settings. Every error names the file, the key and its line.
+
+The settings are frozen dataclasses and this module owns every default: the runtime and the
+pure core take theirs from here (`RuntimeSection.max_lost`, `FleetSection.bookable_fraction`,
+...), never from a number of their own. Validation is a small walk over the dataclass fields
+instead of pydantic, because every command loads the config and `herder submit` runs in
+scripts' loops: building pydantic models cost ~110 ms per call (see bench/README.md).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
-import tomllib
-from dataclasses import dataclass
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from typing import Annotated, Any, Union
 
 from herder.errors import ConfigError, InputError
 from herder.model import MAX_DURATION
@@ -56,7 +55,27 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"{value!r} is not a duration; use e.g. 90s, 10m, 2h or 1h30m")
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+DURATION = "duration"
+Duration = Annotated[float, DURATION]
+"""Seconds, written in the file as a number or as `90s`, `10m`, `2h`, `1h30m`, `250ms`."""
+
+
+def rules(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          check: Callable[[Any], Any] | None = None, each: Callable[[Any], Any] | None = None,
+          before: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """A field's checks beyond its type, as dataclass field metadata: bounds, then `check`
+    of the value and `each` of its items (raise ValueError with the fix; an item's error
+    names its index); `before` rewrites the raw value first."""
+    return {"ge": ge, "gt": gt, "le": le, "check": check, "each": each, "before": before}
+
+
+def positive(what: str = "") -> dict[str, Any]:
+    """Greater than zero; `what` says what leaving the key out means, when that is allowed."""
+    def check(value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError(f"must be greater than zero{what}")
+        return value
+    return rules(check=check)
 
 
 def quoted_placeholder(script: str) -> str | None:
@@ -83,11 +102,10 @@ def quoted_placeholder(script: str) -> str | None:
     return None
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class HerderSection:
+    """[herder]: where the database and the logs are, and this machine's label."""
 
-
-class HerderSection(_Strict):
     db: str | None = None
     log_dir: str = "herder-logs"
     host: str | None = None
@@ -119,102 +137,88 @@ def _pass_env_entry(entry: str) -> str:
     return entry
 
 
-PassEnvEntry = Annotated[str, AfterValidator(_pass_env_entry)]
+def _names(pattern: re.Pattern[str], message: str) -> Callable[[Any], Any]:
+    """A check that every key (or item) of a table (or list) matches `pattern`."""
+    def check(value: Any) -> Any:
+        for name in value:
+            if not pattern.match(name):
+                raise ValueError(message.format(name=name, upper=name.upper()))
+        return value
+    return check
 
 
-class RuntimeSection(_Strict):
-    concurrency: int = Field(default=4, ge=1, le=1024)
-    heartbeat_interval: Duration = 10.0
+@dataclass(frozen=True)
+class RuntimeSection:
+    """[runtime]: how a runner runs attempts (`herder up`, agents, the server's local hosts)."""
+
+    concurrency: int = field(default=4, metadata=rules(ge=1, le=1024))
+    heartbeat_interval: Duration = field(default=10.0, metadata=positive())
     attempt_lease: Duration = 60.0
     kill_grace: Duration = 10.0
-    poll_interval: Duration = 1.0
-    max_lost: int = Field(default=5, ge=1)
-    pass_env: list[PassEnvEntry] = Field(default_factory=list)
+    poll_interval: Duration = field(default=1.0, metadata=positive())
+    max_lost: int = field(default=5, metadata=rules(ge=1))
+    """Lost attempts (runner crashes) before a job fails as lost."""
+    pass_env: list[str] = field(default_factory=list, metadata=rules(each=_pass_env_entry))
     """Variables of the runner's environment a job gets besides the base allow-list."""
-    fence_margin: Duration | None = None
+    fence_margin: Duration | None = field(default=None, metadata=positive(
+        " (or left out for a quarter of attempt_lease)"))
     """A runner whose heartbeats fail stops its attempts this long before their lease ends;
     None is a quarter of the lease."""
 
-    @field_validator("heartbeat_interval", "poll_interval")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be greater than zero")
-        return value
 
-    @field_validator("fence_margin")
-    @classmethod
-    def _margin_positive(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise ValueError("must be greater than zero (or left out for a quarter of "
-                             "attempt_lease)")
-        return value
+@dataclass(frozen=True)
+class DefaultsSection:
+    """[defaults]: what a submitted job gets when neither it nor its job type says."""
 
-
-class DefaultsSection(_Strict):
     priority: int = 100
     weight: str = "light"
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = field(default=3, metadata=rules(ge=1))
     timeout: Duration | None = None
     backoff_base: Duration = 10.0
     backoff_max: Duration = 600.0
 
 
-class JobTypeSection(_Strict):
-    command: list[str] | str
+def _command(value: list[str] | str) -> list[str] | str:
+    if isinstance(value, list) and not value:
+        raise ValueError("the command is empty; give an argv list like [\"aider\", \"--yes\"]")
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("the command is empty")
+    return value
+
+
+def _preflight(value: list[str] | bool) -> list[str] | bool:
+    if isinstance(value, list) and not value:
+        raise ValueError("the preflight command is empty; give an argv list like "
+                         "[\"claude\", \"--version\"], or false for none")
+    return value
+
+
+@dataclass(frozen=True)
+class JobTypeSection:
+    """[job_types.NAME]: a named route to a command (`herder submit NAME -p key=value`)."""
+
+    command: list[str] | str = field(metadata=rules(check=_command))
     shell: bool = False
     prompt_file: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    export: list[str] = Field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict, metadata=rules(check=_names(
+        _ENV_NAME, "{name!r} is not a valid environment variable name")))
+    export: list[str] = field(default_factory=list, metadata=rules(check=_names(
+        _ENV_NAME, "payload field {name!r} cannot become HERDER_PAYLOAD_{upper}; use letters, "
+        "digits and _")))
     weight: str | None = None
     priority: int | None = None
     timeout: Duration | None = None
-    max_attempts: int | None = Field(default=None, ge=1)
+    max_attempts: int | None = field(default=None, metadata=rules(ge=1))
     backoff_base: Duration | None = None
     backoff_max: Duration | None = None
     workdir: str | None = None
     description: str | None = None
-    preflight: list[str] | bool = True
+    preflight: list[str] | bool = field(default=True, metadata=rules(check=_preflight))
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
-    preflight_timeout: Duration = Field(default=5.0, gt=0)
+    preflight_timeout: Duration = field(default=5.0, metadata=rules(gt=0))
 
-    @field_validator("preflight")
-    @classmethod
-    def _preflight(cls, value: list[str] | bool) -> list[str] | bool:
-        if isinstance(value, list) and not value:
-            raise ValueError("the preflight command is empty; give an argv list like "
-                             "[\"claude\", \"--version\"], or false for none")
-        return value
-
-    @field_validator("command")
-    @classmethod
-    def _command(cls, value: list[str] | str) -> list[str] | str:
-        if isinstance(value, list) and not value:
-            raise ValueError("the command is empty; give an argv list like [\"aider\", \"--yes\"]")
-        if isinstance(value, str) and not value.strip():
-            raise ValueError("the command is empty")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return value
-
-    @field_validator("export")
-    @classmethod
-    def _export(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"payload field {name!r} cannot become HERDER_PAYLOAD_"
-                                 f"{name.upper()}; use letters, digits and _")
-        return value
-
-    @model_validator(mode="after")
-    def _quoted_placeholders(self) -> JobTypeSection:
+    def check(self) -> None:
         """herder shell-quotes every value it fills in; a placeholder the template itself
         wraps in quotes would be re-opened by the shell ("$(...)" runs inside "...")."""
         if self.shell and isinstance(self.command, str):
@@ -222,109 +226,120 @@ class JobTypeSection(_Strict):
             if name is not None:
                 raise ValueError(f"{{{name}}} is inside quotes in a shell command; remove the "
                                  "quotes around it (herder quotes every value itself)")
-        return self
 
 
-class WindowCapsSection(_Strict):
-    max_workers: int = Field(default=1, ge=0)
+@dataclass(frozen=True)
+class WindowCapsSection:
+    """[hosts.LABEL.prime] and [hosts.LABEL.night]: what the host takes in that window."""
+
+    max_workers: int = field(default=1, metadata=rules(ge=0))
     max_weight: str | None = None
 
 
-class HostSection(_Strict):
+def _transport(value: str) -> str:
+    if value not in ("local", "agent", "ssh"):
+        raise ValueError("transport must be local, agent or ssh")
+    return value
+
+
+@dataclass(frozen=True)
+class HostSection:
     """A host declared in herder.toml; `herder server` creates or updates it at start."""
 
-    ram_total_gb: float = Field(ge=0)
-    ram_reserved_gb: float = Field(default=0.0, ge=0)
-    cpus: int = Field(default=1, ge=1)
-    transport: str = "agent"
+    ram_total_gb: float = field(metadata=rules(ge=0))
+    ram_reserved_gb: float = field(default=0.0, metadata=rules(ge=0))
+    cpus: int = field(default=1, metadata=rules(ge=1))
+    transport: str = field(default="agent", metadata=rules(check=_transport))
     ssh_target: str | None = None
     prime: WindowCapsSection = WindowCapsSection()
     night: WindowCapsSection = WindowCapsSection()
     job_types: list[str] | None = None
     weights: list[str] | None = None
     priority_floor: int | None = None
-    labels: list[str] = Field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
     enabled: bool = True
 
-    @field_validator("transport")
-    @classmethod
-    def _transport(cls, value: str) -> str:
-        if value not in ("local", "agent", "ssh"):
-            raise ValueError("transport must be local, agent or ssh")
-        return value
+
+def _shedding(value: Any) -> Any:
+    """TOML has no null: "any" (or "") stands for "every weight" in a step."""
+    if isinstance(value, list):
+        return [[step[0], None if step[1] in ("", "any") else step[1]]
+                if isinstance(step, list | tuple) and len(step) == 2 else step
+                for step in value]
+    return value
 
 
-class FleetSection(_Strict):
-    bookable_fraction: float = Field(default=0.8, gt=0, le=1)
-    strategy: str = "best_fit"
+def _clock(value: str) -> str:
+    if not re.match(r"^([01]\d|2[0-3]):[0-5]\d$", value):
+        raise ValueError(f"{value!r} is not a time of day like 20:00")
+    return value
+
+
+def _timezone(value: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown timezone {value!r}") from exc
+    return value
+
+
+def _strategy(value: str) -> str:
+    if value not in ("best_fit", "spread"):
+        raise ValueError("strategy must be best_fit or spread")
+    return value
+
+
+ESCALATION_CHAIN = ("light", "heavy", "playwright", "orchestrator")
+"""The default weights from lightest to heaviest (windows and shedding cap along it)."""
+
+SHEDDING_STEPS: tuple[tuple[float, str | None], ...] = (
+    (0.75, None), (0.5, "heavy"), (0.25, "heavy"), (0.0, "light"))
+"""Fleet capacity ratio → the heaviest weight still placed (seed 003 §2.3)."""
+
+DEFAULT_WEIGHTS: Mapping[str, float] = types.MappingProxyType({
+    "light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0,
+})
+"""GB of RAM one attempt of each weight books on its host."""
+
+
+@dataclass(frozen=True)
+class FleetSection:
+    """[fleet]: placement, health and retry rules of `herder server`'s scheduler."""
+
+    bookable_fraction: float = field(default=0.8, metadata=rules(gt=0, le=1))
+    """Bookable RAM is this fraction of what the OS reservation leaves (seed 004)."""
+    strategy: str = field(default="best_fit", metadata=rules(check=_strategy))
     starvation_wait: Duration = 600.0
     healthy_within: Duration = 300.0
     degraded_within: Duration = 900.0
-    night_start: str = "20:00"
-    night_end: str = "03:00"
-    timezone: str = "UTC"
-    escalation: list[str] = Field(
-        default_factory=lambda: ["light", "heavy", "playwright", "orchestrator"]
-    )
-    shedding: list[tuple[float, str | None]] = Field(
-        default_factory=lambda: [(0.75, None), (0.5, "heavy"), (0.25, "heavy"), (0.0, "light")]
-    )
-    max_spawn_failures: int = Field(default=5, ge=1)
+    night_start: str = field(default="20:00", metadata=rules(check=_clock))
+    night_end: str = field(default="03:00", metadata=rules(check=_clock))
+    timezone: str = field(default="UTC", metadata=rules(check=_timezone))
+    escalation: list[str] = field(default_factory=lambda: list(ESCALATION_CHAIN))
+    shedding: list[tuple[float, str | None]] = field(
+        default_factory=lambda: list(SHEDDING_STEPS), metadata=rules(before=_shedding))
+    max_spawn_failures: int = field(default=5, metadata=rules(ge=1))
+    """Attempts in a row that fail to start before a job fails."""
     spawn_backoff: Duration = 300.0
+    """The wait before a job that failed to start is tried again."""
     scheduler_interval: Duration = 1.0
-    missed_heartbeats: int = Field(default=3, ge=1)
-    pickup_timeout: Duration | None = None
+    missed_heartbeats: int = field(default=3, metadata=rules(ge=1))
+    pickup_timeout: Duration | None = field(default=None, metadata=positive(
+        " (or left out for the default)"))
     """A placement no runner has taken by then goes back to the queue (None: 2 heartbeat
     intervals + 5 s, see herder.runtime.scheduler.pickup_timeout_seconds)."""
     reservation_ttl: Duration = 10800.0
     ci_slot_ttl: Duration = 28800.0
-    ssh_command: list[str] = Field(default_factory=lambda: ["ssh"])
+    ssh_command: list[str] = field(default_factory=lambda: ["ssh"])
     remote_herder: str = "herder"
 
-    @field_validator("shedding", mode="before")
-    @classmethod
-    def _shedding(cls, value: Any) -> Any:
-        """TOML has no null: "any" (or "") stands for "every weight" in a step."""
-        if isinstance(value, list):
-            return [[step[0], None if step[1] in ("", "any") else step[1]]
-                    if isinstance(step, list | tuple) and len(step) == 2 else step
-                    for step in value]
-        return value
 
-    @field_validator("pickup_timeout")
-    @classmethod
-    def _pickup_timeout(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise ValueError("must be greater than zero (or left out for the default)")
-        return value
+@dataclass(frozen=True)
+class ServerSection:
+    """[server]: how `herder server` listens and authenticates."""
 
-    @field_validator("strategy")
-    @classmethod
-    def _strategy(cls, value: str) -> str:
-        if value not in ("best_fit", "spread"):
-            raise ValueError("strategy must be best_fit or spread")
-        return value
-
-    @field_validator("night_start", "night_end")
-    @classmethod
-    def _clock(cls, value: str) -> str:
-        if not re.match(r"^([01]\d|2[0-3]):[0-5]\d$", value):
-            raise ValueError(f"{value!r} is not a time of day like 20:00")
-        return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _timezone(cls, value: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown timezone {value!r}") from exc
-        return value
-
-
-class ServerSection(_Strict):
     listen: str = "127.0.0.1:8470"
     api_token_env: str = "HERDER_API_TOKEN"
     long_poll: Duration = 25.0
@@ -332,52 +347,225 @@ class ServerSection(_Strict):
     tls_key: str | None = None
     public_url: str | None = None
     """How remote hosts reach this server (ssh push); default http(s)://listen."""
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=1024**3)
+    max_body_bytes: int = field(default=1024 * 1024, metadata=rules(ge=1024, le=1024**3))
     """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
 
 
-DEFAULT_WEIGHTS: dict[str, float] = {
-    "light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0,
-}
+def _weights(value: dict[str, float]) -> dict[str, float]:
+    if not value:
+        raise ValueError("at least one weight is needed")
+    for name, budget in value.items():
+        if not _NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid weight name")
+        if budget < 0:
+            raise ValueError(f"weight {name!r} has a negative RAM budget")
+    return value
 
 
-class Settings(_Strict):
+@dataclass(frozen=True)
+class Settings:
+    """All of herder.toml. A dataclass gets a docstring built with `inspect.signature`
+    unless it has one: each of these has its own, which saves that at every start."""
+
     herder: HerderSection = HerderSection()
     runtime: RuntimeSection = RuntimeSection()
     defaults: DefaultsSection = DefaultsSection()
-    weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
-    job_types: dict[str, JobTypeSection] = Field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS),
+                                      metadata=rules(check=_weights))
+    job_types: dict[str, JobTypeSection] = field(default_factory=dict, metadata=rules(
+        check=_names(_NAME, "{name!r} is not a valid job type name")))
     fleet: FleetSection = FleetSection()
     server: ServerSection = ServerSection()
-    hosts: dict[str, HostSection] = Field(default_factory=dict)
+    hosts: dict[str, HostSection] = field(default_factory=dict, metadata=rules(
+        check=_names(_NAME, "{name!r} is not a valid host label")))
 
-    @field_validator("hosts")
-    @classmethod
-    def _hosts(cls, value: dict[str, HostSection]) -> dict[str, HostSection]:
-        for name in value:
-            if not _NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid host label")
-        return value
 
-    @field_validator("weights")
-    @classmethod
-    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
-        if not value:
-            raise ValueError("at least one weight is needed")
-        for name, budget in value.items():
-            if not _NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid weight name")
-            if budget < 0:
-                raise ValueError(f"weight {name!r} has a negative RAM budget")
-        return value
+# -- validation: TOML data → the dataclasses above ------------------------------------------
 
-    @field_validator("job_types")
-    @classmethod
-    def _job_types(cls, value: dict[str, JobTypeSection]) -> dict[str, JobTypeSection]:
-        for name in value:
-            if not _NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid job type name")
-        return value
+
+class Invalid(ValueError):
+    """A value in the file that does not fit; `loc` is its path of keys."""
+
+    def __init__(self, loc: list[str], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+_HINTS: dict[str, Any] = {}
+
+
+def _hint(annotation: str) -> Any:
+    """The type a field's annotation names. Only the keys a file sets are resolved, each
+    spelling once: `typing.get_type_hints` of every section cost ~5 ms of every start."""
+    if annotation not in _HINTS:
+        _HINTS[annotation] = eval(annotation, globals())  # our own annotations, not input
+    return _HINTS[annotation]
+
+
+def build(cls: type[Any], data: Any, loc: list[str]) -> Any:
+    """An instance of the settings dataclass `cls` from a TOML table: unknown keys, missing
+    required keys, wrong types and failed checks raise Invalid naming the key."""
+    if not isinstance(data, dict):
+        raise Invalid(loc, "expected a table")
+    fields = {item.name: item for item in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise Invalid([*loc, key], "unknown key; check the spelling against "
+                                       "`herder init`'s sample")
+    values: dict[str, Any] = {}
+    for name, item in fields.items():
+        if name not in data:
+            if (item.default is dataclasses.MISSING
+                    and item.default_factory is dataclasses.MISSING):
+                raise Invalid([*loc, name], "required key is missing")
+            continue
+        values[name] = _field_value(item, _hint(str(item.type)), data[name], [*loc, name])
+    instance = cls(**values)
+    check: Callable[[], None] | None = getattr(instance, "check", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as exc:
+            raise Invalid(loc, str(exc)) from exc
+    return instance
+
+
+def _field_value(item: dataclasses.Field[Any], hint: Any, raw: Any, loc: list[str]) -> Any:
+    meta = item.metadata
+    if meta.get("before"):
+        raw = meta["before"](raw)
+    value = convert(hint, raw, loc)
+    if value is not None:
+        ge, gt, le = meta.get("ge"), meta.get("gt"), meta.get("le")
+        if ge is not None and value < ge:
+            raise Invalid(loc, f"must be at least {ge:g}")
+        if gt is not None and value <= gt:
+            raise Invalid(loc, f"must be greater than {gt:g}")
+        if le is not None and value > le:
+            raise Invalid(loc, f"must be at most {le:g}")
+    if meta.get("check"):
+        try:
+            value = meta["check"](value)
+        except ValueError as exc:
+            raise Invalid(loc, str(exc)) from exc
+    for index, entry in enumerate(value if meta.get("each") else ()):
+        try:
+            meta["each"](entry)
+        except ValueError as exc:
+            raise Invalid([*loc, str(index)], str(exc)) from exc
+    return value
+
+
+_TRUE = frozenset({"true", "yes", "on", "1", "t", "y"})
+_FALSE = frozenset({"false", "no", "off", "0", "f", "n"})
+
+
+def convert(hint: Any, raw: Any, loc: list[str]) -> Any:
+    """`raw` as the type `hint`, the way pydantic's lax mode took it before: numbers from
+    numeric strings, integral floats as ints; a wrong type raises Invalid saying what fits."""
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *marks = typing.get_args(hint)
+        if DURATION in marks:
+            try:
+                return parse_duration(raw)
+            except ValueError as exc:
+                raise Invalid(loc, str(exc)) from exc
+        return convert(base, raw, loc)
+    if origin in (Union, types.UnionType):
+        members = [member for member in typing.get_args(hint) if member is not type(None)]
+        if raw is None and len(members) < len(typing.get_args(hint)):
+            return None
+        failures: list[Invalid] = []
+        for member in members:
+            try:
+                return convert(member, raw, loc)
+            except Invalid as exc:
+                if exc.loc != loc:  # it fit the shape, an item did not: that is the error
+                    raise
+                failures.append(exc)
+        if len(failures) == 1:
+            raise failures[0]
+        raise Invalid(loc, "expected " + " or ".join(_describe(member) for member in members))
+    if origin is list:
+        if not isinstance(raw, list):
+            raise Invalid(loc, f"expected {_describe(hint)}")
+        (item,) = typing.get_args(hint)
+        return [convert(item, value, [*loc, str(index)]) for index, value in enumerate(raw)]
+    if origin is tuple:
+        items = typing.get_args(hint)
+        if not isinstance(raw, list | tuple) or len(raw) != len(items):
+            raise Invalid(loc, f"expected {_describe(hint)}")
+        return tuple(convert(item, value, [*loc, str(index)])
+                     for index, (item, value) in enumerate(zip(items, raw, strict=True)))
+    if origin is dict:
+        if not isinstance(raw, dict):
+            raise Invalid(loc, "expected a table")
+        _key, item = typing.get_args(hint)
+        return {key: convert(item, value, [*loc, key]) for key, value in raw.items()}
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return build(hint, raw, loc)
+    return _scalar(hint, raw, loc)
+
+
+def _scalar(hint: Any, raw: Any, loc: list[str]) -> Any:
+    if hint is str:
+        if isinstance(raw, str):
+            return raw
+    elif hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        if isinstance(raw, int) and raw in (0, 1):
+            return bool(raw)
+    elif hint is int:
+        number = _number(raw)
+        if number is not None and number == int(number):
+            return int(number)
+    elif hint is float:
+        number = _number(raw)
+        if number is not None:
+            return number
+    else:  # pragma: no cover - a settings field of a type this walk does not know
+        raise TypeError(f"no conversion to {hint!r}")
+    raise Invalid(loc, f"expected {_describe(hint)}, not {raw!r}")
+
+
+def _number(raw: Any) -> int | float | None:
+    """A finite number from a TOML number or a numeric string; None when it is neither."""
+    if isinstance(raw, str):
+        text = raw.strip()
+        try:
+            raw = int(text) if text.lstrip("+-").isdigit() else float(text)
+        except ValueError:
+            return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    return raw if isinstance(raw, int) or math.isfinite(raw) else None
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *marks = typing.get_args(hint)
+        return "a duration like 90s, 10m or 2h" if DURATION in marks else _describe(base)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return f"a list of {_plural(item)}"
+    if origin is tuple:
+        return "a pair like [0.5, \"heavy\"]"
+    if origin is dict:
+        return "a table"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        hint, "a table")
+
+
+def _plural(hint: Any) -> str:
+    noun = _describe(hint)
+    return {"a string": "strings", "an integer": "integers", "a number": "numbers"}.get(
+        noun, noun)
 
 
 @dataclass(frozen=True)
@@ -424,6 +612,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         if explicit:
             raise ConfigError(str(candidate), "file not found", "run `herder init` to write one")
         return Config(Settings(), None)
+    import tomllib  # only with a file to read: the parser is a few ms of every start
+
     text = candidate.read_text()
     try:
         data = tomllib.loads(text)
@@ -432,36 +622,14 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         where = f"{candidate}:{at.group(1)}" if at else str(candidate)
         raise ConfigError(where, f"invalid TOML: {exc}") from exc
     try:
-        settings = Settings.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = _data_loc(data, error["loc"])
-        if error["type"] == "missing" and len(loc) == len(error["loc"]) - 1:
-            loc.append(str(error["loc"][-1]))
-        line = _line_of(text, loc)
+        settings: Settings = build(Settings, data, [])
+    except Invalid as exc:
+        line = _line_of(text, exc.loc)
         where = f"{candidate}:{line}" if line else str(candidate)
-        raise ConfigError(f"{where}: {'.'.join(loc)}", _message(error)) from exc
+        raise ConfigError(f"{where}: {'.'.join(exc.loc)}", exc.message) from exc
     config = Config(settings, candidate.resolve())
-    _cross_check(config, text)
+    _cross_check(config, text, data)
     return config
-
-
-def _data_loc(data: Any, loc: tuple[int | str, ...]) -> list[str]:
-    """The part of a pydantic error location that names keys in the file.
-
-    Unions add the member they tried (`command.list[str]`); those are not keys, so stop
-    at the first part the data does not contain.
-    """
-    out: list[str] = []
-    node = data
-    for part in loc:
-        in_dict = isinstance(node, dict) and isinstance(part, str) and part in node
-        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-        if not (in_dict or in_list):
-            break
-        node = node[part]
-        out.append(str(part))
-    return out or [str(part) for part in loc[:1]]
 
 
 def _where(config: Config, text: str, loc: list[str]) -> str:
@@ -470,16 +638,10 @@ def _where(config: Config, text: str, loc: list[str]) -> str:
     return f"{prefix}: {'.'.join(loc)}"
 
 
-def _message(error: Any) -> str:
-    kind = error.get("type", "")
-    if kind == "extra_forbidden":
-        return "unknown key; check the spelling against `herder init`'s sample"
-    if kind == "missing":
-        return "required key is missing"
-    return str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-
-
-def _cross_check(config: Config, text: str) -> None:
+def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
+    """What one key cannot check alone: keys against each other, weights against
+    [weights], files next to herder.toml. The default chain and shedding name default
+    weights, so only those written in the file must exist."""
     settings = config.settings
     runtime = settings.runtime
     if runtime.fence_margin is not None and runtime.fence_margin >= runtime.attempt_lease:
@@ -500,13 +662,13 @@ def _cross_check(config: Config, text: str) -> None:
             f"define it under [weights] or use one of {sorted(settings.weights)}",
         )
     known = set(settings.weights)
-    explicit = "escalation" in settings.fleet.model_fields_set
-    for name in settings.fleet.escalation if explicit else ():
+    written = data.get("fleet", {})
+    for name in settings.fleet.escalation if "escalation" in written else ():
         if name not in known:
             raise ConfigError(_where(config, text, ["fleet", "escalation"]),
                               f"unknown weight {name!r}",
                               f"use weights from [weights]: {sorted(known)}")
-    shedding = settings.fleet.shedding if "shedding" in settings.fleet.model_fields_set else ()
+    shedding = settings.fleet.shedding if "shedding" in written else ()
     for _ratio, weight in shedding:
         if weight is not None and weight not in known:
             raise ConfigError(_where(config, text, ["fleet", "shedding"]),

@@ -12,14 +12,17 @@ import shlex
 import shutil
 import string
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from herder.config import Config, JobTypeSection
 from herder.errors import InputError
 from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
-from herder.wire import SubmitBody, storable
+from herder.submission import SubmitRequest, storable
+
+if TYPE_CHECKING:
+    from herder.wire import SubmitBody
 
 ADHOC = "adhoc"
 _FORMATTER = string.Formatter()
@@ -61,7 +64,7 @@ def _no_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
 
 
-def resolve(config: Config, request: SubmitBody, now: datetime | None = None, *,
+def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime | None = None, *,
             local: bool = True, check_command: bool = True) -> JobSpec:
     """Validate a request against the config and render its command, env and workdir.
 
@@ -185,7 +188,8 @@ def resolve(config: Config, request: SubmitBody, now: datetime | None = None, *,
         weight=weight,
         dedup_key=request.dedup_key,
         affinity=request.affinity,
-        available_at=request.available_at(now or datetime.now(UTC)),
+        available_at=((now or datetime.now(UTC)) + timedelta(seconds=request.delay_seconds)
+                      if request.delay_seconds else None),
         max_attempts=max_attempts,
         timeout_seconds=timeout,
         env=env,

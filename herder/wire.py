@@ -12,8 +12,7 @@ so a newer server can add one without breaking an agent.
 
 from __future__ import annotations
 
-import math
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
@@ -31,8 +30,12 @@ from herder.model import (
     Outcome,
     ReservationStatus,
 )
-
-MAX_JSON_DEPTH = 32
+from herder.submission import (
+    DEDUP_KEY_LENGTH,
+    NAME_LENGTH,
+    WORKDIR_LENGTH,
+    storable,
+)
 
 Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str,
                                                        when_used="json")]
@@ -43,30 +46,6 @@ JobNumber = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 AttemptNumber = Annotated[int, Field(ge=1, le=INT_MAX)]
 TokenPair = tuple[int, int]
 """An attempt on the wire: [job id, attempt number]."""
-
-
-def storable(value: Any, depth: int = 0) -> str | None:
-    """Why a decoded JSON value cannot be stored (NUL in text, NaN, nesting), or None.
-
-    PostgreSQL's text and jsonb hold no NUL character and JSON has no NaN; both would
-    otherwise fail deep in the store as a server error instead of a 422 at the edge."""
-    if depth > MAX_JSON_DEPTH:
-        return f"nested deeper than {MAX_JSON_DEPTH} levels"
-    if isinstance(value, str):
-        return "contains a NUL character" if "\x00" in value else None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else "is not a finite number"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            problem = storable(key, depth + 1) or storable(item, depth + 1)
-            if problem:
-                return problem
-    if isinstance(value, list | tuple):
-        for item in value:
-            problem = storable(item, depth + 1)
-            if problem:
-                return problem
-    return None
 
 
 def pairs(tokens: Any) -> list[TokenPair]:
@@ -103,26 +82,23 @@ class Reply(BaseModel):
 
 
 class SubmitBody(Body):
-    """A job to submit, over HTTP or through the Python client; None means "the job type's
-    or the config's default"."""
+    """A job to submit over HTTP: the fields of `herder.submission.SubmitRequest` (what the
+    client and the CLI build), with their limits checked at the edge."""
 
-    job_type: str | None = Field(default=None, max_length=200)
+    job_type: str | None = Field(default=None, max_length=NAME_LENGTH)
     command: list[str] | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
     priority: Int32 | None = None
-    weight: str | None = Field(default=None, max_length=200)
-    dedup_key: str | None = Field(default=None, max_length=1000)
+    weight: str | None = Field(default=None, max_length=NAME_LENGTH)
+    dedup_key: str | None = Field(default=None, max_length=DEDUP_KEY_LENGTH)
     force: bool = False
-    affinity: str | None = Field(default=None, max_length=200)
+    affinity: str | None = Field(default=None, max_length=NAME_LENGTH)
     delay_seconds: Seconds | None = None
     max_attempts: int | None = Field(default=None, ge=1, le=INT_MAX)
     timeout_seconds: Annotated[float, Field(gt=0, le=MAX_DURATION,
                                             allow_inf_nan=False)] | None = None
-    workdir: str | None = Field(default=None, max_length=4096)
+    workdir: str | None = Field(default=None, max_length=WORKDIR_LENGTH)
     env: dict[str, str] = Field(default_factory=dict)
-
-    def available_at(self, now: datetime) -> datetime | None:
-        return now + timedelta(seconds=self.delay_seconds) if self.delay_seconds else None
 
 
 class Submitted(Reply):

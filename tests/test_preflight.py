@@ -4,13 +4,15 @@ queued for other hosts with nothing spent."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 from support.waits import wait_for
 
-from herder.config import JobTypeSection
+from herder.config import load_config
+from herder.errors import ConfigError
 from herder.model import JobStatus
 from herder.runtime.coordinator import preflight_checks
 from herder.runtime.preflight import Check, Preflight, Result, default_check, run
@@ -78,15 +80,28 @@ def test_results_are_cached_for_the_ttl_and_a_change_is_reported() -> None:
     assert preflight.refresh({}) and preflight.failed() == {}
 
 
-def test_job_types_get_the_default_check_a_custom_one_or_none() -> None:
-    types = {
-        "claude-issue": JobTypeSection(command=["claude", "-p", "{prompt}"]),
-        "custom": JobTypeSection(command=["aider"], preflight=["aider", "--check"],
-                                 preflight_timeout="2s"),
-        "off": JobTypeSection(command=["codex"], preflight=False),
-        "shell": JobTypeSection(command="make test", shell=True),
-    }
-    checks = preflight_checks(types)
+JOB_TYPES = """\
+[job_types.claude-issue]
+command = ["claude", "-p", "{prompt}"]
+
+[job_types.custom]
+command = ["aider"]
+preflight = ["aider", "--check"]
+preflight_timeout = "2s"
+
+[job_types.off]
+command = ["codex"]
+preflight = false
+
+[job_types.shell]
+command = "make test"
+shell = true
+"""
+
+
+def test_job_types_get_the_default_check_a_custom_one_or_none(tmp_path: Path) -> None:
+    (tmp_path / "herder.toml").write_text(JOB_TYPES)
+    checks = preflight_checks(load_config(tmp_path / "herder.toml").settings.job_types)
     assert sorted(checks) == ["claude-issue", "custom"]
     assert (checks["claude-issue"].argv, checks["claude-issue"].strict,
             checks["claude-issue"].timeout) == (["claude", "--version"], False, 5.0)
@@ -95,9 +110,16 @@ def test_job_types_get_the_default_check_a_custom_one_or_none() -> None:
     assert default_check("make test", shell=True) is None
 
 
-def test_an_empty_preflight_command_is_refused_naming_the_fix() -> None:
-    with pytest.raises(ValueError, match="preflight command is empty"):
-        JobTypeSection(command=["claude"], preflight=[])
+@pytest.mark.parametrize(("line", "problem"), [
+    ("preflight = []", "job_types.t.preflight: the preflight command is empty"),
+    ('preflight_timeout = "0s"', "job_types.t.preflight_timeout:"),
+    ("preflight = 3", "job_types.t.preflight:"),
+])
+def test_a_bad_preflight_is_refused_naming_the_key(tmp_path: Path, line: str,
+                                                    problem: str) -> None:
+    (tmp_path / "herder.toml").write_text(f'[job_types.t]\ncommand = ["claude"]\n{line}\n')
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(tmp_path / "herder.toml")
 
 
 # -- end to end -------------------------------------------------------------------------------

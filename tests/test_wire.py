@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from herder.model import AttemptToken, Job, JobStatus
 from herder.runtime.agent import job_from_assignment
+from herder.submission import SubmitRequest
 from herder.wire import Assignment, HeartbeatBody, HeartbeatReply, JobView, SubmitBody, tokens
 
 T0 = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
@@ -66,3 +67,13 @@ def test_a_heartbeat_body_refuses_ids_outside_the_store():
         HeartbeatBody(worker="h/1/1", running=[(0, 1)])
     with pytest.raises(ValidationError):
         HeartbeatBody(worker="h/1/1", running=[(1, 2**31)])
+
+
+def test_the_api_submit_body_has_the_fields_and_defaults_of_the_submit_request():
+    """The CLI and the client build a SubmitRequest (no pydantic); the API validates a
+    SubmitBody; `resolve` takes either, so they must not drift apart."""
+    request = SubmitRequest()
+    fields = {item.name: getattr(request, item.name)
+              for item in dataclasses.fields(SubmitRequest)}
+    body = SubmitBody()
+    assert fields == {name: getattr(body, name) for name in SubmitBody.model_fields}

@@ -26,6 +26,7 @@ from herder.api.tokens import (
     same_secret,
     token_hash,
 )
+from herder.config import ServerSection
 from herder.model import BIGINT_MAX, INT_MAX, Scope
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
@@ -45,7 +46,7 @@ class Access:
     """--insecure-no-auth (loopback only): a request without a token acts as admin."""
     legacy_admin_token: str | None = None
     """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
-    max_body_bytes: int = 1024 * 1024
+    max_body_bytes: int = ServerSection.max_body_bytes
 
 
 async def call(function: Callable[..., T], *args: Any) -> T:

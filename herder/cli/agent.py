@@ -149,14 +149,9 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             preflight=Preflight(pass_env=runtime.pass_env),
         )
         source.guardian = guardian
-        options = RunnerOptions(
-            host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir,
-            concurrency=concurrency, heartbeat_interval=runtime.heartbeat_interval,
-            attempt_lease=runtime.attempt_lease, kill_grace=runtime.kill_grace,
-            poll_interval=runtime.poll_interval, max_lost=runtime.max_lost,
-            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
-            drain_timeout=drain,
-        )
+        options = RunnerOptions.from_settings(
+            state.config.settings, label, Path(log_dir) if log_dir else state.config.log_dir,
+            concurrency=concurrency, drain_timeout=drain)
         runner = Runner(None, options, source=source)
         source.in_flight = lambda: len(runner.running)
         sys.exit(runner.run())
@@ -242,13 +237,9 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
                                  kill_grace=runtime.kill_grace)
     source.guardian = guardian
     source.learn_lease(lease)
-    options = RunnerOptions(
-        host=label, log_dir=Path(log_dir) if log_dir else state.config.log_dir, concurrency=1,
-        heartbeat_interval=runtime.heartbeat_interval, attempt_lease=runtime.attempt_lease,
-        kill_grace=runtime.kill_grace, poll_interval=0.2, exit_when_idle=True,
-        drain_timeout=None,
-        pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
-    )
+    options = RunnerOptions.from_settings(
+        state.config.settings, label, Path(log_dir) if log_dir else state.config.log_dir,
+        concurrency=1, poll_interval=0.2, exit_when_idle=True)
     Runner(None, options, source=source).run()
     if source.handed_back is Outcome.RAM_CONTENTION:
         sys.exit(3)

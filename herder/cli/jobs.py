@@ -118,11 +118,11 @@ def _age(value: datetime | None) -> str:
 @pass_state
 def jobs(state: State, statuses: Sequence[str], limit: int, as_json: bool) -> None:
     """List jobs, newest first."""
-    from herder.views import job_view
-
     with edge():
         found = state.client.list([JobStatus(s) for s in statuses] or None, limit)
     if as_json:
+        from herder.views import job_view  # the API's shapes (pydantic): only for --json
+
         click.echo(json.dumps([job_view(job) for job in found], indent=2))
         return
     from rich.console import Console
@@ -144,17 +144,17 @@ def jobs(state: State, statuses: Sequence[str], limit: int, as_json: bool) -> No
 @pass_state
 def show(state: State, job_id: int, as_json: bool) -> None:
     """Show one job with its attempts and history."""
-    from herder.views import attempt_view, event_view, job_view
-
     with edge():
         client = state.client
         job = client.get(job_id)
         attempts = client.attempts(job_id)
         events = client.events(job_id)
-    view = job_view(job)
-    view["attempts"] = [attempt_view(a) for a in attempts]
-    view["events"] = [event_view(e) for e in events]
     if as_json:
+        from herder.views import attempt_view, event_view, job_view  # pydantic: only here
+
+        view = job_view(job)
+        view["attempts"] = [attempt_view(a) for a in attempts]
+        view["events"] = [event_view(e) for e in events]
         click.echo(json.dumps(view, indent=2))
         return
     from rich.console import Console
@@ -163,7 +163,11 @@ def show(state: State, job_id: int, as_json: bool) -> None:
     for key in ("id", "status", "job_type", "priority", "weight", "attempt", "max_attempts",
                 "host", "exit_code", "failure_reason", "dedup_key", "command", "workdir",
                 "created_at", "started_at", "finished_at", "available_at"):
-        value = view[key]
+        value = getattr(job, key)
+        if isinstance(value, datetime):
+            value = value.isoformat()  # as --json writes it
+        elif isinstance(value, tuple):
+            value = list(value)
         if value is not None:
             console.print(f"[bold]{key:>15}[/bold]  {value}", highlight=False)
     if attempts:

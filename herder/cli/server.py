@@ -31,23 +31,13 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
     log_to_stderr(log_level)
     with edge():
         config = state.config
-        runtime = config.settings.runtime
         # Before the store's threads: the watchdog that stops this runner's jobs if it dies
         # or freezes, before another runner may take them over.
-        guardian = start_guardian(runtime.kill_grace)
+        guardian = start_guardian(config.settings.runtime.kill_grace)
         store = state.client.store
-        options = RunnerOptions(
-            host=host or config.settings.herder.host or default_host(),
-            log_dir=config.log_dir,
-            concurrency=concurrency or runtime.concurrency,
-            heartbeat_interval=runtime.heartbeat_interval,
-            attempt_lease=runtime.attempt_lease,
-            kill_grace=runtime.kill_grace,
-            poll_interval=runtime.poll_interval,
-            max_lost=runtime.max_lost,
-            pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
-            exit_when_idle=exit_when_idle,
-        )
+        options = RunnerOptions.from_settings(
+            config.settings, host or config.settings.herder.host or default_host(),
+            config.log_dir, concurrency=concurrency, exit_when_idle=exit_when_idle)
         runner = Runner(store, options)
         runner.source.guardian = guardian
         sys.exit(runner.run())

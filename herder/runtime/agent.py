@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from herder import wire
+from herder.config import RuntimeSection, ServerSection
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.agent_client import (
     FINAL_LOG_WAIT,
@@ -107,10 +108,10 @@ class HttpSource(WorkSource):
         client: ServerClient,
         gate: LocalGate,
         concurrency: int,
-        heartbeat_interval: float = 10.0,
-        long_poll: float = 25.0,
+        heartbeat_interval: float = RuntimeSection.heartbeat_interval,
+        long_poll: float = ServerSection.long_poll,
         check_ram: bool = True,
-        kill_grace: float = 10.0,
+        kill_grace: float = RuntimeSection.kill_grace,
         poll: bool = True,
         close_timeout: float = 30.0,
         log_backlog: int = LOG_BACKLOG,

@@ -135,8 +135,7 @@ class Coordinator:
         self.fleet = Fleet.from_settings(config.settings)
         self.host = host or config.settings.herder.host or default_host()
         runtime = self.settings.runtime
-        self.limits = PolicyLimits(runtime.max_lost, self.settings.fleet.max_spawn_failures,
-                                   self.settings.fleet.spawn_backoff)
+        self.limits = PolicyLimits.from_settings(self.settings)
         self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
         self.assignment_listeners: list[AssignmentListener] = []
         self.preflight_checks = preflight_checks(config.settings.job_types)
@@ -191,16 +190,10 @@ class Coordinator:
         for host in self.store.host_list():
             if host.transport is not Transport.LOCAL:
                 continue
-            options = RunnerOptions(
-                host=host.label, log_dir=self.log_dir,
+            options = RunnerOptions.from_settings(
+                self.settings, host.label, self.log_dir,
                 concurrency=max(host.prime_max_workers, host.night_max_workers, 1),
-                heartbeat_interval=runtime.heartbeat_interval,
-                attempt_lease=self.lease_seconds, kill_grace=runtime.kill_grace,
-                poll_interval=runtime.poll_interval, max_lost=runtime.max_lost,
-                pass_env=tuple(runtime.pass_env), fence_margin=runtime.fence_margin,
-                max_spawn_failures=self.limits.max_spawn_failures,
-                spawn_backoff=self.limits.spawn_backoff_seconds,
-            )
+                attempt_lease=self.lease_seconds)
             rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
                               runtime.max_lost)
             source = AssignmentSource(self.store, host.label, self.limits, rescuer)

@@ -28,6 +28,7 @@ from types import FrameType
 from typing import TypeVar
 
 from herder.backoff import Backoff
+from herder.config import FleetSection, RuntimeSection, Settings
 from herder.model import AttemptToken, Job, Outcome
 from herder.runtime.executor import (
     LaunchError,
@@ -119,25 +120,50 @@ def default_host() -> str:
 
 @dataclass(frozen=True)
 class RunnerOptions:
+    """What a runner needs to know; commands build it with `from_settings`, the defaults
+    here are herder.toml's for tests that build one by hand."""
+
     host: str
     log_dir: Path
-    concurrency: int = 4
-    heartbeat_interval: float = 10.0
-    attempt_lease: float = 60.0
-    kill_grace: float = 10.0
-    poll_interval: float = 1.0
-    max_lost: int = 5
+    concurrency: int = RuntimeSection.concurrency
+    heartbeat_interval: float = RuntimeSection.heartbeat_interval
+    attempt_lease: float = RuntimeSection.attempt_lease
+    kill_grace: float = RuntimeSection.kill_grace
+    poll_interval: float = RuntimeSection.poll_interval
+    max_lost: int = RuntimeSection.max_lost
     exit_when_idle: bool = False
-    max_spawn_failures: int = 5
-    spawn_backoff: float = 300.0
+    max_spawn_failures: int = FleetSection.max_spawn_failures
+    spawn_backoff: float = FleetSection.spawn_backoff
     drain_timeout: float | None = None
     """On the first SIGTERM, let running attempts finish for this long before handing them
     back; None stops them at once (they are requeued either way)."""
     pass_env: tuple[str, ...] = ()
     """The runner's variables a job gets besides the base allow-list (executor.py)."""
-    fence_margin: float | None = None
+    fence_margin: float | None = RuntimeSection.fence_margin
     """Stop attempts this long before their lease ends when heartbeats fail; None is a
     quarter of the lease."""
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, host: str, log_dir: Path, *, concurrency: int | None = None,
+        attempt_lease: float | None = None, poll_interval: float | None = None,
+        exit_when_idle: bool = False, drain_timeout: float | None = None,
+    ) -> RunnerOptions:
+        """The one place herder.toml becomes a runner's options; the keywords are what a
+        command or the server decides instead (None: the config's value)."""
+        runtime, fleet = settings.runtime, settings.fleet
+        return cls(
+            host=host, log_dir=log_dir,
+            concurrency=runtime.concurrency if concurrency is None else concurrency,
+            heartbeat_interval=runtime.heartbeat_interval,
+            attempt_lease=runtime.attempt_lease if attempt_lease is None else attempt_lease,
+            kill_grace=runtime.kill_grace,
+            poll_interval=runtime.poll_interval if poll_interval is None else poll_interval,
+            max_lost=runtime.max_lost, exit_when_idle=exit_when_idle,
+            max_spawn_failures=fleet.max_spawn_failures, spawn_backoff=fleet.spawn_backoff,
+            drain_timeout=drain_timeout, pass_env=tuple(runtime.pass_env),
+            fence_margin=runtime.fence_margin,
+        )
 
     @property
     def limits(self) -> PolicyLimits:

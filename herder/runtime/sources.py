@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from herder.config import Settings
 from herder.model import AttemptResult, AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
@@ -21,9 +22,14 @@ from herder.store import Store, Waker
 
 @dataclass(frozen=True, slots=True)
 class PolicyLimits:
-    max_lost: int = 5
-    max_spawn_failures: int = 5
-    spawn_backoff_seconds: float = 300.0
+    max_lost: int
+    max_spawn_failures: int
+    spawn_backoff_seconds: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PolicyLimits:
+        return cls(settings.runtime.max_lost, settings.fleet.max_spawn_failures,
+                   settings.fleet.spawn_backoff)
 
 
 def decide_for(

@@ -1,6 +1,7 @@
 """How much a host may take: RAM budgets per weight, time windows, and fleet-wide shedding.
 
-All of it is arithmetic over plain values; the clock is an argument, never read here.
+All of it is arithmetic over plain values; the clock is an argument, never read here. The
+defaults are herder.toml's, from the settings module.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from datetime import UTC, datetime, time
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
 
+from herder.config import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
+from herder.config import ESCALATION_CHAIN, SHEDDING_STEPS, FleetSection
+
 PRIME = "prime"
 NIGHT = "night"
-ESCALATION_CHAIN = ("light", "heavy", "playwright", "orchestrator")
+NIGHT_START = time.fromisoformat(FleetSection.night_start)
+NIGHT_END = time.fromisoformat(FleetSection.night_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +38,9 @@ class WindowSchedule:
     and end mean there is no night at all.
     """
 
-    timezone: str = "UTC"
-    night_start: time = time(20, 0)
-    night_end: time = time(3, 0)
+    timezone: str = FleetSection.timezone
+    night_start: time = NIGHT_START
+    night_end: time = NIGHT_END
 
     def window_at(self, now: datetime) -> str:
         """"prime" or "night" at `now`; a naive `now` is taken as UTC."""
@@ -92,16 +97,7 @@ class WeightTable:
         return self.chain[rank + 1]
 
 
-DEFAULT_WEIGHTS = WeightTable(
-    {"light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0}
-)
-
-SEED_SHEDDING_STEPS: tuple[tuple[float, str | None], ...] = (
-    (0.75, None),
-    (0.5, "heavy"),
-    (0.25, "heavy"),
-    (0.0, "light"),
-)
+DEFAULT_WEIGHTS = WeightTable(DEFAULT_BUDGETS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +109,7 @@ class Shedding:
     decides, and a ratio below every threshold gets the last step's weight.
     """
 
-    steps: tuple[tuple[float, str | None], ...] = SEED_SHEDDING_STEPS
+    steps: tuple[tuple[float, str | None], ...] = SHEDDING_STEPS
 
     def __post_init__(self) -> None:
         thresholds = [threshold for threshold, _ in self.steps]
@@ -132,7 +128,8 @@ class Shedding:
 SEED_SHEDDING = Shedding()
 
 
-def bookable_gb(total_gb: float, reserved_gb: float, fraction: float = 0.8) -> float:
+def bookable_gb(total_gb: float, reserved_gb: float,
+                fraction: float = FleetSection.bookable_fraction) -> float:
     """RAM the scheduler may book on a host: a fraction of what the OS reservation leaves,
     so measured use above the budgets still has headroom (seed 004: 0.8 × (32 − 4) = 22.4)."""
     return max(0.0, fraction * (total_gb - reserved_gb))

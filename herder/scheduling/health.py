@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from herder.config import FleetSection, RuntimeSection
+
 
 class HostHealth(enum.StrEnum):
     HEALTHY = "healthy"
@@ -20,8 +22,8 @@ class HostHealth(enum.StrEnum):
 class HealthThresholds:
     """Heartbeat ages at which a host turns degraded and then down."""
 
-    degraded_after_seconds: float = 300.0
-    down_after_seconds: float = 900.0
+    degraded_after_seconds: float = FleetSection.healthy_within
+    down_after_seconds: float = FleetSection.degraded_within
 
 
 DEFAULT_THRESHOLDS = HealthThresholds()
@@ -59,8 +61,8 @@ class Liveness:
     heartbeats every few minutes; an agent beats every few seconds, so its silence means
     something long before it turns degraded."""
 
-    heartbeat_interval_seconds: float = 10.0
-    missed_heartbeats: int = 3
+    heartbeat_interval_seconds: float = RuntimeSection.heartbeat_interval
+    missed_heartbeats: int = FleetSection.missed_heartbeats
 
     def window_seconds(self, advertised_interval: object = None) -> float:
         """The silence allowed; an agent that advertises a slower heartbeat gets its own."""

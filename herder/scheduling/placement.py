@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import attrgetter
 
+from herder.config import FleetSection
 from herder.scheduling.capacity import (
     DEFAULT_SCHEDULE,
     DEFAULT_WEIGHTS,
@@ -137,9 +138,9 @@ class PendingJob:
 
 @dataclass(frozen=True, slots=True)
 class PlacementPolicy:
-    bookable_fraction: float = 0.8
-    strategy: str = BEST_FIT
-    starvation_wait_seconds: float = 600.0
+    bookable_fraction: float = FleetSection.bookable_fraction
+    strategy: str = FleetSection.strategy
+    starvation_wait_seconds: float = FleetSection.starvation_wait
     shedding: Shedding = SEED_SHEDDING
     schedule: WindowSchedule = DEFAULT_SCHEDULE
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from herder.config import FleetSection, RuntimeSection
 from herder.model import Decision, JobStatus, Outcome
 
 MAX_TRANSIENT_ATTEMPTS = 5
@@ -81,9 +82,6 @@ class Rule:
             found.append("needs a failure_reason")
         return found
 
-
-DEFAULT_SPAWN_BACKOFF = 300.0
-"""Seed 004's SPAWN_BACKOFF_MIN: a contended or broken host gets five minutes."""
 
 DEFAULT_RULES: Mapping[Outcome, Rule] = {
     Outcome.OK: Rule(Action.DONE),
@@ -153,9 +151,9 @@ class RetryState:
 class Limits:
     """The fleet-wide budgets (the job's own are in its RetryState)."""
 
-    max_lost: int = 5
-    max_spawn_failures: int = 5
-    spawn_backoff_seconds: float = DEFAULT_SPAWN_BACKOFF
+    max_lost: int
+    max_spawn_failures: int
+    spawn_backoff_seconds: float
 
 
 def backoff_seconds(failures: int, base: float, cap: float) -> float:
@@ -170,11 +168,11 @@ def decide(
     outcome: Outcome,
     state: RetryState,
     now: datetime,
-    max_lost: int = 5,
+    max_lost: int = RuntimeSection.max_lost,
     *,
     retry_after: float | None = None,
-    max_spawn_failures: int = 5,
-    spawn_backoff_seconds: float = DEFAULT_SPAWN_BACKOFF,
+    max_spawn_failures: int = FleetSection.max_spawn_failures,
+    spawn_backoff_seconds: float = FleetSection.spawn_backoff,
     resume_at: datetime | None = None,
     rules: Mapping[Outcome, Rule] = DEFAULT_RULES,
 ) -> Decision:

@@ -88,18 +88,26 @@ class ChaosSettings:
         return cls(seed, seconds, kinds)
 
 
+def knows(section: type, key: str) -> bool:
+    """Whether this herder's settings section has `key` (dataclasses now, pydantic before)."""
+    fields = getattr(section, "model_fields", None)
+    if fields is None:
+        fields = {item.name for item in dataclasses.fields(section)}
+    return key in fields
+
+
 def config_sections() -> dict[str, dict[str, Any]]:
     """Fast timings for herder.toml. Keys that only some versions of herder know
     (`fence_margin`, `pickup_timeout`) are written only when this herder.config has them."""
     runtime: dict[str, Any] = {"heartbeat_interval": f"{HEARTBEAT}s",
                                "attempt_lease": f"{LEASE}s", "kill_grace": f"{KILL_GRACE}s",
                                "poll_interval": "0.2s", "max_lost": LIMITS.max_lost}
-    if "fence_margin" in RuntimeSection.model_fields:
+    if knows(RuntimeSection, "fence_margin"):
         runtime["fence_margin"] = f"{FENCE_MARGIN}s"
     fleet: dict[str, Any] = {"scheduler_interval": "0.2s", "missed_heartbeats": 3,
                              "spawn_backoff": "1s",
                              "max_spawn_failures": LIMITS.max_spawn_failures}
-    if "pickup_timeout" in FleetSection.model_fields:
+    if knows(FleetSection, "pickup_timeout"):
         fleet["pickup_timeout"] = f"{PICKUP_TIMEOUT}s"
     defaults = {"max_attempts": LIMITS.max_attempts, "backoff_base": "0s", "backoff_max": "1s"}
     return {"runtime": runtime, "fleet": fleet, "defaults": defaults}
