@@ -7,15 +7,14 @@ grep finds the Python call and both SQL versions.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 
 from herder.errors import StoreUnavailable
 from herder.model import (
@@ -362,48 +361,10 @@ class Store(abc.ABC):
         self.close()
 
 
-_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(Job))
-_JOB_DEFAULTS = {"ram_gb": 0.0, "spawn_failures": 0}
-_JOB_CONVERT: dict[str, Callable[[Any], Any]] = {
-    "command": tuple, "shell": bool, "status": JobStatus, "cancel_requested": bool,
-    "backoff_base_seconds": float, "backoff_max_seconds": float,
-}
-# What a claim writes and so need not read back: the store passes these as `given` values.
-CLAIM_GIVEN = ("status", "host", "claimed_at", "started_at", "updated_at")
-CLAIM_RETURNS = tuple(
-    name for name in _JOB_FIELDS if name not in CLAIM_GIVEN and name not in _JOB_DEFAULTS
-) + tuple(_JOB_DEFAULTS)
-
-
-_COMMANDS: dict[str, tuple[str, ...]] = {}
-
-
-def command_from_json(value: str) -> tuple[str, ...]:
-    """Jobs of one type share their command text, and a claim decodes one per job: parse
-    each text once (a tuple is safe to share)."""
-    command = _COMMANDS.get(value)
-    if command is None:
-        if len(_COMMANDS) >= 4096:
-            _COMMANDS.clear()
-        command = _COMMANDS[value] = tuple(json.loads(value))
-    return command
-
-
-_EMPTY_OBJECT = frozenset({"{}", b"{}"})
-
-
 def object_from_json(value: str | bytes | None) -> Any:
-    """A JSON column's value, from SQLite's text or psycopg's bytes; `{}`, the usual payload
-    and env, skips the parser (a new dict each time: the caller may keep it)."""
-    if value is None:
-        return None
-    if value in _EMPTY_OBJECT:
-        return {}
-    return json.loads(value)
+    """A JSON column's value, from SQLite's text or psycopg's bytes."""
+    return None if value is None else json.loads(value)
 
-
-STATUS_OF = {status.value: status for status in JobStatus}
-"""A status by its stored value, without the enum call's overhead (finishes read one per row)."""
 
 FinishGroup = tuple[
     tuple[Outcome, int | None, Decision], dict[int, int], dict[int, AttemptToken]]
@@ -454,81 +415,43 @@ def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -
             "spend_spawn_failure": int(decision.spend_spawn_failure)}
 
 
-def claim_given(host: str, now: datetime) -> tuple[Any, ...]:
-    """The CLAIM_GIVEN values of a claim by `host` at `now`, in that order."""
-    return (JobStatus.CLAIMED, host, now, None, now)
-
-
-class JobReader(Protocol):
-    def __call__(self, values: Sequence[Any], given: Sequence[Any] = (), /) -> Job: ...
-
-
-_JOB_READERS: dict[
-    tuple[tuple[str, ...], int, tuple[str, ...]],
-    tuple[Mapping[str, Callable[[Any], Any]] | None, JobReader],
-] = {}
-
-
-def job_reader(
-    names: Sequence[str],
-    decode: Mapping[str, Callable[[Any], Any]] | None = None,
-    given: Sequence[str] = (),
-) -> JobReader:
-    """Build Jobs from rows with these columns, plus `given` fields the caller already knows
-    (a claim knows what it wrote). Claims build a Job per claimed row, so the reader is
-    straight-line code generated once per result shape (as dataclasses and namedtuple do).
-    It fills an `_OpenJob` and then makes it a Job (see there): 7x faster than `Job(...)`.
-    `decode` turns a backend's stored form (SQLite: epoch seconds, JSON text) into Python
-    values first; it is cached by identity, so pass a module-level mapping."""
-    key = (tuple(names), id(decode), tuple(given))
-    cached = _JOB_READERS.get(key)
-    if cached is not None and cached[0] is decode:  # an id can be reused once freed
-        return cached[1]
-    reader = _generate_reader(key[0], decode or {}, key[2])
-    _JOB_READERS[key] = (decode, reader)
-    return reader
-
-
-class _OpenJob:
-    """A Job's slots without the frozen guard. Readers fill one with plain attribute stores
-    and then switch its class to Job, which Python allows between classes of one slot layout:
-    a frozen dataclass otherwise takes a descriptor call per field (3.8x slower for a Job).
-    The object is a Job before any caller sees it; tests/test_job_reader.py checks the layout."""
-
-    __slots__ = Job.__slots__
-
-
-def _generate_reader(
-    names: tuple[str, ...], decode: Mapping[str, Callable[[Any], Any]], given: tuple[str, ...]
-) -> JobReader:
-    index = {name: i for i, name in enumerate(names)}
-    given_index = {name: i for i, name in enumerate(given)}
-    scope: dict[str, Any] = {"OpenJob": _OpenJob, "Job": Job}
-    lines = ["def read(v, g=(), /):", "    j = OpenJob()"]
-    for field in _JOB_FIELDS:  # identifiers from the dataclass, never from input
-        if field in given_index:
-            value = f"g[{given_index[field]}]"
-        elif field in index:
-            value = f"v[{index[field]}]"
-            for step, convert in (("d", decode.get(field)), ("c", _JOB_CONVERT.get(field))):
-                if convert is not None:
-                    scope[f"{step}_{field}"] = convert
-                    value = f"{step}_{field}({value})"
-        elif field in _JOB_DEFAULTS:
-            scope[f"default_{field}"] = _JOB_DEFAULTS[field]
-            value = f"default_{field}"
-        else:
-            raise KeyError(f"a job row needs column {field!r}")
-        lines.append(f"    j.{field} = {value}")
-    lines.extend(["    j.__class__ = Job", "    return j"])
-    exec("\n".join(lines), scope)  # the source holds field names and indices only
-    reader: JobReader = scope["read"]
-    return reader
-
-
 def job_from_row(row: Mapping[str, Any]) -> Job:
-    """Build a Job from a row whose values are already Python types."""
-    return job_reader(tuple(row))(tuple(row.values()))
+    """Build a Job from a row whose values are already Python types (JSON decoded, times
+    as datetimes); rows written before the fleet columns existed lack `ram_gb` and
+    `spawn_failures`."""
+    return Job(
+        id=int(row["id"]),
+        job_type=row["job_type"],
+        command=tuple(row["command"]),
+        shell=bool(row["shell"]),
+        payload=row["payload"],
+        priority=int(row["priority"]),
+        weight=row["weight"],
+        dedup_key=row["dedup_key"],
+        affinity=row["affinity"],
+        available_at=row["available_at"],
+        max_attempts=int(row["max_attempts"]),
+        timeout_seconds=row["timeout_seconds"],
+        env=row["env"],
+        workdir=row["workdir"],
+        backoff_base_seconds=float(row["backoff_base_seconds"]),
+        backoff_max_seconds=float(row["backoff_max_seconds"]),
+        status=JobStatus(row["status"]),
+        attempt=int(row["attempt"]),
+        failures=int(row["failures"]),
+        lost=int(row["lost"]),
+        host=row["host"],
+        exit_code=row["exit_code"],
+        failure_reason=row["failure_reason"],
+        cancel_requested=bool(row["cancel_requested"]),
+        created_at=row["created_at"],
+        claimed_at=row["claimed_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        updated_at=row["updated_at"],
+        ram_gb=float(row.get("ram_gb", 0.0)),
+        spawn_failures=int(row.get("spawn_failures", 0)),
+    )
 
 
 def attempt_from_row(row: Mapping[str, Any]) -> Attempt:

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row, tuple_row
-from psycopg.types.json import Jsonb, set_json_loads
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from herder.backoff import Backoff
@@ -43,8 +43,6 @@ from herder.model import (
 )
 from herder.store import as_unavailable
 from herder.store.base import (
-    CLAIM_GIVEN,
-    STATUS_OF,
     Alert,
     DueJob,
     FinishGroup,
@@ -54,8 +52,6 @@ from herder.store.base import (
     Waker,
     alert_from_row,
     attempt_from_row,
-    claim_given,
-    command_from_json,
     due_job_from_row,
     event_from_row,
     finish_groups,
@@ -63,11 +59,9 @@ from herder.store.base import (
     host_from_row,
     host_params,
     job_from_row,
-    job_reader,
     live_attempt_from_row,
     load_migrations,
     load_queries,
-    object_from_json,
     ram_fits,
     refuse_newer_schema,
     reservation_from_row,
@@ -89,18 +83,7 @@ CONNECT_OPTIONS: dict[str, Any] = {
 CHANNEL = "herder"
 _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
 _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
-_CLAIM_QUERIES: dict[int, str] = {}
 MAX_CLAIM = 1000
-
-
-# The claim returns its JSON columns as text: each command text is parsed once, and an
-# empty payload or env not at all (cheaper than psycopg's loader call per value).
-_CLAIM_DECODE = {
-    "command": command_from_json, "payload": object_from_json, "env": object_from_json}
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    set_json_loads(object_from_json, conn)  # the same empty-object shortcut for every read
 
 
 def _finish_group(
@@ -110,17 +93,13 @@ def _finish_group(
     rows = cursor.execute(Q["attempt_finish"], {
         **finish_params(outcome, exit_code, decision), "available_at": decision.available_at,
         "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens)}).fetchall()
-    return [(held[row[0]], STATUS_OF[row[2]]) for row in rows]
+    return [(held[row[0]], JobStatus(row[2])) for row in rows]
 
 
 def _claim_query(limit: int) -> str:
     """job_claim with its LIMIT as a literal: PostgreSQL then settles on one cached plan
     instead of planning every claim afresh (see queries.sql)."""
-    limit = min(int(limit), MAX_CLAIM)  # a bounded set of statements, one per batch size
-    text = _CLAIM_QUERIES.get(limit)
-    if text is None:
-        text = _CLAIM_QUERIES[limit] = Q["job_claim"].replace("%(limit)s", str(limit))
-    return text
+    return Q["job_claim"].replace("%(limit)s", str(min(int(limit), MAX_CLAIM)))
 
 
 class PostgresWaker(Waker):
@@ -214,7 +193,6 @@ class PostgresStore(Store):
             max_size=max(1, max_connections),
             kwargs={"autocommit": True, "row_factory": dict_row, **CONNECT_OPTIONS,
                     "connect_timeout": max(1, int(connect_timeout))},
-            configure=_configure,
             # While the database is down a call fails after this long (StoreUnavailable: the
             # loops back off, the API answers 503) instead of holding its thread for 30 s.
             timeout=POOL_WAIT_SECONDS,
@@ -343,19 +321,11 @@ class PostgresStore(Store):
         if limit < 1:
             return []
         with self._connection() as conn:
-            cursor = conn.cursor(row_factory=tuple_row)  # a Job is read from each below
-            rows = cursor.execute(
+            rows = conn.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
                                       "detail": Jsonb({"host": host, "worker": worker})}
             ).fetchall()
-            result = cursor.pgresult
-        if not rows or result is None:
-            return []
-        # Names from the raw result: `cursor.description` builds an object per column.
-        read = job_reader([(result.fname(i) or b"").decode() for i in range(result.nfields)],
-                          _CLAIM_DECODE, CLAIM_GIVEN)
-        given = claim_given(host, now)
-        return [read(row, given) for row in rows]
+        return [job_from_row(row) for row in rows]
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime

@@ -7,16 +7,13 @@ claimers can never read the same queued row and both update it; readers never bl
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
-import operator
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -34,7 +31,6 @@ from herder.model import (
     Job,
     JobSpec,
     JobStatus,
-    Outcome,
     Reservation,
     ReservationKind,
     ReservationStatus,
@@ -42,19 +38,14 @@ from herder.model import (
     TokenRecord,
 )
 from herder.store.base import (
-    CLAIM_GIVEN,
-    STATUS_OF,
     Alert,
     DueJob,
-    JobReader,
     Lease,
     LiveAttempt,
     Store,
     Waker,
     alert_from_row,
     attempt_from_row,
-    claim_given,
-    command_from_json,
     due_job_from_row,
     event_from_row,
     finish_groups,
@@ -62,7 +53,6 @@ from herder.store.base import (
     host_from_row,
     host_params,
     job_from_row,
-    job_reader,
     live_attempt_from_row,
     load_migrations,
     load_queries,
@@ -87,19 +77,7 @@ _JSON_COLUMNS = frozenset(
      "agent_info", "job_types"}
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
-# The columns of job_claim_specs, in its order (the claim's reader is built before it runs).
-_CLAIM_SPEC_COLUMNS = (
-    "id", "job_type", "command", "shell", "payload", "max_attempts", "timeout_seconds", "env",
-    "workdir", "backoff_base_seconds", "backoff_max_seconds", "created_at")
 PAGE_SIZE = 2048
-# attempt_finish without its RETURNING clause (see `_attempt_finish`).
-_FINISH_QUIET = Q["attempt_finish"][: Q["attempt_finish"].rindex("RETURNING")]
-
-
-class _StaleTokens(Exception):
-    """A quiet finish changed fewer rows than it had tokens; its transaction is rolled back."""
-
-
 def to_epoch(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
@@ -108,56 +86,18 @@ def from_epoch(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-_LAST_TIME: list[tuple[float | None, datetime | None]] = [(None, None)]
-
-
-def _time(value: float | None) -> datetime | None:
-    """Consecutive reads often hold one instant (a job's available_at is its created_at
-    unless delayed, and a batch is submitted at one `now`): the last conversion is reused.
-    The pair is swapped as one tuple, so threads never see a stamp with another's value."""
-    if value is None:
-        return None
-    last = _LAST_TIME[0]
-    if last[0] == value:
-        return last[1]
-    converted = datetime.fromtimestamp(value, UTC)
-    _LAST_TIME[0] = (value, converted)
-    return converted
-
-
-# How a column is stored here -> its Python value (for `_convert` and `job_reader`).
+# How a column is stored here -> its Python value.
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, object_from_json),
-    "command": command_from_json}
-
-
-_Plan = tuple[tuple[str, Any], ...]
-_PLANS: dict[tuple[str, ...], _Plan] = {}
-
-
-def _plan(keys: tuple[str, ...]) -> _Plan:
-    """How to convert each column of a result shape; built once per shape (claims are hot)."""
-    plan = _PLANS.get(keys)
-    if plan is None:
-        plan = _PLANS[keys] = tuple((key, _DECODE.get(key)) for key in keys)
-    return plan
+    **dict.fromkeys(_TIME_COLUMNS, from_epoch), **dict.fromkeys(_JSON_COLUMNS, object_from_json)}
 
 
 def _convert(row: sqlite3.Row) -> dict[str, Any]:
-    keys = tuple(row.keys())
-    return {key: (value if convert is None else convert(value))
-            for (key, convert), value in zip(_plan(keys), row, strict=True)}
-
-
-# A claim's and a finish's event detail repeat from batch to batch: encode each once.
-@functools.lru_cache(maxsize=256)
-def _claim_detail(host: str, worker: str) -> str:
-    return json.dumps({"host": host, "worker": worker})
-
-
-@functools.lru_cache(maxsize=256)
-def _finish_detail(outcome: Outcome, exit_code: int | None) -> str:
-    return json.dumps({"outcome": outcome.value, "exit_code": exit_code})
+    """A row with its stored forms (epoch seconds, JSON text) as Python values."""
+    converted = {}
+    for key, value in zip(row.keys(), row, strict=True):
+        decode = _DECODE.get(key)
+        converted[key] = value if decode is None or value is None else decode(value)
+    return converted
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -210,16 +150,6 @@ class SQLiteWaker(Waker):
         self._conn.close()
 
 
-@dataclass(frozen=True, slots=True)
-class _ClaimShape:
-    """Where a claim's rows keep what the store reads, and the reader that makes them Jobs."""
-
-    key: int
-    attempt: int
-    order: Callable[[Sequence[Any]], Any]
-    read: JobReader
-
-
 class SQLiteStore(Store):
     dialect = "sqlite"
 
@@ -227,7 +157,6 @@ class SQLiteStore(Store):
         self.url = url
         self.path, self.synchronous = parse_sqlite_url(url)
         self.busy_timeout = busy_timeout
-        self._claim_shape: _ClaimShape | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open {self.path}: directory {directory} does not exist")
@@ -384,41 +313,24 @@ class SQLiteStore(Store):
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
         with self._write() as conn:
-            cursor = conn.cursor()
-            cursor.row_factory = None  # plain tuples: a Job is read from each below
-            rows = cursor.execute(
-                Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp}
-            ).fetchall()
-            if not rows:
+            claimed = [_convert(row) for row in conn.execute(
+                Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp})]
+            if not claimed:
                 return []
-            shape = self._claim_shape or self._remember_claim_shape(cursor)
-            key, attempt = shape.key, shape.attempt
             conn.execute(Q["job_claim_events"], {
-                "tokens": json.dumps({row[key]: row[attempt] for row in rows}),
-                "now": stamp, "detail": _claim_detail(host, worker)})
-        # The rest is read after COMMIT: the write lock is held only for the statements, and
-        # a job's spec never changes once it is submitted.
-        rows.sort(key=shape.order)
-        ids = [row[key] for row in rows]
-        specs = cursor.execute(Q["job_claim_specs"], {
-            "job_ids": "[" + ",".join(map(str, ids)) + "]"}).fetchall()
-        if [spec[0] for spec in specs] != ids:  # the plan walks :job_ids in order; check it
-            specs = _pair_specs(ids, specs)
-        read = shape.read
-        given = claim_given(host, datetime.fromtimestamp(stamp, UTC))  # as a later read gives it
-        return [read(row + spec, given) for row, spec in zip(rows, specs, strict=True)]
-
-    def _remember_claim_shape(self, cursor: sqlite3.Cursor) -> _ClaimShape:
-        """The claim's columns never change: read them once (`description` builds a tuple
-        per column on every call), with the reader and the positions a claim needs. The
-        reader takes a claimed row followed by its spec row."""
-        names = [column[0] for column in cursor.description]
-        key = names.index("id")
-        self._claim_shape = _ClaimShape(
-            key=key, attempt=names.index("attempt"),
-            order=operator.itemgetter(names.index("priority"), key),
-            read=job_reader(names + list(_CLAIM_SPEC_COLUMNS), _DECODE, CLAIM_GIVEN))
-        return self._claim_shape
+                "tokens": json.dumps({row["id"]: row["attempt"] for row in claimed}),
+                "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
+        # The specs are read after COMMIT: the write lock is held only for the statements,
+        # and a job's spec never changes once it is submitted.
+        claimed.sort(key=lambda row: (row["priority"], row["id"]))
+        ids = [row["id"] for row in claimed]
+        specs = {row["id"]: _convert(row) for row in self._conn().execute(
+            Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
+        missing = [job_id for job_id in ids if job_id not in specs]
+        if missing:
+            raise StoreUnavailable(
+                f"claimed jobs {missing} have no spec row: the database is damaged")
+        return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
 
     def attempt_start(
         self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
@@ -454,44 +366,22 @@ class SQLiteStore(Store):
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
-        if not results:
-            return []
-        try:
-            return self._attempt_finish(results, now, quiet=True)
-        except _StaleTokens:  # rolled back: redo it, reading back which tokens applied
-            return self._attempt_finish(results, now, quiet=False)
-
-    def _attempt_finish(
-        self, results: Sequence[AttemptResult], now: datetime, quiet: bool
-    ) -> list[tuple[AttemptToken, JobStatus]]:
-        """`quiet` finishes a group that ends its jobs without RETURNING: the status each
-        job gets is the group's, and when every token changed a row (a stale token is
-        rare) the applied jobs are the group's. RETURNING costs ~0.3 µs per value and row
-        (a fifth of the statement), and its rows cost Python more."""
         stamp = now.timestamp()
         applied: list[tuple[AttemptToken, JobStatus]] = []
+        if not results:
+            return applied
         with self._write() as conn:
-            cursor = conn.cursor()
-            cursor.row_factory = None  # plain tuples: a Row per finished job costs more
             for (outcome, exit_code, decision), tokens, held in finish_groups(results):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
-                status = decision.status
-                done: list[tuple[AttemptToken, JobStatus]]
-                if quiet and status is not JobStatus.QUEUED:  # a requeue may become cancelled
-                    if cursor.execute(_FINISH_QUIET, params).rowcount != len(tokens):
-                        raise _StaleTokens
-                    done = [(token, status) for token in held.values()]
-                else:
-                    rows = cursor.execute(Q["attempt_finish"], params).fetchall()
-                    done = [(held[row[0]], STATUS_OF[row[2]]) for row in rows]
-                if not done:
+                rows = conn.execute(Q["attempt_finish"], params).fetchall()
+                if not rows:
                     continue
-                params["applied"] = "[" + ",".join(str(t.job_id) for t, _ in done) + "]"
-                params["detail"] = _finish_detail(outcome, exit_code)
+                params["applied"] = json.dumps([row["id"] for row in rows])
+                params["detail"] = json.dumps({"outcome": outcome.value, "exit_code": exit_code})
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend(done)
+                applied.extend((held[row["id"]], JobStatus(row["status"])) for row in rows)
         return applied
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
@@ -782,15 +672,6 @@ class SQLiteLease(Lease):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _pair_specs(ids: Sequence[int], specs: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The spec rows in the order of `ids`, whatever order they came in."""
-    by_id = {spec[0]: spec for spec in specs}
-    missing = [job_id for job_id in ids if job_id not in by_id]
-    if missing:
-        raise StoreUnavailable(f"claimed jobs {missing} have no spec row: the database is damaged")
-    return [by_id[job_id] for job_id in ids]
 
 
 def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:

@@ -67,15 +67,7 @@ WITH picked AS (
         pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
-    -- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
-    -- JSON as text: the store parses each distinct command text once, and an empty payload
-    -- or env (the usual case) not at all.
-    RETURNING j.id, j.job_type, j.command::text AS command, j.shell, j.payload::text AS payload,
-              j.priority, j.weight, j.dedup_key, j.affinity, j.available_at, j.max_attempts,
-              j.timeout_seconds, j.env::text AS env, j.workdir, j.backoff_base_seconds,
-              j.backoff_max_seconds, j.attempt, j.failures, j.lost, j.exit_code,
-              j.failure_reason, j.cancel_requested, j.created_at, j.finished_at, j.ram_gb,
-              j.spawn_failures
+    RETURNING j.*
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb

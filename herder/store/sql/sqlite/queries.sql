@@ -56,14 +56,14 @@ WHERE id IN (
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
     LIMIT :limit)
--- What the claim did not write, of the job's state; job_claim_specs reads the rest after
--- COMMIT (it never changes, so it needs no lock).
-RETURNING id, priority, weight, dedup_key, affinity, available_at, attempt, failures, lost,
-    exit_code, failure_reason, cancel_requested, finished_at, ram_gb, spawn_failures;
+-- The job's state; job_claim_specs reads the spec after COMMIT (it never changes, so it
+-- needs no lock).
+RETURNING id, priority, weight, dedup_key, affinity, available_at, status, attempt, failures,
+    lost, host, exit_code, failure_reason, cancel_requested, claimed_at, started_at,
+    finished_at, updated_at, ram_gb, spawn_failures;
 
 -- name: job_claim_specs
--- :job_ids is a JSON array of the claimed jobs' ids. The plan walks it in order (the store
--- checks, and pairs by id if not): an ORDER BY would sort every batch.
+-- :job_ids is a JSON array of the claimed jobs' ids; the store pairs the rows by id.
 SELECT s.id, s.job_type, s.command, s.shell, s.payload, s.max_attempts, s.timeout_seconds,
        s.env, s.workdir, s.backoff_base_seconds, s.backoff_max_seconds, s.created_at
 FROM json_each(:job_ids) AS t JOIN herder_job_specs s ON s.id = t.value;
@@ -93,8 +93,7 @@ RETURNING id, attempt, cancel_requested;
 -- Set-based: one statement per group of results that share an outcome, exit code and
 -- decision (a batch is usually one group), those passed as parameters and the group's
 -- tokens as one JSON object {"job_id": attempt}: json_each gives key and value without
--- parsing each element again, and the job rows are found by rowid. Groups that end their
--- jobs run it without the RETURNING clause (sqlite.py, _FINISH_QUIET): it must stay last.
+-- parsing each element again, and the job rows are found by rowid.
 UPDATE herder_jobs SET
     status = CASE WHEN cancel_requested AND :next_status = 'queued'
                   THEN 'cancelled' ELSE :next_status END,
