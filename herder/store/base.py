@@ -1,7 +1,7 @@
 """The store interface both backends implement, and the pieces they share.
 
 A store method and its SQL query share one name in both dialects (`job_claim`, ...), so one
-grep finds the Python call and both SQL versions.
+grep finds the Python call and its SQL (shared, or one version per dialect).
 """
 
 from __future__ import annotations
@@ -38,18 +38,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-def load_queries(dialect: str) -> dict[str, str]:
-    """Named SQL blocks of one dialect: `-- name: x` starts block x."""
-    text = resources.files("herder.store").joinpath(f"sql/{dialect}/queries.sql").read_text()
-    parts = _NAME.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        queries[name] = body.strip().rstrip(";")
-    return queries
+from herder.store.driver import Driver, Json
 
 
 def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
@@ -134,10 +123,14 @@ class Waker(abc.ABC):
 
 
 class Store(abc.ABC):
-    """Durable jobs, attempts and events. Every state change is a guarded statement."""
+    """Durable jobs, attempts and events. Every state change is a guarded statement.
+
+    The methods written here run on both dialects through `driver`; the abstract ones are
+    each dialect's own (claim, finish, migrations, ...)."""
 
     url: str
     dialect: str
+    driver: Driver
 
     @abc.abstractmethod
     def migrate(self) -> list[int]:
@@ -157,20 +150,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        """The job that currently holds a dedup key, if any."""
-
-    @abc.abstractmethod
     def job_get(self, job_id: int) -> Job | None: ...
 
     @abc.abstractmethod
     def job_list(
         self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
     ) -> list[Job]: ...
-
-    @abc.abstractmethod
-    def job_counts(self) -> dict[JobStatus, int]:
-        """Counts of active jobs (queued, claimed, running)."""
 
     @abc.abstractmethod
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
@@ -206,35 +191,9 @@ class Store(abc.ABC):
         """Queue an ended job again with a fresh failure budget."""
 
     @abc.abstractmethod
-    def attempt_list(self, job_id: int) -> list[Attempt]: ...
-
-    @abc.abstractmethod
     def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]: ...
 
-    @abc.abstractmethod
-    def event_list(self, job_id: int) -> list[Event]: ...
-
     # -- fleet ------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def host_insert(self, host: HostRecord, now: datetime) -> bool:
-        """False when the label exists already."""
-
-    @abc.abstractmethod
-    def host_update(self, host: HostRecord, now: datetime) -> bool: ...
-
-    @abc.abstractmethod
-    def host_get(self, label: str) -> HostRecord | None: ...
-
-    @abc.abstractmethod
-    def host_list(self) -> list[HostRecord]: ...
-
-    @abc.abstractmethod
-    def host_remove(self, label: str) -> bool:
-        """False when the host is unknown or still has claimed or running jobs."""
-
-    @abc.abstractmethod
-    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool: ...
 
     @abc.abstractmethod
     def host_agent_gone(self, label: str, worker: str) -> bool:
@@ -243,97 +202,11 @@ class Store(abc.ABC):
         cleanly, or there is no such host."""
 
     @abc.abstractmethod
-    def host_usage(self, now: datetime) -> dict[str, HostUsage]: ...
-
-    @abc.abstractmethod
     def job_list_due(self, now: datetime, limit: int) -> list[DueJob]: ...
-
-    @abc.abstractmethod
-    def job_assign(
-        self,
-        host: str,
-        items: Sequence[tuple[int, float]],
-        max_workers: int,
-        bookable_gb: float,
-        now: datetime,
-    ) -> list[AttemptToken]:
-        """Place (job id, RAM GB) pairs on a host, re-checking its capacity in SQL under a
-        host lock, so two schedulers can never overbook it. Returns what was placed."""
 
     @abc.abstractmethod
     def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
         """Claimed jobs placed on a host whose attempt has not started yet."""
-
-    @abc.abstractmethod
-    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
-        """Take a placed attempt for one runner; False when another runner has it. Its
-        lease starts again at `now`."""
-
-    @abc.abstractmethod
-    def reservation_create(
-        self,
-        kind: ReservationKind,
-        owner: str,
-        host: str,
-        weight: str,
-        ram_gb: float,
-        count: int,
-        expires_at: datetime,
-        bookable_gb: float | None,
-        now: datetime,
-    ) -> list[Reservation]:
-        """Book up to `count` slots; with `bookable_gb` only as many as fit. A CI slot is
-        idempotent per owner: claiming it again returns the live one."""
-
-    @abc.abstractmethod
-    def reservation_end(
-        self, reservation_id: int, status: ReservationStatus, now: datetime
-    ) -> Reservation | None: ...
-
-    @abc.abstractmethod
-    def reservation_get(self, reservation_id: int) -> Reservation | None: ...
-
-    @abc.abstractmethod
-    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None: ...
-
-    @abc.abstractmethod
-    def reservation_list(self, host: str | None = None) -> list[Reservation]: ...
-
-    @abc.abstractmethod
-    def reservation_expire(self, now: datetime) -> int: ...
-
-    # -- API tokens ---------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
-                     host: str | None = None, job_types: frozenset[str] | None = None,
-                     priority_floor: int | None = None) -> int:
-        """The new token's id; the hash is unique (a duplicate raises)."""
-
-    @abc.abstractmethod
-    def token_get(self, token_hash: str) -> TokenRecord | None:
-        """The token with this hash, revoked or not (so a caller can be told which)."""
-
-    @abc.abstractmethod
-    def token_list(self) -> list[TokenRecord]: ...
-
-    @abc.abstractmethod
-    def token_revoke(self, token_id: int, now: datetime) -> bool:
-        """False when there is no such live token."""
-
-    @abc.abstractmethod
-    def token_revoke_host(self, host: str, now: datetime) -> int:
-        """Revoke every live token bound to `host`; how many."""
-
-    @abc.abstractmethod
-    def alert_open(self, key: str, message: str, now: datetime) -> bool:
-        """True when newly opened; an open alert with the same key dedups it."""
-
-    @abc.abstractmethod
-    def alert_clear(self, key: str, now: datetime) -> bool: ...
-
-    @abc.abstractmethod
-    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]: ...
 
     @abc.abstractmethod
     def leader_lease(self) -> Lease: ...
@@ -353,6 +226,189 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    # -- written once, over the driver ----------------------------------------------------
+
+    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
+        """The job that currently holds a dedup key, if any."""
+        rows = self.driver.read("job_dedup_holder", {"dedup_key": dedup_key})
+        return (int(rows[0]["id"]), JobStatus(rows[0]["status"])) if rows else None
+
+    def job_counts(self) -> dict[JobStatus, int]:
+        """Counts of active jobs (queued, claimed, running)."""
+        return {JobStatus(row["status"]): int(row["count"])
+                for row in self.driver.read("job_counts")}
+
+    def attempt_list(self, job_id: int) -> list[Attempt]:
+        return [attempt_from_row(row)
+                for row in self.driver.read("attempt_list", {"job_id": job_id})]
+
+    def event_list(self, job_id: int) -> list[Event]:
+        return [event_from_row(row) for row in self.driver.read("event_list", {"job_id": job_id})]
+
+    def host_insert(self, host: HostRecord, now: datetime) -> bool:
+        """False when the label exists already."""
+        return bool(self.driver.write("host_insert", _host_params(host, now)))
+
+    def host_update(self, host: HostRecord, now: datetime) -> bool:
+        return bool(self.driver.write("host_update", _host_params(host, now)))
+
+    def host_get(self, label: str) -> HostRecord | None:
+        rows = self.driver.read("host_get", {"label": label})
+        return host_from_row(rows[0]) if rows else None
+
+    def host_list(self) -> list[HostRecord]:
+        return [host_from_row(row) for row in self.driver.read("host_list")]
+
+    def host_remove(self, label: str) -> bool:
+        """False when the host is unknown or still has claimed or running jobs."""
+        return bool(self.driver.write("host_remove", {"label": label}))
+
+    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
+        return bool(self.driver.write("host_heartbeat", {
+            "label": label, "now": now, "agent_info": Json(dict(agent_info))}))
+
+    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
+        return {row["label"]: HostUsage(row["label"], int(row["workers"]), float(row["jobs_gb"]),
+                                        float(row["reserved_gb"]))
+                for row in self.driver.read("host_usage", {"now": now})}
+
+    def job_assign(
+        self,
+        host: str,
+        items: Sequence[tuple[int, float]],
+        max_workers: int,
+        bookable_gb: float,
+        now: datetime,
+    ) -> list[AttemptToken]:
+        """Place (job id, RAM GB) pairs on a host, re-checking its capacity in SQL under a
+        host lock, so two schedulers can never overbook it. Returns what was placed."""
+        placed: list[AttemptToken] = []
+        with self.driver.transaction() as transaction:
+            # The host lock serialises every assigner of this host; capacity is then re-read
+            # inside the lock, so a stale plan can never overbook it.
+            if not transaction.fetch("host_lock", {"label": host}):
+                return []
+            [booked] = transaction.fetch("host_booked", {"label": host, "now": now})
+            workers, booked_gb = int(booked["workers"]), float(booked["booked_gb"])
+            for job_id, ram_gb in items:
+                if workers + 1 > max_workers:
+                    break
+                if not ram_fits(booked_gb, ram_gb, bookable_gb):
+                    continue
+                rows = transaction.fetch("job_assign", {"job_id": job_id, "host": host,
+                                                        "ram_gb": ram_gb, "now": now})
+                if not rows:
+                    continue
+                token = AttemptToken(int(rows[0]["id"]), int(rows[0]["attempt"]))
+                transaction.fetch("event_insert", {
+                    "job_id": token.job_id, "now": now, "kind": "placed",
+                    "from_status": JobStatus.QUEUED.value, "to_status": JobStatus.CLAIMED.value,
+                    "attempt": token.attempt, "detail": Json({"host": host, "ram_gb": ram_gb})})
+                workers += 1
+                booked_gb += ram_gb
+                placed.append(token)
+            if placed:
+                transaction.notify(f"assigned:{host}")
+        return placed
+
+    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
+        """Take a placed attempt for one runner; False when another runner has it. Its
+        lease starts again at `now`."""
+        return bool(self.driver.write("attempt_set_worker", {
+            "job_id": token.job_id, "attempt": token.attempt, "worker": worker, "now": now}))
+
+    def reservation_create(
+        self,
+        kind: ReservationKind,
+        owner: str,
+        host: str,
+        weight: str,
+        ram_gb: float,
+        count: int,
+        expires_at: datetime,
+        bookable_gb: float | None,
+        now: datetime,
+    ) -> list[Reservation]:
+        """Book up to `count` slots; with `bookable_gb` only as many as fit. A CI slot is
+        idempotent per owner: claiming it again returns the live one."""
+        created: list[Reservation] = []
+        with self.driver.transaction() as transaction:
+            if not transaction.fetch("host_lock", {"label": host}):
+                return []
+            if kind is ReservationKind.CI:
+                existing = transaction.fetch("reservation_active_ci", {"owner": owner})
+                if existing:
+                    return [reservation_from_row(existing[0])]
+            [booked] = transaction.fetch("host_booked", {"label": host, "now": now})
+            fit = slots_that_fit(count, ram_gb, float(booked["booked_gb"]), bookable_gb)
+            for _ in range(fit):
+                created.extend(reservation_from_row(row) for row in transaction.fetch(
+                    "reservation_insert", {
+                        "kind": str(kind), "owner": owner, "host": host, "weight": weight,
+                        "ram_gb": ram_gb, "detail": Json({}), "now": now,
+                        "expires_at": expires_at}))
+        return created
+
+    def reservation_end(
+        self, reservation_id: int, status: ReservationStatus, now: datetime
+    ) -> Reservation | None:
+        rows = self.driver.write("reservation_end", {
+            "id": reservation_id, "status": str(status), "now": now, "detail": Json({})})
+        return reservation_from_row(rows[0]) if rows else None
+
+    def reservation_get(self, reservation_id: int) -> Reservation | None:
+        rows = self.driver.read("reservation_get", {"id": reservation_id})
+        return reservation_from_row(rows[0]) if rows else None
+
+    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
+        rows = self.driver.write("reservation_release_ci", {"owner": owner, "now": now})
+        return reservation_from_row(rows[0]) if rows else None
+
+    def reservation_list(self, host: str | None = None) -> list[Reservation]:
+        return [reservation_from_row(row)
+                for row in self.driver.read("reservation_list", {"host": host})]
+
+    def reservation_expire(self, now: datetime) -> int:
+        return len(self.driver.write("reservation_expire", {"now": now}))
+
+    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
+                     host: str | None = None, job_types: frozenset[str] | None = None,
+                     priority_floor: int | None = None) -> int:
+        """The new token's id; the hash is unique (a duplicate raises)."""
+        [row] = self.driver.write("token_insert", {
+            "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
+            "job_types": None if job_types is None else Json(sorted(job_types)),
+            "priority_floor": priority_floor, "now": now})
+        return int(row["id"])
+
+    def token_get(self, token_hash: str) -> TokenRecord | None:
+        """The token with this hash, revoked or not (so a caller can be told which)."""
+        rows = self.driver.read("token_get", {"token_hash": token_hash})
+        return token_from_row(rows[0]) if rows else None
+
+    def token_list(self) -> list[TokenRecord]:
+        return [token_from_row(row) for row in self.driver.read("token_list")]
+
+    def token_revoke(self, token_id: int, now: datetime) -> bool:
+        """False when there is no such live token."""
+        return bool(self.driver.write("token_revoke", {"id": token_id, "now": now}))
+
+    def token_revoke_host(self, host: str, now: datetime) -> int:
+        """Revoke every live token bound to `host`; how many."""
+        return len(self.driver.write("token_revoke_host", {"host": host, "now": now}))
+
+    def alert_open(self, key: str, message: str, now: datetime) -> bool:
+        """True when newly opened; an open alert with the same key dedups it."""
+        return bool(self.driver.write("alert_open", {"key": key, "message": message,
+                                                     "now": now}))
+
+    def alert_clear(self, key: str, now: datetime) -> bool:
+        return bool(self.driver.write("alert_clear", {"key": key, "now": now}))
+
+    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
+        return [alert_from_row(row) for row in self.driver.read(
+            "alert_list", {"open_only": open_only, "limit": limit})]
 
     def __enter__(self) -> Store:
         return self
@@ -522,9 +578,10 @@ def host_from_row(row: Mapping[str, Any]) -> HostRecord:
     )
 
 
-def host_params(host: HostRecord) -> dict[str, Any]:
-    """Column values of a host; JSON columns as plain lists (each store wraps them)."""
+def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
+    """Column values of a host, as host_insert and host_update take them."""
     return {
+        "now": now,
         "label": host.label,
         "ram_total_gb": host.ram_total_gb,
         "ram_reserved_gb": host.ram_reserved_gb,
@@ -537,11 +594,11 @@ def host_params(host: HostRecord) -> dict[str, Any]:
         "night_max_workers": host.night_max_workers,
         "night_max_weight": host.night_max_weight,
         "allowed_job_types": None if host.allowed_job_types is None
-        else sorted(host.allowed_job_types),
+        else Json(sorted(host.allowed_job_types)),
         "allowed_weights": None if host.allowed_weights is None
-        else sorted(host.allowed_weights),
+        else Json(sorted(host.allowed_weights)),
         "priority_floor": host.priority_floor,
-        "labels": sorted(host.labels),
+        "labels": Json(sorted(host.labels)),
     }
 
 

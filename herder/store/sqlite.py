@@ -20,49 +20,30 @@ from urllib.parse import parse_qs, urlsplit
 
 from herder.errors import InputError, StoreUnavailable
 from herder.model import (
-    Attempt,
     AttemptResult,
     AttemptToken,
-    Event,
     HeartbeatReply,
-    HostRecord,
-    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
-    Reservation,
-    ReservationKind,
-    ReservationStatus,
-    Scope,
-    TokenRecord,
 )
 from herder.store.base import (
-    Alert,
     DueJob,
     Lease,
     LiveAttempt,
     Store,
     Waker,
-    alert_from_row,
-    attempt_from_row,
     due_job_from_row,
-    event_from_row,
     finish_groups,
     finish_params,
-    host_from_row,
-    host_params,
     job_from_row,
     live_attempt_from_row,
     load_migrations,
-    load_queries,
     object_from_json,
-    ram_fits,
     refuse_newer_schema,
-    reservation_from_row,
-    slots_that_fit,
-    token_from_row,
 )
+from herder.store.driver import Driver, Json, Row, Transaction, load_queries
 
 Q = load_queries("sqlite")
 _TIME_COLUMNS = frozenset(
@@ -150,12 +131,27 @@ class SQLiteWaker(Waker):
         self._conn.close()
 
 
-class SQLiteStore(Store):
-    dialect = "sqlite"
+class _SQLiteTransaction(Transaction):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
 
-    def __init__(self, url: str, busy_timeout: float = 30.0) -> None:
-        self.url = url
-        self.path, self.synchronous = parse_sqlite_url(url)
+    def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return [_convert(row) for row in self._conn.execute(Q[name], _adapt(params))]
+
+    def notify(self, topic: str) -> None:
+        """Nothing to send: every commit already moves `data_version` for the wakers."""
+
+
+class SQLiteDriver(Driver):
+    """One connection per thread (sqlite3 connections are not for sharing), in autocommit;
+    writes take the write lock up front with `BEGIN IMMEDIATE`."""
+
+    dialect = "sqlite"
+    queries = Q
+
+    def __init__(self, path: str, synchronous: str, busy_timeout: float) -> None:
+        self.path = path
+        self.synchronous = synchronous
         self.busy_timeout = busy_timeout
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
@@ -163,9 +159,9 @@ class SQLiteStore(Store):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._conn()
+        self.connection()
 
-    def _conn(self) -> sqlite3.Connection:
+    def connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
@@ -207,8 +203,9 @@ class SQLiteStore(Store):
             delay = min(delay * 2, 0.1)
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
+    def immediate(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the write lock from its start."""
+        conn = self.connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
@@ -224,10 +221,48 @@ class SQLiteStore(Store):
             self._connections.clear()
         self._local = threading.local()
 
+    def read(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return [_convert(row) for row in self.connection().execute(Q[name], _adapt(params))]
+
+    def write(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        with self.transaction() as transaction:
+            return transaction.fetch(name, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        with self.immediate() as conn:
+            yield _SQLiteTransaction(conn)
+
+
+def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text."""
+    adapted: dict[str, Any] = {}
+    for key, value in (params or {}).items():
+        if isinstance(value, datetime):
+            adapted[key] = value.timestamp()
+        elif isinstance(value, Json):
+            adapted[key] = json.dumps(value.value)
+        else:
+            adapted[key] = value
+    return adapted
+
+
+class SQLiteStore(Store):
+    dialect = "sqlite"
+    driver: SQLiteDriver
+
+    def __init__(self, url: str, busy_timeout: float = 30.0) -> None:
+        self.url = url
+        self.path, synchronous = parse_sqlite_url(url)
+        self.driver = SQLiteDriver(self.path, synchronous, busy_timeout)
+
+    def close(self) -> None:
+        self.driver.close()
+
     # -- schema ---------------------------------------------------------------------------
 
     def schema_version(self) -> int:
-        conn = self._conn()
+        conn = self.driver.connection()
         row = conn.execute(
             "SELECT name FROM sqlite_master WHERE type='table' AND name='herder_schema'"
         ).fetchone()
@@ -238,7 +273,7 @@ class SQLiteStore(Store):
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS herder_schema ("
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
@@ -265,7 +300,7 @@ class SQLiteStore(Store):
     ) -> list[InsertResult]:
         stamp = now.timestamp()
         results: list[InsertResult] = []
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             for spec in specs:
                 if force and spec.dedup_key is not None:
                     for row in conn.execute(
@@ -288,12 +323,8 @@ class SQLiteStore(Store):
                 results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
         return results
 
-    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        row = self._conn().execute(Q["job_dedup_holder"], {"dedup_key": dedup_key}).fetchone()
-        return None if row is None else (int(row[0]), JobStatus(row[1]))
-
     def job_get(self, job_id: int) -> Job | None:
-        row = self._conn().execute(Q["job_get"], {"job_id": job_id}).fetchone()
+        row = self.driver.connection().execute(Q["job_get"], {"job_id": job_id}).fetchone()
         return None if row is None else job_from_row(_convert(row))
 
     def job_list(
@@ -303,16 +334,12 @@ class SQLiteStore(Store):
             "statuses": None if statuses is None else json.dumps([str(s) for s in statuses]),
             "limit": limit,
         }
-        rows = self._conn().execute(Q["job_list"], params).fetchall()
+        rows = self.driver.connection().execute(Q["job_list"], params).fetchall()
         return [job_from_row(_convert(row)) for row in rows]
-
-    def job_counts(self) -> dict[JobStatus, int]:
-        rows = self._conn().execute(Q["job_counts"]).fetchall()
-        return {JobStatus(row[0]): int(row[1]) for row in rows}
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             claimed = [_convert(row) for row in conn.execute(
                 Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp})]
             if not claimed:
@@ -324,7 +351,7 @@ class SQLiteStore(Store):
         # and a job's spec never changes once it is submitted.
         claimed.sort(key=lambda row: (row["priority"], row["id"]))
         ids = [row["id"] for row in claimed]
-        specs = {row["id"]: _convert(row) for row in self._conn().execute(
+        specs = {row["id"]: _convert(row) for row in self.driver.connection().execute(
             Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
         missing = [job_id for job_id in ids if job_id not in specs]
         if missing:
@@ -338,7 +365,7 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         params = {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
                   "log_path": log_path, "now": stamp}
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             if conn.execute(Q["attempt_start"], params).fetchone() is None:
                 return False
             _event(conn, token.job_id, stamp, "started", JobStatus.CLAIMED, JobStatus.RUNNING,
@@ -351,7 +378,7 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         live: set[AttemptToken] = set()
         cancel: set[AttemptToken] = set()
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             for token in tokens:
                 row = conn.execute(
                     Q["attempt_heartbeat"],
@@ -370,7 +397,7 @@ class SQLiteStore(Store):
         applied: list[tuple[AttemptToken, JobStatus]] = []
         if not results:
             return applied
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             for (outcome, exit_code, decision), tokens, held in finish_groups(results):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
@@ -386,7 +413,7 @@ class SQLiteStore(Store):
 
     def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
         stamp = now.timestamp()
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": stamp}).fetchone()
             if row is None:
                 return None
@@ -399,14 +426,14 @@ class SQLiteStore(Store):
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         if not job_ids:
             return set()
-        rows = self._conn().execute(
+        rows = self.driver.connection().execute(
             Q["job_cancel_requested"], {"job_ids": json.dumps(list(job_ids))}
         ).fetchall()
         return {AttemptToken(int(row[0]), int(row[1])) for row in rows}
 
     def job_retry(self, job_id: int, now: datetime) -> bool:
         stamp = now.timestamp()
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             old = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
             if old is None:
                 return False
@@ -422,212 +449,27 @@ class SQLiteStore(Store):
 
     # -- attempts and events ------------------------------------------------------------------
 
-    def attempt_list(self, job_id: int) -> list[Attempt]:
-        rows = self._conn().execute(Q["attempt_list"], {"job_id": job_id}).fetchall()
-        return [attempt_from_row(_convert(row)) for row in rows]
-
     def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
-        rows = self._conn().execute(Q["attempt_list_live"], {"host": host}).fetchall()
+        rows = self.driver.connection().execute(Q["attempt_list_live"], {"host": host}).fetchall()
         return [live_attempt_from_row(_convert(row)) for row in rows]
-
-    def event_list(self, job_id: int) -> list[Event]:
-        rows = self._conn().execute(Q["event_list"], {"job_id": job_id}).fetchall()
-        return [event_from_row(_convert(row)) for row in rows]
 
     # -- fleet ------------------------------------------------------------------------------
 
-    def host_insert(self, host: HostRecord, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_insert"], _host_params(host, now)).fetchone()
-        return row is not None
-
-    def host_update(self, host: HostRecord, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_update"], _host_params(host, now)).fetchone()
-        return row is not None
-
-    def host_get(self, label: str) -> HostRecord | None:
-        row = self._conn().execute(Q["host_get"], {"label": label}).fetchone()
-        return None if row is None else host_from_row(_convert(row))
-
-    def host_list(self) -> list[HostRecord]:
-        return [host_from_row(_convert(r)) for r in self._conn().execute(Q["host_list"])]
-
-    def host_remove(self, label: str) -> bool:
-        with self._write() as conn:
-            return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
-
-    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_heartbeat"], {
-                "label": label, "now": now.timestamp(),
-                "agent_info": json.dumps(dict(agent_info))}).fetchone()
-        return row is not None
-
     def host_agent_gone(self, label: str, worker: str) -> bool:
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
                                ).fetchone()
         return row is not None
 
-    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
-        rows = self._conn().execute(Q["host_usage"], {"now": now.timestamp()}).fetchall()
-        return {row[0]: HostUsage(row[0], int(row[1]), float(row[2]), float(row[3]))
-                for row in rows}
-
     def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
-        rows = self._conn().execute(
+        rows = self.driver.connection().execute(
             Q["job_list_due"], {"now": now.timestamp(), "limit": limit}).fetchall()
         return [due_job_from_row(_convert(row)) for row in rows]
 
-    def job_assign(
-        self,
-        host: str,
-        items: Sequence[tuple[int, float]],
-        max_workers: int,
-        bookable_gb: float,
-        now: datetime,
-    ) -> list[AttemptToken]:
-        stamp = now.timestamp()
-        placed: list[AttemptToken] = []
-        with self._write() as conn:
-            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
-                return []
-            booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
-            workers, booked_gb = int(booked[0]), float(booked[1])
-            for job_id, ram_gb in items:
-                if workers + 1 > max_workers:
-                    break
-                if not ram_fits(booked_gb, ram_gb, bookable_gb):
-                    continue
-                row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
-                                                     "ram_gb": ram_gb, "now": stamp}).fetchone()
-                if row is None:
-                    continue
-                token = AttemptToken(int(row[0]), int(row[1]))
-                _event(conn, token.job_id, stamp, "placed", JobStatus.QUEUED, JobStatus.CLAIMED,
-                       token.attempt, {"host": host, "ram_gb": ram_gb})
-                workers += 1
-                booked_gb += ram_gb
-                placed.append(token)
-        return placed
-
     def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        rows = self._conn().execute(
+        rows = self.driver.connection().execute(
             Q["attempt_list_assigned"], {"host": host, "limit": limit}).fetchall()
         return [job_from_row(_convert(row)) for row in rows]
-
-    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["attempt_set_worker"], {
-                "job_id": token.job_id, "attempt": token.attempt, "worker": worker,
-                "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def reservation_create(
-        self,
-        kind: ReservationKind,
-        owner: str,
-        host: str,
-        weight: str,
-        ram_gb: float,
-        count: int,
-        expires_at: datetime,
-        bookable_gb: float | None,
-        now: datetime,
-    ) -> list[Reservation]:
-        stamp = now.timestamp()
-        created: list[Reservation] = []
-        with self._write() as conn:
-            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
-                return []
-            if kind is ReservationKind.CI:
-                existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
-                if existing is not None:
-                    return [reservation_from_row(_convert(existing))]
-            booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
-            fit = slots_that_fit(count, ram_gb, float(booked[1]), bookable_gb)
-            for _ in range(fit):
-                row = conn.execute(Q["reservation_insert"], {
-                    "kind": str(kind), "owner": owner, "host": host, "weight": weight,
-                    "ram_gb": ram_gb, "detail": "{}", "now": stamp,
-                    "expires_at": expires_at.timestamp()}).fetchone()
-                if row is not None:
-                    created.append(reservation_from_row(_convert(row)))
-        return created
-
-    def reservation_end(
-        self, reservation_id: int, status: ReservationStatus, now: datetime
-    ) -> Reservation | None:
-        with self._write() as conn:
-            row = conn.execute(Q["reservation_end"], {
-                "id": reservation_id, "status": str(status), "now": now.timestamp(),
-                "detail": "{}"}).fetchone()
-        return None if row is None else reservation_from_row(_convert(row))
-
-    def reservation_get(self, reservation_id: int) -> Reservation | None:
-        row = self._conn().execute(Q["reservation_get"], {"id": reservation_id}).fetchone()
-        return None if row is None else reservation_from_row(_convert(row))
-
-    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
-        with self._write() as conn:
-            row = conn.execute(Q["reservation_release_ci"],
-                               {"owner": owner, "now": now.timestamp()}).fetchone()
-        return None if row is None else reservation_from_row(_convert(row))
-
-    def reservation_list(self, host: str | None = None) -> list[Reservation]:
-        rows = self._conn().execute(Q["reservation_list"], {"host": host}).fetchall()
-        return [reservation_from_row(_convert(row)) for row in rows]
-
-    def reservation_expire(self, now: datetime) -> int:
-        with self._write() as conn:
-            return len(conn.execute(Q["reservation_expire"],
-                                    {"now": now.timestamp()}).fetchall())
-
-    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
-                     host: str | None = None, job_types: frozenset[str] | None = None,
-                     priority_floor: int | None = None) -> int:
-        with self._write() as conn:
-            row = conn.execute(Q["token_insert"], {
-                "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
-                "job_types": None if job_types is None else json.dumps(sorted(job_types)),
-                "priority_floor": priority_floor, "now": now.timestamp()}).fetchone()
-        return int(row[0])
-
-    def token_get(self, token_hash: str) -> TokenRecord | None:
-        row = self._conn().execute(Q["token_get"], {"token_hash": token_hash}).fetchone()
-        return None if row is None else token_from_row(_convert(row))
-
-    def token_list(self) -> list[TokenRecord]:
-        return [token_from_row(_convert(r)) for r in self._conn().execute(Q["token_list"])]
-
-    def token_revoke(self, token_id: int, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["token_revoke"], {"id": token_id,
-                                                   "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def token_revoke_host(self, host: str, now: datetime) -> int:
-        with self._write() as conn:
-            rows = conn.execute(Q["token_revoke_host"], {"host": host,
-                                                         "now": now.timestamp()}).fetchall()
-        return len(rows)
-
-    def alert_open(self, key: str, message: str, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["alert_open"], {"key": key, "message": message,
-                                                 "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def alert_clear(self, key: str, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["alert_clear"], {"key": key, "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
-        rows = self._conn().execute(Q["alert_list"], {"open_only": int(open_only),
-                                                      "limit": limit}).fetchall()
-        return [alert_from_row(_convert(row)) for row in rows]
 
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")
@@ -637,7 +479,7 @@ class SQLiteStore(Store):
         write, so it runs in `BEGIN IMMEDIATE` like every write: in autocommit it would start
         as a reader and fail at once ("database is locked", no busy wait) whenever another
         process committed in between."""
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             conn.execute("PRAGMA optimize")
         return True
 
@@ -672,15 +514,6 @@ class SQLiteLease(Lease):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
-    params = host_params(host)
-    for key in ("allowed_job_types", "allowed_weights", "labels"):
-        params[key] = None if params[key] is None else json.dumps(params[key])
-    params["enabled"] = int(params["enabled"])
-    params["now"] = now.timestamp()
-    return params
 
 
 def _dedup_conflict(dedup_key: str | None) -> InputError:
