@@ -150,14 +150,6 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def job_get(self, job_id: int) -> Job | None: ...
-
-    @abc.abstractmethod
-    def job_list(
-        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
-    ) -> list[Job]: ...
-
-    @abc.abstractmethod
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
 
@@ -190,23 +182,7 @@ class Store(abc.ABC):
     def job_retry(self, job_id: int, now: datetime) -> bool:
         """Queue an ended job again with a fresh failure budget."""
 
-    @abc.abstractmethod
-    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]: ...
-
     # -- fleet ------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def host_agent_gone(self, label: str, worker: str) -> bool:
-        """Mark the host's agent gone (stopped) while `worker` is the last one that
-        heartbeated; False when another agent has heartbeated since, the agent stopped
-        cleanly, or there is no such host."""
-
-    @abc.abstractmethod
-    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]: ...
-
-    @abc.abstractmethod
-    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        """Claimed jobs placed on a host whose attempt has not started yet."""
 
     @abc.abstractmethod
     def leader_lease(self) -> Lease: ...
@@ -233,6 +209,36 @@ class Store(abc.ABC):
         """The job that currently holds a dedup key, if any."""
         rows = self.driver.read("job_dedup_holder", {"dedup_key": dedup_key})
         return (int(rows[0]["id"]), JobStatus(rows[0]["status"])) if rows else None
+
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self.driver.read("job_get", {"job_id": job_id})
+        return job_from_row(rows[0]) if rows else None
+
+    def job_list(
+        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
+    ) -> list[Job]:
+        return [job_from_row(row) for row in self.driver.read("job_list", {
+            "statuses": None if statuses is None else Json([str(s) for s in statuses]),
+            "limit": limit})]
+
+    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
+        return [due_job_from_row(row)
+                for row in self.driver.read("job_list_due", {"now": now, "limit": limit})]
+
+    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
+        return [live_attempt_from_row(row)
+                for row in self.driver.read("attempt_list_live", {"host": host})]
+
+    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
+        """Claimed jobs placed on a host whose attempt has not started yet."""
+        return [job_from_row(row) for row in self.driver.read(
+            "attempt_list_assigned", {"host": host, "limit": limit})]
+
+    def host_agent_gone(self, label: str, worker: str) -> bool:
+        """Mark the host's agent gone (stopped) while `worker` is the last one that
+        heartbeated; False when another agent has heartbeated since, the agent stopped
+        cleanly, or there is no such host."""
+        return bool(self.driver.write("host_agent_gone", {"label": label, "worker": worker}))
 
     def job_counts(self) -> dict[JobStatus, int]:
         """Counts of active jobs (queued, claimed, running)."""

@@ -34,17 +34,13 @@ from herder.model import (
 )
 from herder.store import as_unavailable
 from herder.store.base import (
-    DueJob,
     FinishGroup,
     Lease,
-    LiveAttempt,
     Store,
     Waker,
-    due_job_from_row,
     finish_groups,
     finish_params,
     job_from_row,
-    live_attempt_from_row,
     load_migrations,
     refuse_newer_schema,
 )
@@ -317,22 +313,6 @@ class PostgresStore(Store):
             raise StoreUnavailable("dedup holder vanished; retry the submit")
         return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
 
-    def job_get(self, job_id: int) -> Job | None:
-        with self.driver.connection() as conn:
-            row = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
-        return None if row is None else job_from_row(row)
-
-    def job_list(
-        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
-    ) -> list[Job]:
-        params = {
-            "statuses": None if statuses is None else [str(s) for s in statuses],
-            "limit": limit,
-        }
-        with self.driver.connection() as conn:
-            rows = conn.execute(Q["job_list"], params).fetchall()
-        return [job_from_row(row) for row in rows]
-
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         if limit < 1:
             return []
@@ -419,29 +399,7 @@ class PostgresStore(Store):
 
     # -- attempts and events ------------------------------------------------------------------
 
-    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
-        with self.driver.connection() as conn:
-            rows = conn.execute(Q["attempt_list_live"], {"host": host}).fetchall()
-        return [live_attempt_from_row(row) for row in rows]
-
     # -- fleet ------------------------------------------------------------------------------
-
-    def host_agent_gone(self, label: str, worker: str) -> bool:
-        with self._pool.connection() as conn:
-            row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
-                               ).fetchone()
-        return row is not None
-
-    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
-        with self.driver.connection() as conn:
-            rows = conn.execute(Q["job_list_due"], {"now": now, "limit": limit}).fetchall()
-        return [due_job_from_row(row) for row in rows]
-
-    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        with self.driver.connection() as conn:
-            rows = conn.execute(Q["attempt_list_assigned"],
-                                {"host": host, "limit": limit}).fetchall()
-        return [job_from_row(row) for row in rows]
 
     def leader_lease(self) -> Lease:
         return PostgresLease(self.url)

@@ -29,16 +29,12 @@ from herder.model import (
     JobStatus,
 )
 from herder.store.base import (
-    DueJob,
     Lease,
-    LiveAttempt,
     Store,
     Waker,
-    due_job_from_row,
     finish_groups,
     finish_params,
     job_from_row,
-    live_attempt_from_row,
     load_migrations,
     object_from_json,
     refuse_newer_schema,
@@ -323,20 +319,6 @@ class SQLiteStore(Store):
                 results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
         return results
 
-    def job_get(self, job_id: int) -> Job | None:
-        row = self.driver.connection().execute(Q["job_get"], {"job_id": job_id}).fetchone()
-        return None if row is None else job_from_row(_convert(row))
-
-    def job_list(
-        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
-    ) -> list[Job]:
-        params = {
-            "statuses": None if statuses is None else json.dumps([str(s) for s in statuses]),
-            "limit": limit,
-        }
-        rows = self.driver.connection().execute(Q["job_list"], params).fetchall()
-        return [job_from_row(_convert(row)) for row in rows]
-
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
         with self.driver.immediate() as conn:
@@ -449,27 +431,7 @@ class SQLiteStore(Store):
 
     # -- attempts and events ------------------------------------------------------------------
 
-    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
-        rows = self.driver.connection().execute(Q["attempt_list_live"], {"host": host}).fetchall()
-        return [live_attempt_from_row(_convert(row)) for row in rows]
-
     # -- fleet ------------------------------------------------------------------------------
-
-    def host_agent_gone(self, label: str, worker: str) -> bool:
-        with self.driver.immediate() as conn:
-            row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
-                               ).fetchone()
-        return row is not None
-
-    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
-        rows = self.driver.connection().execute(
-            Q["job_list_due"], {"now": now.timestamp(), "limit": limit}).fetchall()
-        return [due_job_from_row(_convert(row)) for row in rows]
-
-    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        rows = self.driver.connection().execute(
-            Q["attempt_list_assigned"], {"host": host, "limit": limit}).fetchall()
-        return [job_from_row(_convert(row)) for row in rows]
 
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")

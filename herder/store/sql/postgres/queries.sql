@@ -43,7 +43,8 @@ SELECT * FROM herder_jobs WHERE id = %(job_id)s;
 
 -- name: job_list
 SELECT * FROM herder_jobs
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE (%(statuses)s::jsonb IS NULL
+       OR status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb)))
 ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: job_claim
