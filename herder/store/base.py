@@ -38,7 +38,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-from herder.store.driver import Driver, Json
+from herder.store.driver import Driver, Json, Transaction
 
 
 def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
@@ -154,12 +154,6 @@ class Store(abc.ABC):
         """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
 
     @abc.abstractmethod
-    def attempt_start(
-        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
-    ) -> bool:
-        """claimed -> running; False when the attempt was fenced out meanwhile."""
-
-    @abc.abstractmethod
     def attempt_heartbeat(
         self, tokens: Sequence[AttemptToken], now: datetime
     ) -> HeartbeatReply: ...
@@ -169,10 +163,6 @@ class Store(abc.ABC):
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
         """Apply ended attempts; only live attempts are applied and returned."""
-
-    @abc.abstractmethod
-    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        """Cancel a queued job, or ask a claimed/running one to stop; None if not active."""
 
     @abc.abstractmethod
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
@@ -239,6 +229,34 @@ class Store(abc.ABC):
         heartbeated; False when another agent has heartbeated since, the agent stopped
         cleanly, or there is no such host."""
         return bool(self.driver.write("host_agent_gone", {"label": label, "worker": worker}))
+
+    def attempt_start(
+        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
+    ) -> bool:
+        """claimed -> running; False when the attempt was fenced out meanwhile."""
+        with self.driver.transaction() as transaction:
+            if not transaction.fetch("attempt_start", {
+                    "job_id": token.job_id, "attempt": token.attempt, "pid": pid,
+                    "log_path": log_path, "now": now}):
+                return False
+            _insert_event(transaction, token.job_id, now, "started", JobStatus.CLAIMED,
+                          JobStatus.RUNNING, token.attempt, {"pid": pid, "log_path": log_path})
+        return True
+
+    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
+        """Cancel a queued job, or ask a claimed/running one to stop; None if not active."""
+        with self.driver.transaction() as transaction:
+            rows = transaction.fetch("job_cancel", {"job_id": job_id, "now": now})
+            if not rows:
+                return None
+            status = JobStatus(rows[0]["status"])
+            requested = bool(rows[0]["cancel_requested"])
+            _insert_event(transaction, job_id, now,
+                          "cancel_requested" if requested else "cancelled",
+                          status if requested else JobStatus.QUEUED, status,
+                          int(rows[0]["attempt"]), {})
+            transaction.notify(f"cancel:{job_id}")
+        return status
 
     def job_counts(self) -> dict[JobStatus, int]:
         """Counts of active jobs (queued, claimed, running)."""
@@ -307,10 +325,8 @@ class Store(abc.ABC):
                 if not rows:
                     continue
                 token = AttemptToken(int(rows[0]["id"]), int(rows[0]["attempt"]))
-                transaction.fetch("event_insert", {
-                    "job_id": token.job_id, "now": now, "kind": "placed",
-                    "from_status": JobStatus.QUEUED.value, "to_status": JobStatus.CLAIMED.value,
-                    "attempt": token.attempt, "detail": Json({"host": host, "ram_gb": ram_gb})})
+                _insert_event(transaction, token.job_id, now, "placed", JobStatus.QUEUED,
+                              JobStatus.CLAIMED, token.attempt, {"host": host, "ram_gb": ram_gb})
                 workers += 1
                 booked_gb += ram_gb
                 placed.append(token)
@@ -582,6 +598,23 @@ def host_from_row(row: Mapping[str, Any]) -> HostRecord:
         agent_info=row["agent_info"] or {},
         has_token=bool(row["has_token"]),
     )
+
+
+def _insert_event(
+    transaction: Transaction,
+    job_id: int,
+    now: datetime,
+    kind: str,
+    from_status: JobStatus | None,
+    to_status: JobStatus | None,
+    attempt: int | None,
+    detail: Mapping[str, Any],
+) -> None:
+    transaction.fetch("event_insert", {
+        "job_id": job_id, "now": now, "kind": kind,
+        "from_status": None if from_status is None else from_status.value,
+        "to_status": None if to_status is None else to_status.value,
+        "attempt": attempt, "detail": Json(dict(detail))})
 
 
 def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:

@@ -323,17 +323,6 @@ class PostgresStore(Store):
             ).fetchall()
         return [job_from_row(row) for row in rows]
 
-    def attempt_start(
-        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
-    ) -> bool:
-        with self.driver.connection() as conn:
-            row = conn.execute(
-                Q["attempt_start"],
-                {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
-                 "log_path": log_path, "now": now},
-            ).fetchone()
-        return bool(row and row["count"])
-
     def attempt_heartbeat(
         self, tokens: Sequence[AttemptToken], now: datetime
     ) -> HeartbeatReply:
@@ -364,14 +353,6 @@ class PostgresStore(Store):
                 for group in groups:
                     applied.extend(_finish_group(cursor, group, now))
         return applied
-
-    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        with self.driver.connection() as conn, conn.transaction():
-            row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": now}).fetchone()
-            if row is None:
-                return None
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"cancel:{job_id}"))
-        return JobStatus(row["status"])
 
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         if not job_ids:

@@ -341,19 +341,6 @@ class SQLiteStore(Store):
                 f"claimed jobs {missing} have no spec row: the database is damaged")
         return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
 
-    def attempt_start(
-        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
-    ) -> bool:
-        stamp = now.timestamp()
-        params = {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
-                  "log_path": log_path, "now": stamp}
-        with self.driver.immediate() as conn:
-            if conn.execute(Q["attempt_start"], params).fetchone() is None:
-                return False
-            _event(conn, token.job_id, stamp, "started", JobStatus.CLAIMED, JobStatus.RUNNING,
-                   token.attempt, {"pid": pid, "log_path": log_path})
-        return True
-
     def attempt_heartbeat(
         self, tokens: Sequence[AttemptToken], now: datetime
     ) -> HeartbeatReply:
@@ -392,18 +379,6 @@ class SQLiteStore(Store):
                 conn.execute(Q["attempt_finish_events"], params)
                 applied.extend((held[row["id"]], JobStatus(row["status"])) for row in rows)
         return applied
-
-    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        stamp = now.timestamp()
-        with self.driver.immediate() as conn:
-            row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": stamp}).fetchone()
-            if row is None:
-                return None
-            status = JobStatus(row[1])
-            requested = bool(row[3])
-            _event(conn, job_id, stamp, "cancel_requested" if requested else "cancelled",
-                   status if requested else JobStatus.QUEUED, status, row[2], {})
-        return status
 
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         if not job_ids:

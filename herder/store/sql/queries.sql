@@ -12,6 +12,22 @@ GROUP BY status;
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
 VALUES (:job_id, :now, :kind, :from_status, :to_status, :attempt, :detail);
 
+-- name: attempt_start
+UPDATE herder_jobs SET status = 'running', pid = :pid, log_path = :log_path,
+    started_at = :now, heartbeat_at = :now, updated_at = :now
+WHERE id = :job_id AND attempt = :attempt AND status = 'claimed'
+RETURNING id;
+
+-- name: job_cancel
+UPDATE herder_jobs SET
+    status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+    cancel_requested = (status <> 'queued'),
+    failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
+    finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END,
+    updated_at = :now
+WHERE id = :job_id AND status IN ('queued', 'claimed', 'running')
+RETURNING id, status, attempt, cancel_requested;
+
 -- name: attempt_list
 -- Ended attempts from the history, then the live one from its job row.
 SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,

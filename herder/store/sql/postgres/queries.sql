@@ -71,20 +71,6 @@ WITH picked AS (
 )
 SELECT * FROM claimed ORDER BY priority, id;
 
--- name: attempt_start
-WITH j AS (
-    UPDATE herder_jobs SET status = 'running', pid = %(pid)s, log_path = %(log_path)s,
-        started_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s
-    WHERE id = %(job_id)s AND attempt = %(attempt)s AND status = 'claimed'
-    RETURNING id, attempt
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-    SELECT id, %(now)s, 'started', 'claimed', 'running', attempt,
-           jsonb_build_object('pid', %(pid)s::int, 'log_path', %(log_path)s::text)
-    FROM j
-)
-SELECT count(*) FROM j;
-
 -- name: attempt_heartbeat
 -- heartbeat_at is in no index, so this is a HOT update of the job row.
 UPDATE herder_jobs j SET heartbeat_at = %(now)s
@@ -138,24 +124,6 @@ WITH j AS (
 SELECT id, attempt, status,
        CASE WHEN status = 'queued' THEN pg_notify('herder', 'job') END AS woke
 FROM j;
-
--- name: job_cancel
-WITH j AS (
-    UPDATE herder_jobs SET
-        status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
-        cancel_requested = (status <> 'queued'),
-        failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
-        finished_at = CASE WHEN status = 'queued' THEN %(now)s ELSE finished_at END,
-        updated_at = %(now)s
-    WHERE id = %(job_id)s AND status IN ('queued', 'claimed', 'running')
-    RETURNING id, status, attempt, cancel_requested
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt)
-    SELECT id, %(now)s, CASE WHEN cancel_requested THEN 'cancel_requested' ELSE 'cancelled' END,
-           CASE WHEN cancel_requested THEN status ELSE 'queued' END, status, attempt
-    FROM j
-)
-SELECT id, status FROM j;
 
 -- name: job_retry
 WITH j AS (

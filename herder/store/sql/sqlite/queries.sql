@@ -69,12 +69,6 @@ INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, de
 SELECT CAST(t.key AS INTEGER), :now, 'claimed', 'queued', 'claimed', t.value, :detail
 FROM json_each(:tokens) AS t;
 
--- name: attempt_start
-UPDATE herder_jobs SET status = 'running', pid = :pid, log_path = :log_path,
-    started_at = :now, heartbeat_at = :now, updated_at = :now
-WHERE id = :job_id AND attempt = :attempt AND status = 'claimed'
-RETURNING id;
-
 -- name: attempt_heartbeat
 UPDATE herder_jobs SET heartbeat_at = :now
 WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
@@ -117,16 +111,6 @@ SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELS
        j.status, j.attempt, :detail, j.host, j.worker, j.pid, j.log_path, j.claimed_at,
        j.started_at, j.heartbeat_at, :exit_code, :outcome
 FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
-
--- name: job_cancel
-UPDATE herder_jobs SET
-    status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
-    cancel_requested = (status <> 'queued'),
-    failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
-    finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END,
-    updated_at = :now
-WHERE id = :job_id AND status IN ('queued', 'claimed', 'running')
-RETURNING id, status, attempt, cancel_requested;
 
 -- name: job_retry
 UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
