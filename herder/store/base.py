@@ -16,7 +16,7 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from herder.errors import StoreUnavailable
+from herder.errors import InputError, StoreUnavailable
 from herder.model import (
     Attempt,
     AttemptResult,
@@ -168,10 +168,6 @@ class Store(abc.ABC):
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         """Current attempts of these jobs whose cancellation was requested (read-only)."""
 
-    @abc.abstractmethod
-    def job_retry(self, job_id: int, now: datetime) -> bool:
-        """Queue an ended job again with a fresh failure budget."""
-
     # -- fleet ------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -239,7 +235,7 @@ class Store(abc.ABC):
                     "job_id": token.job_id, "attempt": token.attempt, "pid": pid,
                     "log_path": log_path, "now": now}):
                 return False
-            _insert_event(transaction, token.job_id, now, "started", JobStatus.CLAIMED,
+            insert_event(transaction, token.job_id, now, "started", JobStatus.CLAIMED,
                           JobStatus.RUNNING, token.attempt, {"pid": pid, "log_path": log_path})
         return True
 
@@ -251,12 +247,33 @@ class Store(abc.ABC):
                 return None
             status = JobStatus(rows[0]["status"])
             requested = bool(rows[0]["cancel_requested"])
-            _insert_event(transaction, job_id, now,
+            insert_event(transaction, job_id, now,
                           "cancel_requested" if requested else "cancelled",
                           status if requested else JobStatus.QUEUED, status,
                           int(rows[0]["attempt"]), {})
             transaction.notify(f"cancel:{job_id}")
         return status
+
+    def job_retry(self, job_id: int, now: datetime) -> bool:
+        """Queue an ended job again with a fresh failure budget."""
+        with self.driver.transaction() as transaction:
+            old = transaction.fetch("job_get", {"job_id": job_id})
+            if not old:
+                return False
+            try:
+                rows = transaction.fetch("job_retry", {"job_id": job_id, "now": now})
+            except self.driver.conflict as exc:
+                raise InputError(
+                    "dedup_key",
+                    f"another active or done job holds dedup key {old[0]['dedup_key']!r}",
+                    "cancel that job first, or submit a new job with --force",
+                ) from exc
+            if not rows:
+                return False
+            insert_event(transaction, job_id, now, "retried", JobStatus(old[0]["status"]),
+                         JobStatus.QUEUED, int(rows[0]["attempt"]), {})
+            transaction.notify("job")
+        return True
 
     def job_counts(self) -> dict[JobStatus, int]:
         """Counts of active jobs (queued, claimed, running)."""
@@ -325,7 +342,7 @@ class Store(abc.ABC):
                 if not rows:
                     continue
                 token = AttemptToken(int(rows[0]["id"]), int(rows[0]["attempt"]))
-                _insert_event(transaction, token.job_id, now, "placed", JobStatus.QUEUED,
+                insert_event(transaction, token.job_id, now, "placed", JobStatus.QUEUED,
                               JobStatus.CLAIMED, token.attempt, {"host": host, "ram_gb": ram_gb})
                 workers += 1
                 booked_gb += ram_gb
@@ -600,7 +617,7 @@ def host_from_row(row: Mapping[str, Any]) -> HostRecord:
     )
 
 
-def _insert_event(
+def insert_event(
     transaction: Transaction,
     job_id: int,
     now: datetime,

@@ -73,6 +73,8 @@ class Driver(abc.ABC):
 
     dialect: str
     queries: Mapping[str, str]
+    conflict: type[Exception]
+    """What a statement raises when a unique index refuses its row."""
 
     @abc.abstractmethod
     def read(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from herder.backoff import Backoff
-from herder.errors import InputError, StoreUnavailable
+from herder.errors import StoreUnavailable
 from herder.model import (
     AttemptResult,
     AttemptToken,
@@ -168,6 +168,7 @@ class PostgresDriver(Driver):
 
     dialect = "postgres"
     queries = Q
+    conflict = psycopg.errors.UniqueViolation
 
     def __init__(self, url: str, max_connections: int, connect_timeout: float) -> None:
         try:
@@ -360,23 +361,6 @@ class PostgresStore(Store):
         with self.driver.connection() as conn:
             rows = conn.execute(Q["job_cancel_requested"], {"job_ids": list(job_ids)}).fetchall()
         return {AttemptToken(int(row["id"]), int(row["attempt"])) for row in rows}
-
-    def job_retry(self, job_id: int, now: datetime) -> bool:
-        with self.driver.connection() as conn:
-            try:
-                with conn.transaction():
-                    row = conn.execute(Q["job_retry"], {"job_id": job_id, "now": now}).fetchone()
-                    if row is not None:
-                        conn.execute("SELECT pg_notify(%s, 'job')", (CHANNEL,))
-            except psycopg.errors.UniqueViolation as exc:
-                job = self.job_get(job_id)
-                raise InputError(
-                    "dedup_key",
-                    f"another active or done job holds dedup key "
-                    f"{job.dedup_key if job else None!r}",
-                    "cancel that job first, or submit a new job with --force",
-                ) from exc
-        return row is not None
 
     # -- attempts and events ------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from herder.store.base import (
     Waker,
     finish_groups,
     finish_params,
+    insert_event,
     job_from_row,
     load_migrations,
     object_from_json,
@@ -144,6 +145,7 @@ class SQLiteDriver(Driver):
 
     dialect = "sqlite"
     queries = Q
+    conflict = sqlite3.IntegrityError
 
     def __init__(self, path: str, synchronous: str, busy_timeout: float) -> None:
         self.path = path
@@ -302,14 +304,15 @@ class SQLiteStore(Store):
                     for row in conn.execute(
                         Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
                     ).fetchall():
-                        _event(conn, row[0], stamp, "dedup_released", None, None, None,
-                               {"reason": "forced rerun"})
+                        insert_event(_SQLiteTransaction(conn), row[0], now, "dedup_released",
+                                     None, None, None, {"reason": "forced rerun"})
                 params = _spec_params(spec, stamp)
                 row = conn.execute(Q["job_insert"], params).fetchone()
                 if row is not None:
                     params["job_id"] = row[0]
                     conn.execute(Q["job_spec_insert"], params)
-                    _event(conn, row[0], stamp, "submitted", None, JobStatus.QUEUED, None, {})
+                    insert_event(_SQLiteTransaction(conn), row[0], now, "submitted", None,
+                                 JobStatus.QUEUED, None, {})
                     results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
                     continue
                 assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
@@ -388,22 +391,6 @@ class SQLiteStore(Store):
         ).fetchall()
         return {AttemptToken(int(row[0]), int(row[1])) for row in rows}
 
-    def job_retry(self, job_id: int, now: datetime) -> bool:
-        stamp = now.timestamp()
-        with self.driver.immediate() as conn:
-            old = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
-            if old is None:
-                return False
-            try:
-                row = conn.execute(Q["job_retry"], {"job_id": job_id, "now": stamp}).fetchone()
-            except sqlite3.IntegrityError as exc:
-                raise _dedup_conflict(old["dedup_key"]) from exc
-            if row is None:
-                return False
-            _event(conn, job_id, stamp, "retried", JobStatus(old["status"]), JobStatus.QUEUED,
-                   row[1], {})
-        return True
-
     # -- attempts and events ------------------------------------------------------------------
 
     # -- fleet ------------------------------------------------------------------------------
@@ -451,33 +438,6 @@ class SQLiteLease(Lease):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _dedup_conflict(dedup_key: str | None) -> InputError:
-    return InputError(
-        "dedup_key",
-        f"another active or done job holds dedup key {dedup_key!r}",
-        "cancel that job first, or submit a new job with --force",
-    )
-
-
-def _event(
-    conn: sqlite3.Connection,
-    job_id: int,
-    stamp: float,
-    kind: str,
-    from_status: JobStatus | None,
-    to_status: JobStatus | None,
-    attempt: int | None,
-    detail: Mapping[str, Any],
-) -> None:
-    conn.execute(
-        Q["event_insert"],
-        {"job_id": job_id, "now": stamp, "kind": kind,
-         "from_status": None if from_status is None else str(from_status),
-         "to_status": None if to_status is None else str(to_status),
-         "attempt": attempt, "detail": json.dumps(dict(detail))},
-    )
 
 
 def _spec_params(spec: JobSpec, stamp: float) -> dict[str, Any]:

@@ -28,6 +28,13 @@ UPDATE herder_jobs SET
 WHERE id = :job_id AND status IN ('queued', 'claimed', 'running')
 RETURNING id, status, attempt, cancel_requested;
 
+-- name: job_retry
+UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
+    available_at = :now, failure_reason = NULL, finished_at = NULL,
+    cancel_requested = FALSE, dedup_released = FALSE, updated_at = :now
+WHERE id = :job_id AND status IN ('done', 'failed', 'cancelled')
+RETURNING id, attempt;
+
 -- name: attempt_list
 -- Ended attempts from the history, then the live one from its job row.
 SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,

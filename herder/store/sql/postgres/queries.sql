@@ -125,21 +125,6 @@ SELECT id, attempt, status,
        CASE WHEN status = 'queued' THEN pg_notify('herder', 'job') END AS woke
 FROM j;
 
--- name: job_retry
-WITH j AS (
-    UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
-        available_at = %(now)s, failure_reason = NULL, finished_at = NULL,
-        cancel_requested = false, dedup_released = false, updated_at = %(now)s
-    WHERE id = %(job_id)s AND status IN ('done', 'failed', 'cancelled')
-    RETURNING id, attempt
-), old AS (
-    SELECT status FROM herder_jobs WHERE id = %(job_id)s
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt)
-    SELECT j.id, %(now)s, 'retried', old.status, 'queued', j.attempt FROM j, old
-)
-SELECT id FROM j;
-
 -- name: job_cancel_requested
 SELECT id, attempt FROM herder_jobs
 WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;

@@ -112,13 +112,6 @@ SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELS
        j.started_at, j.heartbeat_at, :exit_code, :outcome
 FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
--- name: job_retry
-UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
-    available_at = :now, failure_reason = NULL, finished_at = NULL,
-    cancel_requested = 0, dedup_released = 0, updated_at = :now
-WHERE id = :job_id AND status IN ('done', 'failed', 'cancelled')
-RETURNING id, attempt;
-
 -- name: job_cancel_requested
 SELECT id, attempt FROM herder_jobs
 WHERE id IN (SELECT value FROM json_each(:job_ids)) AND cancel_requested = 1;
