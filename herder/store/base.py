@@ -38,7 +38,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-from herder.store.driver import Driver, Json, Transaction
+from herder.store.driver import Driver, Json, Transaction, Waker
 
 
 def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
@@ -111,16 +111,6 @@ class Lease(abc.ABC):
     def release(self) -> None: ...
 
 
-class Waker(abc.ABC):
-    """Blocks until the store may have new work (or the timeout passes)."""
-
-    @abc.abstractmethod
-    def wait(self, timeout: float) -> bool:
-        """True when woken by a change, False on timeout."""
-
-    @abc.abstractmethod
-    def close(self) -> None: ...
-
 
 class Store(abc.ABC):
     """Durable jobs, attempts and events. Every state change is a guarded statement.
@@ -177,14 +167,6 @@ class Store(abc.ABC):
     def statistics_refresh(self) -> bool:
         """Refresh the planner's statistics of the jobs table when many rows changed since
         the last refresh; True when it ran. The claim's plan depends on them."""
-
-    @abc.abstractmethod
-    def notify(self, topic: str) -> None:
-        """Wake listeners in other processes (PostgreSQL); SQLite's waker needs nothing."""
-
-    @abc.abstractmethod
-    def listen(self) -> Waker:
-        """A waker that returns early when jobs are submitted, requeued or cancelled."""
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -274,6 +256,14 @@ class Store(abc.ABC):
                          JobStatus.QUEUED, int(rows[0]["attempt"]), {})
             transaction.notify("job")
         return True
+
+    def notify(self, topic: str) -> None:
+        """Wake listeners in other processes (PostgreSQL); SQLite's waker needs nothing."""
+        self.driver.notify(topic)
+
+    def listen(self) -> Waker:
+        """A waker that returns early when jobs are submitted, requeued or cancelled."""
+        return self.driver.listen()
 
     def job_counts(self) -> dict[JobStatus, int]:
         """Counts of active jobs (queued, claimed, running)."""

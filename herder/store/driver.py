@@ -56,6 +56,17 @@ def postgres_placeholders(text: str) -> str:
     return _NAMED_PARAMETER.sub(r"%(\1)s", text.replace("%", "%%"))
 
 
+class Waker(abc.ABC):
+    """Blocks until the store may have new work (or the timeout passes)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """True when woken by a change, False on timeout."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
 class Transaction(abc.ABC):
     """Statements that commit together."""
 
@@ -87,6 +98,14 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def transaction(self) -> AbstractContextManager[Transaction]:
         """Several statements that commit together (rolled back on an exception)."""
+
+    @abc.abstractmethod
+    def notify(self, topic: str) -> None:
+        """Wake listeners in other processes now."""
+
+    @abc.abstractmethod
+    def listen(self) -> Waker:
+        """A waker that returns early when another process may have changed the store."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -37,14 +37,13 @@ from herder.store.base import (
     FinishGroup,
     Lease,
     Store,
-    Waker,
     finish_groups,
     finish_params,
     job_from_row,
     load_migrations,
     refuse_newer_schema,
 )
-from herder.store.driver import Driver, Json, Row, Transaction, load_queries
+from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
 from herder.urls import redact_url
 
 log = logging.getLogger("herder.store")
@@ -171,6 +170,7 @@ class PostgresDriver(Driver):
     conflict = psycopg.errors.UniqueViolation
 
     def __init__(self, url: str, max_connections: int, connect_timeout: float) -> None:
+        self.url = url
         try:
             probe = psycopg.connect(url, connect_timeout=max(1, int(connect_timeout)))
             probe.close()
@@ -225,6 +225,13 @@ class PostgresDriver(Driver):
     def transaction(self) -> Iterator[Transaction]:
         with self.connection() as conn, conn.transaction():
             yield _PostgresTransaction(conn)
+
+    def notify(self, topic: str) -> None:
+        with self.connection() as conn:
+            _PostgresTransaction(conn).notify(topic)
+
+    def listen(self) -> Waker:
+        return PostgresWaker(self.url)
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -378,13 +385,6 @@ class PostgresStore(Store):
                 return False
             conn.execute("ANALYZE herder_jobs")
         return True
-
-    def notify(self, topic: str) -> None:
-        with self.driver.connection() as conn:
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))
-
-    def listen(self) -> Waker:
-        return PostgresWaker(self.url)
 
 
 class PostgresLease(Lease):

@@ -31,7 +31,6 @@ from herder.model import (
 from herder.store.base import (
     Lease,
     Store,
-    Waker,
     finish_groups,
     finish_params,
     insert_event,
@@ -40,7 +39,7 @@ from herder.store.base import (
     object_from_json,
     refuse_newer_schema,
 )
-from herder.store.driver import Driver, Json, Row, Transaction, load_queries
+from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
 
 Q = load_queries("sqlite")
 _TIME_COLUMNS = frozenset(
@@ -231,6 +230,12 @@ class SQLiteDriver(Driver):
         with self.immediate() as conn:
             yield _SQLiteTransaction(conn)
 
+    def notify(self, topic: str) -> None:
+        """Nothing to send: every commit already moves `data_version` for the wakers."""
+
+    def listen(self) -> Waker:
+        return SQLiteWaker(self.path)
+
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
     """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text."""
@@ -406,13 +411,6 @@ class SQLiteStore(Store):
         with self.driver.immediate() as conn:
             conn.execute("PRAGMA optimize")
         return True
-
-    def notify(self, topic: str) -> None:
-        """Nothing to send: every commit already moves `data_version` for the wakers."""
-
-    def listen(self) -> Waker:
-        return SQLiteWaker(self.path)
-
 
 class SQLiteLease(Lease):
     """An exclusive flock on a file beside the database; the kernel drops it with the
