@@ -1273,3 +1273,36 @@ def test_alert_list_shows_cleared_alerts_on_request_newest_first(store):
                                                             ("a", None)]
     assert [a.key for a in store.alert_list(open_only=False, limit=2)] == ["c", "b"]
     assert [a.key for a in store.alert_list(limit=1)] == ["c"]
+
+
+# -- the driver protocol --------------------------------------------------------------------
+
+
+def test_shared_queries_take_each_dialects_placeholders():
+    from herder.store.driver import load_queries, postgres_placeholders
+
+    assert postgres_placeholders("SELECT :a::text, x FROM t WHERE y = :b_c AND z LIKE 'q%'") == (
+        "SELECT %(a)s::text, x FROM t WHERE y = %(b_c)s AND z LIKE 'q%%'")
+    sqlite, postgres = load_queries("sqlite"), load_queries("postgres")
+    shared = {"host_insert", "reservation_insert", "alert_open", "job_retry", "event_insert"}
+    assert shared <= sqlite.keys() & postgres.keys()
+    assert ":label" in sqlite["host_get"] and "%(label)s" in postgres["host_get"]
+    # What must differ keeps one version per dialect, under one name.
+    for name in ("job_claim", "attempt_finish", "host_lock", "reservation_end"):
+        assert sqlite[name] != postgres[name]
+
+
+def test_a_stored_job_whose_spec_row_is_missing_is_reported_as_damage(tmp_path):
+    """SQLite keeps a job's spec in its own table; a claim that finds no spec row says so."""
+    import sqlite3
+    from contextlib import closing
+
+    from herder.errors import StoreUnavailable
+
+    path = tmp_path / "h.db"
+    with open_store(f"sqlite:///{path}") as store:
+        [job_id] = submit(store)
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM herder_job_specs WHERE id = ?", (job_id,))
+        with pytest.raises(StoreUnavailable, match=rf"claimed jobs \[{job_id}\] have no spec row"):
+            store.job_claim("h1", "w1", 1, T0)

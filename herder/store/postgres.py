@@ -1,9 +1,11 @@
 """The distributed store: PostgreSQL through psycopg 3 and a connection pool.
 
-Claims use `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other's rows;
-each claim, start and finish is one statement with data-modifying CTEs (job row, attempt row
-and event row together), so a job costs two round trips from claim to finish. Submits and
-cancels `NOTIFY herder`, which wakes idle runners at once.
+`PostgresDriver` is the dialect's half of the driver protocol (see driver.py); the store
+keeps what must differ from SQLite. Claims use `FOR UPDATE SKIP LOCKED`, so concurrent
+claimers never wait on each other's rows; a claim and a finish are each one statement with
+data-modifying CTEs (job row and event row together), so a job costs two round trips from
+claim to finish. Submits, requeues, retries and cancels `NOTIFY herder`, which wakes idle
+runners at once.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The embedded store: one SQLite file in WAL mode, safe for several processes on one machine.
 
+`SQLiteDriver` is the dialect's half of the driver protocol (see driver.py); the store keeps
+what must differ from PostgreSQL (submit, claim, finish, heartbeat, migrations, the lease).
 Writes run in `BEGIN IMMEDIATE` transactions, so the write lock is taken up front and two
 claimers can never read the same queued row and both update it; readers never block writers.
 """
