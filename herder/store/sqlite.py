@@ -70,13 +70,25 @@ _DECODE: dict[str, Any] = {
     **dict.fromkeys(_TIME_COLUMNS, from_epoch), **dict.fromkeys(_JSON_COLUMNS, object_from_json)}
 
 
-def _convert(row: sqlite3.Row) -> dict[str, Any]:
-    """A row with its stored forms (epoch seconds, JSON text) as Python values."""
-    converted = {}
-    for key, value in zip(row.keys(), row, strict=True):
-        decode = _DECODE.get(key)
-        converted[key] = value if decode is None or value is None else decode(value)
-    return converted
+def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
+    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded. Which
+    columns need decoding is worked out once per statement, not once per row."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    values = cursor.execute(sql, params).fetchall()
+    if not values:
+        return []
+    names = [column[0] for column in cursor.description]
+    decoded = [(index, name, _DECODE[name]) for index, name in enumerate(names)
+               if name in _DECODE]
+    rows = []
+    for value in values:
+        row = dict(zip(names, value, strict=True))
+        for index, name, decode in decoded:
+            if value[index] is not None:
+                row[name] = decode(value[index])
+        rows.append(row)
+    return rows
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -134,7 +146,7 @@ class _SQLiteTransaction(Transaction):
         self._conn = conn
 
     def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        return [_convert(row) for row in self._conn.execute(Q[name], _adapt(params))]
+        return _rows(self._conn, Q[name], _adapt(params))
 
     def notify(self, topic: str) -> None:
         """Nothing to send: every commit already moves `data_version` for the wakers."""
@@ -221,7 +233,7 @@ class SQLiteDriver(Driver):
         self._local = threading.local()
 
     def read(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        return [_convert(row) for row in self.connection().execute(Q[name], _adapt(params))]
+        return _rows(self.connection(), Q[name], _adapt(params))
 
     def write(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         with self.transaction() as transaction:
@@ -332,8 +344,8 @@ class SQLiteStore(Store):
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
         with self.driver.immediate() as conn:
-            claimed = [_convert(row) for row in conn.execute(
-                Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp})]
+            claimed = _rows(conn, Q["job_claim"],
+                            {"host": host, "worker": worker, "limit": limit, "now": stamp})
             if not claimed:
                 return []
             conn.execute(Q["job_claim_events"], {
@@ -343,8 +355,8 @@ class SQLiteStore(Store):
         # and a job's spec never changes once it is submitted.
         claimed.sort(key=lambda row: (row["priority"], row["id"]))
         ids = [row["id"] for row in claimed]
-        specs = {row["id"]: _convert(row) for row in self.driver.connection().execute(
-            Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
+        specs = {row["id"]: row for row in _rows(
+            self.driver.connection(), Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
         missing = [job_id for job_id in ids if job_id not in specs]
         if missing:
             raise StoreUnavailable(
