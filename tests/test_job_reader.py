@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,7 +17,8 @@ JOB = Job(
     timeout_seconds=60.0, env={"A": "b"}, workdir=None, backoff_base_seconds=10.0,
     backoff_max_seconds=600.0, status=JobStatus.CLAIMED, attempt=2, failures=1, lost=0,
     host="h1", exit_code=3, failure_reason="exit_nonzero", cancel_requested=False,
-    created_at=T0, claimed_at=T0, started_at=None, finished_at=None, updated_at=T0,
+    created_at=T0 - timedelta(seconds=9), claimed_at=T0 + timedelta(seconds=1), started_at=None,
+    finished_at=None, updated_at=T0 + timedelta(seconds=2),
     ram_gb=4.0, spawn_failures=0)
 
 

@@ -508,41 +508,17 @@ def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -
 
 def job_from_row(row: Mapping[str, Any]) -> Job:
     """Build a Job from a row whose values are already Python types (JSON decoded, times
-    as datetimes); rows written before the fleet columns existed lack `ram_gb` and
-    `spawn_failures`."""
+    as datetimes; SQLite's flags still integers); rows written before the fleet columns
+    existed lack `ram_gb` and `spawn_failures`."""
     return Job(
-        id=int(row["id"]),
-        job_type=row["job_type"],
-        command=tuple(row["command"]),
-        shell=bool(row["shell"]),
-        payload=row["payload"],
-        priority=int(row["priority"]),
-        weight=row["weight"],
-        dedup_key=row["dedup_key"],
-        affinity=row["affinity"],
-        available_at=row["available_at"],
-        max_attempts=int(row["max_attempts"]),
-        timeout_seconds=row["timeout_seconds"],
-        env=row["env"],
-        workdir=row["workdir"],
-        backoff_base_seconds=float(row["backoff_base_seconds"]),
-        backoff_max_seconds=float(row["backoff_max_seconds"]),
-        status=JobStatus(row["status"]),
-        attempt=int(row["attempt"]),
-        failures=int(row["failures"]),
-        lost=int(row["lost"]),
-        host=row["host"],
-        exit_code=row["exit_code"],
-        failure_reason=row["failure_reason"],
-        cancel_requested=bool(row["cancel_requested"]),
-        created_at=row["created_at"],
-        claimed_at=row["claimed_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        updated_at=row["updated_at"],
-        ram_gb=float(row.get("ram_gb", 0.0)),
-        spawn_failures=int(row.get("spawn_failures", 0)),
-    )
+        row["id"], row["job_type"], tuple(row["command"]), bool(row["shell"]), row["payload"],
+        row["priority"], row["weight"], row["dedup_key"], row["affinity"], row["available_at"],
+        row["max_attempts"], row["timeout_seconds"], row["env"], row["workdir"],
+        row["backoff_base_seconds"], row["backoff_max_seconds"], JobStatus(row["status"]),
+        row["attempt"], row["failures"], row["lost"], row["host"], row["exit_code"],
+        row["failure_reason"], bool(row["cancel_requested"]), row["created_at"],
+        row["claimed_at"], row["started_at"], row["finished_at"], row["updated_at"],
+        row.get("ram_gb", 0.0), row.get("spawn_failures", 0))
 
 
 def attempt_from_row(row: Mapping[str, Any]) -> Attempt:

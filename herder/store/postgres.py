@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row, tuple_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from herder.backoff import Backoff
@@ -43,6 +43,7 @@ from herder.store.base import (
     finish_params,
     job_from_row,
     load_migrations,
+    object_from_json,
     refuse_newer_schema,
 )
 from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
@@ -190,6 +191,7 @@ class PostgresDriver(Driver):
             # While the database is down a call fails after this long (StoreUnavailable: the
             # loops back off, the API answers 503) instead of holding its thread for 30 s.
             timeout=POOL_WAIT_SECONDS,
+            configure=_configure,
             open=False,
             name="herder",
         )
@@ -234,6 +236,11 @@ class PostgresDriver(Driver):
 
     def listen(self) -> Waker:
         return PostgresWaker(self.url)
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """JSON columns read as SQLite's are (an empty object skips the parser)."""
+    set_json_loads(object_from_json, conn)
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -393,13 +393,15 @@ class SQLiteStore(Store):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
-                rows = conn.execute(Q["attempt_finish"], params).fetchall()
+                cursor = conn.cursor()
+                cursor.row_factory = None  # (id, attempt, status) tuples
+                rows = cursor.execute(Q["attempt_finish"], params).fetchall()
                 if not rows:
                     continue
-                params["applied"] = json.dumps([row["id"] for row in rows])
+                params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
                 params["detail"] = json.dumps({"outcome": outcome.value, "exit_code": exit_code})
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend((held[row["id"]], JobStatus(row["status"])) for row in rows)
+                applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
         return applied
 
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
