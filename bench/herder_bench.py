@@ -16,11 +16,6 @@ herder-pg / herder-sqlite  (through `herder.store.open_store(url)`, the real sto
                                     (job_insert) and its process appends $EPOCHREALTIME to a
                                     file; latency = that stamp - the time before job_insert.
                                     p50_ms / p99_ms are extra fields; ops/s = 1000 / p50_ms.
-herder-sql-pg / herder-sql-sqlite  (part `sql`: herder's own claim and finish statements on
-                                    its own tables and connection, with the least Python around
-                                    them: no Job objects, results or grouping. herder/sql is the
-                                    cost of the store's Python layer, sql/raw that of herder's
-                                    schema and statements.)
 herder-raw-pg / herder-raw-sqlite  (bare Python loops over a minimal table, the same database)
   claim-finish B=b c=c              the shared sql/claim10_2tx.sql shape with LIMIT b
                                     (psycopg, prepared, autocommit: 2 commits per b jobs) /
@@ -32,7 +27,7 @@ herder-raw-pg / herder-raw-sqlite  (bare Python loops over a minimal table, the 
 SQLite variants carry `sync=full` (herder's default) or `sync=normal` (`?synchronous=normal`).
 
 Env knobs: REPS (3), RAW_SECONDS (5), ENQ_SECONDS (5), CLAIM_CLIENTS (1,4,8),
-BATCHES (1,10,100), HERDER_PARTS or PARTS (enqueue claim raw latency sql), BACKENDS (pg sqlite),
+BATCHES (1,10,100), HERDER_PARTS or PARTS (enqueue claim raw latency), BACKENDS (pg sqlite),
 SQLITE_SYNCS (full,normal), PGPORT (5432 standalone), HERDER_BENCH_PG_URL (overrides the
 postgresql://postgres@127.0.0.1:$PGPORT/herder_bench default), SQLITE_DIR
 (/tmp/herder-bench), LATENCY_SAMPLES (200), LATENCY_CONCURRENCY (2), HERDER_UP (command
@@ -92,8 +87,6 @@ sys.path.insert(0, REPO)
 
 import common  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
 import psycopg  # noqa: E402
-from psycopg.rows import tuple_row  # noqa: E402
-from psycopg.types.json import Jsonb  # noqa: E402
 
 from herder.model import (  # noqa: E402
     AttemptResult,
@@ -103,10 +96,6 @@ from herder.model import (  # noqa: E402
     Outcome,
 )
 from herder.store import Store, open_store  # noqa: E402
-from herder.store.base import finish_params  # noqa: E402
-from herder.store.postgres import Q as PG_QUERIES  # noqa: E402
-from herder.store.postgres import _claim_query as claim_query  # noqa: E402
-from herder.store.sqlite import Q as SQLITE_QUERIES  # noqa: E402
 
 REPS = common.REPS
 RAW_SECONDS = float(os.environ.get("RAW_SECONDS", "5"))
@@ -114,7 +103,7 @@ ENQ_SECONDS = float(os.environ.get("ENQ_SECONDS", "5"))
 ENQ_BATCH = 1000
 CLAIM_CLIENTS = [int(x) for x in os.environ.get("CLAIM_CLIENTS", "1,4,8").split(",") if x]
 BATCHES = [int(x) for x in os.environ.get("BATCHES", "1,10,100").split(",") if x]
-ALL_PARTS = ("enqueue", "claim", "raw", "latency", "sql")
+ALL_PARTS = ("enqueue", "claim", "raw", "latency")
 PARTS = (os.environ.get("HERDER_PARTS") or os.environ.get("PARTS") or " ".join(ALL_PARTS)
          ).replace(",", " ").split()
 BACKENDS = os.environ.get("BACKENDS", "pg sqlite").replace(",", " ").split()
@@ -137,7 +126,7 @@ PRELOAD_GUESS = {
     "raw": {1: 150_000, 10: 400_000, 100: 800_000},
 }
 PRELOAD_CHUNK = 5000
-HERDER_SCHEMA = ("herder", "sql")  # the claim loops that run on herder's own tables
+HERDER_SCHEMA = ("herder",)  # the claim loops that run on herder's own tables
 
 PAYLOAD_BYTES = int(os.environ.get("PAYLOAD_BYTES", "0"))
 
@@ -468,101 +457,12 @@ class RawSqliteLoop(ClaimLoop):
         self.conn.close()
 
 
-class SqlSqliteLoop(ClaimLoop):
-    """herder's own SQLite statements, in the store's transactions and on its connection,
-    with the least Python around them: no Job objects, no results, no grouping. The gap
-    between this row and herder's is the store's Python layer."""
-
-    def __init__(self, url: str, worker: str) -> None:
-        self.store = open_store(url, migrate=False)
-        self.conn = self.store._conn()  # type: ignore[attr-defined]  # the store's pragmas
-        self.worker = worker
-
-    def run(self, batch: int, deadline: float, res: LoopResult) -> None:
-        conn, q = self.conn, SQLITE_QUERIES
-        claim_detail = json.dumps({"host": HOST, "worker": self.worker})
-        finish_detail = json.dumps({"outcome": "ok", "exit_code": 0})
-        shared = {**finish_params(Outcome.OK, 0, OK), "available_at": None}
-        attempt_at: int | None = None
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            stamp = time.time()
-            conn.execute("BEGIN IMMEDIATE")
-            cursor = conn.cursor()
-            cursor.row_factory = None
-            rows = cursor.execute(q["job_claim"], {
-                "host": HOST, "worker": self.worker, "limit": batch, "now": stamp}).fetchall()
-            if attempt_at is None and rows:
-                attempt_at = [c[0] for c in cursor.description].index("attempt")
-            tokens = json.dumps({row[0]: row[attempt_at] for row in rows})
-            if rows:
-                conn.execute(q["job_claim_events"],
-                             {"tokens": tokens, "now": stamp, "detail": claim_detail})
-            conn.execute("COMMIT")
-            if not rows:
-                res.dry = True
-                break
-            rows.sort(key=lambda row: (row[1], row[0]))  # (priority, id), as the store
-            cursor.execute(q["job_claim_specs"], {
-                "job_ids": "[" + ",".join(str(row[0]) for row in rows) + "]"}).fetchall()
-            t1 = time.perf_counter()
-            conn.execute("BEGIN IMMEDIATE")
-            params = {**shared, "now": time.time(), "tokens": tokens}
-            done = conn.execute(q["attempt_finish"], params).fetchall()
-            params["applied"] = "[" + ",".join(str(row[0]) for row in done) + "]"
-            params["detail"] = finish_detail
-            conn.execute(q["attempt_finish_events"], params)
-            conn.execute("COMMIT")
-            res.add_round(t1 - t0, time.perf_counter() - t1, len(done))
-
-    def close(self) -> None:
-        self.store.close()
-
-
-class SqlPgLoop(ClaimLoop):
-    """herder's own PostgreSQL statements on a connection of the store's pool, with the
-    least Python around them (as SqlSqliteLoop)."""
-
-    def __init__(self, worker: str) -> None:
-        self.store = open_store(PG_URL, migrate=False)
-        self.lease = self.store._pool.connection()  # type: ignore[attr-defined]
-        self.conn = self.lease.__enter__()
-        self.worker = worker
-
-    def run(self, batch: int, deadline: float, res: LoopResult) -> None:
-        conn = self.conn
-        claim = claim_query(batch)
-        claim_detail = Jsonb({"host": HOST, "worker": self.worker})
-        shared = {**finish_params(Outcome.OK, 0, OK), "available_at": None}
-        cursor = conn.cursor(row_factory=tuple_row)
-        attempt_at: int | None = None
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            rows = cursor.execute(claim, {"host": HOST, "worker": self.worker, "now": now(),
-                                          "detail": claim_detail}).fetchall()
-            t1 = time.perf_counter()
-            if not rows:
-                res.dry = True
-                break
-            if attempt_at is None:
-                attempt_at = [c.name for c in cursor.description or ()].index("attempt")
-            tokens = {row[0]: row[attempt_at] for row in rows}
-            done = cursor.execute(PG_QUERIES["attempt_finish"], {
-                **shared, "now": now(), "job_ids": list(tokens),
-                "tokens": Jsonb(tokens)}).fetchall()
-            res.add_round(t1 - t0, time.perf_counter() - t1, len(done))
-
-    def close(self) -> None:
-        self.lease.__exit__(None, None, None)
-        self.store.close()
-
-
 @dataclass(frozen=True)
 class ClaimConfig:
     """One cell of the claim matrix."""
 
     group: str  # herder-pg, herder-raw-sqlite, ...
-    impl: str  # herder, sql (herder's statements alone), raw-pg, raw-sqlite
+    impl: str  # herder, raw-pg, raw-sqlite
     backend: str  # pg, sqlite
     sync: str  # SQLite synchronous setting ("-" on PostgreSQL)
     batch: int
@@ -585,8 +485,6 @@ class ClaimConfig:
 def make_loop(cfg: ClaimConfig, target: str, worker: str) -> ClaimLoop:
     if cfg.impl == "herder":
         return HerderLoop(target, worker)
-    if cfg.impl == "sql":
-        return SqlPgLoop(worker) if cfg.backend == "pg" else SqlSqliteLoop(target, worker)
     if cfg.impl == "raw-pg":
         return RawPgLoop()
     return RawSqliteLoop(target, cfg.sync)
@@ -1069,8 +967,6 @@ def main() -> None:
     for backend in BACKENDS:
         syncs = ["-"] if backend == "pg" else SQLITE_SYNCS
         impls = [(f"herder-{backend}", "herder")] if "claim" in PARTS else []
-        if "sql" in PARTS:
-            impls.append((f"herder-sql-{backend}", "sql"))
         if "raw" in PARTS:
             impls.append((f"herder-raw-{backend}", f"raw-{backend}"))
         for batch in BATCHES:

@@ -25,6 +25,11 @@ from herder.model import (
     JobSpec,
     JobStatus,
     Outcome,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
+    Scope,
+    Transport,
 )
 from herder.scheduling.policy import RetryState, decide
 from herder.store import Store, open_store
@@ -1070,3 +1075,234 @@ def test_host_agent_gone_marks_only_the_dead_workers_agent_stopped(store):
     assert not store.host_agent_gone("h1", "h1/11/1")
     store.host_heartbeat("h1", at(4), {"worker": "h1/12/1", "stopped": False})
     assert store.host_agent_gone("h1", "h1/12/1")
+
+
+# -- fleet: hosts ---------------------------------------------------------------------------
+
+
+FULL_HOST = HostRecord(
+    "h2", ram_total_gb=64.0, ram_reserved_gb=4.0, cpus=16, enabled=False,
+    transport=Transport.SSH, ssh_target="ops@h2", prime_max_workers=3, prime_max_weight="medium",
+    night_max_workers=6, night_max_weight="heavy", allowed_job_types=frozenset({"ci", "agent"}),
+    allowed_weights=frozenset({"light"}), priority_floor=50, labels=frozenset({"gpu", "ssd"}))
+
+
+def test_host_insert_round_trips_every_field_and_refuses_a_second_insert(store):
+    assert store.host_insert(FULL_HOST, at(0))
+    assert not store.host_insert(HostRecord("h2", ram_total_gb=1.0), at(1))
+    assert store.host_get("h2") == FULL_HOST
+    assert store.host_get("nowhere") is None
+
+
+def test_host_update_replaces_the_configuration_of_a_known_host_only(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    changed = HostRecord("h1", ram_total_gb=32, cpus=8, labels=frozenset({"big"}),
+                         allowed_job_types=frozenset())
+    assert store.host_update(changed, at(1))
+    assert store.host_get("h1") == changed
+    assert not store.host_update(HostRecord("nowhere", ram_total_gb=1), at(1))
+
+
+def test_host_list_is_ordered_by_label_and_shows_a_live_token(store):
+    for label in ("b", "a", "c"):
+        store.host_insert(HostRecord(label, ram_total_gb=8), at(0))
+    token_id = store.token_insert("agent-a", Scope.AGENT, "hash-a", at(0), host="a")
+    assert [(h.label, h.has_token) for h in store.host_list()] == [
+        ("a", True), ("b", False), ("c", False)]
+    assert store.token_revoke(token_id, at(1))
+    assert not any(h.has_token for h in store.host_list())
+
+
+def test_host_heartbeat_stores_the_agents_report(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    assert store.host_heartbeat("h1", at(5), {"worker": "h1/10/1", "ram_free_gb": 7.5})
+    host = store.host_get("h1")
+    assert host is not None and host.last_heartbeat == at(5)
+    assert dict(host.agent_info) == {"worker": "h1/10/1", "ram_free_gb": 7.5}
+    assert not store.host_heartbeat("nowhere", at(5), {})
+
+
+def test_host_remove_refuses_while_the_host_has_live_jobs(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16, prime_max_workers=2), at(0))
+    [job_id] = submit(store)
+    [token] = store.job_assign("h1", [(job_id, 2.0)], 2, 16.0, at(1))
+    assert not store.host_remove("h1")
+    store.attempt_finish([AttemptResult(token, Outcome.OK, 0, Decision(JobStatus.DONE))], at(2))
+    assert store.host_remove("h1")
+    assert store.host_get("h1") is None
+    assert not store.host_remove("h1")
+
+
+def test_job_assign_books_within_workers_and_ram_and_says_where(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    ids = submit(store, spec(), spec(), spec(), spec())
+    # 3 + 3 fit 6.5; the 4 GB job does not, the next 0.5 GB one does; then no worker is left.
+    placed = store.job_assign("h1", [(ids[0], 3.0), (ids[1], 3.0), (ids[2], 4.0),
+                                     (ids[3], 0.5)], 3, 6.5, at(1))
+    assert placed == [AttemptToken(ids[0], 1), AttemptToken(ids[1], 1), AttemptToken(ids[3], 1)]
+    assert store.job_assign("h1", [(ids[2], 0.0)], 3, 100.0, at(1)) == []
+    assert store.job_assign("nowhere", [(ids[2], 0.0)], 3, 100.0, at(1)) == []
+    assert store.job_assign("h1", [(ids[0], 0.0)], 9, 100.0, at(1)) == []  # not queued
+    usage = store.host_usage(at(1))["h1"]
+    assert (usage.workers, usage.jobs_gb, usage.reserved_gb) == (3, 6.5, 0.0)
+    job = get(store, ids[0])
+    assert (job.status, job.host, job.ram_gb, job.attempt) == (JobStatus.CLAIMED, "h1", 3.0, 1)
+    placed_event = store.event_list(ids[0])[-1]
+    assert (placed_event.kind, placed_event.from_status, placed_event.to_status,
+            placed_event.attempt) == ("placed", JobStatus.QUEUED, JobStatus.CLAIMED, 1)
+    assert dict(placed_event.detail) == {"host": "h1", "ram_gb": 3.0}
+
+
+def test_an_assigned_attempt_goes_to_one_runner(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16, prime_max_workers=2), at(0))
+    ids = submit(store, spec(priority=5), spec(priority=1))
+    tokens = store.job_assign("h1", [(ids[0], 1.0), (ids[1], 1.0)], 2, 16.0, at(1))
+    assert [job.id for job in store.attempt_list_assigned("h1", 10)] == [ids[1], ids[0]]
+    assert store.attempt_set_worker(tokens[0], "w1", at(2))
+    assert store.attempt_set_worker(tokens[0], "w1", at(3))  # the same runner again
+    assert not store.attempt_set_worker(tokens[0], "w2", at(3))
+    assert not store.attempt_set_worker(AttemptToken(ids[1], 9), "w1", at(3))
+    assert [job.id for job in store.attempt_list_assigned("h1", 10)] == [ids[1]]
+    assert store.attempt_list_assigned("other", 10) == []
+
+
+def test_job_list_due_lists_queued_jobs_in_claim_order(store):
+    ids = submit(store, spec(priority=5, job_type="ci", weight="heavy", affinity="h1"),
+                 spec(priority=1), spec(available_at=at(60)))
+    due = store.job_list_due(at(1), 10)
+    assert [job.id for job in due] == [ids[1], ids[0]]
+    assert (due[1].priority, due[1].job_type, due[1].weight, due[1].affinity,
+            due[1].created_at, due[1].available_at) == (5, "ci", "heavy", "h1", T0, T0)
+    assert [job.id for job in store.job_list_due(at(60), 1)] == [ids[1]]
+
+
+# -- fleet: reservations --------------------------------------------------------------------
+
+
+def reserve(store: Store, kind: ReservationKind = ReservationKind.SUBAGENT, owner: str = "o1",
+            count: int = 1, ram_gb: float = 2.0, bookable_gb: float | None = None,
+            host: str = "h1", expires: float = 600, now: float = 1) -> list[Reservation]:
+    return store.reservation_create(kind, owner, host, "light", ram_gb, count, at(expires),
+                                    bookable_gb, at(now))
+
+
+def test_reservation_create_books_only_what_fits(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    assert reserve(store, host="nowhere") == []
+    made = reserve(store, count=5, ram_gb=3.0, bookable_gb=10.0)
+    assert len(made) == 3  # 3 x 3 GB fit 10 GB, a fourth does not
+    first = made[0]
+    assert (first.kind, first.owner, first.host, first.weight, first.ram_gb, first.status,
+            first.created_at, first.expires_at, first.ended_at) == (
+        ReservationKind.SUBAGENT, "o1", "h1", "light", 3.0, ReservationStatus.ACTIVE, at(1),
+        at(600), None)
+    assert reserve(store, count=2, ram_gb=3.0, bookable_gb=10.0) == []
+    assert len(reserve(store, count=2, ram_gb=3.0)) == 2  # unbounded
+    assert store.host_usage(at(2))["h1"].reserved_gb == 15.0
+
+
+def test_a_ci_reservation_is_one_per_owner_until_released(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    [slot] = reserve(store, ReservationKind.CI, owner="pr-1")
+    assert reserve(store, ReservationKind.CI, owner="pr-1", now=2) == [slot]
+    released = store.reservation_release_ci("pr-1", at(3))
+    assert released is not None and released.id == slot.id
+    assert (released.status, released.ended_at) == (ReservationStatus.RELEASED, at(3))
+    assert store.reservation_release_ci("pr-1", at(4)) is None
+    [again] = reserve(store, ReservationKind.CI, owner="pr-1", now=5)
+    assert again.id != slot.id
+
+
+def test_reservation_end_ends_an_active_reservation_once(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    [booked] = reserve(store)
+    ended = store.reservation_end(booked.id, ReservationStatus.DONE, at(5))
+    assert ended is not None
+    assert (ended.id, ended.status, ended.ended_at) == (booked.id, ReservationStatus.DONE, at(5))
+    assert store.reservation_end(booked.id, ReservationStatus.FAILED, at(6)) is None
+    assert store.reservation_get(booked.id) == ended
+    assert store.reservation_get(booked.id + 1000) is None
+
+
+def test_reservation_list_shows_active_reservations_by_host(store):
+    for label in ("h1", "h2"):
+        store.host_insert(HostRecord(label, ram_total_gb=16), at(0))
+    [one] = reserve(store, host="h1")
+    [two] = reserve(store, host="h2")
+    [three] = reserve(store, host="h1")
+    store.reservation_end(three.id, ReservationStatus.CANCELLED, at(2))
+    assert [r.id for r in store.reservation_list()] == [one.id, two.id]
+    assert [r.id for r in store.reservation_list("h2")] == [two.id]
+
+
+def test_reservation_expire_ends_what_is_past_its_time(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16), at(0))
+    [short] = reserve(store, expires=10)
+    [long] = reserve(store, expires=100)
+    assert store.host_usage(at(10))["h1"].reserved_gb == 2.0  # no longer counted once due
+    assert store.reservation_expire(at(10)) == 1
+    assert store.reservation_expire(at(10)) == 0
+    expired = store.reservation_get(short.id)
+    assert expired is not None
+    assert (expired.status, expired.ended_at) == (ReservationStatus.EXPIRED, at(10))
+    assert [r.id for r in store.reservation_list()] == [long.id]
+
+
+# -- alerts ---------------------------------------------------------------------------------
+
+
+def test_an_open_alert_dedups_by_key_until_cleared(store):
+    assert store.alert_open("disk", "disk full on h1", at(0))
+    assert not store.alert_open("disk", "disk full again", at(1))
+    assert store.alert_open("lost", "h2 lost", at(2))
+    assert [(a.key, a.message, a.opened_at, a.cleared_at) for a in store.alert_list()] == [
+        ("lost", "h2 lost", at(2), None), ("disk", "disk full on h1", at(0), None)]
+    assert store.alert_clear("disk", at(3))
+    assert not store.alert_clear("disk", at(4))
+    assert not store.alert_clear("never", at(4))
+    assert [a.key for a in store.alert_list()] == ["lost"]
+    assert store.alert_open("disk", "disk full once more", at(5))
+
+
+def test_alert_list_shows_cleared_alerts_on_request_newest_first(store):
+    for second, key in enumerate(("a", "b", "c")):
+        store.alert_open(key, key, at(second))
+    store.alert_clear("b", at(9))
+    everything = store.alert_list(open_only=False)
+    assert [(a.key, a.cleared_at) for a in everything] == [("c", None), ("b", at(9)),
+                                                            ("a", None)]
+    assert [a.key for a in store.alert_list(open_only=False, limit=2)] == ["c", "b"]
+    assert [a.key for a in store.alert_list(limit=1)] == ["c"]
+
+
+# -- the driver protocol --------------------------------------------------------------------
+
+
+def test_shared_queries_take_each_dialects_placeholders():
+    from herder.store.driver import load_queries, postgres_placeholders
+
+    assert postgres_placeholders("SELECT :a::text, x FROM t WHERE y = :b_c AND z LIKE 'q%'") == (
+        "SELECT %(a)s::text, x FROM t WHERE y = %(b_c)s AND z LIKE 'q%%'")
+    sqlite, postgres = load_queries("sqlite"), load_queries("postgres")
+    shared = {"host_insert", "reservation_insert", "alert_open", "job_retry", "event_insert"}
+    assert shared <= sqlite.keys() & postgres.keys()
+    assert ":label" in sqlite["host_get"] and "%(label)s" in postgres["host_get"]
+    # What must differ keeps one version per dialect, under one name.
+    for name in ("job_claim", "attempt_finish", "host_lock", "reservation_end"):
+        assert sqlite[name] != postgres[name]
+
+
+def test_a_stored_job_whose_spec_row_is_missing_is_reported_as_damage(tmp_path):
+    """SQLite keeps a job's spec in its own table; a claim that finds no spec row says so."""
+    import sqlite3
+    from contextlib import closing
+
+    from herder.errors import StoreUnavailable
+
+    path = tmp_path / "h.db"
+    with open_store(f"sqlite:///{path}") as store:
+        [job_id] = submit(store)
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM herder_job_specs WHERE id = ?", (job_id,))
+        with pytest.raises(StoreUnavailable, match=rf"claimed jobs \[{job_id}\] have no spec row"):
+            store.job_claim("h1", "w1", 1, T0)

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from herder.store.base import load_queries
+from herder.store.driver import load_queries
 from herder.store.sqlite import parse_sqlite_url
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

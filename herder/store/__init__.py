@@ -6,7 +6,8 @@ import sqlite3
 import sys
 
 from herder.errors import InputError, StoreUnavailable
-from herder.store.base import LiveAttempt, Store, Waker
+from herder.store.base import LiveAttempt, Store
+from herder.store.driver import Waker
 
 __all__ = ["LiveAttempt", "Store", "Waker", "as_unavailable", "open_store"]
 

@@ -1,23 +1,22 @@
 """The store interface both backends implement, and the pieces they share.
 
 A store method and its SQL query share one name in both dialects (`job_claim`, ...), so one
-grep finds the Python call and both SQL versions.
+grep finds the Python call and its SQL (shared, or one version per dialect).
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any
 
-from herder.errors import StoreUnavailable
+from herder.errors import InputError, StoreUnavailable
 from herder.model import (
     Attempt,
     AttemptResult,
@@ -39,18 +38,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-def load_queries(dialect: str) -> dict[str, str]:
-    """Named SQL blocks of one dialect: `-- name: x` starts block x."""
-    text = resources.files("herder.store").joinpath(f"sql/{dialect}/queries.sql").read_text()
-    parts = _NAME.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        queries[name] = body.strip().rstrip(";")
-    return queries
+from herder.store.driver import Driver, Json, Transaction, Waker
 
 
 def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
@@ -123,22 +111,16 @@ class Lease(abc.ABC):
     def release(self) -> None: ...
 
 
-class Waker(abc.ABC):
-    """Blocks until the store may have new work (or the timeout passes)."""
-
-    @abc.abstractmethod
-    def wait(self, timeout: float) -> bool:
-        """True when woken by a change, False on timeout."""
-
-    @abc.abstractmethod
-    def close(self) -> None: ...
-
 
 class Store(abc.ABC):
-    """Durable jobs, attempts and events. Every state change is a guarded statement."""
+    """Durable jobs, attempts and events. Every state change is a guarded statement.
+
+    The methods written here run on both dialects through `driver`; the abstract ones are
+    each dialect's own (claim, finish, migrations, ...)."""
 
     url: str
     dialect: str
+    driver: Driver
 
     @abc.abstractmethod
     def migrate(self) -> list[int]:
@@ -158,30 +140,8 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        """The job that currently holds a dedup key, if any."""
-
-    @abc.abstractmethod
-    def job_get(self, job_id: int) -> Job | None: ...
-
-    @abc.abstractmethod
-    def job_list(
-        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
-    ) -> list[Job]: ...
-
-    @abc.abstractmethod
-    def job_counts(self) -> dict[JobStatus, int]:
-        """Counts of active jobs (queued, claimed, running)."""
-
-    @abc.abstractmethod
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
-
-    @abc.abstractmethod
-    def attempt_start(
-        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
-    ) -> bool:
-        """claimed -> running; False when the attempt was fenced out meanwhile."""
 
     @abc.abstractmethod
     def attempt_heartbeat(
@@ -195,61 +155,155 @@ class Store(abc.ABC):
         """Apply ended attempts; only live attempts are applied and returned."""
 
     @abc.abstractmethod
-    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        """Cancel a queued job, or ask a claimed/running one to stop; None if not active."""
-
-    @abc.abstractmethod
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         """Current attempts of these jobs whose cancellation was requested (read-only)."""
-
-    @abc.abstractmethod
-    def job_retry(self, job_id: int, now: datetime) -> bool:
-        """Queue an ended job again with a fresh failure budget."""
-
-    @abc.abstractmethod
-    def attempt_list(self, job_id: int) -> list[Attempt]: ...
-
-    @abc.abstractmethod
-    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]: ...
-
-    @abc.abstractmethod
-    def event_list(self, job_id: int) -> list[Event]: ...
 
     # -- fleet ------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def host_insert(self, host: HostRecord, now: datetime) -> bool:
-        """False when the label exists already."""
+    def leader_lease(self) -> Lease: ...
 
     @abc.abstractmethod
-    def host_update(self, host: HostRecord, now: datetime) -> bool: ...
+    def statistics_refresh(self) -> bool:
+        """Refresh the planner's statistics of the jobs table when many rows changed since
+        the last refresh; True when it ran. The claim's plan depends on them."""
 
     @abc.abstractmethod
-    def host_get(self, label: str) -> HostRecord | None: ...
+    def close(self) -> None: ...
 
-    @abc.abstractmethod
-    def host_list(self) -> list[HostRecord]: ...
+    # -- written once, over the driver ----------------------------------------------------
 
-    @abc.abstractmethod
-    def host_remove(self, label: str) -> bool:
-        """False when the host is unknown or still has claimed or running jobs."""
+    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
+        """The job that currently holds a dedup key, if any."""
+        rows = self.driver.read("job_dedup_holder", {"dedup_key": dedup_key})
+        return (int(rows[0]["id"]), JobStatus(rows[0]["status"])) if rows else None
 
-    @abc.abstractmethod
-    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool: ...
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self.driver.read("job_get", {"job_id": job_id})
+        return job_from_row(rows[0]) if rows else None
 
-    @abc.abstractmethod
+    def job_list(
+        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
+    ) -> list[Job]:
+        return [job_from_row(row) for row in self.driver.read("job_list", {
+            "statuses": None if statuses is None else Json([str(s) for s in statuses]),
+            "limit": limit})]
+
+    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
+        return [due_job_from_row(row)
+                for row in self.driver.read("job_list_due", {"now": now, "limit": limit})]
+
+    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
+        return [live_attempt_from_row(row)
+                for row in self.driver.read("attempt_list_live", {"host": host})]
+
+    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
+        """Claimed jobs placed on a host whose attempt has not started yet."""
+        return [job_from_row(row) for row in self.driver.read(
+            "attempt_list_assigned", {"host": host, "limit": limit})]
+
     def host_agent_gone(self, label: str, worker: str) -> bool:
         """Mark the host's agent gone (stopped) while `worker` is the last one that
         heartbeated; False when another agent has heartbeated since, the agent stopped
         cleanly, or there is no such host."""
+        return bool(self.driver.write("host_agent_gone", {"label": label, "worker": worker}))
 
-    @abc.abstractmethod
-    def host_usage(self, now: datetime) -> dict[str, HostUsage]: ...
+    def attempt_start(
+        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
+    ) -> bool:
+        """claimed -> running; False when the attempt was fenced out meanwhile."""
+        with self.driver.transaction() as transaction:
+            if not transaction.fetch("attempt_start", {
+                    "job_id": token.job_id, "attempt": token.attempt, "pid": pid,
+                    "log_path": log_path, "now": now}):
+                return False
+            insert_event(transaction, token.job_id, now, "started", JobStatus.CLAIMED,
+                          JobStatus.RUNNING, token.attempt, {"pid": pid, "log_path": log_path})
+        return True
 
-    @abc.abstractmethod
-    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]: ...
+    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
+        """Cancel a queued job, or ask a claimed/running one to stop; None if not active."""
+        with self.driver.transaction() as transaction:
+            rows = transaction.fetch("job_cancel", {"job_id": job_id, "now": now})
+            if not rows:
+                return None
+            status = JobStatus(rows[0]["status"])
+            requested = bool(rows[0]["cancel_requested"])
+            insert_event(transaction, job_id, now,
+                          "cancel_requested" if requested else "cancelled",
+                          status if requested else JobStatus.QUEUED, status,
+                          int(rows[0]["attempt"]), {})
+            transaction.notify(f"cancel:{job_id}")
+        return status
 
-    @abc.abstractmethod
+    def job_retry(self, job_id: int, now: datetime) -> bool:
+        """Queue an ended job again with a fresh failure budget."""
+        with self.driver.transaction() as transaction:
+            old = transaction.fetch("job_get", {"job_id": job_id})
+            if not old:
+                return False
+            try:
+                rows = transaction.fetch("job_retry", {"job_id": job_id, "now": now})
+            except self.driver.conflict as exc:
+                raise InputError(
+                    "dedup_key",
+                    f"another active or done job holds dedup key {old[0]['dedup_key']!r}",
+                    "cancel that job first, or submit a new job with --force",
+                ) from exc
+            if not rows:
+                return False
+            insert_event(transaction, job_id, now, "retried", JobStatus(old[0]["status"]),
+                         JobStatus.QUEUED, int(rows[0]["attempt"]), {})
+            transaction.notify("job")
+        return True
+
+    def notify(self, topic: str) -> None:
+        """Wake listeners in other processes (PostgreSQL); SQLite's waker needs nothing."""
+        self.driver.notify(topic)
+
+    def listen(self) -> Waker:
+        """A waker that returns early when jobs are submitted, requeued or cancelled."""
+        return self.driver.listen()
+
+    def job_counts(self) -> dict[JobStatus, int]:
+        """Counts of active jobs (queued, claimed, running)."""
+        return {JobStatus(row["status"]): int(row["count"])
+                for row in self.driver.read("job_counts")}
+
+    def attempt_list(self, job_id: int) -> list[Attempt]:
+        return [attempt_from_row(row)
+                for row in self.driver.read("attempt_list", {"job_id": job_id})]
+
+    def event_list(self, job_id: int) -> list[Event]:
+        return [event_from_row(row) for row in self.driver.read("event_list", {"job_id": job_id})]
+
+    def host_insert(self, host: HostRecord, now: datetime) -> bool:
+        """False when the label exists already."""
+        return bool(self.driver.write("host_insert", _host_params(host, now)))
+
+    def host_update(self, host: HostRecord, now: datetime) -> bool:
+        return bool(self.driver.write("host_update", _host_params(host, now)))
+
+    def host_get(self, label: str) -> HostRecord | None:
+        rows = self.driver.read("host_get", {"label": label})
+        return host_from_row(rows[0]) if rows else None
+
+    def host_list(self) -> list[HostRecord]:
+        return [host_from_row(row) for row in self.driver.read("host_list")]
+
+    def host_remove(self, label: str) -> bool:
+        """False when the host is unknown or still has claimed or running jobs."""
+        return bool(self.driver.write("host_remove", {"label": label}))
+
+    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
+        return bool(self.driver.write("host_heartbeat", {
+            "label": label, "now": now, "agent_info": Json(dict(agent_info))}))
+
+    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
+        return {row["label"]: HostUsage(row["label"], int(row["workers"]), float(row["jobs_gb"]),
+                                        float(row["reserved_gb"]))
+                for row in self.driver.read("host_usage", {"now": now})}
+
     def job_assign(
         self,
         host: str,
@@ -260,17 +314,39 @@ class Store(abc.ABC):
     ) -> list[AttemptToken]:
         """Place (job id, RAM GB) pairs on a host, re-checking its capacity in SQL under a
         host lock, so two schedulers can never overbook it. Returns what was placed."""
+        placed: list[AttemptToken] = []
+        with self.driver.transaction() as transaction:
+            # The host lock serialises every assigner of this host; capacity is then re-read
+            # inside the lock, so a stale plan can never overbook it.
+            if not transaction.fetch("host_lock", {"label": host}):
+                return []
+            [booked] = transaction.fetch("host_booked", {"label": host, "now": now})
+            workers, booked_gb = int(booked["workers"]), float(booked["booked_gb"])
+            for job_id, ram_gb in items:
+                if workers + 1 > max_workers:
+                    break
+                if not ram_fits(booked_gb, ram_gb, bookable_gb):
+                    continue
+                rows = transaction.fetch("job_assign", {"job_id": job_id, "host": host,
+                                                        "ram_gb": ram_gb, "now": now})
+                if not rows:
+                    continue
+                token = AttemptToken(int(rows[0]["id"]), int(rows[0]["attempt"]))
+                insert_event(transaction, token.job_id, now, "placed", JobStatus.QUEUED,
+                              JobStatus.CLAIMED, token.attempt, {"host": host, "ram_gb": ram_gb})
+                workers += 1
+                booked_gb += ram_gb
+                placed.append(token)
+            if placed:
+                transaction.notify(f"assigned:{host}")
+        return placed
 
-    @abc.abstractmethod
-    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        """Claimed jobs placed on a host whose attempt has not started yet."""
-
-    @abc.abstractmethod
     def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
         """Take a placed attempt for one runner; False when another runner has it. Its
         lease starts again at `now`."""
+        return bool(self.driver.write("attempt_set_worker", {
+            "job_id": token.job_id, "attempt": token.attempt, "worker": worker, "now": now}))
 
-    @abc.abstractmethod
     def reservation_create(
         self,
         kind: ReservationKind,
@@ -285,75 +361,83 @@ class Store(abc.ABC):
     ) -> list[Reservation]:
         """Book up to `count` slots; with `bookable_gb` only as many as fit. A CI slot is
         idempotent per owner: claiming it again returns the live one."""
+        created: list[Reservation] = []
+        with self.driver.transaction() as transaction:
+            if not transaction.fetch("host_lock", {"label": host}):
+                return []
+            if kind is ReservationKind.CI:
+                existing = transaction.fetch("reservation_active_ci", {"owner": owner})
+                if existing:
+                    return [reservation_from_row(existing[0])]
+            [booked] = transaction.fetch("host_booked", {"label": host, "now": now})
+            fit = slots_that_fit(count, ram_gb, float(booked["booked_gb"]), bookable_gb)
+            for _ in range(fit):
+                created.extend(reservation_from_row(row) for row in transaction.fetch(
+                    "reservation_insert", {
+                        "kind": str(kind), "owner": owner, "host": host, "weight": weight,
+                        "ram_gb": ram_gb, "detail": Json({}), "now": now,
+                        "expires_at": expires_at}))
+        return created
 
-    @abc.abstractmethod
     def reservation_end(
         self, reservation_id: int, status: ReservationStatus, now: datetime
-    ) -> Reservation | None: ...
+    ) -> Reservation | None:
+        rows = self.driver.write("reservation_end", {
+            "id": reservation_id, "status": str(status), "now": now, "detail": Json({})})
+        return reservation_from_row(rows[0]) if rows else None
 
-    @abc.abstractmethod
-    def reservation_get(self, reservation_id: int) -> Reservation | None: ...
+    def reservation_get(self, reservation_id: int) -> Reservation | None:
+        rows = self.driver.read("reservation_get", {"id": reservation_id})
+        return reservation_from_row(rows[0]) if rows else None
 
-    @abc.abstractmethod
-    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None: ...
+    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
+        rows = self.driver.write("reservation_release_ci", {"owner": owner, "now": now})
+        return reservation_from_row(rows[0]) if rows else None
 
-    @abc.abstractmethod
-    def reservation_list(self, host: str | None = None) -> list[Reservation]: ...
+    def reservation_list(self, host: str | None = None) -> list[Reservation]:
+        return [reservation_from_row(row)
+                for row in self.driver.read("reservation_list", {"host": host})]
 
-    @abc.abstractmethod
-    def reservation_expire(self, now: datetime) -> int: ...
+    def reservation_expire(self, now: datetime) -> int:
+        return len(self.driver.write("reservation_expire", {"now": now}))
 
-    # -- API tokens ---------------------------------------------------------------------------
-
-    @abc.abstractmethod
     def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
                      host: str | None = None, job_types: frozenset[str] | None = None,
                      priority_floor: int | None = None) -> int:
         """The new token's id; the hash is unique (a duplicate raises)."""
+        [row] = self.driver.write("token_insert", {
+            "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
+            "job_types": None if job_types is None else Json(sorted(job_types)),
+            "priority_floor": priority_floor, "now": now})
+        return int(row["id"])
 
-    @abc.abstractmethod
     def token_get(self, token_hash: str) -> TokenRecord | None:
         """The token with this hash, revoked or not (so a caller can be told which)."""
+        rows = self.driver.read("token_get", {"token_hash": token_hash})
+        return token_from_row(rows[0]) if rows else None
 
-    @abc.abstractmethod
-    def token_list(self) -> list[TokenRecord]: ...
+    def token_list(self) -> list[TokenRecord]:
+        return [token_from_row(row) for row in self.driver.read("token_list")]
 
-    @abc.abstractmethod
     def token_revoke(self, token_id: int, now: datetime) -> bool:
         """False when there is no such live token."""
+        return bool(self.driver.write("token_revoke", {"id": token_id, "now": now}))
 
-    @abc.abstractmethod
     def token_revoke_host(self, host: str, now: datetime) -> int:
         """Revoke every live token bound to `host`; how many."""
+        return len(self.driver.write("token_revoke_host", {"host": host, "now": now}))
 
-    @abc.abstractmethod
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
         """True when newly opened; an open alert with the same key dedups it."""
+        return bool(self.driver.write("alert_open", {"key": key, "message": message,
+                                                     "now": now}))
 
-    @abc.abstractmethod
-    def alert_clear(self, key: str, now: datetime) -> bool: ...
+    def alert_clear(self, key: str, now: datetime) -> bool:
+        return bool(self.driver.write("alert_clear", {"key": key, "now": now}))
 
-    @abc.abstractmethod
-    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]: ...
-
-    @abc.abstractmethod
-    def leader_lease(self) -> Lease: ...
-
-    @abc.abstractmethod
-    def statistics_refresh(self) -> bool:
-        """Refresh the planner's statistics of the jobs table when many rows changed since
-        the last refresh; True when it ran. The claim's plan depends on them."""
-
-    @abc.abstractmethod
-    def notify(self, topic: str) -> None:
-        """Wake listeners in other processes (PostgreSQL); SQLite's waker needs nothing."""
-
-    @abc.abstractmethod
-    def listen(self) -> Waker:
-        """A waker that returns early when jobs are submitted, requeued or cancelled."""
-
-    @abc.abstractmethod
-    def close(self) -> None: ...
+    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
+        return [alert_from_row(row) for row in self.driver.read(
+            "alert_list", {"open_only": open_only, "limit": limit})]
 
     def __enter__(self) -> Store:
         return self
@@ -362,48 +446,16 @@ class Store(abc.ABC):
         self.close()
 
 
-_JOB_FIELDS = tuple(field.name for field in dataclasses.fields(Job))
-_JOB_DEFAULTS = {"ram_gb": 0.0, "spawn_failures": 0}
-_JOB_CONVERT: dict[str, Callable[[Any], Any]] = {
-    "command": tuple, "shell": bool, "status": JobStatus, "cancel_requested": bool,
-    "backoff_base_seconds": float, "backoff_max_seconds": float,
-}
-# What a claim writes and so need not read back: the store passes these as `given` values.
-CLAIM_GIVEN = ("status", "host", "claimed_at", "started_at", "updated_at")
-CLAIM_RETURNS = tuple(
-    name for name in _JOB_FIELDS if name not in CLAIM_GIVEN and name not in _JOB_DEFAULTS
-) + tuple(_JOB_DEFAULTS)
-
-
-_COMMANDS: dict[str, tuple[str, ...]] = {}
-
-
-def command_from_json(value: str) -> tuple[str, ...]:
-    """Jobs of one type share their command text, and a claim decodes one per job: parse
-    each text once (a tuple is safe to share)."""
-    command = _COMMANDS.get(value)
-    if command is None:
-        if len(_COMMANDS) >= 4096:
-            _COMMANDS.clear()
-        command = _COMMANDS[value] = tuple(json.loads(value))
-    return command
-
-
-_EMPTY_OBJECT = frozenset({"{}", b"{}"})
-
-
 def object_from_json(value: str | bytes | None) -> Any:
-    """A JSON column's value, from SQLite's text or psycopg's bytes; `{}`, the usual payload
-    and env, skips the parser (a new dict each time: the caller may keep it)."""
+    """A JSON column's value, from SQLite's text or psycopg's bytes. `{}`, the usual payload
+    and env, skips the parser: a claim decodes both for every job (a new dict each time, as
+    the caller may keep it)."""
     if value is None:
         return None
-    if value in _EMPTY_OBJECT:
+    if value in ("{}", b"{}"):
         return {}
     return json.loads(value)
 
-
-STATUS_OF = {status.value: status for status in JobStatus}
-"""A status by its stored value, without the enum call's overhead (finishes read one per row)."""
 
 FinishGroup = tuple[
     tuple[Outcome, int | None, Decision], dict[int, int], dict[int, AttemptToken]]
@@ -454,81 +506,19 @@ def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -
             "spend_spawn_failure": int(decision.spend_spawn_failure)}
 
 
-def claim_given(host: str, now: datetime) -> tuple[Any, ...]:
-    """The CLAIM_GIVEN values of a claim by `host` at `now`, in that order."""
-    return (JobStatus.CLAIMED, host, now, None, now)
-
-
-class JobReader(Protocol):
-    def __call__(self, values: Sequence[Any], given: Sequence[Any] = (), /) -> Job: ...
-
-
-_JOB_READERS: dict[
-    tuple[tuple[str, ...], int, tuple[str, ...]],
-    tuple[Mapping[str, Callable[[Any], Any]] | None, JobReader],
-] = {}
-
-
-def job_reader(
-    names: Sequence[str],
-    decode: Mapping[str, Callable[[Any], Any]] | None = None,
-    given: Sequence[str] = (),
-) -> JobReader:
-    """Build Jobs from rows with these columns, plus `given` fields the caller already knows
-    (a claim knows what it wrote). Claims build a Job per claimed row, so the reader is
-    straight-line code generated once per result shape (as dataclasses and namedtuple do).
-    It fills an `_OpenJob` and then makes it a Job (see there): 7x faster than `Job(...)`.
-    `decode` turns a backend's stored form (SQLite: epoch seconds, JSON text) into Python
-    values first; it is cached by identity, so pass a module-level mapping."""
-    key = (tuple(names), id(decode), tuple(given))
-    cached = _JOB_READERS.get(key)
-    if cached is not None and cached[0] is decode:  # an id can be reused once freed
-        return cached[1]
-    reader = _generate_reader(key[0], decode or {}, key[2])
-    _JOB_READERS[key] = (decode, reader)
-    return reader
-
-
-class _OpenJob:
-    """A Job's slots without the frozen guard. Readers fill one with plain attribute stores
-    and then switch its class to Job, which Python allows between classes of one slot layout:
-    a frozen dataclass otherwise takes a descriptor call per field (3.8x slower for a Job).
-    The object is a Job before any caller sees it; tests/test_job_reader.py checks the layout."""
-
-    __slots__ = Job.__slots__
-
-
-def _generate_reader(
-    names: tuple[str, ...], decode: Mapping[str, Callable[[Any], Any]], given: tuple[str, ...]
-) -> JobReader:
-    index = {name: i for i, name in enumerate(names)}
-    given_index = {name: i for i, name in enumerate(given)}
-    scope: dict[str, Any] = {"OpenJob": _OpenJob, "Job": Job}
-    lines = ["def read(v, g=(), /):", "    j = OpenJob()"]
-    for field in _JOB_FIELDS:  # identifiers from the dataclass, never from input
-        if field in given_index:
-            value = f"g[{given_index[field]}]"
-        elif field in index:
-            value = f"v[{index[field]}]"
-            for step, convert in (("d", decode.get(field)), ("c", _JOB_CONVERT.get(field))):
-                if convert is not None:
-                    scope[f"{step}_{field}"] = convert
-                    value = f"{step}_{field}({value})"
-        elif field in _JOB_DEFAULTS:
-            scope[f"default_{field}"] = _JOB_DEFAULTS[field]
-            value = f"default_{field}"
-        else:
-            raise KeyError(f"a job row needs column {field!r}")
-        lines.append(f"    j.{field} = {value}")
-    lines.extend(["    j.__class__ = Job", "    return j"])
-    exec("\n".join(lines), scope)  # the source holds field names and indices only
-    reader: JobReader = scope["read"]
-    return reader
-
-
 def job_from_row(row: Mapping[str, Any]) -> Job:
-    """Build a Job from a row whose values are already Python types."""
-    return job_reader(tuple(row))(tuple(row.values()))
+    """Build a Job from a row whose values are already Python types (JSON decoded, times
+    as datetimes; SQLite's flags still integers); rows written before the fleet columns
+    existed lack `ram_gb` and `spawn_failures`."""
+    return Job(
+        row["id"], row["job_type"], tuple(row["command"]), bool(row["shell"]), row["payload"],
+        row["priority"], row["weight"], row["dedup_key"], row["affinity"], row["available_at"],
+        row["max_attempts"], row["timeout_seconds"], row["env"], row["workdir"],
+        row["backoff_base_seconds"], row["backoff_max_seconds"], JobStatus(row["status"]),
+        row["attempt"], row["failures"], row["lost"], row["host"], row["exit_code"],
+        row["failure_reason"], bool(row["cancel_requested"]), row["created_at"],
+        row["claimed_at"], row["started_at"], row["finished_at"], row["updated_at"],
+        row.get("ram_gb", 0.0), row.get("spawn_failures", 0))
 
 
 def attempt_from_row(row: Mapping[str, Any]) -> Attempt:
@@ -599,9 +589,27 @@ def host_from_row(row: Mapping[str, Any]) -> HostRecord:
     )
 
 
-def host_params(host: HostRecord) -> dict[str, Any]:
-    """Column values of a host; JSON columns as plain lists (each store wraps them)."""
+def insert_event(
+    transaction: Transaction,
+    job_id: int,
+    now: datetime,
+    kind: str,
+    from_status: JobStatus | None,
+    to_status: JobStatus | None,
+    attempt: int | None,
+    detail: Mapping[str, Any],
+) -> None:
+    transaction.fetch("event_insert", {
+        "job_id": job_id, "now": now, "kind": kind,
+        "from_status": None if from_status is None else from_status.value,
+        "to_status": None if to_status is None else to_status.value,
+        "attempt": attempt, "detail": Json(dict(detail))})
+
+
+def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
+    """Column values of a host, as host_insert and host_update take them."""
     return {
+        "now": now,
         "label": host.label,
         "ram_total_gb": host.ram_total_gb,
         "ram_reserved_gb": host.ram_reserved_gb,
@@ -614,11 +622,11 @@ def host_params(host: HostRecord) -> dict[str, Any]:
         "night_max_workers": host.night_max_workers,
         "night_max_weight": host.night_max_weight,
         "allowed_job_types": None if host.allowed_job_types is None
-        else sorted(host.allowed_job_types),
+        else Json(sorted(host.allowed_job_types)),
         "allowed_weights": None if host.allowed_weights is None
-        else sorted(host.allowed_weights),
+        else Json(sorted(host.allowed_weights)),
         "priority_floor": host.priority_floor,
-        "labels": sorted(host.labels),
+        "labels": Json(sorted(host.labels)),
     }
 
 

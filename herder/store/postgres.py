@@ -1,9 +1,11 @@
 """The distributed store: PostgreSQL through psycopg 3 and a connection pool.
 
-Claims use `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other's rows;
-each claim, start and finish is one statement with data-modifying CTEs (job row, attempt row
-and event row together), so a job costs two round trips from claim to finish. Submits and
-cancels `NOTIFY herder`, which wakes idle runners at once.
+`PostgresDriver` is the dialect's half of the driver protocol (see driver.py); the store
+keeps what must differ from SQLite. Claims use `FOR UPDATE SKIP LOCKED`, so concurrent
+claimers never wait on each other's rows; a claim and a finish are each one statement with
+data-modifying CTEs (job row and event row together), so a job costs two round trips from
+claim to finish. Submits, requeues, retries and cancels `NOTIFY herder`, which wakes idle
+runners at once.
 """
 
 from __future__ import annotations
@@ -22,58 +24,29 @@ from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from herder.backoff import Backoff
-from herder.errors import InputError, StoreUnavailable
+from herder.errors import StoreUnavailable
 from herder.model import (
-    Attempt,
     AttemptResult,
     AttemptToken,
-    Event,
     HeartbeatReply,
-    HostRecord,
-    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
-    Reservation,
-    ReservationKind,
-    ReservationStatus,
-    Scope,
-    TokenRecord,
 )
 from herder.store import as_unavailable
 from herder.store.base import (
-    CLAIM_GIVEN,
-    STATUS_OF,
-    Alert,
-    DueJob,
     FinishGroup,
     Lease,
-    LiveAttempt,
     Store,
-    Waker,
-    alert_from_row,
-    attempt_from_row,
-    claim_given,
-    command_from_json,
-    due_job_from_row,
-    event_from_row,
     finish_groups,
     finish_params,
-    host_from_row,
-    host_params,
     job_from_row,
-    job_reader,
-    live_attempt_from_row,
     load_migrations,
-    load_queries,
     object_from_json,
-    ram_fits,
     refuse_newer_schema,
-    reservation_from_row,
-    slots_that_fit,
-    token_from_row,
 )
+from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
 from herder.urls import redact_url
 
 log = logging.getLogger("herder.store")
@@ -89,18 +62,7 @@ CONNECT_OPTIONS: dict[str, Any] = {
 CHANNEL = "herder"
 _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
 _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
-_CLAIM_QUERIES: dict[int, str] = {}
 MAX_CLAIM = 1000
-
-
-# The claim returns its JSON columns as text: each command text is parsed once, and an
-# empty payload or env not at all (cheaper than psycopg's loader call per value).
-_CLAIM_DECODE = {
-    "command": command_from_json, "payload": object_from_json, "env": object_from_json}
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    set_json_loads(object_from_json, conn)  # the same empty-object shortcut for every read
 
 
 def _finish_group(
@@ -110,17 +72,13 @@ def _finish_group(
     rows = cursor.execute(Q["attempt_finish"], {
         **finish_params(outcome, exit_code, decision), "available_at": decision.available_at,
         "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens)}).fetchall()
-    return [(held[row[0]], STATUS_OF[row[2]]) for row in rows]
+    return [(held[row[0]], JobStatus(row[2])) for row in rows]
 
 
 def _claim_query(limit: int) -> str:
     """job_claim with its LIMIT as a literal: PostgreSQL then settles on one cached plan
     instead of planning every claim afresh (see queries.sql)."""
-    limit = min(int(limit), MAX_CLAIM)  # a bounded set of statements, one per batch size
-    text = _CLAIM_QUERIES.get(limit)
-    if text is None:
-        text = _CLAIM_QUERIES[limit] = Q["job_claim"].replace("%(limit)s", str(limit))
-    return text
+    return Q["job_claim"].replace("%(limit)s", str(min(int(limit), MAX_CLAIM)))
 
 
 class PostgresWaker(Waker):
@@ -195,10 +153,26 @@ def _close_quietly(conn: psycopg.Connection[Any]) -> None:
         conn.close()
 
 
-class PostgresStore(Store):
-    dialect = "postgres"
+class _PostgresTransaction(Transaction):
+    def __init__(self, conn: psycopg.Connection[DictRow]) -> None:
+        self._conn = conn
 
-    def __init__(self, url: str, max_connections: int = 8, connect_timeout: float = 5.0) -> None:
+    def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        cursor = self._conn.execute(Q[name], _adapt(params))
+        return cursor.fetchall() if cursor.description else []
+
+    def notify(self, topic: str) -> None:
+        self._conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))
+
+
+class PostgresDriver(Driver):
+    """A connection pool in autocommit: a single statement is its own transaction."""
+
+    dialect = "postgres"
+    queries = Q
+    conflict = psycopg.errors.UniqueViolation
+
+    def __init__(self, url: str, max_connections: int, connect_timeout: float) -> None:
         self.url = url
         try:
             probe = psycopg.connect(url, connect_timeout=max(1, int(connect_timeout)))
@@ -207,47 +181,90 @@ class PostgresStore(Store):
             raise StoreUnavailable(
                 f"cannot connect to {redact_url(url)}: {str(exc).strip()}"
             ) from exc
-        self._pool: ConnectionPool[psycopg.Connection[DictRow]] = ConnectionPool(
+        self.pool: ConnectionPool[psycopg.Connection[DictRow]] = ConnectionPool(
             url,
             connection_class=psycopg.Connection[DictRow],
             min_size=1,
             max_size=max(1, max_connections),
             kwargs={"autocommit": True, "row_factory": dict_row, **CONNECT_OPTIONS,
                     "connect_timeout": max(1, int(connect_timeout))},
-            configure=_configure,
             # While the database is down a call fails after this long (StoreUnavailable: the
             # loops back off, the API answers 503) instead of holding its thread for 30 s.
             timeout=POOL_WAIT_SECONDS,
+            configure=_configure,
             open=False,
             name="herder",
         )
-        self._pool.open(wait=True, timeout=connect_timeout)
+        self.pool.open(wait=True, timeout=connect_timeout)
 
     def close(self) -> None:
-        self._pool.close()
+        self.pool.close()
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[DictRow]]:
+    def connection(self) -> Iterator[psycopg.Connection[DictRow]]:
         """A pooled connection; a database failure (down, restarting, a dropped connection)
         surfaces as StoreUnavailable. After a restart every idle pooled connection is dead:
         the first one found dead has the pool check them all, so callers see one error per
         outage instead of one per pooled connection."""
         conn: psycopg.Connection[DictRow] | None = None
         try:
-            with self._pool.connection() as conn:
+            with self.pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as exc:
             if conn is not None and (conn.closed or conn.broken):
                 with contextlib.suppress(psycopg.Error):
-                    self._pool.check()
+                    self.pool.check()
             unavailable = as_unavailable(exc)
             assert unavailable is not None
             raise unavailable from exc
 
+    def read(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        with self.connection() as conn:
+            return _PostgresTransaction(conn).fetch(name, params)
+
+    def write(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return self.read(name, params)  # autocommit: the statement is its own transaction
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        with self.connection() as conn, conn.transaction():
+            yield _PostgresTransaction(conn)
+
+    def notify(self, topic: str) -> None:
+        with self.connection() as conn:
+            _PostgresTransaction(conn).notify(topic)
+
+    def listen(self) -> Waker:
+        return PostgresWaker(self.url)
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """JSON columns read as SQLite's are (an empty object skips the parser)."""
+    set_json_loads(object_from_json, conn)
+
+
+def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """JSON parameters as jsonb; psycopg adapts the rest (times are timestamptz)."""
+    return {key: Jsonb(value.value) if isinstance(value, Json) else value
+            for key, value in (params or {}).items()}
+
+
+class PostgresStore(Store):
+    dialect = "postgres"
+    driver: PostgresDriver
+
+    def __init__(self, url: str, max_connections: int = 8, connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self.driver = PostgresDriver(url, max_connections, connect_timeout)
+        self._pool = self.driver.pool
+
+    def close(self) -> None:
+        self.driver.close()
+
     # -- schema ---------------------------------------------------------------------------
 
     def schema_version(self) -> int:
-        with self._connection() as conn:
+        with self.driver.connection() as conn:
             row = conn.execute("SELECT to_regclass('herder_schema') AS t").fetchone()
             if row is None or row["t"] is None:
                 return 0
@@ -256,7 +273,7 @@ class PostgresStore(Store):
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
-        with self._connection() as conn, conn.transaction():
+        with self.driver.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS herder_schema (version integer PRIMARY KEY,"
@@ -281,7 +298,7 @@ class PostgresStore(Store):
     def job_insert(
         self, specs: Sequence[JobSpec], now: datetime, force: bool = False
     ) -> list[InsertResult]:
-        with self._connection() as conn:
+        with self.driver.connection() as conn:
             if len(specs) == 1 and not force:
                 # The common case is one statement in autocommit: one round trip, and the
                 # NOTIFY that wakes idle runners rides along in it.
@@ -313,67 +330,22 @@ class PostgresStore(Store):
             raise StoreUnavailable("dedup holder vanished; retry the submit")
         return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
 
-    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["job_dedup_holder"], {"dedup_key": dedup_key}).fetchone()
-        return None if row is None else (int(row["id"]), JobStatus(row["status"]))
-
-    def job_get(self, job_id: int) -> Job | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
-        return None if row is None else job_from_row(row)
-
-    def job_list(
-        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
-    ) -> list[Job]:
-        params = {
-            "statuses": None if statuses is None else [str(s) for s in statuses],
-            "limit": limit,
-        }
-        with self._connection() as conn:
-            rows = conn.execute(Q["job_list"], params).fetchall()
-        return [job_from_row(row) for row in rows]
-
-    def job_counts(self) -> dict[JobStatus, int]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["job_counts"]).fetchall()
-        return {JobStatus(row["status"]): int(row["count"]) for row in rows}
-
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         if limit < 1:
             return []
-        with self._connection() as conn:
-            cursor = conn.cursor(row_factory=tuple_row)  # a Job is read from each below
-            rows = cursor.execute(
+        with self.driver.connection() as conn:
+            rows = conn.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
                                       "detail": Jsonb({"host": host, "worker": worker})}
             ).fetchall()
-            result = cursor.pgresult
-        if not rows or result is None:
-            return []
-        # Names from the raw result: `cursor.description` builds an object per column.
-        read = job_reader([(result.fname(i) or b"").decode() for i in range(result.nfields)],
-                          _CLAIM_DECODE, CLAIM_GIVEN)
-        given = claim_given(host, now)
-        return [read(row, given) for row in rows]
-
-    def attempt_start(
-        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
-    ) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(
-                Q["attempt_start"],
-                {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
-                 "log_path": log_path, "now": now},
-            ).fetchone()
-        return bool(row and row["count"])
+        return [job_from_row(row) for row in rows]
 
     def attempt_heartbeat(
         self, tokens: Sequence[AttemptToken], now: datetime
     ) -> HeartbeatReply:
         if not tokens:
             return HeartbeatReply(frozenset(), frozenset())
-        with self._connection() as conn:
+        with self.driver.connection() as conn:
             rows = conn.execute(
                 Q["attempt_heartbeat"],
                 {"job_ids": [t.job_id for t in tokens], "attempts": [t.attempt for t in tokens],
@@ -391,7 +363,7 @@ class PostgresStore(Store):
             return []
         groups = finish_groups(results)
         applied: list[tuple[AttemptToken, JobStatus]] = []
-        with self._connection() as conn:
+        with self.driver.connection() as conn:
             cursor = conn.cursor(row_factory=tuple_row)
             # One group is one statement; several are applied together, as on SQLite.
             with conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
@@ -399,256 +371,16 @@ class PostgresStore(Store):
                     applied.extend(_finish_group(cursor, group, now))
         return applied
 
-    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        with self._connection() as conn, conn.transaction():
-            row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": now}).fetchone()
-            if row is None:
-                return None
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"cancel:{job_id}"))
-        return JobStatus(row["status"])
-
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         if not job_ids:
             return set()
-        with self._connection() as conn:
+        with self.driver.connection() as conn:
             rows = conn.execute(Q["job_cancel_requested"], {"job_ids": list(job_ids)}).fetchall()
         return {AttemptToken(int(row["id"]), int(row["attempt"])) for row in rows}
 
-    def job_retry(self, job_id: int, now: datetime) -> bool:
-        with self._connection() as conn:
-            try:
-                with conn.transaction():
-                    row = conn.execute(Q["job_retry"], {"job_id": job_id, "now": now}).fetchone()
-                    if row is not None:
-                        conn.execute("SELECT pg_notify(%s, 'job')", (CHANNEL,))
-            except psycopg.errors.UniqueViolation as exc:
-                job = self.job_get(job_id)
-                raise InputError(
-                    "dedup_key",
-                    f"another active or done job holds dedup key "
-                    f"{job.dedup_key if job else None!r}",
-                    "cancel that job first, or submit a new job with --force",
-                ) from exc
-        return row is not None
-
     # -- attempts and events ------------------------------------------------------------------
 
-    def attempt_list(self, job_id: int) -> list[Attempt]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["attempt_list"], {"job_id": job_id}).fetchall()
-        return [attempt_from_row(row) for row in rows]
-
-    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["attempt_list_live"], {"host": host}).fetchall()
-        return [live_attempt_from_row(row) for row in rows]
-
-    def event_list(self, job_id: int) -> list[Event]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["event_list"], {"job_id": job_id}).fetchall()
-        return [event_from_row(row) for row in rows]
-
     # -- fleet ------------------------------------------------------------------------------
-
-    def host_insert(self, host: HostRecord, now: datetime) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["host_insert"], _host_params(host, now)).fetchone()
-        return row is not None
-
-    def host_update(self, host: HostRecord, now: datetime) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["host_update"], _host_params(host, now)).fetchone()
-        return row is not None
-
-    def host_get(self, label: str) -> HostRecord | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["host_get"], {"label": label}).fetchone()
-        return None if row is None else host_from_row(row)
-
-    def host_list(self) -> list[HostRecord]:
-        with self._connection() as conn:
-            return [host_from_row(row) for row in conn.execute(Q["host_list"]).fetchall()]
-
-    def host_remove(self, label: str) -> bool:
-        with self._connection() as conn:
-            return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
-
-    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["host_heartbeat"], {
-                "label": label, "now": now, "agent_info": Jsonb(dict(agent_info))}).fetchone()
-        return row is not None
-
-    def host_agent_gone(self, label: str, worker: str) -> bool:
-        with self._pool.connection() as conn:
-            row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
-                               ).fetchone()
-        return row is not None
-
-    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["host_usage"], {"now": now}).fetchall()
-        return {r["label"]: HostUsage(r["label"], int(r["workers"]), float(r["jobs_gb"]),
-                                      float(r["reserved_gb"])) for r in rows}
-
-    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["job_list_due"], {"now": now, "limit": limit}).fetchall()
-        return [due_job_from_row(row) for row in rows]
-
-    def job_assign(
-        self,
-        host: str,
-        items: Sequence[tuple[int, float]],
-        max_workers: int,
-        bookable_gb: float,
-        now: datetime,
-    ) -> list[AttemptToken]:
-        placed: list[AttemptToken] = []
-        with self._connection() as conn, conn.transaction():
-            # The host row lock serialises every assigner of this host; capacity is then
-            # re-read inside the lock, so a stale plan can never overbook it.
-            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
-                return []
-            booked = conn.execute(Q["host_booked"], {"label": host, "now": now}).fetchone()
-            assert booked is not None
-            workers, booked_gb = int(booked["workers"]), float(booked["booked_gb"])
-            for job_id, ram_gb in items:
-                if workers + 1 > max_workers:
-                    break
-                if not ram_fits(booked_gb, ram_gb, bookable_gb):
-                    continue
-                row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
-                                                     "ram_gb": ram_gb, "now": now}).fetchone()
-                if row is None:
-                    continue
-                workers += 1
-                booked_gb += ram_gb
-                placed.append(AttemptToken(int(row["id"]), int(row["attempt"])))
-            if placed:
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"assigned:{host}"))
-        return placed
-
-    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["attempt_list_assigned"],
-                                {"host": host, "limit": limit}).fetchall()
-        return [job_from_row(row) for row in rows]
-
-    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["attempt_set_worker"], {
-                "job_id": token.job_id, "attempt": token.attempt, "worker": worker,
-                "now": now}).fetchone()
-        return row is not None
-
-    def reservation_create(
-        self,
-        kind: ReservationKind,
-        owner: str,
-        host: str,
-        weight: str,
-        ram_gb: float,
-        count: int,
-        expires_at: datetime,
-        bookable_gb: float | None,
-        now: datetime,
-    ) -> list[Reservation]:
-        created: list[Reservation] = []
-        with self._connection() as conn, conn.transaction():
-            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
-                return []
-            if kind is ReservationKind.CI:
-                existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
-                if existing is not None:
-                    return [reservation_from_row(existing)]
-            booked = conn.execute(Q["host_booked"], {"label": host, "now": now}).fetchone()
-            assert booked is not None
-            fit = slots_that_fit(count, ram_gb, float(booked["booked_gb"]), bookable_gb)
-            for _ in range(fit):
-                row = conn.execute(Q["reservation_insert"], {
-                    "kind": str(kind), "owner": owner, "host": host, "weight": weight,
-                    "ram_gb": ram_gb, "detail": Jsonb({}), "now": now,
-                    "expires_at": expires_at}).fetchone()
-                if row is not None:
-                    created.append(reservation_from_row(row))
-        return created
-
-    def reservation_end(
-        self, reservation_id: int, status: ReservationStatus, now: datetime
-    ) -> Reservation | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["reservation_end"], {
-                "id": reservation_id, "status": str(status), "now": now,
-                "detail": Jsonb({})}).fetchone()
-        return None if row is None else reservation_from_row(row)
-
-    def reservation_get(self, reservation_id: int) -> Reservation | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["reservation_get"], {"id": reservation_id}).fetchone()
-        return None if row is None else reservation_from_row(row)
-
-    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["reservation_release_ci"],
-                               {"owner": owner, "now": now}).fetchone()
-        return None if row is None else reservation_from_row(row)
-
-    def reservation_list(self, host: str | None = None) -> list[Reservation]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["reservation_list"], {"host": host}).fetchall()
-        return [reservation_from_row(row) for row in rows]
-
-    def reservation_expire(self, now: datetime) -> int:
-        with self._connection() as conn:
-            return len(conn.execute(Q["reservation_expire"], {"now": now}).fetchall())
-
-    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
-                     host: str | None = None, job_types: frozenset[str] | None = None,
-                     priority_floor: int | None = None) -> int:
-        with self._connection() as conn:
-            row = conn.execute(Q["token_insert"], {
-                "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
-                "job_types": None if job_types is None else Jsonb(sorted(job_types)),
-                "priority_floor": priority_floor, "now": now}).fetchone()
-        assert row is not None
-        return int(row["id"])
-
-    def token_get(self, token_hash: str) -> TokenRecord | None:
-        with self._connection() as conn:
-            row = conn.execute(Q["token_get"], {"token_hash": token_hash}).fetchone()
-        return None if row is None else token_from_row(row)
-
-    def token_list(self) -> list[TokenRecord]:
-        with self._connection() as conn:
-            return [token_from_row(row) for row in conn.execute(Q["token_list"]).fetchall()]
-
-    def token_revoke(self, token_id: int, now: datetime) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["token_revoke"], {"id": token_id, "now": now}).fetchone()
-        return row is not None
-
-    def token_revoke_host(self, host: str, now: datetime) -> int:
-        with self._connection() as conn:
-            return len(conn.execute(Q["token_revoke_host"],
-                                    {"host": host, "now": now}).fetchall())
-
-    def alert_open(self, key: str, message: str, now: datetime) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["alert_open"],
-                               {"key": key, "message": message, "now": now}).fetchone()
-        return row is not None
-
-    def alert_clear(self, key: str, now: datetime) -> bool:
-        with self._connection() as conn:
-            row = conn.execute(Q["alert_clear"], {"key": key, "now": now}).fetchone()
-        return row is not None
-
-    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
-        with self._connection() as conn:
-            rows = conn.execute(Q["alert_list"],
-                                {"open_only": open_only, "limit": limit}).fetchall()
-        return [alert_from_row(row) for row in rows]
 
     def leader_lease(self) -> Lease:
         return PostgresLease(self.url)
@@ -656,19 +388,12 @@ class PostgresStore(Store):
     def statistics_refresh(self) -> bool:
         # Autovacuum analyzes too, but only after a naptime; until then a burst of submits
         # into a young table leaves the planner sorting every queued row on each claim.
-        with self._connection() as conn:
+        with self.driver.connection() as conn:
             row = conn.execute(Q["statistics_stale"]).fetchone()
             if row is None or not row["stale"]:
                 return False
             conn.execute("ANALYZE herder_jobs")
         return True
-
-    def notify(self, topic: str) -> None:
-        with self._connection() as conn:
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))
-
-    def listen(self) -> Waker:
-        return PostgresWaker(self.url)
 
 
 class PostgresLease(Lease):
@@ -710,14 +435,6 @@ class PostgresLease(Lease):
 
     def release(self) -> None:
         self._drop()
-
-
-def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
-    params = host_params(host)
-    for key in ("allowed_job_types", "allowed_weights", "labels"):
-        params[key] = None if params[key] is None else Jsonb(params[key])
-    params["now"] = now
-    return params
 
 
 def _spec_params(spec: JobSpec, now: datetime) -> dict[str, Any]:

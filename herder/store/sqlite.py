@@ -1,5 +1,7 @@
 """The embedded store: one SQLite file in WAL mode, safe for several processes on one machine.
 
+`SQLiteDriver` is the dialect's half of the driver protocol (see driver.py); the store keeps
+what must differ from PostgreSQL (submit, claim, finish, heartbeat, migrations, the lease).
 Writes run in `BEGIN IMMEDIATE` transactions, so the write lock is taken up front and two
 claimers can never read the same queued row and both update it; readers never block writers.
 """
@@ -7,72 +9,39 @@ claimers can never read the same queued row and both update it; readers never bl
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
-import operator
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from herder.errors import InputError, StoreUnavailable
 from herder.model import (
-    Attempt,
     AttemptResult,
     AttemptToken,
-    Event,
     HeartbeatReply,
-    HostRecord,
-    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
-    Outcome,
-    Reservation,
-    ReservationKind,
-    ReservationStatus,
-    Scope,
-    TokenRecord,
 )
 from herder.store.base import (
-    CLAIM_GIVEN,
-    STATUS_OF,
-    Alert,
-    DueJob,
-    JobReader,
     Lease,
-    LiveAttempt,
     Store,
-    Waker,
-    alert_from_row,
-    attempt_from_row,
-    claim_given,
-    command_from_json,
-    due_job_from_row,
-    event_from_row,
     finish_groups,
     finish_params,
-    host_from_row,
-    host_params,
+    insert_event,
     job_from_row,
-    job_reader,
-    live_attempt_from_row,
     load_migrations,
-    load_queries,
     object_from_json,
-    ram_fits,
     refuse_newer_schema,
-    reservation_from_row,
-    slots_that_fit,
-    token_from_row,
 )
+from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
 
 Q = load_queries("sqlite")
 _TIME_COLUMNS = frozenset(
@@ -87,19 +56,7 @@ _JSON_COLUMNS = frozenset(
      "agent_info", "job_types"}
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
-# The columns of job_claim_specs, in its order (the claim's reader is built before it runs).
-_CLAIM_SPEC_COLUMNS = (
-    "id", "job_type", "command", "shell", "payload", "max_attempts", "timeout_seconds", "env",
-    "workdir", "backoff_base_seconds", "backoff_max_seconds", "created_at")
 PAGE_SIZE = 2048
-# attempt_finish without its RETURNING clause (see `_attempt_finish`).
-_FINISH_QUIET = Q["attempt_finish"][: Q["attempt_finish"].rindex("RETURNING")]
-
-
-class _StaleTokens(Exception):
-    """A quiet finish changed fewer rows than it had tokens; its transaction is rolled back."""
-
-
 def to_epoch(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
@@ -108,56 +65,30 @@ def from_epoch(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-_LAST_TIME: list[tuple[float | None, datetime | None]] = [(None, None)]
-
-
-def _time(value: float | None) -> datetime | None:
-    """Consecutive reads often hold one instant (a job's available_at is its created_at
-    unless delayed, and a batch is submitted at one `now`): the last conversion is reused.
-    The pair is swapped as one tuple, so threads never see a stamp with another's value."""
-    if value is None:
-        return None
-    last = _LAST_TIME[0]
-    if last[0] == value:
-        return last[1]
-    converted = datetime.fromtimestamp(value, UTC)
-    _LAST_TIME[0] = (value, converted)
-    return converted
-
-
-# How a column is stored here -> its Python value (for `_convert` and `job_reader`).
+# How a column is stored here -> its Python value.
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, _time), **dict.fromkeys(_JSON_COLUMNS, object_from_json),
-    "command": command_from_json}
+    **dict.fromkeys(_TIME_COLUMNS, from_epoch), **dict.fromkeys(_JSON_COLUMNS, object_from_json)}
 
 
-_Plan = tuple[tuple[str, Any], ...]
-_PLANS: dict[tuple[str, ...], _Plan] = {}
-
-
-def _plan(keys: tuple[str, ...]) -> _Plan:
-    """How to convert each column of a result shape; built once per shape (claims are hot)."""
-    plan = _PLANS.get(keys)
-    if plan is None:
-        plan = _PLANS[keys] = tuple((key, _DECODE.get(key)) for key in keys)
-    return plan
-
-
-def _convert(row: sqlite3.Row) -> dict[str, Any]:
-    keys = tuple(row.keys())
-    return {key: (value if convert is None else convert(value))
-            for (key, convert), value in zip(_plan(keys), row, strict=True)}
-
-
-# A claim's and a finish's event detail repeat from batch to batch: encode each once.
-@functools.lru_cache(maxsize=256)
-def _claim_detail(host: str, worker: str) -> str:
-    return json.dumps({"host": host, "worker": worker})
-
-
-@functools.lru_cache(maxsize=256)
-def _finish_detail(outcome: Outcome, exit_code: int | None) -> str:
-    return json.dumps({"outcome": outcome.value, "exit_code": exit_code})
+def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
+    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded. Which
+    columns need decoding is worked out once per statement, not once per row."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    values = cursor.execute(sql, params).fetchall()
+    if not values:
+        return []
+    names = [column[0] for column in cursor.description]
+    decoded = [(index, name, _DECODE[name]) for index, name in enumerate(names)
+               if name in _DECODE]
+    rows = []
+    for value in values:
+        row = dict(zip(names, value, strict=True))
+        for index, name, decode in decoded:
+            if value[index] is not None:
+                row[name] = decode(value[index])
+        rows.append(row)
+    return rows
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -210,33 +141,38 @@ class SQLiteWaker(Waker):
         self._conn.close()
 
 
-@dataclass(frozen=True, slots=True)
-class _ClaimShape:
-    """Where a claim's rows keep what the store reads, and the reader that makes them Jobs."""
+class _SQLiteTransaction(Transaction):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
 
-    key: int
-    attempt: int
-    order: Callable[[Sequence[Any]], Any]
-    read: JobReader
+    def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return _rows(self._conn, Q[name], _adapt(params))
+
+    def notify(self, topic: str) -> None:
+        """Nothing to send: every commit already moves `data_version` for the wakers."""
 
 
-class SQLiteStore(Store):
+class SQLiteDriver(Driver):
+    """One connection per thread (sqlite3 connections are not for sharing), in autocommit;
+    writes take the write lock up front with `BEGIN IMMEDIATE`."""
+
     dialect = "sqlite"
+    queries = Q
+    conflict = sqlite3.IntegrityError
 
-    def __init__(self, url: str, busy_timeout: float = 30.0) -> None:
-        self.url = url
-        self.path, self.synchronous = parse_sqlite_url(url)
+    def __init__(self, path: str, synchronous: str, busy_timeout: float) -> None:
+        self.path = path
+        self.synchronous = synchronous
         self.busy_timeout = busy_timeout
-        self._claim_shape: _ClaimShape | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open {self.path}: directory {directory} does not exist")
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._conn()
+        self.connection()
 
-    def _conn(self) -> sqlite3.Connection:
+    def connection(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
@@ -278,8 +214,9 @@ class SQLiteStore(Store):
             delay = min(delay * 2, 0.1)
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
+    def immediate(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction holding the write lock from its start."""
+        conn = self.connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
@@ -295,10 +232,54 @@ class SQLiteStore(Store):
             self._connections.clear()
         self._local = threading.local()
 
+    def read(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return _rows(self.connection(), Q[name], _adapt(params))
+
+    def write(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        with self.transaction() as transaction:
+            return transaction.fetch(name, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        with self.immediate() as conn:
+            yield _SQLiteTransaction(conn)
+
+    def notify(self, topic: str) -> None:
+        """Nothing to send: every commit already moves `data_version` for the wakers."""
+
+    def listen(self) -> Waker:
+        return SQLiteWaker(self.path)
+
+
+def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text."""
+    adapted: dict[str, Any] = {}
+    for key, value in (params or {}).items():
+        if isinstance(value, datetime):
+            adapted[key] = value.timestamp()
+        elif isinstance(value, Json):
+            adapted[key] = json.dumps(value.value)
+        else:
+            adapted[key] = value
+    return adapted
+
+
+class SQLiteStore(Store):
+    dialect = "sqlite"
+    driver: SQLiteDriver
+
+    def __init__(self, url: str, busy_timeout: float = 30.0) -> None:
+        self.url = url
+        self.path, synchronous = parse_sqlite_url(url)
+        self.driver = SQLiteDriver(self.path, synchronous, busy_timeout)
+
+    def close(self) -> None:
+        self.driver.close()
+
     # -- schema ---------------------------------------------------------------------------
 
     def schema_version(self) -> int:
-        conn = self._conn()
+        conn = self.driver.connection()
         row = conn.execute(
             "SELECT name FROM sqlite_master WHERE type='table' AND name='herder_schema'"
         ).fetchone()
@@ -309,7 +290,7 @@ class SQLiteStore(Store):
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS herder_schema ("
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
@@ -336,20 +317,21 @@ class SQLiteStore(Store):
     ) -> list[InsertResult]:
         stamp = now.timestamp()
         results: list[InsertResult] = []
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             for spec in specs:
                 if force and spec.dedup_key is not None:
                     for row in conn.execute(
                         Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
                     ).fetchall():
-                        _event(conn, row[0], stamp, "dedup_released", None, None, None,
-                               {"reason": "forced rerun"})
+                        insert_event(_SQLiteTransaction(conn), row[0], now, "dedup_released",
+                                     None, None, None, {"reason": "forced rerun"})
                 params = _spec_params(spec, stamp)
                 row = conn.execute(Q["job_insert"], params).fetchone()
                 if row is not None:
                     params["job_id"] = row[0]
                     conn.execute(Q["job_spec_insert"], params)
-                    _event(conn, row[0], stamp, "submitted", None, JobStatus.QUEUED, None, {})
+                    insert_event(_SQLiteTransaction(conn), row[0], now, "submitted", None,
+                                 JobStatus.QUEUED, None, {})
                     results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
                     continue
                 assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
@@ -359,79 +341,27 @@ class SQLiteStore(Store):
                 results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
         return results
 
-    def job_dedup_holder(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        row = self._conn().execute(Q["job_dedup_holder"], {"dedup_key": dedup_key}).fetchone()
-        return None if row is None else (int(row[0]), JobStatus(row[1]))
-
-    def job_get(self, job_id: int) -> Job | None:
-        row = self._conn().execute(Q["job_get"], {"job_id": job_id}).fetchone()
-        return None if row is None else job_from_row(_convert(row))
-
-    def job_list(
-        self, statuses: Sequence[JobStatus] | None = None, limit: int = 100
-    ) -> list[Job]:
-        params = {
-            "statuses": None if statuses is None else json.dumps([str(s) for s in statuses]),
-            "limit": limit,
-        }
-        rows = self._conn().execute(Q["job_list"], params).fetchall()
-        return [job_from_row(_convert(row)) for row in rows]
-
-    def job_counts(self) -> dict[JobStatus, int]:
-        rows = self._conn().execute(Q["job_counts"]).fetchall()
-        return {JobStatus(row[0]): int(row[1]) for row in rows}
-
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
-        with self._write() as conn:
-            cursor = conn.cursor()
-            cursor.row_factory = None  # plain tuples: a Job is read from each below
-            rows = cursor.execute(
-                Q["job_claim"], {"host": host, "worker": worker, "limit": limit, "now": stamp}
-            ).fetchall()
-            if not rows:
+        with self.driver.immediate() as conn:
+            claimed = _rows(conn, Q["job_claim"],
+                            {"host": host, "worker": worker, "limit": limit, "now": stamp})
+            if not claimed:
                 return []
-            shape = self._claim_shape or self._remember_claim_shape(cursor)
-            key, attempt = shape.key, shape.attempt
             conn.execute(Q["job_claim_events"], {
-                "tokens": json.dumps({row[key]: row[attempt] for row in rows}),
-                "now": stamp, "detail": _claim_detail(host, worker)})
-        # The rest is read after COMMIT: the write lock is held only for the statements, and
-        # a job's spec never changes once it is submitted.
-        rows.sort(key=shape.order)
-        ids = [row[key] for row in rows]
-        specs = cursor.execute(Q["job_claim_specs"], {
-            "job_ids": "[" + ",".join(map(str, ids)) + "]"}).fetchall()
-        if [spec[0] for spec in specs] != ids:  # the plan walks :job_ids in order; check it
-            specs = _pair_specs(ids, specs)
-        read = shape.read
-        given = claim_given(host, datetime.fromtimestamp(stamp, UTC))  # as a later read gives it
-        return [read(row + spec, given) for row, spec in zip(rows, specs, strict=True)]
-
-    def _remember_claim_shape(self, cursor: sqlite3.Cursor) -> _ClaimShape:
-        """The claim's columns never change: read them once (`description` builds a tuple
-        per column on every call), with the reader and the positions a claim needs. The
-        reader takes a claimed row followed by its spec row."""
-        names = [column[0] for column in cursor.description]
-        key = names.index("id")
-        self._claim_shape = _ClaimShape(
-            key=key, attempt=names.index("attempt"),
-            order=operator.itemgetter(names.index("priority"), key),
-            read=job_reader(names + list(_CLAIM_SPEC_COLUMNS), _DECODE, CLAIM_GIVEN))
-        return self._claim_shape
-
-    def attempt_start(
-        self, token: AttemptToken, pid: int, log_path: str | None, now: datetime
-    ) -> bool:
-        stamp = now.timestamp()
-        params = {"job_id": token.job_id, "attempt": token.attempt, "pid": pid,
-                  "log_path": log_path, "now": stamp}
-        with self._write() as conn:
-            if conn.execute(Q["attempt_start"], params).fetchone() is None:
-                return False
-            _event(conn, token.job_id, stamp, "started", JobStatus.CLAIMED, JobStatus.RUNNING,
-                   token.attempt, {"pid": pid, "log_path": log_path})
-        return True
+                "tokens": json.dumps({row["id"]: row["attempt"] for row in claimed}),
+                "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
+        # The specs are read after COMMIT: the write lock is held only for the statements,
+        # and a job's spec never changes once it is submitted.
+        claimed.sort(key=lambda row: (row["priority"], row["id"]))
+        ids = [row["id"] for row in claimed]
+        specs = {row["id"]: row for row in _rows(
+            self.driver.connection(), Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
+        missing = [job_id for job_id in ids if job_id not in specs]
+        if missing:
+            raise StoreUnavailable(
+                f"claimed jobs {missing} have no spec row: the database is damaged")
+        return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
 
     def attempt_heartbeat(
         self, tokens: Sequence[AttemptToken], now: datetime
@@ -439,7 +369,7 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         live: set[AttemptToken] = set()
         cancel: set[AttemptToken] = set()
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             for token in tokens:
                 row = conn.execute(
                     Q["attempt_heartbeat"],
@@ -454,290 +384,37 @@ class SQLiteStore(Store):
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
-        if not results:
-            return []
-        try:
-            return self._attempt_finish(results, now, quiet=True)
-        except _StaleTokens:  # rolled back: redo it, reading back which tokens applied
-            return self._attempt_finish(results, now, quiet=False)
-
-    def _attempt_finish(
-        self, results: Sequence[AttemptResult], now: datetime, quiet: bool
-    ) -> list[tuple[AttemptToken, JobStatus]]:
-        """`quiet` finishes a group that ends its jobs without RETURNING: the status each
-        job gets is the group's, and when every token changed a row (a stale token is
-        rare) the applied jobs are the group's. RETURNING costs ~0.3 µs per value and row
-        (a fifth of the statement), and its rows cost Python more."""
         stamp = now.timestamp()
         applied: list[tuple[AttemptToken, JobStatus]] = []
-        with self._write() as conn:
-            cursor = conn.cursor()
-            cursor.row_factory = None  # plain tuples: a Row per finished job costs more
+        if not results:
+            return applied
+        with self.driver.immediate() as conn:
             for (outcome, exit_code, decision), tokens, held in finish_groups(results):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
-                status = decision.status
-                done: list[tuple[AttemptToken, JobStatus]]
-                if quiet and status is not JobStatus.QUEUED:  # a requeue may become cancelled
-                    if cursor.execute(_FINISH_QUIET, params).rowcount != len(tokens):
-                        raise _StaleTokens
-                    done = [(token, status) for token in held.values()]
-                else:
-                    rows = cursor.execute(Q["attempt_finish"], params).fetchall()
-                    done = [(held[row[0]], STATUS_OF[row[2]]) for row in rows]
-                if not done:
+                cursor = conn.cursor()
+                cursor.row_factory = None  # (id, attempt, status) tuples
+                rows = cursor.execute(Q["attempt_finish"], params).fetchall()
+                if not rows:
                     continue
-                params["applied"] = "[" + ",".join(str(t.job_id) for t, _ in done) + "]"
-                params["detail"] = _finish_detail(outcome, exit_code)
+                params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
+                params["detail"] = json.dumps({"outcome": outcome.value, "exit_code": exit_code})
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend(done)
+                applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
         return applied
-
-    def job_cancel(self, job_id: int, now: datetime) -> JobStatus | None:
-        stamp = now.timestamp()
-        with self._write() as conn:
-            row = conn.execute(Q["job_cancel"], {"job_id": job_id, "now": stamp}).fetchone()
-            if row is None:
-                return None
-            status = JobStatus(row[1])
-            requested = bool(row[3])
-            _event(conn, job_id, stamp, "cancel_requested" if requested else "cancelled",
-                   status if requested else JobStatus.QUEUED, status, row[2], {})
-        return status
 
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         if not job_ids:
             return set()
-        rows = self._conn().execute(
+        rows = self.driver.connection().execute(
             Q["job_cancel_requested"], {"job_ids": json.dumps(list(job_ids))}
         ).fetchall()
         return {AttemptToken(int(row[0]), int(row[1])) for row in rows}
 
-    def job_retry(self, job_id: int, now: datetime) -> bool:
-        stamp = now.timestamp()
-        with self._write() as conn:
-            old = conn.execute(Q["job_get"], {"job_id": job_id}).fetchone()
-            if old is None:
-                return False
-            try:
-                row = conn.execute(Q["job_retry"], {"job_id": job_id, "now": stamp}).fetchone()
-            except sqlite3.IntegrityError as exc:
-                raise _dedup_conflict(old["dedup_key"]) from exc
-            if row is None:
-                return False
-            _event(conn, job_id, stamp, "retried", JobStatus(old["status"]), JobStatus.QUEUED,
-                   row[1], {})
-        return True
-
     # -- attempts and events ------------------------------------------------------------------
 
-    def attempt_list(self, job_id: int) -> list[Attempt]:
-        rows = self._conn().execute(Q["attempt_list"], {"job_id": job_id}).fetchall()
-        return [attempt_from_row(_convert(row)) for row in rows]
-
-    def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
-        rows = self._conn().execute(Q["attempt_list_live"], {"host": host}).fetchall()
-        return [live_attempt_from_row(_convert(row)) for row in rows]
-
-    def event_list(self, job_id: int) -> list[Event]:
-        rows = self._conn().execute(Q["event_list"], {"job_id": job_id}).fetchall()
-        return [event_from_row(_convert(row)) for row in rows]
-
     # -- fleet ------------------------------------------------------------------------------
-
-    def host_insert(self, host: HostRecord, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_insert"], _host_params(host, now)).fetchone()
-        return row is not None
-
-    def host_update(self, host: HostRecord, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_update"], _host_params(host, now)).fetchone()
-        return row is not None
-
-    def host_get(self, label: str) -> HostRecord | None:
-        row = self._conn().execute(Q["host_get"], {"label": label}).fetchone()
-        return None if row is None else host_from_row(_convert(row))
-
-    def host_list(self) -> list[HostRecord]:
-        return [host_from_row(_convert(r)) for r in self._conn().execute(Q["host_list"])]
-
-    def host_remove(self, label: str) -> bool:
-        with self._write() as conn:
-            return conn.execute(Q["host_remove"], {"label": label}).fetchone() is not None
-
-    def host_heartbeat(self, label: str, now: datetime, agent_info: Mapping[str, Any]) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_heartbeat"], {
-                "label": label, "now": now.timestamp(),
-                "agent_info": json.dumps(dict(agent_info))}).fetchone()
-        return row is not None
-
-    def host_agent_gone(self, label: str, worker: str) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["host_agent_gone"], {"label": label, "worker": worker}
-                               ).fetchone()
-        return row is not None
-
-    def host_usage(self, now: datetime) -> dict[str, HostUsage]:
-        rows = self._conn().execute(Q["host_usage"], {"now": now.timestamp()}).fetchall()
-        return {row[0]: HostUsage(row[0], int(row[1]), float(row[2]), float(row[3]))
-                for row in rows}
-
-    def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
-        rows = self._conn().execute(
-            Q["job_list_due"], {"now": now.timestamp(), "limit": limit}).fetchall()
-        return [due_job_from_row(_convert(row)) for row in rows]
-
-    def job_assign(
-        self,
-        host: str,
-        items: Sequence[tuple[int, float]],
-        max_workers: int,
-        bookable_gb: float,
-        now: datetime,
-    ) -> list[AttemptToken]:
-        stamp = now.timestamp()
-        placed: list[AttemptToken] = []
-        with self._write() as conn:
-            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
-                return []
-            booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
-            workers, booked_gb = int(booked[0]), float(booked[1])
-            for job_id, ram_gb in items:
-                if workers + 1 > max_workers:
-                    break
-                if not ram_fits(booked_gb, ram_gb, bookable_gb):
-                    continue
-                row = conn.execute(Q["job_assign"], {"job_id": job_id, "host": host,
-                                                     "ram_gb": ram_gb, "now": stamp}).fetchone()
-                if row is None:
-                    continue
-                token = AttemptToken(int(row[0]), int(row[1]))
-                _event(conn, token.job_id, stamp, "placed", JobStatus.QUEUED, JobStatus.CLAIMED,
-                       token.attempt, {"host": host, "ram_gb": ram_gb})
-                workers += 1
-                booked_gb += ram_gb
-                placed.append(token)
-        return placed
-
-    def attempt_list_assigned(self, host: str, limit: int) -> list[Job]:
-        rows = self._conn().execute(
-            Q["attempt_list_assigned"], {"host": host, "limit": limit}).fetchall()
-        return [job_from_row(_convert(row)) for row in rows]
-
-    def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["attempt_set_worker"], {
-                "job_id": token.job_id, "attempt": token.attempt, "worker": worker,
-                "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def reservation_create(
-        self,
-        kind: ReservationKind,
-        owner: str,
-        host: str,
-        weight: str,
-        ram_gb: float,
-        count: int,
-        expires_at: datetime,
-        bookable_gb: float | None,
-        now: datetime,
-    ) -> list[Reservation]:
-        stamp = now.timestamp()
-        created: list[Reservation] = []
-        with self._write() as conn:
-            if conn.execute(Q["host_lock"], {"label": host}).fetchone() is None:
-                return []
-            if kind is ReservationKind.CI:
-                existing = conn.execute(Q["reservation_active_ci"], {"owner": owner}).fetchone()
-                if existing is not None:
-                    return [reservation_from_row(_convert(existing))]
-            booked = conn.execute(Q["host_booked"], {"label": host, "now": stamp}).fetchone()
-            fit = slots_that_fit(count, ram_gb, float(booked[1]), bookable_gb)
-            for _ in range(fit):
-                row = conn.execute(Q["reservation_insert"], {
-                    "kind": str(kind), "owner": owner, "host": host, "weight": weight,
-                    "ram_gb": ram_gb, "detail": "{}", "now": stamp,
-                    "expires_at": expires_at.timestamp()}).fetchone()
-                if row is not None:
-                    created.append(reservation_from_row(_convert(row)))
-        return created
-
-    def reservation_end(
-        self, reservation_id: int, status: ReservationStatus, now: datetime
-    ) -> Reservation | None:
-        with self._write() as conn:
-            row = conn.execute(Q["reservation_end"], {
-                "id": reservation_id, "status": str(status), "now": now.timestamp(),
-                "detail": "{}"}).fetchone()
-        return None if row is None else reservation_from_row(_convert(row))
-
-    def reservation_get(self, reservation_id: int) -> Reservation | None:
-        row = self._conn().execute(Q["reservation_get"], {"id": reservation_id}).fetchone()
-        return None if row is None else reservation_from_row(_convert(row))
-
-    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
-        with self._write() as conn:
-            row = conn.execute(Q["reservation_release_ci"],
-                               {"owner": owner, "now": now.timestamp()}).fetchone()
-        return None if row is None else reservation_from_row(_convert(row))
-
-    def reservation_list(self, host: str | None = None) -> list[Reservation]:
-        rows = self._conn().execute(Q["reservation_list"], {"host": host}).fetchall()
-        return [reservation_from_row(_convert(row)) for row in rows]
-
-    def reservation_expire(self, now: datetime) -> int:
-        with self._write() as conn:
-            return len(conn.execute(Q["reservation_expire"],
-                                    {"now": now.timestamp()}).fetchall())
-
-    def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
-                     host: str | None = None, job_types: frozenset[str] | None = None,
-                     priority_floor: int | None = None) -> int:
-        with self._write() as conn:
-            row = conn.execute(Q["token_insert"], {
-                "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
-                "job_types": None if job_types is None else json.dumps(sorted(job_types)),
-                "priority_floor": priority_floor, "now": now.timestamp()}).fetchone()
-        return int(row[0])
-
-    def token_get(self, token_hash: str) -> TokenRecord | None:
-        row = self._conn().execute(Q["token_get"], {"token_hash": token_hash}).fetchone()
-        return None if row is None else token_from_row(_convert(row))
-
-    def token_list(self) -> list[TokenRecord]:
-        return [token_from_row(_convert(r)) for r in self._conn().execute(Q["token_list"])]
-
-    def token_revoke(self, token_id: int, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["token_revoke"], {"id": token_id,
-                                                   "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def token_revoke_host(self, host: str, now: datetime) -> int:
-        with self._write() as conn:
-            rows = conn.execute(Q["token_revoke_host"], {"host": host,
-                                                         "now": now.timestamp()}).fetchall()
-        return len(rows)
-
-    def alert_open(self, key: str, message: str, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["alert_open"], {"key": key, "message": message,
-                                                 "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def alert_clear(self, key: str, now: datetime) -> bool:
-        with self._write() as conn:
-            row = conn.execute(Q["alert_clear"], {"key": key, "now": now.timestamp()}).fetchone()
-        return row is not None
-
-    def alert_list(self, open_only: bool = True, limit: int = 100) -> list[Alert]:
-        rows = self._conn().execute(Q["alert_list"], {"open_only": int(open_only),
-                                                      "limit": limit}).fetchall()
-        return [alert_from_row(_convert(row)) for row in rows]
 
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")
@@ -747,16 +424,9 @@ class SQLiteStore(Store):
         write, so it runs in `BEGIN IMMEDIATE` like every write: in autocommit it would start
         as a reader and fail at once ("database is locked", no busy wait) whenever another
         process committed in between."""
-        with self._write() as conn:
+        with self.driver.immediate() as conn:
             conn.execute("PRAGMA optimize")
         return True
-
-    def notify(self, topic: str) -> None:
-        """Nothing to send: every commit already moves `data_version` for the wakers."""
-
-    def listen(self) -> Waker:
-        return SQLiteWaker(self.path)
-
 
 class SQLiteLease(Lease):
     """An exclusive flock on a file beside the database; the kernel drops it with the
@@ -782,51 +452,6 @@ class SQLiteLease(Lease):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _pair_specs(ids: Sequence[int], specs: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The spec rows in the order of `ids`, whatever order they came in."""
-    by_id = {spec[0]: spec for spec in specs}
-    missing = [job_id for job_id in ids if job_id not in by_id]
-    if missing:
-        raise StoreUnavailable(f"claimed jobs {missing} have no spec row: the database is damaged")
-    return [by_id[job_id] for job_id in ids]
-
-
-def _host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
-    params = host_params(host)
-    for key in ("allowed_job_types", "allowed_weights", "labels"):
-        params[key] = None if params[key] is None else json.dumps(params[key])
-    params["enabled"] = int(params["enabled"])
-    params["now"] = now.timestamp()
-    return params
-
-
-def _dedup_conflict(dedup_key: str | None) -> InputError:
-    return InputError(
-        "dedup_key",
-        f"another active or done job holds dedup key {dedup_key!r}",
-        "cancel that job first, or submit a new job with --force",
-    )
-
-
-def _event(
-    conn: sqlite3.Connection,
-    job_id: int,
-    stamp: float,
-    kind: str,
-    from_status: JobStatus | None,
-    to_status: JobStatus | None,
-    attempt: int | None,
-    detail: Mapping[str, Any],
-) -> None:
-    conn.execute(
-        Q["event_insert"],
-        {"job_id": job_id, "now": stamp, "kind": kind,
-         "from_status": None if from_status is None else str(from_status),
-         "to_status": None if to_status is None else str(to_status),
-         "attempt": attempt, "detail": json.dumps(dict(detail))},
-    )
 
 
 def _spec_params(spec: JobSpec, stamp: float) -> dict[str, Any]:

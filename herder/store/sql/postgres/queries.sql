@@ -43,13 +43,9 @@ SELECT * FROM herder_jobs WHERE id = %(job_id)s;
 
 -- name: job_list
 SELECT * FROM herder_jobs
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE (%(statuses)s::jsonb IS NULL
+       OR status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb)))
 ORDER BY id DESC LIMIT %(limit)s;
-
--- name: job_counts
-SELECT status, count(*) FROM herder_jobs
-WHERE status IN ('queued', 'claimed', 'running')
-GROUP BY status;
 
 -- name: job_claim
 -- The store inlines LIMIT as a literal (one prepared statement per batch size): with a
@@ -67,35 +63,19 @@ WITH picked AS (
         pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
-    -- What the claim did not write (CLAIM_RETURNS); the store fills in what it wrote.
-    -- JSON as text: the store parses each distinct command text once, and an empty payload
-    -- or env (the usual case) not at all.
-    RETURNING j.id, j.job_type, j.command::text AS command, j.shell, j.payload::text AS payload,
-              j.priority, j.weight, j.dedup_key, j.affinity, j.available_at, j.max_attempts,
-              j.timeout_seconds, j.env::text AS env, j.workdir, j.backoff_base_seconds,
-              j.backoff_max_seconds, j.attempt, j.failures, j.lost, j.exit_code,
-              j.failure_reason, j.cancel_requested, j.created_at, j.finished_at, j.ram_gb,
-              j.spawn_failures
+    -- The columns of a Job, no more (a claim hands back every one of them per job).
+    RETURNING j.id, j.job_type, j.command, j.shell, j.payload, j.priority, j.weight,
+              j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
+              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.status,
+              j.attempt, j.failures, j.lost, j.host, j.exit_code, j.failure_reason,
+              j.cancel_requested, j.created_at, j.claimed_at, j.started_at, j.finished_at,
+              j.updated_at, j.ram_gb, j.spawn_failures
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb
     FROM claimed
 )
 SELECT * FROM claimed ORDER BY priority, id;
-
--- name: attempt_start
-WITH j AS (
-    UPDATE herder_jobs SET status = 'running', pid = %(pid)s, log_path = %(log_path)s,
-        started_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s
-    WHERE id = %(job_id)s AND attempt = %(attempt)s AND status = 'claimed'
-    RETURNING id, attempt
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-    SELECT id, %(now)s, 'started', 'claimed', 'running', attempt,
-           jsonb_build_object('pid', %(pid)s::int, 'log_path', %(log_path)s::text)
-    FROM j
-)
-SELECT count(*) FROM j;
 
 -- name: attempt_heartbeat
 -- heartbeat_at is in no index, so this is a HOT update of the job row.
@@ -151,53 +131,9 @@ SELECT id, attempt, status,
        CASE WHEN status = 'queued' THEN pg_notify('herder', 'job') END AS woke
 FROM j;
 
--- name: job_cancel
-WITH j AS (
-    UPDATE herder_jobs SET
-        status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
-        cancel_requested = (status <> 'queued'),
-        failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
-        finished_at = CASE WHEN status = 'queued' THEN %(now)s ELSE finished_at END,
-        updated_at = %(now)s
-    WHERE id = %(job_id)s AND status IN ('queued', 'claimed', 'running')
-    RETURNING id, status, attempt, cancel_requested
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt)
-    SELECT id, %(now)s, CASE WHEN cancel_requested THEN 'cancel_requested' ELSE 'cancelled' END,
-           CASE WHEN cancel_requested THEN status ELSE 'queued' END, status, attempt
-    FROM j
-)
-SELECT id, status FROM j;
-
--- name: job_retry
-WITH j AS (
-    UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
-        available_at = %(now)s, failure_reason = NULL, finished_at = NULL,
-        cancel_requested = false, dedup_released = false, updated_at = %(now)s
-    WHERE id = %(job_id)s AND status IN ('done', 'failed', 'cancelled')
-    RETURNING id, attempt
-), old AS (
-    SELECT status FROM herder_jobs WHERE id = %(job_id)s
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt)
-    SELECT j.id, %(now)s, 'retried', old.status, 'queued', j.attempt FROM j, old
-)
-SELECT id FROM j;
-
 -- name: job_cancel_requested
 SELECT id, attempt FROM herder_jobs
 WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;
-
--- name: attempt_list
--- Ended attempts from the history, then the live one from its job row.
-SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,
-       ended_at, exit_code, outcome
-FROM herder_attempts WHERE job_id = %(job_id)s
-UNION ALL
-SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, started_at,
-       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL
-FROM herder_jobs WHERE id = %(job_id)s AND status IN ('claimed', 'running')
-ORDER BY attempt;
 
 -- name: attempt_list_live
 SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
@@ -208,57 +144,7 @@ FROM herder_jobs
 WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (%(host)s::text IS NULL OR host = %(host)s::text);
 
--- name: event_list
-SELECT id, job_id, at, kind, from_status, to_status, attempt, detail
-FROM herder_events WHERE job_id = %(job_id)s ORDER BY id;
-
 -- Fleet: hosts ------------------------------------------------------------------------------
-
--- name: host_insert
-INSERT INTO herder_hosts (
-    label, ram_total_gb, ram_reserved_gb, cpus, enabled, transport, ssh_target,
-    prime_max_workers, prime_max_weight, night_max_workers, night_max_weight,
-    allowed_job_types, allowed_weights, priority_floor, labels, created_at, updated_at)
-VALUES (
-    %(label)s, %(ram_total_gb)s, %(ram_reserved_gb)s, %(cpus)s, %(enabled)s, %(transport)s,
-    %(ssh_target)s, %(prime_max_workers)s, %(prime_max_weight)s, %(night_max_workers)s,
-    %(night_max_weight)s, %(allowed_job_types)s, %(allowed_weights)s, %(priority_floor)s,
-    %(labels)s, %(now)s, %(now)s)
-ON CONFLICT (label) DO NOTHING
-RETURNING label;
-
--- name: host_update
-UPDATE herder_hosts SET
-    ram_total_gb = %(ram_total_gb)s, ram_reserved_gb = %(ram_reserved_gb)s, cpus = %(cpus)s,
-    enabled = %(enabled)s, transport = %(transport)s, ssh_target = %(ssh_target)s,
-    prime_max_workers = %(prime_max_workers)s, prime_max_weight = %(prime_max_weight)s,
-    night_max_workers = %(night_max_workers)s, night_max_weight = %(night_max_weight)s,
-    allowed_job_types = %(allowed_job_types)s, allowed_weights = %(allowed_weights)s,
-    priority_floor = %(priority_floor)s, labels = %(labels)s, updated_at = %(now)s
-WHERE label = %(label)s
-RETURNING label;
-
--- name: host_get
-SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
-                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
-FROM herder_hosts h WHERE label = %(label)s;
-
--- name: host_list
-SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
-                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
-FROM herder_hosts h ORDER BY label;
-
--- name: host_remove
-DELETE FROM herder_hosts h
-WHERE label = %(label)s
-  AND NOT EXISTS (SELECT 1 FROM herder_jobs j
-                  WHERE j.host = h.label AND j.status IN ('claimed', 'running'))
-RETURNING label;
-
--- name: host_heartbeat
-UPDATE herder_hosts SET last_heartbeat = %(now)s, agent_info = %(agent_info)s
-WHERE label = %(label)s RETURNING label;
-
 -- name: host_agent_gone
 -- The host's agent died (its guardian said so): not live until an agent heartbeats again.
 -- Only while the dead worker is the last one heard from, so a new agent is left alone, and
@@ -269,31 +155,10 @@ WHERE label = %(label)s AND agent_info ->> 'worker' = %(worker)s
   AND agent_info -> 'stopped' IS DISTINCT FROM 'true'::jsonb
 RETURNING label;
 
--- name: host_usage
-SELECT h.label,
-       coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
-       coalesce(r.reserved_gb, 0) AS reserved_gb
-FROM herder_hosts h
-LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
-           WHERE host IS NOT NULL AND status IN ('claimed', 'running')
-           GROUP BY host) j ON j.host = h.label
-LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
-           WHERE status = 'active' AND expires_at > %(now)s GROUP BY host) r
-       ON r.host = h.label;
-
 -- name: host_lock
 SELECT label FROM herder_hosts WHERE label = %(label)s FOR UPDATE;
 
--- name: host_booked
-SELECT (SELECT count(*) FROM herder_jobs
-        WHERE host = %(label)s AND status IN ('claimed', 'running')) AS workers,
-       (SELECT coalesce(sum(ram_gb), 0) FROM herder_jobs
-        WHERE host = %(label)s AND status IN ('claimed', 'running'))
-     + (SELECT coalesce(sum(ram_gb), 0) FROM herder_reservations
-        WHERE host = %(label)s AND status = 'active' AND expires_at > %(now)s) AS booked_gb;
-
 -- Fleet: placement -------------------------------------------------------------------------
-
 -- name: job_list_due
 SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
 FROM herder_jobs
@@ -301,115 +166,23 @@ WHERE status = 'queued' AND available_at <= %(now)s
 ORDER BY priority, id
 LIMIT %(limit)s;
 
--- name: job_assign
-WITH claimed AS (
-    UPDATE herder_jobs j
-    SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s, ram_gb = %(ram_gb)s,
-        worker = '', pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
-        heartbeat_at = %(now)s, updated_at = %(now)s
-    WHERE j.id = %(job_id)s AND j.status = 'queued'
-    RETURNING j.id, j.attempt
-), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-    SELECT id, %(now)s, 'placed', 'queued', 'claimed', attempt,
-           jsonb_build_object('host', %(host)s::text, 'ram_gb', %(ram_gb)s::float8)
-    FROM claimed
-)
-SELECT id, attempt FROM claimed;
-
 -- name: attempt_list_assigned
 SELECT * FROM herder_jobs
 WHERE host = %(host)s AND status = 'claimed' AND worker = ''
 ORDER BY priority, id
 LIMIT %(limit)s;
 
--- name: attempt_set_worker
--- Hands a placement to a runner. The lease restarts here: the runner counts its own from
--- before it asked, so its fence always comes before the server's rescue.
-UPDATE herder_jobs SET heartbeat_at = %(now)s, worker = %(worker)s
-WHERE id = %(job_id)s AND attempt = %(attempt)s AND status IN ('claimed', 'running')
-  AND (worker = '' OR worker = %(worker)s)
-RETURNING id AS job_id;
-
 -- Fleet: reservations ----------------------------------------------------------------------
-
--- name: reservation_insert
-INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
-                                 expires_at)
-VALUES (%(kind)s, %(owner)s, %(host)s, %(weight)s, %(ram_gb)s, %(detail)s, %(now)s,
-        %(expires_at)s)
-ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
-RETURNING *;
-
--- name: reservation_active_ci
-SELECT * FROM herder_reservations WHERE kind = 'ci' AND owner = %(owner)s AND status = 'active';
-
 -- name: reservation_end
 UPDATE herder_reservations SET status = %(status)s, ended_at = %(now)s,
     detail = detail || %(detail)s
 WHERE id = %(id)s AND status = 'active'
 RETURNING *;
 
--- name: reservation_release_ci
-UPDATE herder_reservations SET status = 'released', ended_at = %(now)s
-WHERE kind = 'ci' AND owner = %(owner)s AND status = 'active'
-RETURNING *;
-
--- name: reservation_get
-SELECT * FROM herder_reservations WHERE id = %(id)s;
-
--- name: reservation_list
-SELECT * FROM herder_reservations
-WHERE status = 'active' AND (%(host)s::text IS NULL OR host = %(host)s::text)
-ORDER BY id;
-
--- name: reservation_expire
-UPDATE herder_reservations SET status = 'expired', ended_at = %(now)s
-WHERE status = 'active' AND expires_at <= %(now)s
-RETURNING id;
-
 -- Fleet: alerts ----------------------------------------------------------------------------
 
 -- Tokens ------------------------------------------------------------------------------------
-
--- name: token_insert
-INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor, created_at)
-VALUES (%(name)s, %(scope)s, %(token_hash)s, %(host)s, %(job_types)s, %(priority_floor)s, %(now)s)
-RETURNING id;
-
--- name: token_get
-SELECT * FROM herder_tokens WHERE token_hash = %(token_hash)s;
-
--- name: token_list
-SELECT * FROM herder_tokens ORDER BY id;
-
--- name: token_revoke
-UPDATE herder_tokens SET revoked_at = %(now)s
-WHERE id = %(id)s AND revoked_at IS NULL
-RETURNING id;
-
--- name: token_revoke_host
-UPDATE herder_tokens SET revoked_at = %(now)s
-WHERE host = %(host)s AND revoked_at IS NULL
-RETURNING id;
-
--- name: alert_open
-INSERT INTO herder_alerts (key, message, opened_at) VALUES (%(key)s, %(message)s, %(now)s)
-ON CONFLICT (key) WHERE cleared_at IS NULL DO NOTHING
-RETURNING id;
-
--- name: alert_clear
-UPDATE herder_alerts SET cleared_at = %(now)s
-WHERE key = %(key)s AND cleared_at IS NULL
-RETURNING id;
-
--- name: alert_list
-SELECT * FROM herder_alerts
-WHERE (%(open_only)s::boolean IS FALSE OR cleared_at IS NULL)
-ORDER BY id DESC LIMIT %(limit)s;
-
 -- Maintenance --------------------------------------------------------------------------------
-
 -- name: statistics_stale
 SELECT n_mod_since_analyze > greatest(1000, 0.1 * n_live_tup) AS stale
 FROM pg_stat_user_tables

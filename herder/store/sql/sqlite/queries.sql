@@ -38,11 +38,6 @@ SELECT * FROM herder_job_records
 WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
 ORDER BY id DESC LIMIT :limit;
 
--- name: job_counts
-SELECT status, count(*) FROM herder_jobs
-WHERE status IN ('queued', 'claimed', 'running')
-GROUP BY status;
-
 -- name: job_claim
 -- INDEXED BY: without statistics SQLite may prefer another index and sort every queued row
 -- on each claim; the partial index gives the order for free.
@@ -56,14 +51,14 @@ WHERE id IN (
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
     LIMIT :limit)
--- What the claim did not write, of the job's state; job_claim_specs reads the rest after
--- COMMIT (it never changes, so it needs no lock).
-RETURNING id, priority, weight, dedup_key, affinity, available_at, attempt, failures, lost,
-    exit_code, failure_reason, cancel_requested, finished_at, ram_gb, spawn_failures;
+-- The job's state; job_claim_specs reads the spec after COMMIT (it never changes, so it
+-- needs no lock).
+RETURNING id, priority, weight, dedup_key, affinity, available_at, status, attempt, failures,
+    lost, host, exit_code, failure_reason, cancel_requested, claimed_at, started_at,
+    finished_at, updated_at, ram_gb, spawn_failures;
 
 -- name: job_claim_specs
--- :job_ids is a JSON array of the claimed jobs' ids. The plan walks it in order (the store
--- checks, and pairs by id if not): an ORDER BY would sort every batch.
+-- :job_ids is a JSON array of the claimed jobs' ids; the store pairs the rows by id.
 SELECT s.id, s.job_type, s.command, s.shell, s.payload, s.max_attempts, s.timeout_seconds,
        s.env, s.workdir, s.backoff_base_seconds, s.backoff_max_seconds, s.created_at
 FROM json_each(:job_ids) AS t JOIN herder_job_specs s ON s.id = t.value;
@@ -74,16 +69,6 @@ INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, de
 SELECT CAST(t.key AS INTEGER), :now, 'claimed', 'queued', 'claimed', t.value, :detail
 FROM json_each(:tokens) AS t;
 
--- name: event_insert
-INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-VALUES (:job_id, :now, :kind, :from_status, :to_status, :attempt, :detail);
-
--- name: attempt_start
-UPDATE herder_jobs SET status = 'running', pid = :pid, log_path = :log_path,
-    started_at = :now, heartbeat_at = :now, updated_at = :now
-WHERE id = :job_id AND attempt = :attempt AND status = 'claimed'
-RETURNING id;
-
 -- name: attempt_heartbeat
 UPDATE herder_jobs SET heartbeat_at = :now
 WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
@@ -93,8 +78,7 @@ RETURNING id, attempt, cancel_requested;
 -- Set-based: one statement per group of results that share an outcome, exit code and
 -- decision (a batch is usually one group), those passed as parameters and the group's
 -- tokens as one JSON object {"job_id": attempt}: json_each gives key and value without
--- parsing each element again, and the job rows are found by rowid. Groups that end their
--- jobs run it without the RETURNING clause (sqlite.py, _FINISH_QUIET): it must stay last.
+-- parsing each element again, and the job rows are found by rowid.
 UPDATE herder_jobs SET
     status = CASE WHEN cancel_requested AND :next_status = 'queued'
                   THEN 'cancelled' ELSE :next_status END,
@@ -128,37 +112,9 @@ SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELS
        j.started_at, j.heartbeat_at, :exit_code, :outcome
 FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
--- name: job_cancel
-UPDATE herder_jobs SET
-    status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
-    cancel_requested = (status <> 'queued'),
-    failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
-    finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END,
-    updated_at = :now
-WHERE id = :job_id AND status IN ('queued', 'claimed', 'running')
-RETURNING id, status, attempt, cancel_requested;
-
--- name: job_retry
-UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
-    available_at = :now, failure_reason = NULL, finished_at = NULL,
-    cancel_requested = 0, dedup_released = 0, updated_at = :now
-WHERE id = :job_id AND status IN ('done', 'failed', 'cancelled')
-RETURNING id, attempt;
-
 -- name: job_cancel_requested
 SELECT id, attempt FROM herder_jobs
 WHERE id IN (SELECT value FROM json_each(:job_ids)) AND cancel_requested = 1;
-
--- name: attempt_list
--- Ended attempts from the history, then the live one from its job row.
-SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,
-       ended_at, exit_code, outcome
-FROM herder_attempts WHERE job_id = :job_id
-UNION ALL
-SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, started_at,
-       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL
-FROM herder_jobs WHERE id = :job_id AND status IN ('claimed', 'running')
-ORDER BY attempt;
 
 -- name: attempt_list_live
 SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
@@ -169,57 +125,7 @@ FROM herder_job_records
 WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (:host IS NULL OR host = :host);
 
--- name: event_list
-SELECT id, job_id, at, kind, from_status, to_status, attempt, detail
-FROM herder_events WHERE job_id = :job_id ORDER BY id;
-
 -- Fleet: hosts ------------------------------------------------------------------------------
-
--- name: host_insert
-INSERT INTO herder_hosts (
-    label, ram_total_gb, ram_reserved_gb, cpus, enabled, transport, ssh_target,
-    prime_max_workers, prime_max_weight, night_max_workers, night_max_weight,
-    allowed_job_types, allowed_weights, priority_floor, labels, created_at, updated_at)
-VALUES (
-    :label, :ram_total_gb, :ram_reserved_gb, :cpus, :enabled, :transport,
-    :ssh_target, :prime_max_workers, :prime_max_weight, :night_max_workers,
-    :night_max_weight, :allowed_job_types, :allowed_weights, :priority_floor,
-    :labels, :now, :now)
-ON CONFLICT (label) DO NOTHING
-RETURNING label;
-
--- name: host_update
-UPDATE herder_hosts SET
-    ram_total_gb = :ram_total_gb, ram_reserved_gb = :ram_reserved_gb, cpus = :cpus,
-    enabled = :enabled, transport = :transport, ssh_target = :ssh_target,
-    prime_max_workers = :prime_max_workers, prime_max_weight = :prime_max_weight,
-    night_max_workers = :night_max_workers, night_max_weight = :night_max_weight,
-    allowed_job_types = :allowed_job_types, allowed_weights = :allowed_weights,
-    priority_floor = :priority_floor, labels = :labels, updated_at = :now
-WHERE label = :label
-RETURNING label;
-
--- name: host_get
-SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
-                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
-FROM herder_hosts h WHERE label = :label;
-
--- name: host_list
-SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
-                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
-FROM herder_hosts h ORDER BY label;
-
--- name: host_remove
-DELETE FROM herder_hosts
-WHERE label = :label
-  AND NOT EXISTS (SELECT 1 FROM herder_jobs j
-                  WHERE j.host = herder_hosts.label AND j.status IN ('claimed', 'running'))
-RETURNING label;
-
--- name: host_heartbeat
-UPDATE herder_hosts SET last_heartbeat = :now, agent_info = :agent_info
-WHERE label = :label RETURNING label;
-
 -- name: host_agent_gone
 -- The host's agent died (its guardian said so): not live until an agent heartbeats again.
 -- Only while the dead worker is the last one heard from, so a new agent is left alone, and
@@ -230,45 +136,16 @@ WHERE label = :label AND json_extract(agent_info, '$.worker') = :worker
   AND NOT coalesce(json_extract(agent_info, '$.stopped'), 0)
 RETURNING label;
 
--- name: host_usage
-SELECT h.label,
-       coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
-       coalesce(r.reserved_gb, 0) AS reserved_gb
-FROM herder_hosts h
-LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
-           WHERE host IS NOT NULL AND status IN ('claimed', 'running')
-           GROUP BY host) j ON j.host = h.label
-LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
-           WHERE status = 'active' AND expires_at > :now GROUP BY host) r
-       ON r.host = h.label;
-
 -- name: host_lock
 SELECT label FROM herder_hosts WHERE label = :label;
 
--- name: host_booked
-SELECT (SELECT count(*) FROM herder_jobs
-        WHERE host = :label AND status IN ('claimed', 'running')) AS workers,
-       (SELECT coalesce(sum(ram_gb), 0) FROM herder_jobs
-        WHERE host = :label AND status IN ('claimed', 'running'))
-     + (SELECT coalesce(sum(ram_gb), 0) FROM herder_reservations
-        WHERE host = :label AND status = 'active' AND expires_at > :now) AS booked_gb;
-
 -- Fleet: placement -------------------------------------------------------------------------
-
 -- name: job_list_due
 SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
 FROM herder_job_records
 WHERE status = 'queued' AND available_at <= :now
 ORDER BY priority, id
 LIMIT :limit;
-
--- name: job_assign
-UPDATE herder_jobs
-SET status = 'claimed', attempt = attempt + 1, host = :host, ram_gb = :ram_gb,
-    worker = '', pid = NULL, log_path = NULL, claimed_at = :now, started_at = NULL,
-    heartbeat_at = :now, updated_at = :now
-WHERE id = :job_id AND status = 'queued'
-RETURNING id, attempt;
 
 -- name: attempt_list_assigned
 SELECT * FROM herder_job_records
@@ -278,87 +155,13 @@ WHERE host = :host AND status IN ('claimed', 'running') AND status = 'claimed' A
 ORDER BY priority, id
 LIMIT :limit;
 
--- name: attempt_set_worker
--- Hands a placement to a runner. The lease restarts here: the runner counts its own from
--- before it asked, so its fence always comes before the server's rescue.
-UPDATE herder_jobs SET heartbeat_at = :now, worker = :worker
-WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
-  AND (worker = '' OR worker = :worker)
-RETURNING id AS job_id;
-
 -- Fleet: reservations ----------------------------------------------------------------------
-
--- name: reservation_insert
-INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
-                                 expires_at)
-VALUES (:kind, :owner, :host, :weight, :ram_gb, :detail, :now,
-        :expires_at)
-ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
-RETURNING *;
-
--- name: reservation_active_ci
-SELECT * FROM herder_reservations WHERE kind = 'ci' AND owner = :owner AND status = 'active';
-
 -- name: reservation_end
 UPDATE herder_reservations SET status = :status, ended_at = :now,
     detail = json_patch(detail, :detail)
 WHERE id = :id AND status = 'active'
 RETURNING *;
 
--- name: reservation_release_ci
-UPDATE herder_reservations SET status = 'released', ended_at = :now
-WHERE kind = 'ci' AND owner = :owner AND status = 'active'
-RETURNING *;
-
--- name: reservation_get
-SELECT * FROM herder_reservations WHERE id = :id;
-
--- name: reservation_list
-SELECT * FROM herder_reservations
-WHERE status = 'active' AND (:host IS NULL OR host = :host)
-ORDER BY id;
-
--- name: reservation_expire
-UPDATE herder_reservations SET status = 'expired', ended_at = :now
-WHERE status = 'active' AND expires_at <= :now
-RETURNING id;
-
 -- Fleet: alerts ----------------------------------------------------------------------------
 
 -- Tokens ------------------------------------------------------------------------------------
-
--- name: token_insert
-INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor, created_at)
-VALUES (:name, :scope, :token_hash, :host, :job_types, :priority_floor, :now)
-RETURNING id;
-
--- name: token_get
-SELECT * FROM herder_tokens WHERE token_hash = :token_hash;
-
--- name: token_list
-SELECT * FROM herder_tokens ORDER BY id;
-
--- name: token_revoke
-UPDATE herder_tokens SET revoked_at = :now
-WHERE id = :id AND revoked_at IS NULL
-RETURNING id;
-
--- name: token_revoke_host
-UPDATE herder_tokens SET revoked_at = :now
-WHERE host = :host AND revoked_at IS NULL
-RETURNING id;
-
--- name: alert_open
-INSERT INTO herder_alerts (key, message, opened_at) VALUES (:key, :message, :now)
-ON CONFLICT (key) WHERE cleared_at IS NULL DO NOTHING
-RETURNING id;
-
--- name: alert_clear
-UPDATE herder_alerts SET cleared_at = :now
-WHERE key = :key AND cleared_at IS NULL
-RETURNING id;
-
--- name: alert_list
-SELECT * FROM herder_alerts
-WHERE (NOT :open_only OR cleared_at IS NULL)
-ORDER BY id DESC LIMIT :limit;

@@ -1,0 +1,111 @@
+"""What a store needs from its database, per dialect: connections and transactions, the
+named queries in the dialect's placeholder style, parameter and column adapters (time,
+JSON), and a wake-up for other processes.
+
+The store's logic is written once over this protocol (`Store` in base.py); what must differ
+between SQLite and PostgreSQL (claim, finish, migrations, locking, the leader lease) stays
+in each dialect's store, under the same query names.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+Row = dict[str, Any]
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Json:
+    """A parameter stored as JSON: each driver passes it in its dialect's form."""
+
+    value: Any
+
+
+def _named_blocks(path: str) -> Iterator[tuple[str, str]]:
+    text = resources.files("herder.store").joinpath(path).read_text()
+    parts = _NAME.split(text)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        yield name, body.strip().rstrip(";")
+
+
+def load_queries(dialect: str) -> dict[str, str]:
+    """The named SQL blocks a dialect runs: `sql/queries.sql`, the queries both dialects
+    share (written with `:name` parameters), then `sql/<dialect>/queries.sql`, the ones
+    that must differ. A name lives in one of the two files only, so one grep finds it."""
+    queries: dict[str, str] = {}
+    for name, body in _named_blocks("sql/queries.sql"):
+        queries[name] = body if dialect == "sqlite" else postgres_placeholders(body)
+    for name, body in _named_blocks(f"sql/{dialect}/queries.sql"):
+        if name in queries:
+            raise ValueError(f"query {name!r} is both shared and in sql/{dialect}/queries.sql")
+        queries[name] = body
+    return queries
+
+
+def postgres_placeholders(text: str) -> str:
+    """`:name` parameters as psycopg's `%(name)s` (a `::type` cast is left alone)."""
+    return _NAMED_PARAMETER.sub(r"%(\1)s", text.replace("%", "%%"))
+
+
+class Waker(abc.ABC):
+    """Blocks until the store may have new work (or the timeout passes)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """True when woken by a change, False on timeout."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+class Transaction(abc.ABC):
+    """Statements that commit together."""
+
+    @abc.abstractmethod
+    def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """Run the named query; its rows with Python values (datetimes, decoded JSON)."""
+
+    @abc.abstractmethod
+    def notify(self, topic: str) -> None:
+        """Wake listeners in other processes once this transaction commits."""
+
+
+class Driver(abc.ABC):
+    """One dialect's connections, placeholders and adapters."""
+
+    dialect: str
+    queries: Mapping[str, str]
+    conflict: type[Exception]
+    """What a statement raises when a unique index refuses its row."""
+
+    @abc.abstractmethod
+    def read(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """Run a read-only query outside any transaction."""
+
+    @abc.abstractmethod
+    def write(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """Run one writing statement in its own transaction."""
+
+    @abc.abstractmethod
+    def transaction(self) -> AbstractContextManager[Transaction]:
+        """Several statements that commit together (rolled back on an exception)."""
+
+    @abc.abstractmethod
+    def notify(self, topic: str) -> None:
+        """Wake listeners in other processes now."""
+
+    @abc.abstractmethod
+    def listen(self) -> Waker:
+        """A waker that returns early when another process may have changed the store."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,197 @@
+-- Named queries both dialects share, written with `:name` parameters (the PostgreSQL
+-- driver turns them into `%(name)s`). Each `-- name:` block is one statement; the store
+-- method of the same name runs it. A query that must differ between the dialects lives
+-- in sql/<dialect>/queries.sql instead, under the same name.
+
+-- name: job_counts
+SELECT status, count(*) AS count FROM herder_jobs
+WHERE status IN ('queued', 'claimed', 'running')
+GROUP BY status;
+
+-- name: event_insert
+INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
+VALUES (:job_id, :now, :kind, :from_status, :to_status, :attempt, :detail);
+
+-- name: attempt_start
+UPDATE herder_jobs SET status = 'running', pid = :pid, log_path = :log_path,
+    started_at = :now, heartbeat_at = :now, updated_at = :now
+WHERE id = :job_id AND attempt = :attempt AND status = 'claimed'
+RETURNING id;
+
+-- name: job_cancel
+UPDATE herder_jobs SET
+    status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+    cancel_requested = (status <> 'queued'),
+    failure_reason = CASE WHEN status = 'queued' THEN 'cancelled' ELSE failure_reason END,
+    finished_at = CASE WHEN status = 'queued' THEN :now ELSE finished_at END,
+    updated_at = :now
+WHERE id = :job_id AND status IN ('queued', 'claimed', 'running')
+RETURNING id, status, attempt, cancel_requested;
+
+-- name: job_retry
+UPDATE herder_jobs SET status = 'queued', failures = 0, lost = 0,
+    available_at = :now, failure_reason = NULL, finished_at = NULL,
+    cancel_requested = FALSE, dedup_released = FALSE, updated_at = :now
+WHERE id = :job_id AND status IN ('done', 'failed', 'cancelled')
+RETURNING id, attempt;
+
+-- name: attempt_list
+-- Ended attempts from the history, then the live one from its job row.
+SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,
+       ended_at, exit_code, outcome
+FROM herder_attempts WHERE job_id = :job_id
+UNION ALL
+SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, started_at,
+       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL
+FROM herder_jobs WHERE id = :job_id AND status IN ('claimed', 'running')
+ORDER BY attempt;
+
+-- name: event_list
+SELECT id, job_id, at, kind, from_status, to_status, attempt, detail
+FROM herder_events WHERE job_id = :job_id ORDER BY id;
+
+-- name: host_insert
+INSERT INTO herder_hosts (
+    label, ram_total_gb, ram_reserved_gb, cpus, enabled, transport, ssh_target,
+    prime_max_workers, prime_max_weight, night_max_workers, night_max_weight,
+    allowed_job_types, allowed_weights, priority_floor, labels, created_at, updated_at)
+VALUES (
+    :label, :ram_total_gb, :ram_reserved_gb, :cpus, :enabled, :transport,
+    :ssh_target, :prime_max_workers, :prime_max_weight, :night_max_workers,
+    :night_max_weight, :allowed_job_types, :allowed_weights, :priority_floor,
+    :labels, :now, :now)
+ON CONFLICT (label) DO NOTHING
+RETURNING label;
+
+-- name: host_update
+UPDATE herder_hosts SET
+    ram_total_gb = :ram_total_gb, ram_reserved_gb = :ram_reserved_gb, cpus = :cpus,
+    enabled = :enabled, transport = :transport, ssh_target = :ssh_target,
+    prime_max_workers = :prime_max_workers, prime_max_weight = :prime_max_weight,
+    night_max_workers = :night_max_workers, night_max_weight = :night_max_weight,
+    allowed_job_types = :allowed_job_types, allowed_weights = :allowed_weights,
+    priority_floor = :priority_floor, labels = :labels, updated_at = :now
+WHERE label = :label
+RETURNING label;
+
+-- name: host_get
+SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
+                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
+FROM herder_hosts h WHERE label = :label;
+
+-- name: host_list
+SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
+                    WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
+FROM herder_hosts h ORDER BY label;
+
+-- name: host_remove
+DELETE FROM herder_hosts
+WHERE label = :label
+  AND NOT EXISTS (SELECT 1 FROM herder_jobs j
+                  WHERE j.host = herder_hosts.label AND j.status IN ('claimed', 'running'))
+RETURNING label;
+
+-- name: host_heartbeat
+UPDATE herder_hosts SET last_heartbeat = :now, agent_info = :agent_info
+WHERE label = :label RETURNING label;
+
+-- name: host_usage
+SELECT h.label,
+       coalesce(j.workers, 0) AS workers, coalesce(j.jobs_gb, 0) AS jobs_gb,
+       coalesce(r.reserved_gb, 0) AS reserved_gb
+FROM herder_hosts h
+LEFT JOIN (SELECT host, count(*) AS workers, sum(ram_gb) AS jobs_gb FROM herder_jobs
+           WHERE host IS NOT NULL AND status IN ('claimed', 'running')
+           GROUP BY host) j ON j.host = h.label
+LEFT JOIN (SELECT host, sum(ram_gb) AS reserved_gb FROM herder_reservations
+           WHERE status = 'active' AND expires_at > :now GROUP BY host) r
+       ON r.host = h.label;
+
+-- name: host_booked
+SELECT (SELECT count(*) FROM herder_jobs
+        WHERE host = :label AND status IN ('claimed', 'running')) AS workers,
+       (SELECT coalesce(sum(ram_gb), 0) FROM herder_jobs
+        WHERE host = :label AND status IN ('claimed', 'running'))
+     + (SELECT coalesce(sum(ram_gb), 0) FROM herder_reservations
+        WHERE host = :label AND status = 'active' AND expires_at > :now) AS booked_gb;
+
+-- name: job_assign
+UPDATE herder_jobs
+SET status = 'claimed', attempt = attempt + 1, host = :host, ram_gb = :ram_gb,
+    worker = '', pid = NULL, log_path = NULL, claimed_at = :now, started_at = NULL,
+    heartbeat_at = :now, updated_at = :now
+WHERE id = :job_id AND status = 'queued'
+RETURNING id, attempt;
+
+-- name: attempt_set_worker
+-- Hands a placement to a runner. The lease restarts here: the runner counts its own from
+-- before it asked, so its fence always comes before the server's rescue.
+UPDATE herder_jobs SET heartbeat_at = :now, worker = :worker
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+  AND (worker = '' OR worker = :worker)
+RETURNING id AS job_id;
+
+-- name: reservation_insert
+INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
+                                 expires_at)
+VALUES (:kind, :owner, :host, :weight, :ram_gb, :detail, :now,
+        :expires_at)
+ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
+RETURNING *;
+
+-- name: reservation_active_ci
+SELECT * FROM herder_reservations WHERE kind = 'ci' AND owner = :owner AND status = 'active';
+
+-- name: reservation_release_ci
+UPDATE herder_reservations SET status = 'released', ended_at = :now
+WHERE kind = 'ci' AND owner = :owner AND status = 'active'
+RETURNING *;
+
+-- name: reservation_get
+SELECT * FROM herder_reservations WHERE id = :id;
+
+-- name: reservation_list
+SELECT * FROM herder_reservations
+WHERE status = 'active' AND (CAST(:host AS TEXT) IS NULL OR host = CAST(:host AS TEXT))
+ORDER BY id;
+
+-- name: reservation_expire
+UPDATE herder_reservations SET status = 'expired', ended_at = :now
+WHERE status = 'active' AND expires_at <= :now
+RETURNING id;
+
+-- name: token_insert
+INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor, created_at)
+VALUES (:name, :scope, :token_hash, :host, :job_types, :priority_floor, :now)
+RETURNING id;
+
+-- name: token_get
+SELECT * FROM herder_tokens WHERE token_hash = :token_hash;
+
+-- name: token_list
+SELECT * FROM herder_tokens ORDER BY id;
+
+-- name: token_revoke
+UPDATE herder_tokens SET revoked_at = :now
+WHERE id = :id AND revoked_at IS NULL
+RETURNING id;
+
+-- name: token_revoke_host
+UPDATE herder_tokens SET revoked_at = :now
+WHERE host = :host AND revoked_at IS NULL
+RETURNING id;
+
+-- name: alert_open
+INSERT INTO herder_alerts (key, message, opened_at) VALUES (:key, :message, :now)
+ON CONFLICT (key) WHERE cleared_at IS NULL DO NOTHING
+RETURNING id;
+
+-- name: alert_clear
+UPDATE herder_alerts SET cleared_at = :now
+WHERE key = :key AND cleared_at IS NULL
+RETURNING id;
+
+-- name: alert_list
+SELECT * FROM herder_alerts
+WHERE (NOT :open_only OR cleared_at IS NULL)
+ORDER BY id DESC LIMIT :limit;
