@@ -128,6 +128,10 @@ class Job:
     updated_at: datetime
     ram_gb: float = 0.0
     spawn_failures: int = 0
+    transient_attempts: int = 0
+    escalations: int = 0
+    actionable: bool = False
+    human_action: bool = False
 
     @property
     def token(self) -> AttemptToken:
@@ -196,6 +200,9 @@ class AttemptResult:
     outcome: Outcome
     exit_code: int | None
     decision: Decision
+    report: str | None = None
+    """What else the attempt's end says (a JSON object: the verdict's source, evidence,
+    cost, turns, the job's own result), added to its `finished` event."""
 
 
 @dataclass(frozen=True, slots=True)

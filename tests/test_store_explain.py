@@ -17,6 +17,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from herder.model import Decision, JobStatus, Outcome
+from herder.store.base import finish_params
 from herder.store.driver import load_queries
 from herder.store.sqlite import parse_sqlite_url
 
@@ -145,7 +147,8 @@ _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "b
              "detail": "jsonb", "tokens": "jsonb", "outcome": "text", "exit_code": "int",
              "next_status": "text", "failure_reason": "text", "spend_failure": "int",
              "spend_lost": "int", "spend_spawn_failure": "int", "available_at": "timestamptz",
-             "job_ids": "bigint[]", "attempts": "int[]"}
+             "job_ids": "bigint[]", "attempts": "int[]", "spend_transient": "int",
+             "weight": "text", "avoid_host": "int", "actionable": "int", "human_action": "int"}
 
 
 def _generic_plan(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -198,10 +201,9 @@ def test_postgres_batch_finish_looks_jobs_up_by_key(postgres_url, rows):
         _pg_fill(conn, 1, rows)  # analyzed with nothing claimed
         conn.execute("UPDATE herder_jobs SET status = 'claimed', host = 'h1' WHERE id <= 500")
         ids = list(range(1, 101))
-        params = {"now": T0, "job_ids": ids, "tokens": Jsonb(dict.fromkeys(ids, 1)),
-                  "outcome": "ok", "exit_code": 0, "next_status": "done",
-                  "failure_reason": None, "spend_failure": 0, "spend_lost": 0,
-                  "spend_spawn_failure": 0, "available_at": None}
+        params = {**finish_params(Outcome.OK, 0, Decision(JobStatus.DONE)), "now": T0,
+                  "job_ids": ids, "tokens": Jsonb(dict.fromkeys(ids, 1)),
+                  "available_at": None, "detail": Jsonb({})}
         queries = load_queries("postgres")
         for query, params_of in ((queries["attempt_finish"], params),
                                  (queries["attempt_heartbeat"],

@@ -457,8 +457,9 @@ def object_from_json(value: str | bytes | None) -> Any:
     return json.loads(value)
 
 
-FinishGroup = tuple[
-    tuple[Outcome, int | None, Decision], dict[int, int], dict[int, AttemptToken]]
+FinishKey = tuple[Outcome, int | None, Decision, str | None]
+"""What a finish group shares: outcome, exit code, decision and report."""
+FinishGroup = tuple[FinishKey, dict[int, int], dict[int, AttemptToken]]
 _Shelf = tuple[dict[int, int], dict[int, AttemptToken]]
 
 
@@ -469,9 +470,9 @@ def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
     keeps the callers' token objects by job, so a store reports the applied ones without
     building new tokens. Two tokens of one job go to separate groups (only the live one can
     apply); a repeated token keeps its first result."""
-    groups: dict[tuple[Outcome, int | None, Decision], list[_Shelf]] = {}
+    groups: dict[FinishKey, list[_Shelf]] = {}
     seen: set[tuple[int, int]] = set()  # plain tuples: they hash in C
-    last: tuple[Outcome | None, int | None, Decision | None] = (None, None, None)
+    last: FinishKey | None = None
     shelves: list[_Shelf] = []
     for result in results:
         token = result.token
@@ -481,10 +482,10 @@ def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
         seen.add((job_id, attempt))
         # A batch's results usually share one outcome and decision object: only a change
         # pays for hashing the decision (a dataclass hashes in Python).
-        if (result.decision is not last[2] or result.outcome is not last[0]
-                or result.exit_code != last[1]):
-            last = (result.outcome, result.exit_code, result.decision)
-            shelves = groups.setdefault((result.outcome, result.exit_code, result.decision), [])
+        if (last is None or result.decision is not last[2] or result.outcome is not last[0]
+                or result.exit_code != last[1] or result.report is not last[3]):
+            last = (result.outcome, result.exit_code, result.decision, result.report)
+            shelves = groups.setdefault(last, [])
         for shelf in shelves:
             if job_id not in shelf[0]:
                 break
@@ -503,7 +504,20 @@ def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -
     return {"outcome": outcome.value, "exit_code": exit_code,
             "next_status": decision.status.value, "failure_reason": decision.failure_reason,
             "spend_failure": int(decision.spend_failure), "spend_lost": int(decision.spend_lost),
-            "spend_spawn_failure": int(decision.spend_spawn_failure)}
+            "spend_spawn_failure": int(decision.spend_spawn_failure),
+            "spend_transient": int(decision.spend_transient), "weight": decision.weight,
+            "avoid_host": int(decision.avoid_host),
+            "actionable": int(decision.actionable),
+            "human_action": int(decision.human_action)}
+
+
+def finish_detail(outcome: Outcome, exit_code: int | None, report: str | None
+                  ) -> dict[str, Any]:
+    """The `finished` event's detail: the outcome and exit code, and what the attempt's
+    report adds (it cannot override those two)."""
+    extra = json.loads(report) if report else {}
+    return {**(extra if isinstance(extra, dict) else {}), "outcome": outcome.value,
+            "exit_code": exit_code}
 
 
 def job_from_row(row: Mapping[str, Any]) -> Job:
@@ -518,7 +532,9 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         row["attempt"], row["failures"], row["lost"], row["host"], row["exit_code"],
         row["failure_reason"], bool(row["cancel_requested"]), row["created_at"],
         row["claimed_at"], row["started_at"], row["finished_at"], row["updated_at"],
-        row.get("ram_gb", 0.0), row.get("spawn_failures", 0))
+        row.get("ram_gb", 0.0), row.get("spawn_failures", 0), row.get("transient_attempts", 0),
+        row.get("escalations", 0), bool(row.get("actionable", False)),
+        bool(row.get("human_action", False)))
 
 
 def attempt_from_row(row: Mapping[str, Any]) -> Attempt:

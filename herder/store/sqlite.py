@@ -33,6 +33,7 @@ from herder.model import (
 from herder.store.base import (
     Lease,
     Store,
+    finish_detail,
     finish_groups,
     finish_params,
     insert_event,
@@ -389,7 +390,7 @@ class SQLiteStore(Store):
         if not results:
             return applied
         with self.driver.immediate() as conn:
-            for (outcome, exit_code, decision), tokens, held in finish_groups(results):
+            for (outcome, exit_code, decision, report), tokens, held in finish_groups(results):
                 params = {
                     **finish_params(outcome, exit_code, decision), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
@@ -399,7 +400,7 @@ class SQLiteStore(Store):
                 if not rows:
                     continue
                 params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
-                params["detail"] = json.dumps({"outcome": outcome.value, "exit_code": exit_code})
+                params["detail"] = json.dumps(finish_detail(outcome, exit_code, report))
                 conn.execute(Q["attempt_finish_events"], params)
                 applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
         return applied

@@ -69,7 +69,8 @@ WITH picked AS (
               j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.status,
               j.attempt, j.failures, j.lost, j.host, j.exit_code, j.failure_reason,
               j.cancel_requested, j.created_at, j.claimed_at, j.started_at, j.finished_at,
-              j.updated_at, j.ram_gb, j.spawn_failures
+              j.updated_at, j.ram_gb, j.spawn_failures, j.transient_attempts, j.escalations,
+              j.actionable, j.human_action
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb
@@ -105,10 +106,16 @@ WITH j AS (
         failures = failures + %(spend_failure)s::int,
         lost = lost + %(spend_lost)s::int,
         spawn_failures = spawn_failures + %(spend_spawn_failure)s::int,
+        transient_attempts = transient_attempts + %(spend_transient)s::int,
+        escalations = escalations + (%(weight)s::text IS NOT NULL)::int,
+        weight = COALESCE(%(weight)s::text, weight),
+        actionable = %(actionable)s::int::boolean,
+        human_action = %(human_action)s::int::boolean,
         available_at = COALESCE(%(available_at)s::timestamptz, available_at),
         finished_at = CASE WHEN %(next_status)s::text = 'queued' AND NOT cancel_requested
                            THEN NULL ELSE %(now)s END,
-        avoid_host = CASE WHEN started_at IS NULL THEN host ELSE avoid_host END,
+        avoid_host = CASE WHEN %(avoid_host)s::int = 1 OR started_at IS NULL THEN host
+                          ELSE avoid_host END,
         cancel_requested = false,
         updated_at = %(now)s
     WHERE id = ANY(%(job_ids)s::bigint[])
@@ -123,7 +130,7 @@ WITH j AS (
                                host, worker, pid, log_path, claimed_at, started_at,
                                heartbeat_at, exit_code, outcome)
     SELECT id, %(now)s, 'finished', old_status, status, attempt,
-           jsonb_build_object('outcome', outcome, 'exit_code', exit_code), host, worker, pid,
+           %(detail)s::jsonb, host, worker, pid,
            log_path, claimed_at, started_at, heartbeat_at, exit_code, outcome
     FROM j
 )

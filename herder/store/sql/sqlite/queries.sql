@@ -55,7 +55,8 @@ WHERE id IN (
 -- needs no lock).
 RETURNING id, priority, weight, dedup_key, affinity, available_at, status, attempt, failures,
     lost, host, exit_code, failure_reason, cancel_requested, claimed_at, started_at,
-    finished_at, updated_at, ram_gb, spawn_failures;
+    finished_at, updated_at, ram_gb, spawn_failures, transient_attempts, escalations,
+    actionable, human_action;
 
 -- name: job_claim_specs
 -- :job_ids is a JSON array of the claimed jobs' ids; the store pairs the rows by id.
@@ -88,10 +89,15 @@ UPDATE herder_jobs SET
     failures = failures + :spend_failure,
     lost = lost + :spend_lost,
     spawn_failures = spawn_failures + :spend_spawn_failure,
+    transient_attempts = transient_attempts + :spend_transient,
+    escalations = escalations + (:weight IS NOT NULL),
+    weight = COALESCE(:weight, weight),
+    actionable = :actionable,
+    human_action = :human_action,
     available_at = COALESCE(:available_at, available_at),
     finished_at = CASE WHEN :next_status = 'queued' AND NOT cancel_requested
                        THEN NULL ELSE :now END,
-    avoid_host = CASE WHEN started_at IS NULL THEN host ELSE avoid_host END,
+    avoid_host = CASE WHEN :avoid_host OR started_at IS NULL THEN host ELSE avoid_host END,
     cancel_requested = 0,
     updated_at = :now
 FROM json_each(:tokens) AS t
