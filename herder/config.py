@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 from herder.errors import ConfigError, InputError
-from herder.model import MAX_DURATION
+from herder.model import JOB_OUTCOMES, MAX_DURATION
 from herder.urls import DEFAULT_DB
 
 CONFIG_FILE = "herder.toml"
@@ -186,6 +186,17 @@ def _command(value: list[str] | str) -> list[str] | str:
     return value
 
 
+def _exit_codes(value: dict[str, str] | None) -> dict[str, str] | None:
+    for code, outcome in (value or {}).items():
+        if not (code.isdigit() and 1 <= int(code) <= 255):
+            raise ValueError(f"{code!r} is not an exit code; use 1 to 255, e.g. {{4 = "
+                             "\"needs_heavier\"}")
+        if outcome not in JOB_OUTCOMES:
+            raise ValueError(f"exit {code}: {outcome!r} is not an outcome a job can end in; "
+                             f"use one of {', '.join(sorted(JOB_OUTCOMES))}")
+    return value
+
+
 def _preflight(value: list[str] | bool) -> list[str] | bool:
     if isinstance(value, list) and not value:
         raise ValueError("the preflight command is empty; give an argv list like "
@@ -217,6 +228,9 @@ class JobTypeSection:
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
     preflight_timeout: Duration = field(default=5.0, metadata=rules(gt=0))
+    exit_codes: dict[str, str] | None = field(default=None, metadata=rules(check=_exit_codes))
+    """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
+    (`herder.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
 
     def check(self) -> None:
         """herder shell-quotes every value it fills in; a placeholder the template itself

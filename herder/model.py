@@ -63,6 +63,15 @@ class Outcome(enum.StrEnum):
     STUCK = "stuck"
 
 
+JOB_OUTCOMES = frozenset({
+    Outcome.OK, Outcome.FAILED, Outcome.TRANSIENT, Outcome.USAGE_BLOCKED,
+    Outcome.NEEDS_HEAVIER, Outcome.OOM, Outcome.RAM_CONTENTION, Outcome.AUTH_REVOKED,
+    Outcome.NO_HEALTHY_ACCOUNT, Outcome.WORKSPACE_FAILED, Outcome.UNREACHABLE,
+})
+"""What a job may say it ended in (its $HERDER_RESULT, its job type's exit-code map); the
+rest (lost, timeout, cancelled, stuck ...) only herder can tell."""
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptToken:
     """The fence: every write about an attempt names the job and its attempt number."""

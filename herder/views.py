@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from herder.model import Attempt, Event, Job
-from herder.wire import AttemptView, EventView, JobView
+from herder.model import Job
+from herder.wire import JobView
 
 
 def iso(value: datetime | None) -> str | None:
@@ -16,11 +16,3 @@ def iso(value: datetime | None) -> str | None:
 
 def job_view(job: Job) -> dict[str, Any]:
     return JobView.of(job).model_dump(mode="json")
-
-
-def attempt_view(attempt: Attempt) -> dict[str, Any]:
-    return AttemptView.of(attempt).model_dump(mode="json")
-
-
-def event_view(event: Event) -> dict[str, Any]:
-    return EventView.of(event).model_dump(mode="json")

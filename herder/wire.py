@@ -12,6 +12,7 @@ so a newer server can add one without breaking an agent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ from herder.model import (
     BIGINT_MAX,
     INT_MAX,
     INT_MIN,
+    JOB_OUTCOMES,
     MAX_DURATION,
     Attempt,
     AttemptToken,
@@ -119,9 +121,16 @@ class JobView(Reply):
     max_attempts: int
     failures: int
     lost: int
+    spawn_failures: int = 0
+    transient_attempts: int = 0
+    escalations: int = 0
     host: str | None
     exit_code: int | None
     failure_reason: str | None
+    actionable: bool = False
+    """A failure someone should look at (a code fault, a timeout), not weather."""
+    human_action: bool = False
+    """Only a human can fix it (a revoked login)."""
     dedup_key: str | None
     affinity: str | None
     command: list[str]
@@ -141,8 +150,11 @@ class JobView(Reply):
         return cls(
             id=job.id, status=job.status, job_type=job.job_type, priority=job.priority,
             weight=job.weight, attempt=job.attempt, max_attempts=job.max_attempts,
-            failures=job.failures, lost=job.lost, host=job.host, exit_code=job.exit_code,
-            failure_reason=job.failure_reason, dedup_key=job.dedup_key, affinity=job.affinity,
+            failures=job.failures, lost=job.lost, spawn_failures=job.spawn_failures,
+            transient_attempts=job.transient_attempts, escalations=job.escalations,
+            host=job.host, exit_code=job.exit_code, failure_reason=job.failure_reason,
+            actionable=job.actionable, human_action=job.human_action,
+            dedup_key=job.dedup_key, affinity=job.affinity,
             command=list(job.command), payload=dict(job.payload), workdir=job.workdir,
             timeout_seconds=job.timeout_seconds, cancel_requested=job.cancel_requested,
             available_at=job.available_at, created_at=job.created_at,
@@ -188,10 +200,29 @@ class EventView(Reply):
 
 
 class JobDetail(JobView):
-    """One job with its attempts and its whole event history."""
+    """One job with its attempts and its whole event history, and what its last ended
+    attempt said: its outcome, the job's own result ($HERDER_RESULT) and its cost."""
 
+    outcome: Outcome | None = None
+    result: dict[str, Any] | None = None
+    cost_usd: float | None = None
     attempts: list[AttemptView]
     events: list[EventView]
+
+    @classmethod
+    def of_history(cls, job: Job, attempts: Sequence[Attempt], events: Sequence[Event]
+           ) -> JobDetail:
+        finished = [e for e in events if e.kind == "finished"]
+        last = dict(finished[-1].detail) if finished else {}
+        ended = [a for a in attempts if a.outcome is not None]
+        result = last.get("result")
+        cost = last.get("cost_usd")
+        return cls(**dict(JobView.of(job)),
+                   outcome=ended[-1].outcome if ended else None,
+                   result=result if isinstance(result, dict) else None,
+                   cost_usd=cost if isinstance(cost, int | float) else None,
+                   attempts=[AttemptView.of(attempt) for attempt in attempts],
+                   events=[EventView.of(event) for event in events])
 
 
 class Why(Reply):
@@ -393,15 +424,6 @@ class Started(Reply):
     accepted: bool
 
 
-JOB_CLAIMS = frozenset({
-    Outcome.OK, Outcome.FAILED, Outcome.TRANSIENT, Outcome.USAGE_BLOCKED,
-    Outcome.NEEDS_HEAVIER, Outcome.OOM, Outcome.AUTH_REVOKED, Outcome.NO_HEALTHY_ACCOUNT,
-    Outcome.WORKSPACE_FAILED,
-})
-"""The outcomes a job may claim for itself in $HERDER_RESULT (not herder's own: lost,
-timeout, cancelled...)."""
-
-
 class JobResult(Body):
     """What a job may write to `$HERDER_RESULT` (a JSON object) to say how it ended; it wins
     over the exit code and the log. Unknown fields make it invalid (a typo must not pass as
@@ -423,9 +445,9 @@ class JobResult(Body):
     @field_validator("outcome")
     @classmethod
     def _claimable(cls, value: Outcome | None) -> Outcome | None:
-        if value is not None and value not in JOB_CLAIMS:
+        if value is not None and value not in JOB_OUTCOMES:
             raise ValueError(f"{value} is herder's to say; a job may claim one of "
-                             f"{', '.join(sorted(JOB_CLAIMS))}")
+                             f"{', '.join(sorted(JOB_OUTCOMES))}")
         return value
 
     @field_validator("resume_at")
@@ -436,11 +458,25 @@ class JobResult(Body):
         return value
 
 
+LOG_TAIL_CHARS = 16 * 1024
+RESULT_CHARS = 64 * 1024
+
+
+def storable_text(text: str) -> str:
+    """Text a job wrote, as the wire can carry it: NUL characters (which PostgreSQL cannot
+    store) become U+FFFD."""
+    return text.replace("\x00", "\ufffd")
+
+
 class FinishBody(Body):
     outcome: Outcome
     exit_code: Int32 | None = None
     retry_after: Seconds | None = None
     detail: str | None = Field(default=None, max_length=10_000)
+    log_tail: str | None = Field(default=None, max_length=LOG_TAIL_CHARS)
+    """The end of the attempt's log, for the server to classify the ending."""
+    result: str | None = Field(default=None, max_length=RESULT_CHARS + 1)
+    """The job's $HERDER_RESULT as it wrote it (the server validates it)."""
 
 
 class Finished(Reply):

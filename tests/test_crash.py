@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -142,14 +143,27 @@ def test_kill_9_of_up_loses_running_attempts_and_never_overlaps(harness: Harness
         assert job.attempt > attempt and job.lost == 1, job
 
 
+@pytest.fixture
+def postgres_harness(tmp_path: Path, postgres_url: str) -> Iterator[Harness]:
+    h = Harness(tmp_path, postgres_url)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
 @pytest.mark.slow
 def test_a_frozen_up_s_jobs_are_stopped_by_its_guardian_before_another_up_reruns_them(
-        harness: Harness):
+        postgres_harness: Harness):
     """`up` is frozen (SIGSTOP) with jobs running: it can neither renew their leases nor
     fence itself. Its guardian kills them at their backstop, before the lease ends and a
     second `up` on the same store declares them lost and reruns them: the per-job lock sees
-    no overlap. Thawed, the first `up` records them lost, not failed."""
-    h = harness
+    no overlap. Thawed, the first `up` records them lost, not failed.
+
+    On PostgreSQL: runners on several machines share a store there. A runner frozen while
+    it holds SQLite's write lock (a heartbeat's transaction) stops every runner of that
+    file, and those all run on one machine, so nothing can run twice there anyway."""
+    h = postgres_harness
     job_ids = submit_flock_jobs(h, 2)
     first = h.up("--concurrency", "2")
     wait_for(lambda: len({p.token for p in h.marked()}) == 2, 30, "2 attempts running",

@@ -59,7 +59,7 @@ def test_only_the_allow_list_of_the_runner_environment_passes():
                           runner_environment=runner)
     base = {"PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_TIME", "TZ", "TERM", "SHELL"}
     identity = {"HERDER_JOB_ID", "HERDER_ATTEMPT", "HERDER_JOB_TYPE", "HERDER_WEIGHT",
-                "HERDER_HOST", "HERDER_LOG", "HERDER_PAYLOAD", TOKEN_VARIABLE}
+                "HERDER_HOST", "HERDER_LOG", "HERDER_RESULT", "HERDER_PAYLOAD", TOKEN_VARIABLE}
     assert set(env) == base | identity
     assert (env["HERDER_JOB_ID"], env["HERDER_ATTEMPT"], env["HERDER_HOST"]) == ("7", "2",
                                                                                   "bms-4")

@@ -12,7 +12,7 @@ from herder.config import Settings, load_config
 from herder.model import JobStatus, Outcome
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.runtime.scheduler import Fleet
-from herder.runtime.sources import ClaimSource, PolicyLimits
+from herder.runtime.sources import ClaimSource, OutcomeRules, PolicyLimits
 from herder.scheduling.capacity import DEFAULT_WEIGHTS, Shedding, WindowSchedule, bookable_gb
 from herder.scheduling.health import HealthThresholds, Liveness
 from herder.scheduling.placement import PlacementPolicy
@@ -45,7 +45,8 @@ def test_runner_options_carry_every_runtime_and_spawn_setting(tmp_path):
     assert (options.concurrency, options.heartbeat_interval, options.attempt_lease,
             options.kill_grace, options.poll_interval, options.max_lost, options.pass_env,
             options.fence_margin) == (3, 4.0, 40.0, 3.0, 0.5, 7, ("OPENAI_API_KEY",), 9.0)
-    assert options.limits == PolicyLimits(7, 2, 7.0) == PolicyLimits.from_settings(settings)
+    assert options.limits == PolicyLimits(7, 2, 7.0, OutcomeRules.from_settings(settings)) == (
+        PolicyLimits.from_settings(settings))
     overridden = RunnerOptions.from_settings(settings, "here", tmp_path, concurrency=1,
                                              attempt_lease=90.0, poll_interval=0.2,
                                              exit_when_idle=True, drain_timeout=5.0)
@@ -96,7 +97,10 @@ def test_the_pure_cores_defaults_are_the_settings_defaults():
     assert HealthThresholds() == fleet.thresholds
     assert Liveness() == fleet.liveness
     assert bookable_gb(10, 0) == settings.fleet.bookable_fraction * 10
-    assert RunnerOptions("here", Path()) == RunnerOptions.from_settings(settings, "here", Path())
+    # The rules the job types and weights make are data, not defaults: compared apart.
+    built = RunnerOptions.from_settings(settings, "here", Path())
+    assert RunnerOptions("here", Path()) == dataclasses.replace(built,
+                                                                outcome_rules=OutcomeRules())
     state = RetryState(failures=0, lost=settings.runtime.max_lost - 1, max_attempts=3,
                        backoff_base_seconds=10.0, backoff_max_seconds=600.0, spawn_failures=0)
     now = datetime(2026, 1, 1, tzinfo=UTC)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 
 from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, call, check_worker
 from herder.model import BIGINT_MAX, AttemptToken
+from herder.runtime.sources import Ending
 from herder.wire import (
     Assignment,
     Assignments,
@@ -92,8 +93,10 @@ async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
 @router.post(ATTEMPT + "/finish", response_model=Finished)
 async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                          body: FinishBody, service: Service) -> Finished:
+    ending = (None if body.log_tail is None and body.result is None
+              else Ending(body.log_tail or "", body.result))
     status = await call(service.finish_attempt, label, AttemptToken(job_id, attempt),
-                        body.outcome, body.exit_code, body.retry_after)
+                        body.outcome, body.exit_code, body.retry_after, ending)
     return Finished(accepted=True, status=status)
 
 

@@ -10,9 +10,7 @@ from herder.api.depends import JobId, Reader, Service, Submitter, call
 from herder.api.tokens import authorize_job_type, authorize_submit
 from herder.model import JobStatus
 from herder.wire import (
-    AttemptView,
     Cancelled,
-    EventView,
     JobDetail,
     JobView,
     SubmitBody,
@@ -41,9 +39,7 @@ async def list_jobs(_caller: Reader, service: Service,
 @router.get("/{job_id}", response_model=JobDetail)
 async def get_job(job_id: JobId, _caller: Reader, service: Service) -> JobDetail:
     job, attempts, events = await call(service.job_history, job_id)
-    return JobDetail(**dict(JobView.of(job)),
-                     attempts=[AttemptView.of(attempt) for attempt in attempts],
-                     events=[EventView.of(event) for event in events])
+    return JobDetail.of_history(job, attempts, events)
 
 
 @router.get("/{job_id}/why", response_model=Why)

@@ -150,26 +150,37 @@ def show(state: State, job_id: int, as_json: bool) -> None:
         attempts = client.attempts(job_id)
         events = client.events(job_id)
     if as_json:
-        from herder.views import attempt_view, event_view, job_view  # pydantic: only here
+        from herder.wire import JobDetail  # pydantic: only here
 
-        view = job_view(job)
-        view["attempts"] = [attempt_view(a) for a in attempts]
-        view["events"] = [event_view(e) for e in events]
-        click.echo(json.dumps(view, indent=2))
+        click.echo(json.dumps(JobDetail.of_history(job, attempts, events).model_dump(mode="json"),
+                              indent=2))
         return
     from rich.console import Console
 
     console = Console()
     for key in ("id", "status", "job_type", "priority", "weight", "attempt", "max_attempts",
-                "host", "exit_code", "failure_reason", "dedup_key", "command", "workdir",
+                "failures", "transient_attempts", "spawn_failures", "lost", "host",
+                "exit_code", "failure_reason", "dedup_key", "command", "workdir",
                 "created_at", "started_at", "finished_at", "available_at"):
         value = getattr(job, key)
         if isinstance(value, datetime):
             value = value.isoformat()  # as --json writes it
         elif isinstance(value, tuple):
             value = list(value)
+        if (value is not None and value != 0) or key in ("attempt", "failures"):
+            console.print(f"[bold]{key:>18}[/bold]  {value}", highlight=False)
+    if job.status is JobStatus.FAILED:
+        flags = ["needs a human" if job.human_action else "",
+                 "actionable" if job.actionable else "not actionable"]
+        console.print(f"[bold]{'failure':>18}[/bold]  {', '.join(f for f in flags if f)}",
+                      highlight=False)
+    last = next((dict(e.detail) for e in reversed(events) if e.kind == "finished"), {})
+    result = last.get("result") if isinstance(last.get("result"), dict) else None
+    for label, value in (("result", (result or {}).get("summary")),
+                         ("cost_usd", last.get("cost_usd")),
+                         ("result_error", last.get("result_error"))):
         if value is not None:
-            console.print(f"[bold]{key:>15}[/bold]  {value}", highlight=False)
+            console.print(f"[bold]{label:>18}[/bold]  {value}", highlight=False)
     if attempts:
         console.print("\n[bold]attempts[/bold]")
         for a in attempts:

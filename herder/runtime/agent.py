@@ -42,9 +42,9 @@ from herder.runtime.agent_client import (
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, token_markers
-from herder.runtime.sources import WorkSource
+from herder.runtime.sources import Ending, WorkSource
 from herder.store import Waker
-from herder.wire import FinishBody, StartBody
+from herder.wire import FinishBody, StartBody, storable_text
 
 log = logging.getLogger("herder.agent")
 
@@ -248,13 +248,17 @@ class HttpSource(WorkSource):
         return HeartbeatReply(wire.tokens(reply.live) | pending, wire.tokens(reply.cancel))
 
     def finished(self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
-                 retry_after: float | None = None) -> JobStatus | None:
+                 retry_after: float | None = None, ending: Ending | None = None
+                 ) -> JobStatus | None:
         # Both from threads of their own: a retry here would stop all supervision (timeouts,
         # reaping, heartbeats, drain) for as long as the server is unreachable. The finish
         # waits for the last log chunks only while they go through (see `_log_hold`).
+        # The server judges the ending: it knows the job type's exit codes and the weights.
         self._logs.finish(job.token)
-        self._report(job.token, "finish", FinishBody(outcome=outcome, exit_code=exit_code,
-                                                     retry_after=retry_after))
+        self._report(job.token, "finish", FinishBody(
+            outcome=outcome, exit_code=exit_code, retry_after=retry_after,
+            log_tail=storable_text(ending.log_tail) if ending else None,
+            result=storable_text(ending.result) if ending and ending.result else None))
         return None
 
     def learn_lease(self, seconds: float | None) -> None:

@@ -21,7 +21,6 @@ from herder.errors import Conflict, InputError, NotFound
 from herder.intake import resolve
 from herder.model import (
     Attempt,
-    AttemptResult,
     AttemptToken,
     Event,
     HostRecord,
@@ -51,7 +50,7 @@ from herder.runtime.scheduler import (
     pickup_timeout_seconds,
     take_snapshot,
 )
-from herder.runtime.sources import AssignmentSource, PolicyLimits, decide_for
+from herder.runtime.sources import AssignmentSource, Ending, PolicyLimits, decide_for
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
@@ -445,7 +444,8 @@ class Coordinator:
                            "(cancelled or declared lost)")
 
     def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
-                       exit_code: int | None, retry_after: float | None) -> JobStatus:
+                       exit_code: int | None, retry_after: float | None,
+                       ending: Ending | None = None) -> JobStatus:
         job = self._job_on_host(label, token)
         now = utcnow()
         if outcome is Outcome.REFUSED:
@@ -453,9 +453,8 @@ class Coordinator:
             # them, so a refusal means the server's view was a heartbeat old. Wait one
             # heartbeat before offering the job again, never in a hot loop.
             retry_after = max(retry_after or 0.0, self.settings.runtime.heartbeat_interval)
-        result = decide_for(job, outcome, now, self.limits, retry_after)
-        applied = self.store.attempt_finish(
-            [AttemptResult(token, outcome, exit_code, result.decision)], now)
+        result = decide_for(job, outcome, now, self.limits, retry_after, ending, exit_code)
+        applied = self.store.attempt_finish([result], now)
         self.poke()
         if not applied:
             raise Conflict(f"attempt {token} has already ended")

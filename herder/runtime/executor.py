@@ -14,6 +14,7 @@ from pathlib import Path
 
 from herder.model import AttemptToken, Job, Outcome
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
+from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 
 
 def attempt_marker(token: AttemptToken, worker: str) -> str:
@@ -24,6 +25,26 @@ def attempt_marker(token: AttemptToken, worker: str) -> str:
 
 def log_path_for(log_dir: Path, token: AttemptToken) -> Path:
     return log_dir / str(token.job_id) / f"{token.attempt}.log"
+
+
+def result_path_for(log_path: Path) -> Path:
+    """Where the attempt may write its $HERDER_RESULT: beside its log."""
+    return log_path.with_suffix(".result.json")
+
+
+def read_ending(log_path: Path) -> tuple[str, str | None]:
+    """The last 16 KB of the attempt's log and its $HERDER_RESULT (None when it wrote none;
+    one byte over the limit, so an oversized result is known as such)."""
+    tail = b""
+    with contextlib.suppress(OSError), open(log_path, "rb") as handle:
+        handle.seek(max(0, handle.seek(0, os.SEEK_END) - TAIL_BYTES))
+        tail = handle.read(TAIL_BYTES)
+    try:
+        with open(result_path_for(log_path), "rb") as handle:
+            result: str | None = handle.read(RESULT_BYTES + 1).decode(errors="replace")
+    except OSError:
+        result = None
+    return tail.decode(errors="replace"), result
 
 
 BASE_ENVIRONMENT: tuple[str, ...] = ("PATH", "HOME", "USER", "LANG", "LC_*", "TZ", "TERM",
@@ -62,6 +83,7 @@ def job_environment(job: Job, host: str, marker: str, log_path: Path,
             "HERDER_WEIGHT": job.weight,
             "HERDER_HOST": host,
             "HERDER_LOG": str(log_path),
+            "HERDER_RESULT": str(result_path_for(log_path)),
             "HERDER_PAYLOAD": json.dumps(dict(job.payload)),
             TOKEN_VARIABLE: marker,
         }

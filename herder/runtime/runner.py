@@ -35,11 +35,18 @@ from herder.runtime.executor import (
     RunningAttempt,
     append_log,
     attempt_marker,
+    read_ending,
     spawn,
 )
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.process import process_start_time
-from herder.runtime.sources import ClaimSource, PolicyLimits, WorkSource
+from herder.runtime.sources import (
+    ClaimSource,
+    Ending,
+    OutcomeRules,
+    PolicyLimits,
+    WorkSource,
+)
 from herder.store import Store, Waker
 
 log = logging.getLogger("herder.runner")
@@ -108,6 +115,8 @@ class Result:
     outcome: Outcome
     exit_code: int | None
     retry: Retry = field(default_factory=Retry)
+    ending: Ending | None = None
+    """The log's tail and $HERDER_RESULT, for an attempt that ran."""
 
 
 def utcnow() -> datetime:
@@ -142,6 +151,8 @@ class RunnerOptions:
     fence_margin: float | None = RuntimeSection.fence_margin
     """Stop attempts this long before their lease ends when heartbeats fail; None is a
     quarter of the lease."""
+    outcome_rules: OutcomeRules = field(default_factory=OutcomeRules)
+    """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
 
     @classmethod
     def from_settings(
@@ -163,11 +174,13 @@ class RunnerOptions:
             max_spawn_failures=fleet.max_spawn_failures, spawn_backoff=fleet.spawn_backoff,
             drain_timeout=drain_timeout, pass_env=tuple(runtime.pass_env),
             fence_margin=runtime.fence_margin,
+            outcome_rules=OutcomeRules.from_settings(settings),
         )
 
     @property
     def limits(self) -> PolicyLimits:
-        return PolicyLimits(self.max_lost, self.max_spawn_failures, self.spawn_backoff)
+        return PolicyLimits(self.max_lost, self.max_spawn_failures, self.spawn_backoff,
+                            self.outcome_rules)
 
 
 class Runner:
@@ -462,7 +475,9 @@ class Runner:
                 # A start report still pending is moot: the finish records the attempt.
                 del self.running[token]
                 self._start_retries.pop(token, None)
-                self.unreported[token] = Result(attempt.job, outcome, attempt.returncode)
+                tail, result = read_ending(attempt.log_path)
+                self.unreported[token] = Result(attempt.job, outcome, attempt.returncode,
+                                                ending=Ending(tail, result))
 
     def _report(self, mono: float) -> None:
         """Pending start reports and results, each on its own backoff."""
@@ -476,7 +491,8 @@ class Runner:
     def _finish(self, result: Result, mono: float) -> bool:
         job = result.job
         try:
-            status = self.source.finished(job, result.outcome, result.exit_code, self.clock())
+            status = self.source.finished(job, result.outcome, result.exit_code, self.clock(),
+                                          ending=result.ending)
         except Exception as exc:
             delay = result.retry.failed(mono)
             log.error("job %d attempt %d: result %s not recorded (%s: %s); retrying in %.2fs",

@@ -8,16 +8,37 @@ the source differs: `herder up` claims straight from the store, a `local` host u
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from herder.config import Settings
 from herder.model import AttemptResult, AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
+from herder.scheduling.capacity import WeightTable
+from herder.scheduling.classification import SEED_EXIT_CODES, verdict
 from herder.scheduling.policy import RetryState, decide
 from herder.store import Store, Waker
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeRules:
+    """What turns an attempt's end into an outcome beyond its exit status: each job type's
+    exit-code map, and the weight chain an escalation climbs."""
+
+    exit_codes: Mapping[str, Mapping[int, Outcome]] = field(default_factory=dict)
+    weights: WeightTable | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OutcomeRules:
+        exit_codes = {
+            name: SEED_EXIT_CODES if job_type.exit_codes is None
+            else {int(code): Outcome(outcome) for code, outcome in job_type.exit_codes.items()}
+            for name, job_type in settings.job_types.items()}
+        chain = tuple(w for w in settings.fleet.escalation if w in settings.weights)
+        return cls(exit_codes, WeightTable(dict(settings.weights), chain))
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,24 +46,50 @@ class PolicyLimits:
     max_lost: int
     max_spawn_failures: int
     spawn_backoff_seconds: float
+    rules: OutcomeRules = field(default_factory=OutcomeRules)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyLimits:
         return cls(settings.runtime.max_lost, settings.fleet.max_spawn_failures,
-                   settings.fleet.spawn_backoff)
+                   settings.fleet.spawn_backoff, OutcomeRules.from_settings(settings))
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """What an ended attempt left to judge it by: its log's tail and its $HERDER_RESULT."""
+
+    log_tail: str = ""
+    result: str | None = None
 
 
 def decide_for(
     job: Job, outcome: Outcome, now: datetime, limits: PolicyLimits,
-    retry_after: float | None = None,
+    retry_after: float | None = None, ending: Ending | None = None,
+    exit_code: int | None = None,
 ) -> AttemptResult:
-    """The policy decision for one ended attempt of `job`, as the store applies it."""
+    """The outcome of one ended attempt of `job`, all its signals weighed (given its
+    `ending`), and the policy's decision, as the store applies them."""
+    report: str | None = None
+    resume_at = None
+    reason = None
+    if ending is not None:
+        found = verdict(outcome, exit_code, ending.log_tail, now, ending.result,
+                        limits.rules.exit_codes.get(job.job_type, {}))
+        outcome, resume_at, reason = found.outcome, found.resume_at, found.failure_reason
+        if found.retry_after is not None:
+            retry_after = max(retry_after or 0.0, found.retry_after)
+        report = json.dumps(found.report(), sort_keys=True) or None
+    weights = limits.rules.weights
     state = RetryState(job.failures, job.lost, job.max_attempts, job.backoff_base_seconds,
-                       job.backoff_max_seconds, job.spawn_failures)
+                       job.backoff_max_seconds, job.spawn_failures, job.transient_attempts,
+                       escalations=job.escalations, weight=job.weight,
+                       heavier=weights.heavier(job.weight) if weights else None)
     decision = decide(outcome, state, now, limits.max_lost, retry_after=retry_after,
                       max_spawn_failures=limits.max_spawn_failures,
-                      spawn_backoff_seconds=limits.spawn_backoff_seconds)
-    return AttemptResult(job.token, outcome, None, decision)
+                      spawn_backoff_seconds=limits.spawn_backoff_seconds, resume_at=resume_at)
+    if reason and decision.status is not JobStatus.DONE:
+        decision = replace(decision, failure_reason=reason)  # the job's own word
+    return AttemptResult(job.token, outcome, exit_code, decision, report)
 
 
 class WorkSource(abc.ABC):
@@ -74,7 +121,7 @@ class WorkSource(abc.ABC):
     @abc.abstractmethod
     def finished(
         self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
-        retry_after: float | None = None,
+        retry_after: float | None = None, ending: Ending | None = None,
     ) -> JobStatus | None:
         """Report an ended attempt; None when its result was rejected (fenced out)."""
 
@@ -130,10 +177,9 @@ class StoreSource(WorkSource):
 
     def finished(
         self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
-        retry_after: float | None = None,
+        retry_after: float | None = None, ending: Ending | None = None,
     ) -> JobStatus | None:
-        result = decide_for(job, outcome, now, self.limits, retry_after)
-        result = AttemptResult(result.token, result.outcome, exit_code, result.decision)
+        result = decide_for(job, outcome, now, self.limits, retry_after, ending, exit_code)
         applied = self.store.attempt_finish([result], now)
         return applied[0][1] if applied else None
 

@@ -281,6 +281,18 @@ class Verdict:
     result_error: str | None = None
     """Why $HERDER_RESULT was ignored for the decision (not JSON, unknown fields ...)."""
 
+    def report(self) -> dict[str, object]:
+        """What the attempt's `finished` event records of it (what is known only)."""
+        values: dict[str, object] = {
+            "source": self.source, "evidence": self.evidence or None,
+            "retry_after": self.retry_after,
+            "resume_at": self.resume_at.isoformat() if self.resume_at else None,
+            "cost_usd": self.cost_usd, "turns": self.turns,
+            "result": self.result.model_dump(mode="json", exclude_none=True)
+            if self.result else None,
+            "result_error": self.result_error}
+        return {key: value for key, value in values.items() if value is not None}
+
 
 def read_result(text: str | None) -> tuple[JobResult | None, str | None]:
     """The job's $HERDER_RESULT and, when it cannot be used, why (never raises)."""

@@ -1,0 +1,169 @@
+# ruff: noqa: E501 (the fake agent prints real agents' long lines)
+"""Issue 14 end to end under `herder up`: a fake agent CLI ends in each way an AI agent
+does, and the job's state, counters, wait, weight and flags follow the outcome table."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from support.local import Harness
+from support.waits import wait_for
+
+from herder.model import Job, JobStatus, Outcome
+
+FAKE_AGENT = """\
+#!/bin/sh
+# A stand-in for an AI agent CLI: ends the way the first argument says.
+case "$1" in
+  ratelimit)
+    echo 'I will start with the failing test.'
+    echo 'API Error: 429 {"type":"error","error":{"type":"rate_limit_error","message":"rate limited"}}'
+    echo 'Retry-After: 120'
+    exit 1 ;;
+  usage) echo "Claude AI usage limit reached|$2"; exit 1 ;;
+  revoked)
+    echo 'API Error: 401 {"type":"error","error":{"type":"authentication_error","message":"OAuth access token has been revoked."}} · Please run /login'
+    exit 1 ;;
+  heavier) echo "this task needs more memory"; exit 4 ;;
+  ram) exit 3 ;;
+  result)
+    printf '{"outcome": "failed", "failure_reason": "mutex_collision", "summary": "issue 412 is held by another worker", "cost_usd": 0.03}' > "$HERDER_RESULT"
+    exit 0 ;;
+  badresult) printf '{"outcome": "ok", "colour": "red"}' > "$HERDER_RESULT"; exit 0 ;;
+  ok)
+    echo '{"type":"result","subtype":"success","is_error":false,"num_turns":4,"total_cost_usd":0.25,"result":"Opened PR #88"}'
+    exit 0 ;;
+esac
+echo "unknown mode $1"; exit 1
+"""
+
+
+@pytest.fixture
+def agent_harness(tmp_path: Path, sqlite_url: str):
+    script = tmp_path / "fake-agent"
+    script.write_text(FAKE_AGENT)
+    script.chmod(0o755)
+    h = Harness(tmp_path, sqlite_url, extra_config=(
+        f'[job_types.agent]\ncommand = ["{script}", "{{mode}}", "{{arg}}"]\nweight = "light"\n'
+        'max_attempts = 1\npreflight = false\n'))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def finished_event(h: Harness, job_id: int, attempt: int = 1) -> tuple[datetime, dict]:
+    [event] = [e for e in h.events(job_id) if e.kind == "finished" and e.attempt == attempt]
+    return event.at, dict(event.detail)
+
+
+@pytest.mark.slow
+def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harness):
+    h = agent_harness
+    reset = int(time.time()) + 7200
+    jobs = {mode: h.client.submit("agent", payload={"mode": mode, "arg": str(reset)}).job_id
+            for mode in ("ratelimit", "usage", "revoked", "heavier", "ram", "result",
+                         "badresult", "ok")}
+    up = h.up("--concurrency", "8")
+    try:
+        def settled(mode: str, check) -> Job:  # type: ignore[no-untyped-def]
+            return wait_for(lambda: (job := h.job(jobs[mode])) and check(job) and job, 60,
+                            f"the {mode} job to settle", h.describe)
+
+        # A rate limit: its own budget, at least what Retry-After asked, nothing else spent.
+        limited = settled("ratelimit", lambda j: j.transient_attempts == 1)
+        at, detail = finished_event(h, limited.id)
+        assert (limited.status, limited.failures, limited.failure_reason) == (
+            JobStatus.QUEUED, 0, "transient")
+        assert limited.available_at == at + timedelta(seconds=120)
+        assert (detail["outcome"], detail["source"], detail["retry_after"]) == (
+            "transient", "log", 120.0)
+        assert "429" in detail["evidence"]
+
+        # A usage limit: waits for the reset it printed, spends nothing, avoids the host.
+        blocked = settled("usage", lambda j: j.failure_reason == "usage_blocked")
+        assert (blocked.status, blocked.failures, blocked.transient_attempts) == (
+            JobStatus.QUEUED, 0, 0)
+        assert blocked.available_at == datetime.fromtimestamp(reset, UTC)
+
+        # A revoked login: failed at once, for a human.
+        revoked = settled("revoked", lambda j: j.status is JobStatus.FAILED)
+        assert (revoked.failure_reason, revoked.human_action, revoked.actionable) == (
+            "spawn_oauth_expired", True, True)
+
+        # Exit 4 climbs the weight chain, then fails at its end.
+        heavier = settled("heavier", lambda j: j.status is JobStatus.FAILED)
+        assert (heavier.weight, heavier.escalations, heavier.failure_reason) == (
+            "orchestrator", 3, "spawn_oom")
+        assert [a.outcome for a in h.attempts(heavier.id)] == [Outcome.NEEDS_HEAVIER] * 4
+
+        # Exit 3: RAM contention spends a spawn failure and waits the spawn backoff.
+        ram = settled("ram", lambda j: j.spawn_failures == 1)
+        at, _ = finished_event(h, ram.id)
+        assert (ram.status, ram.failures, ram.failure_reason) == (
+            JobStatus.QUEUED, 0, "spawn_ram")
+        assert ram.available_at == at + timedelta(seconds=300)
+
+        # The job's own word wins over its exit 0, and its reason is recorded.
+        said = settled("result", lambda j: j.status.terminal)
+        assert (said.status, said.failure_reason) == (JobStatus.FAILED, "mutex_collision")
+        _, detail = finished_event(h, said.id)
+        assert detail["source"] == "result" and detail["cost_usd"] == 0.03
+        assert detail["result"]["summary"] == "issue 412 is held by another worker"
+
+        # A result with an unknown field is recorded as such and ignored.
+        ignored = settled("badresult", lambda j: j.status.terminal)
+        _, detail = finished_event(h, ignored.id)
+        assert ignored.status is JobStatus.DONE
+        assert detail["result_error"].startswith("colour: Extra inputs are not permitted")
+
+        # Done, with what Claude Code's structured result said it cost.
+        done = settled("ok", lambda j: j.status.terminal)
+        _, detail = finished_event(h, done.id)
+        assert (done.status, detail["cost_usd"], detail["turns"]) == (JobStatus.DONE, 0.25, 4)
+    finally:
+        up.send_signal(signal.SIGTERM)
+        h.wait_exit(up, 30, "herder up")
+    shown = h.cli("show", str(jobs["result"])).stdout
+    assert "issue 412 is held by another worker" in shown, shown
+    as_json = json.loads(h.cli("show", str(jobs["ratelimit"]), "--json").stdout)
+    assert (as_json["transient_attempts"], as_json["spawn_failures"], as_json["attempt"],
+            as_json["lost"]) == (1, 0, 1, 0)
+    assert (as_json["outcome"], as_json["actionable"], as_json["human_action"]) == (
+        "transient", False, False)
+
+
+@pytest.mark.slow
+def test_the_server_judges_what_an_agent_reports(make_fleet, tmp_path: Path, sqlite_url: str):
+    """An agent sends the log's tail and $HERDER_RESULT with its finish; the server, which
+    knows the job types, judges it: a rate limit on an agent is transient there too, and a
+    usage limit keeps the job off that host while another can take it."""
+    script = tmp_path / "fake-agent"
+    script.write_text(FAKE_AGENT)
+    script.chmod(0o755)
+    fleet = make_fleet(tmp_path, sqlite_url, extra=(
+        f'[job_types.agent]\ncommand = ["{script}", "{{mode}}", "{{arg}}"]\n'
+        'weight = "light"\npreflight = false\n'))
+    fleet.add_hosts({"alpha": ("--ram", "16")})
+    fleet.start_server()
+    fleet.start_agent("alpha")
+    limited = fleet.submit(job_type="agent", payload={"mode": "ratelimit", "arg": "-"})
+    job = wait_for(lambda: (j := fleet.job(limited)) and j.transient_attempts == 1 and j, 60,
+                   "the rate-limited job to be judged", fleet.describe)
+    assert (job.status, job.failures, job.failure_reason) == (JobStatus.QUEUED, 0, "transient")
+    [event] = [e for e in fleet.store.event_list(limited) if e.kind == "finished"]
+    assert job.available_at == event.at + timedelta(seconds=120)
+    assert (event.detail["source"], event.detail["retry_after"]) == ("log", 120.0)
+
+    blocked = fleet.submit(job_type="agent", payload={"mode": "usage",
+                                                      "arg": str(int(time.time()) + 3600)})
+    job = wait_for(lambda: (j := fleet.job(blocked)) and j.failure_reason == "usage_blocked"
+                   and j, 60, "the usage-limited job to be judged", fleet.describe)
+    assert (job.status, job.failures) == (JobStatus.QUEUED, 0)
+    [due] = [d for d in fleet.store.job_list_due(job.available_at, 10) if d.id == blocked]
+    assert due.avoid_host == "alpha"
