@@ -43,14 +43,18 @@ echo "unknown mode $1"; exit 1
 """
 
 
-@pytest.fixture
-def agent_harness(tmp_path: Path, sqlite_url: str):
-    script = tmp_path / "fake-agent"
+def agent_job_type(folder: Path, extra: str = "") -> str:
+    """herder.toml's [job_types.agent], running the fake agent written into `folder`."""
+    script = folder / "fake-agent"
     script.write_text(FAKE_AGENT)
     script.chmod(0o755)
-    h = Harness(tmp_path, sqlite_url, extra_config=(
-        f'[job_types.agent]\ncommand = ["{script}", "{{mode}}", "{{arg}}"]\nweight = "light"\n'
-        'max_attempts = 1\npreflight = false\n'))
+    return (f'[job_types.agent]\ncommand = ["{script}", "{{mode}}", "{{arg}}"]\n'
+            f'weight = "light"\npreflight = false\n{extra}')
+
+
+@pytest.fixture
+def agent_harness(tmp_path: Path, sqlite_url: str):
+    h = Harness(tmp_path, sqlite_url, extra_config=agent_job_type(tmp_path, "max_attempts = 1\n"))
     try:
         yield h
     finally:
@@ -143,12 +147,7 @@ def test_the_server_judges_what_an_agent_reports(make_fleet, tmp_path: Path, sql
     """An agent sends the log's tail and $HERDER_RESULT with its finish; the server, which
     knows the job types, judges it: a rate limit on an agent is transient there too, and a
     usage limit keeps the job off that host while another can take it."""
-    script = tmp_path / "fake-agent"
-    script.write_text(FAKE_AGENT)
-    script.chmod(0o755)
-    fleet = make_fleet(tmp_path, sqlite_url, extra=(
-        f'[job_types.agent]\ncommand = ["{script}", "{{mode}}", "{{arg}}"]\n'
-        'weight = "light"\npreflight = false\n'))
+    fleet = make_fleet(tmp_path, sqlite_url, extra=agent_job_type(tmp_path))
     fleet.add_hosts({"alpha": ("--ram", "16")})
     fleet.start_server()
     fleet.start_agent("alpha")
