@@ -228,6 +228,8 @@ class JobTypeSection:
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
     preflight_timeout: Duration = field(default=5.0, metadata=rules(gt=0))
+    silence_timeout: Duration | None = field(default=None, metadata=rules(gt=0))
+    """No new log output for this long: the attempt is stopped as `stuck`."""
     exit_codes: dict[str, str] | None = field(default=None, metadata=rules(check=_exit_codes))
     """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
     (`herder.scheduling.classification.SEED_EXIT_CODES`); {} for none."""

@@ -196,6 +196,7 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
         workdir=workdir,
         backoff_base_seconds=backoff_base,
         backoff_max_seconds=backoff_max,
+        silence_timeout_seconds=job_type.silence_timeout if job_type else None,
     )
 
 

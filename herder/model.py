@@ -102,6 +102,8 @@ class JobSpec:
     workdir: str | None = None
     backoff_base_seconds: float = 10.0
     backoff_max_seconds: float = 600.0
+    silence_timeout_seconds: float | None = None
+    """No new log output for this long: the attempt is stopped as `stuck`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ class Job:
     escalations: int = 0
     actionable: bool = False
     human_action: bool = False
+    silence_timeout_seconds: float | None = None
 
     @property
     def token(self) -> AttemptToken:

@@ -372,6 +372,9 @@ class Assignment(Reply):
     available_at: Timestamp | None = None
     created_at: Timestamp | None = None
     updated_at: Timestamp | None = None
+    silence_timeout_seconds: float | None = None
+    transient_attempts: int = 0
+    escalations: int = 0
 
     @classmethod
     def of(cls, job: Job) -> Assignment:
@@ -383,7 +386,9 @@ class Assignment(Reply):
             failures=job.failures, lost=job.lost, spawn_failures=job.spawn_failures,
             backoff_base_seconds=job.backoff_base_seconds,
             backoff_max_seconds=job.backoff_max_seconds, available_at=job.available_at,
-            created_at=job.created_at, updated_at=job.updated_at)
+            created_at=job.created_at, updated_at=job.updated_at,
+            silence_timeout_seconds=job.silence_timeout_seconds,
+            transient_attempts=job.transient_attempts, escalations=job.escalations)
 
     def job(self, now: datetime) -> Job:
         """The claimed job the agent runs; a missing time is taken as `now`."""
@@ -398,7 +403,8 @@ class Assignment(Reply):
             exit_code=None, failure_reason=None, cancel_requested=False,
             created_at=self.created_at or now, claimed_at=None, started_at=None,
             finished_at=None, updated_at=self.updated_at or now, ram_gb=self.ram_gb,
-            spawn_failures=self.spawn_failures)
+            spawn_failures=self.spawn_failures, transient_attempts=self.transient_attempts,
+            escalations=self.escalations, silence_timeout_seconds=self.silence_timeout_seconds)
 
 
 class Assignments(Reply):

@@ -34,6 +34,7 @@ case "$1" in
   result)
     printf '{"outcome": "failed", "failure_reason": "mutex_collision", "summary": "issue 412 is held by another worker", "cost_usd": 0.03}' > "$HERDER_RESULT"
     exit 0 ;;
+  silent) echo "thinking..."; exec sleep 300 ;;
   badresult) printf '{"outcome": "ok", "colour": "red"}' > "$HERDER_RESULT"; exit 0 ;;
   ok)
     echo '{"type":"result","subtype":"success","is_error":false,"num_turns":4,"total_cost_usd":0.25,"result":"Opened PR #88"}'
@@ -54,7 +55,10 @@ def agent_job_type(folder: Path, extra: str = "") -> str:
 
 @pytest.fixture
 def agent_harness(tmp_path: Path, sqlite_url: str):
-    h = Harness(tmp_path, sqlite_url, extra_config=agent_job_type(tmp_path, "max_attempts = 1\n"))
+    h = Harness(tmp_path, sqlite_url, extra_config=agent_job_type(
+        tmp_path, "max_attempts = 1\n\n[job_types.quiet]\n"
+        f'command = ["{tmp_path / "fake-agent"}", "silent"]\nsilence_timeout = "1s"\n'
+        "max_attempts = 1\npreflight = false\n"))
     try:
         yield h
     finally:
@@ -73,7 +77,8 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
     jobs = {mode: h.client.submit("agent", payload={"mode": mode, "arg": str(reset)}).job_id
             for mode in ("ratelimit", "usage", "revoked", "heavier", "ram", "result",
                          "badresult", "ok")}
-    up = h.up("--concurrency", "8")
+    jobs["silent"] = h.client.submit("quiet").job_id
+    up = h.up("--concurrency", "9")
     try:
         def settled(mode: str, check) -> Job:  # type: ignore[no-untyped-def]
             return wait_for(lambda: (job := h.job(jobs[mode])) and check(job) and job, 60,
@@ -125,6 +130,13 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
         _, detail = finished_event(h, ignored.id)
         assert ignored.status is JobStatus.DONE
         assert detail["result_error"].startswith("colour: Extra inputs are not permitted")
+
+        # An agent that goes silent past its job type's silence_timeout is stuck.
+        stuck = settled("silent", lambda j: j.status.terminal)
+        assert (stuck.status, stuck.failure_reason, stuck.actionable) == (
+            JobStatus.FAILED, "stuck", True)
+        assert [a.outcome for a in h.attempts(stuck.id)] == [Outcome.STUCK]
+        assert "stopped as stuck" in h.cli("logs", str(stuck.id)).stdout
 
         # Done, with what Claude Code's structured result said it cost.
         done = settled("ok", lambda j: j.status.terminal)

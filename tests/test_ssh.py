@@ -153,7 +153,7 @@ def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
         job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
                     "the job to fail")
         assert job.status is JobStatus.FAILED
-        assert job.failure_reason == "spawn_failed"
+        assert job.failure_reason == "spawn_ssh_failure"  # exit 255: unreachable
         assert job.spawn_failures == 2  # max_spawn_failures
         assert job.failures == 0  # host trouble never spends the job's own attempts
         attempts = store.attempt_list(job_id)

@@ -973,12 +973,28 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
         assert [j.id for j in store.job_list()] == [11, queued, done, running]
 
 
+def _insert_without_silence_timeout(store: Store, monkeypatch) -> None:
+    """Submit as herder did before schema v9 (no silence_timeout_seconds column)."""
+    import importlib
+
+    queries = importlib.import_module(type(store).__module__).Q
+    for name in ("job_insert", "job_spec_insert"):
+        if name in queries:
+            old = (queries[name].replace(",\n        silence_timeout_seconds)", ")")
+                   .replace(", silence_timeout_seconds)", ")")
+                   .replace(", %(silence_timeout_seconds)s)", ")")
+                   .replace(", :silence_timeout_seconds)", ")"))
+            assert "silence_timeout_seconds" not in old, old
+            monkeypatch.setitem(queries, name, old)
+
+
 def test_migration_7_gives_jobs_a_host_to_avoid_and_keeps_them(blank_store_url, monkeypatch):
     """A v5 database keeps its queued and placed jobs; they start with no host to avoid, and
     an attempt that ends before it started makes its host the one to avoid, while an
     attempt that ran does not."""
     with open_store(blank_store_url, migrate=False) as store:
         _migrate_up_to(store, monkeypatch, 5)
+        _insert_without_silence_timeout(store, monkeypatch)
         for label in ("h1", "h2"):
             assert store.host_insert(HostRecord(label, ram_total_gb=16, prime_max_workers=4,
                                                 night_max_workers=4), at(0))

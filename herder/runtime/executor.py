@@ -116,6 +116,9 @@ class RunningAttempt:
     request that renewed it was sent (or, before any, when its claim was asked for)."""
     start_reported: bool = False
     fenced: bool = False
+    log_size: int = 0
+    quiet_since: float = 0.0
+    """Monotonic time since which the log has not grown (for the job's silence_timeout)."""
 
     @property
     def token(self) -> AttemptToken:
@@ -150,6 +153,10 @@ class RunningAttempt:
         if (self.deadline is not None and now >= self.deadline and self.stop_outcome is None
                 and self.returncode is None):
             self.request_stop(Outcome.TIMEOUT, now)
+        if self.silent(now) and self.stop_outcome is None and self.returncode is None:
+            append_log(self.log_path, f"no output for {self.job.silence_timeout_seconds:g}s: "
+                                      "stopped as stuck")
+            self.request_stop(Outcome.STUCK, now)
         if self.kill_at is not None and now >= self.kill_at and not self.killed:
             self.kill()
         if self.returncode is None:
@@ -165,6 +172,20 @@ class RunningAttempt:
                 return not tree_alive(self.pgid, self.marker)
             return True
         return not tree_alive(self.pgid, self.marker)
+
+    def silent(self, now: float) -> bool:
+        """True once the log has not grown for the job's silence_timeout (a hung agent)."""
+        silence = self.job.silence_timeout_seconds
+        if not silence:
+            return False
+        try:
+            size = os.stat(self.log_path).st_size
+        except OSError:
+            size = self.log_size
+        if size != self.log_size or not self.quiet_since:
+            self.log_size, self.quiet_since = size, now
+            return False
+        return now - self.quiet_since >= silence
 
     def outcome(self) -> Outcome:
         if self.stop_outcome is not None:

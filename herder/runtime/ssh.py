@@ -42,6 +42,8 @@ def outcome_for_exit(code: int) -> Outcome:
         return Outcome.RAM_CONTENTION
     if code == EXIT_BAD_ARGS:
         return Outcome.LAUNCH_FAILED
+    if code == EXIT_UNREACHABLE:
+        return Outcome.UNREACHABLE  # ssh's own failure: refused, denied, no route
     return Outcome.SPAWN_FAILED
 
 

@@ -534,7 +534,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         row["claimed_at"], row["started_at"], row["finished_at"], row["updated_at"],
         row.get("ram_gb", 0.0), row.get("spawn_failures", 0), row.get("transient_attempts", 0),
         row.get("escalations", 0), bool(row.get("actionable", False)),
-        bool(row.get("human_action", False)))
+        bool(row.get("human_action", False)), row.get("silence_timeout_seconds"))
 
 
 def attempt_from_row(row: Mapping[str, Any]) -> Attempt:

@@ -452,6 +452,7 @@ def _spec_params(spec: JobSpec, now: datetime) -> dict[str, Any]:
         "available_at": now if spec.available_at is None else spec.available_at,
         "max_attempts": spec.max_attempts,
         "timeout_seconds": spec.timeout_seconds,
+        "silence_timeout_seconds": spec.silence_timeout_seconds,
         "env": Jsonb(dict(spec.env)),
         "workdir": spec.workdir,
         "backoff_base_seconds": spec.backoff_base_seconds,

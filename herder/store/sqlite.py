@@ -468,6 +468,7 @@ def _spec_params(spec: JobSpec, stamp: float) -> dict[str, Any]:
         "available_at": stamp if spec.available_at is None else spec.available_at.timestamp(),
         "max_attempts": spec.max_attempts,
         "timeout_seconds": spec.timeout_seconds,
+        "silence_timeout_seconds": spec.silence_timeout_seconds,
         "env": json.dumps(dict(spec.env)),
         "workdir": spec.workdir,
         "backoff_base_seconds": spec.backoff_base_seconds,

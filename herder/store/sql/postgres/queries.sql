@@ -7,12 +7,13 @@ WITH ins AS (
     INSERT INTO herder_jobs (
         job_type, command, shell, payload, priority, weight, dedup_key, affinity,
         available_at, max_attempts, timeout_seconds, env, workdir,
-        backoff_base_seconds, backoff_max_seconds, created_at, updated_at)
+        backoff_base_seconds, backoff_max_seconds, created_at, updated_at,
+        silence_timeout_seconds)
     VALUES (
         %(job_type)s, %(command)s, %(shell)s, %(payload)s, %(priority)s, %(weight)s,
         %(dedup_key)s, %(affinity)s, %(available_at)s, %(max_attempts)s, %(timeout_seconds)s,
         %(env)s, %(workdir)s, %(backoff_base_seconds)s, %(backoff_max_seconds)s,
-        %(now)s, %(now)s)
+        %(now)s, %(now)s, %(silence_timeout_seconds)s)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND NOT dedup_released
         AND status IN ('queued', 'claimed', 'running', 'done')
     DO NOTHING
@@ -70,7 +71,7 @@ WITH picked AS (
               j.attempt, j.failures, j.lost, j.host, j.exit_code, j.failure_reason,
               j.cancel_requested, j.created_at, j.claimed_at, j.started_at, j.finished_at,
               j.updated_at, j.ram_gb, j.spawn_failures, j.transient_attempts, j.escalations,
-              j.actionable, j.human_action
+              j.actionable, j.human_action, j.silence_timeout_seconds
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
     SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb

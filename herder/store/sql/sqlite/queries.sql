@@ -14,10 +14,10 @@ RETURNING id;
 -- name: job_spec_insert
 INSERT INTO herder_job_specs (
     id, job_type, command, shell, payload, max_attempts, timeout_seconds, env, workdir,
-    backoff_base_seconds, backoff_max_seconds, created_at)
+    backoff_base_seconds, backoff_max_seconds, created_at, silence_timeout_seconds)
 VALUES (
     :job_id, :job_type, :command, :shell, :payload, :max_attempts, :timeout_seconds, :env,
-    :workdir, :backoff_base_seconds, :backoff_max_seconds, :now);
+    :workdir, :backoff_base_seconds, :backoff_max_seconds, :now, :silence_timeout_seconds);
 
 -- name: job_dedup_holder
 SELECT id, status FROM herder_jobs
@@ -61,7 +61,8 @@ RETURNING id, priority, weight, dedup_key, affinity, available_at, status, attem
 -- name: job_claim_specs
 -- :job_ids is a JSON array of the claimed jobs' ids; the store pairs the rows by id.
 SELECT s.id, s.job_type, s.command, s.shell, s.payload, s.max_attempts, s.timeout_seconds,
-       s.env, s.workdir, s.backoff_base_seconds, s.backoff_max_seconds, s.created_at
+       s.env, s.workdir, s.backoff_base_seconds, s.backoff_max_seconds, s.created_at,
+       s.silence_timeout_seconds
 FROM json_each(:job_ids) AS t JOIN herder_job_specs s ON s.id = t.value;
 
 -- name: job_claim_events

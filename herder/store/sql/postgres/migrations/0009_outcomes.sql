@@ -6,4 +6,6 @@ ALTER TABLE herder_jobs
     ADD COLUMN transient_attempts int NOT NULL DEFAULT 0,
     ADD COLUMN escalations int NOT NULL DEFAULT 0,
     ADD COLUMN actionable boolean NOT NULL DEFAULT false,
-    ADD COLUMN human_action boolean NOT NULL DEFAULT false;
+    ADD COLUMN human_action boolean NOT NULL DEFAULT false,
+    -- A job type's silence_timeout: no new log output for that long, the attempt is stuck.
+    ADD COLUMN silence_timeout_seconds double precision;
