@@ -340,6 +340,10 @@ class FleetSection:
     """Attempts in a row that fail to start before a job fails."""
     spawn_backoff: Duration = 300.0
     """The wait before a job that failed to start is tried again."""
+    breaker_threshold: int = field(default=3, metadata=rules(ge=1))
+    """Transient outcomes in a row of one job type on one host that open its breaker."""
+    breaker_pause: Duration = field(default=300.0, metadata=rules(gt=0))
+    """How long an open breaker launches nothing of that type there."""
     scheduler_interval: Duration = 1.0
     missed_heartbeats: int = field(default=3, metadata=rules(ge=1))
     pickup_timeout: Duration | None = field(default=None, metadata=positive(

@@ -272,6 +272,10 @@ class HostView(Reply):
     priority_floor: int | None
     labels: list[str]
     ssh_target: str | None
+    breakers: dict[str, str] = Field(default_factory=dict)
+    """Job type -> its circuit breaker on this host, where it is not closed."""
+    preflight_failed: dict[str, str] = Field(default_factory=dict)
+    """Job type -> why its preflight failed on this host (its agent's last word)."""
 
 
 class LoopView(Reply):

@@ -178,3 +178,35 @@ def test_the_server_judges_what_an_agent_reports(make_fleet, tmp_path: Path, sql
     assert (job.status, job.failures) == (JobStatus.QUEUED, 0)
     [due] = [d for d in fleet.store.job_list_due(job.available_at, 10) if d.id == blocked]
     assert due.avoid_host == "alpha"
+
+
+@pytest.mark.slow
+def test_a_run_of_rate_limits_opens_the_hosts_breaker_for_the_type_then_one_trial_closes_it(
+        make_fleet, tmp_path: Path, sqlite_url: str):
+    """Three transient outcomes in a row of one job type on alpha open alpha's breaker for
+    that type: the next job of the type waits (why and hosts say so) with nothing spent;
+    after the pause one trial job runs, and its success closes the breaker."""
+    fleet = make_fleet(tmp_path, sqlite_url, fleet={"breaker_pause": "10s"},
+                       extra=agent_job_type(tmp_path))
+    fleet.add_hosts({"alpha": ("--ram", "16", "--prime-workers", "1",
+                               "--night-workers", "1")})
+    fleet.start_server()
+    fleet.start_agent("alpha")
+    limited = [fleet.submit(job_type="agent", payload={"mode": "ratelimit", "arg": "-"})
+               for _ in range(3)]
+    wait_for(lambda: all(fleet.job(job).transient_attempts == 1 for job in limited), 60,
+             "three rate limits on alpha", fleet.describe)
+    trial = fleet.submit(job_type="agent", payload={"mode": "ok", "arg": "-"})
+    why = wait_for(lambda: "breaker open" in (text := fleet.why_api(trial)) and text, 30,
+                   "why to name the open breaker", fleet.describe)
+    assert "alpha" in why and "3 transient outcomes in a row" in why, why
+    assert "breaker open" in fleet.hosts_api()["alpha"]["breakers"]["agent"]
+    assert fleet.job(trial).attempt == 0  # nothing spent while it waits
+    done = fleet.wait_status(trial, JobStatus.DONE)
+    assert (done.host, done.attempt) == ("alpha", 1)
+    last_limit = max(e.at for job in limited for e in fleet.store.event_list(job)
+                     if e.kind == "finished")
+    [claimed] = [e.at for e in fleet.store.event_list(trial) if e.kind == "placed"]
+    assert claimed >= last_limit + timedelta(seconds=10), "the trial did not wait the pause"
+    wait_for(lambda: not fleet.hosts_api()["alpha"]["breakers"], 30,
+             "the breaker to close", fleet.describe)

@@ -84,3 +84,24 @@ def test_a_host_caused_outcome_avoids_the_host_and_a_human_one_says_so(store: St
     assert failed is not None
     assert (failed.status, failed.failure_reason, failed.actionable, failed.human_action) == (
         JobStatus.FAILED, "spawn_oauth_expired", True, True)
+
+
+def test_the_breakers_history_is_each_host_and_types_newest_ended_attempts(store: Store):
+    for index, (host, job_type, outcome) in enumerate([
+            ("h1", "claude", Outcome.TRANSIENT), ("h1", "claude", Outcome.OK),
+            ("h1", "claude", Outcome.TRANSIENT), ("h1", "claude", Outcome.TRANSIENT),
+            ("h2", "claude", Outcome.FAILED), ("h1", "aider", Outcome.OK)]):
+        [inserted] = store.job_insert([JobSpec(command=("true",), job_type=job_type)], at(index))
+        [job] = store.job_claim(host, "w1", 1, at(index))
+        assert job.id == inserted.job_id
+        store.attempt_finish([AttemptResult(job.token, outcome, 0, Decision(
+            JobStatus.DONE))], at(index + 0.5))
+    [live] = store.job_insert([JobSpec(command=("true",), job_type="claude")], at(10))
+    store.job_claim("h1", "w1", 1, at(11))
+    recent = store.attempt_list_recent_outcomes(at(0.9), 2)
+    assert recent == {
+        ("h1", "claude"): [(Outcome.TRANSIENT, at(3.5)), (Outcome.TRANSIENT, at(2.5))],
+        ("h2", "claude"): [(Outcome.FAILED, at(4.5))],
+        ("h1", "aider"): [(Outcome.OK, at(5.5))]}
+    assert store.job_list_running_types() == {("h1", "claude"): at(11)}
+    assert live.created

@@ -36,7 +36,9 @@ def hosts(state: State, as_json: bool) -> None:
         fleet = fleet_of(state)
         now = utcnow()
         usage = store.host_usage(now)
-        views = [host_view(fleet, h, usage.get(h.label), now) for h in store.host_list()]
+        breakers = fleet.breakers(store, now)
+        views = [host_view(fleet, h, usage.get(h.label), now, breakers)
+                 for h in store.host_list()]
     if as_json:
         click.echo(json.dumps(views, indent=2))
         return
@@ -55,7 +57,11 @@ def hosts(state: State, as_json: bool) -> None:
                       health, view["transport"], view["window"],
                       f"{view['workers']}/{view['max_workers']}", view["max_weight"] or "any",
                       f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for view in views:  # what keeps a job type off a host for now
+        for job_type, why in {**view["preflight_failed"], **view["breakers"]}.items():
+            console.print(f"{view['label']} {job_type}: {why}", highlight=False)
 
 
 def host_options(function: Any) -> Any:

@@ -45,6 +45,7 @@ from herder.runtime.scheduler import (
     Fleet,
     Scheduler,
     agent_state,
+    blocked_job_types,
     expires,
     lease_seconds,
     pickup_timeout_seconds,
@@ -52,6 +53,7 @@ from herder.runtime.scheduler import (
 )
 from herder.runtime.sources import AssignmentSource, Ending, PolicyLimits, decide_for
 from herder.runtime.ssh import SshLauncher
+from herder.scheduling.breaker import Breaker
 from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import Lease
@@ -522,7 +524,8 @@ class Coordinator:
     def host_views(self) -> list[HostView]:
         now = utcnow()
         usage = self.store.host_usage(now)
-        return [host_status(self.fleet, host, usage.get(host.label), now)
+        breakers = self.fleet.breakers(self.store, now)
+        return [host_status(self.fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
 
     # -- operators' jobs ------------------------------------------------------------------------
@@ -591,7 +594,8 @@ def _sorted(names: frozenset[str] | None) -> list[str] | None:
 
 
 def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
-                now: datetime) -> HostView:
+                now: datetime, breakers: Mapping[tuple[str, str], Breaker] | None = None
+                ) -> HostView:
     bookable = fleet.bookable(host)
     booked = usage.booked_gb if usage else 0.0
     caps = fleet.caps(host, now)
@@ -612,13 +616,17 @@ def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
         allowed_job_types=_sorted(host.allowed_job_types),
         allowed_weights=_sorted(host.allowed_weights),
         priority_floor=host.priority_floor, labels=sorted(host.labels),
-        ssh_target=host.ssh_target)
+        ssh_target=host.ssh_target,
+        breakers={job_type: state.describe() for (label, job_type), state
+                  in sorted((breakers or {}).items()) if label == host.label},
+        preflight_failed={job_type: detail for job_type, (_, detail)
+                          in sorted(blocked_job_types(host).items())})
 
 
-def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
-              now: datetime) -> dict[str, Any]:
+def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: datetime,
+              breakers: Mapping[tuple[str, str], Breaker] | None = None) -> dict[str, Any]:
     """`host_status` as JSON-ready data, for `herder hosts --json`."""
-    return host_status(fleet, host, usage, now).model_dump(mode="json")
+    return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
 
 
 def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:

@@ -16,6 +16,14 @@ from typing import Any
 
 from herder.config import Settings
 from herder.model import HostRecord, Transport
+from herder.scheduling.breaker import (
+    PAUSE_SECONDS,
+    THRESHOLD,
+    Breaker,
+    BreakerState,
+    Ended,
+    breaker,
+)
 from herder.scheduling.capacity import (
     Shedding,
     WeightTable,
@@ -47,6 +55,8 @@ from herder.store import Store
 
 log = logging.getLogger("herder.scheduler")
 
+BREAKER_HISTORY = timedelta(days=1)
+"""How far back a run of transient outcomes counts towards opening a breaker."""
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
 FLEET_STOPPED = "fleet:stopped"
 
@@ -60,6 +70,8 @@ class Fleet:
     thresholds: HealthThresholds
     liveness: Liveness = DEFAULT_LIVENESS
     max_due: int = 100_000
+    breaker_threshold: int = THRESHOLD
+    breaker_pause: float = PAUSE_SECONDS
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fleet:
@@ -85,7 +97,21 @@ class Fleet:
             policy=policy,
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
+            breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
         )
+
+    def breakers(self, store: Store, now: datetime) -> dict[tuple[str, str], Breaker]:
+        """Every (host, job type) whose circuit breaker is not closed now."""
+        history = store.attempt_list_recent_outcomes(now - BREAKER_HISTORY,
+                                                     self.breaker_threshold)
+        running = store.job_list_running_types()
+        found = {}
+        for key, ended in history.items():
+            state = breaker([Ended(outcome, at) for outcome, at in ended], running.get(key),
+                            now, self.breaker_threshold, self.breaker_pause)
+            if state.state is not BreakerState.CLOSED:
+                found[key] = state
+        return found
 
     def caps(self, host: HostRecord, now: datetime) -> WindowCaps:
         if self.policy.schedule.window_at(now) == "night":
@@ -163,13 +189,19 @@ def take_snapshot(store: Store, fleet: Fleet, now: datetime) -> Snapshot:
     """Everything placement needs, read from the store at `now`."""
     hosts = store.host_list()
     usage = store.host_usage(now)
+    open_breakers: dict[str, dict[str, tuple[Reason, str]]] = {}
+    for (label, job_type), state in fleet.breakers(store, now).items():
+        if state.blocks:
+            open_breakers.setdefault(label, {})[job_type] = (Reason.BREAKER_OPEN,
+                                                             state.describe())
     loads = {}
     for host in hosts:
         used = usage.get(host.label)
         loads[host.label] = HostLoad(
             host.label, fleet.health(host, now),
             used.workers if used else 0, used.booked_gb if used else 0.0,
-            fleet.agent_down(host, now), blocked_job_types(host),
+            fleet.agent_down(host, now),
+            {**open_breakers.get(host.label, {}), **blocked_job_types(host)},
         )
     jobs = [
         PendingJob(job.id, job.priority, job.weight, job.job_type, job.affinity, None,

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from herder.config import FleetSection
 from herder.model import Outcome
 
-THRESHOLD = 3
+THRESHOLD = FleetSection.breaker_threshold
 """Transient outcomes in a row that open the breaker (seed 002's breaker_threshold)."""
-PAUSE_SECONDS = 300.0
+PAUSE_SECONDS = FleetSection.breaker_pause
 """How long it stays open (seed 002's breaker_pause_seconds)."""
 
 

@@ -193,6 +193,22 @@ class Store(abc.ABC):
         return [due_job_from_row(row)
                 for row in self.driver.read("job_list_due", {"now": now, "limit": limit})]
 
+    def attempt_list_recent_outcomes(self, since: datetime, per_group: int
+                                     ) -> dict[tuple[str, str], list[tuple[Outcome, datetime]]]:
+        """(host, job type) -> its newest ended attempts since `since` (newest first, at
+        most `per_group`): what the circuit breakers are judged from."""
+        found: dict[tuple[str, str], list[tuple[Outcome, datetime]]] = {}
+        for row in self.driver.read("attempt_list_recent_outcomes",
+                                    {"since": since, "per_group": per_group}):
+            found.setdefault((row["host"], row["job_type"]), []).append(
+                (Outcome(row["outcome"]), row["ended_at"]))
+        return found
+
+    def job_list_running_types(self) -> dict[tuple[str, str], datetime]:
+        """(host, job type) -> when its newest live attempt was claimed."""
+        return {(row["host"], row["job_type"]): row["claimed_at"]
+                for row in self.driver.read("job_list_running_types")}
+
     def attempt_list_live(self, host: str | None = None) -> list[LiveAttempt]:
         return [live_attempt_from_row(row)
                 for row in self.driver.read("attempt_list_live", {"host": host})]

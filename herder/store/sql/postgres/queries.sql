@@ -195,3 +195,22 @@ RETURNING *;
 SELECT n_mod_since_analyze > greatest(1000, 0.1 * n_live_tup) AS stale
 FROM pg_stat_user_tables
 WHERE relid = 'herder_jobs'::regclass;
+
+-- name: attempt_list_recent_outcomes
+-- For the circuit breakers: each host and job type's newest ended attempts since %(since)s, at
+-- most %(per_group)s of them (newest first).
+SELECT host, job_type, outcome, ended_at FROM (
+    SELECT a.host, j.job_type, a.outcome, a.ended_at,
+           row_number() OVER (PARTITION BY a.host, j.job_type
+                              ORDER BY a.ended_at DESC, a.job_id DESC) AS n
+    FROM herder_attempts a JOIN herder_jobs j ON j.id = a.job_id
+    WHERE a.ended_at >= %(since)s AND a.outcome IS NOT NULL AND a.host <> ''
+) recent
+WHERE n <= %(per_group)s
+ORDER BY host, job_type, ended_at DESC;
+
+-- name: job_list_running_types
+-- For the circuit breakers: each host and job type's newest live attempt (a trial job).
+SELECT host, job_type, max(claimed_at) AS claimed_at FROM herder_jobs
+WHERE status IN ('claimed', 'running') AND host IS NOT NULL
+GROUP BY host, job_type;

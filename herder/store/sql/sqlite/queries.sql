@@ -172,3 +172,22 @@ RETURNING *;
 -- Fleet: alerts ----------------------------------------------------------------------------
 
 -- Tokens ------------------------------------------------------------------------------------
+
+-- name: attempt_list_recent_outcomes
+-- For the circuit breakers: each host and job type's newest ended attempts since :since, at
+-- most :per_group of them (newest first).
+SELECT host, job_type, outcome, ended_at FROM (
+    SELECT a.host, j.job_type, a.outcome, a.ended_at,
+           row_number() OVER (PARTITION BY a.host, j.job_type
+                              ORDER BY a.ended_at DESC, a.job_id DESC) AS n
+    FROM herder_attempts a JOIN herder_job_records j ON j.id = a.job_id
+    WHERE a.ended_at >= :since AND a.outcome IS NOT NULL AND a.host <> ''
+) recent
+WHERE n <= :per_group
+ORDER BY host, job_type, ended_at DESC;
+
+-- name: job_list_running_types
+-- For the circuit breakers: each host and job type's newest live attempt (a trial job).
+SELECT host, job_type, max(claimed_at) AS claimed_at FROM herder_job_records
+WHERE status IN ('claimed', 'running') AND host IS NOT NULL
+GROUP BY host, job_type;
