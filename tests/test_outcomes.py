@@ -14,7 +14,7 @@ import pytest
 from support.local import Harness
 from support.waits import wait_for
 
-from herder.model import Job, JobStatus, Outcome
+from herder.model import AttemptResult, Decision, Job, JobStatus, Outcome
 
 FAKE_AGENT = """\
 #!/bin/sh
@@ -210,3 +210,20 @@ def test_a_run_of_rate_limits_opens_the_hosts_breaker_for_the_type_then_one_tria
     assert claimed >= last_limit + timedelta(seconds=10), "the trial did not wait the pause"
     wait_for(lambda: not fleet.hosts_api()["alpha"]["breakers"], 30,
              "the breaker to close", fleet.describe)
+
+
+def test_jobs_actionable_lists_the_failures_someone_should_look_at(agent_harness: Harness):
+    """A revoked login (a human's job) and a code fault are actionable; a usage limit is
+    weather."""
+    h = agent_harness
+    store = h.store
+    revoked, weather = (h.client.submit("agent", payload={"mode": mode, "arg": "-"}).job_id
+                        for mode in ("revoked", "usage"))
+    for job in store.job_claim(h.host, "w1", 2, datetime.now(UTC)):
+        flagged = job.id == revoked
+        store.attempt_finish([AttemptResult(job.token, Outcome.FAILED, 1, Decision(
+            JobStatus.FAILED, failure_reason="x", actionable=flagged, human_action=flagged))],
+            datetime.now(UTC))
+    listed = h.cli("jobs", "--status", "failed", "--actionable", "--json").stdout
+    assert [job["id"] for job in json.loads(listed)] == [revoked]
+    assert weather != revoked

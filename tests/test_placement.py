@@ -139,9 +139,11 @@ def test_a_host_that_failed_to_start_the_job_is_passed_over_while_another_fits(s
     plan = place(snapshot)
     assert placed(plan) == {1: other, 2: other}
     assert plan.avoided[1] == Rejection(usual, Reason.AVOIDED,
-                                        "failed to start this job; another host fits")
+                                        "its last attempt there ended for the host's "
+                                        "reasons; another host fits")
     assert explain(1, plan, snapshot) == (
-        f"placed on {other}, not {usual}: failed to start this job; another host fits")
+        f"placed on {other}, not {usual}: its last attempt there ended for the host's "
+        "reasons; another host fits")
 
 
 def test_the_avoided_host_is_used_when_no_other_fits():

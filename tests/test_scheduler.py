@@ -155,7 +155,8 @@ def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store)
 
     # b is emptier, but best fit prefers a (fuller): the avoided host is passed over
     assert why(store, fleet, untaken, later) == (
-        "placed on b, not a: failed to start this job; another host fits")
+        "placed on b, not a: its last attempt there ended for the host's reasons; "
+        "another host fits")
     Scheduler(store, fleet).run_once(later)
     again = store.job_get(untaken)
     assert (again.host, again.attempt) == ("b", 2)

@@ -114,12 +114,18 @@ def _age(value: datetime | None) -> str:
 @click.option("--status", "statuses", multiple=True,
               type=click.Choice([s.value for s in JobStatus]), help="Only these (repeatable).")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--actionable", is_flag=True,
+              help="Only jobs whose last decision someone should look at (a code fault, a "
+                   "timeout, a revoked login), not weather; e.g. with --status failed.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of job objects.")
 @pass_state
-def jobs(state: State, statuses: Sequence[str], limit: int, as_json: bool) -> None:
+def jobs(state: State, statuses: Sequence[str], limit: int, actionable: bool,
+         as_json: bool) -> None:
     """List jobs, newest first."""
     with edge():
         found = state.client.list([JobStatus(s) for s in statuses] or None, limit)
+    if actionable:
+        found = [job for job in found if job.actionable]
     if as_json:
         from herder.views import job_view  # the API's shapes (pydantic): only for --json
 

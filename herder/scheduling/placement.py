@@ -686,7 +686,8 @@ class _Cycle:
         would = self.choose(shape, job.preferred_host)
         if would is not None and would.label == job.avoid_host:
             avoided[job.id] = Rejection(would.label, Reason.AVOIDED,
-                                        "failed to start this job; another host fits")
+                                        "its last attempt there ended for the host's "
+                                        "reasons; another host fits")
 
 
 class _Waiting(Mapping[int, tuple[Rejection, ...]]):
