@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 from herder.errors import ConfigError, InputError
-from herder.model import JOB_OUTCOMES, MAX_DURATION
+from herder.model import JOB_OUTCOMES, MAX_DURATION, Outcome
 from herder.urls import DEFAULT_DB
 
 CONFIG_FILE = "herder.toml"
@@ -186,6 +186,52 @@ def _command(value: list[str] | str) -> list[str] | str:
     return value
 
 
+ACTIONS = ("done", "retry", "escalate", "wait", "fail", "cancel")
+BUDGETS = ("attempts", "transient_attempts", "spawn_failures", "lost", "none")
+OUTCOMES = tuple(outcome.value for outcome in Outcome)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], Any]:
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in choices:
+            raise ValueError(f"{value!r}: use one of {', '.join(choices)}")
+        return value
+    return check
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class RuleSection:
+    """[job_types.NAME.policy.OUTCOME]: this job type's rule for one outcome (the table in
+    herder.scheduling.policy); a key left out keeps the default rule's."""
+
+    action: str | None = field(default=None, metadata=rules(check=_one_of(ACTIONS)))
+    spends: str | None = field(default=None, metadata=rules(check=_one_of(BUDGETS)))
+    failure_reason: str | None = None
+    delay: Duration | None = None
+    delay_max: Duration | None = None
+    avoid_host: bool | None = None
+    actionable: bool | None = None
+    human_action: bool | None = None
+    escalations: int | None = field(default=None, metadata=rules(ge=0))
+
+
+@dataclass(frozen=True)
+class PatternSection:
+    """One of [[job_types.NAME.patterns]]: a log line that means `outcome`."""
+
+    outcome: str = field(metadata=rules(check=_one_of(
+        tuple(sorted(outcome.value for outcome in JOB_OUTCOMES)))))
+    regex: str = field(metadata=rules(check=_regex))
+
+
 def _exit_codes(value: dict[str, str] | None) -> dict[str, str] | None:
     for code, outcome in (value or {}).items():
         if not (code.isdigit() and 1 <= int(code) <= 255):
@@ -231,6 +277,14 @@ class JobTypeSection:
     silence_timeout: Duration | None = field(default=None, metadata=rules(gt=0))
     """No new log output for this long: the attempt is stopped as `stuck`."""
     exit_codes: dict[str, str] | None = field(default=None, metadata=rules(check=_exit_codes))
+    policy: dict[str, RuleSection] = field(default_factory=dict, metadata=rules(
+        check=_names(re.compile("^(" + "|".join(OUTCOMES) + ")$"),
+                     "{name!r} is not an outcome; use one of " + ", ".join(OUTCOMES))))
+    """Outcome -> this type's rule, over the default table."""
+    patterns: list[PatternSection] = field(default_factory=list)
+    """Log lines that mean an outcome, tried before the default patterns."""
+    replace_patterns: bool = False
+    """True: `patterns` instead of the default patterns, not before them."""
     """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
     (`herder.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
 

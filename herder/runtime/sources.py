@@ -8,18 +8,25 @@ the source differs: `herder up` claims straight from the store, a `local` host u
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from herder.config import Settings
+from herder.config import RuleSection, Settings
+from herder.errors import ConfigError
 from herder.model import AttemptResult, AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
 from herder.scheduling.capacity import WeightTable
-from herder.scheduling.classification import SEED_EXIT_CODES, verdict
-from herder.scheduling.policy import RetryState, decide
+from herder.scheduling.classification import (
+    DEFAULT_PATTERNS,
+    SEED_EXIT_CODES,
+    Pattern,
+    verdict,
+)
+from herder.scheduling.policy import DEFAULT_RULES, Action, Budget, RetryState, Rule, decide
 from herder.store import Store, Waker
 
 
@@ -30,15 +37,47 @@ class OutcomeRules:
 
     exit_codes: Mapping[str, Mapping[int, Outcome]] = field(default_factory=dict)
     weights: WeightTable | None = None
+    policies: Mapping[str, Mapping[Outcome, Rule]] = field(default_factory=dict)
+    """Job type -> its outcome table, where herder.toml overrides a rule."""
+    patterns: Mapping[str, tuple[Pattern, ...]] = field(default_factory=dict)
+    """Job type -> its log patterns, where herder.toml adds or replaces some."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutcomeRules:
+        """Raises ConfigError naming the key of a rule that could not work."""
         exit_codes = {
             name: SEED_EXIT_CODES if job_type.exit_codes is None
             else {int(code): Outcome(outcome) for code, outcome in job_type.exit_codes.items()}
             for name, job_type in settings.job_types.items()}
         chain = tuple(w for w in settings.fleet.escalation if w in settings.weights)
-        return cls(exit_codes, WeightTable(dict(settings.weights), chain))
+        policies = {name: policy_of(name, job_type.policy)
+                    for name, job_type in settings.job_types.items() if job_type.policy}
+        patterns = {
+            name: (*(Pattern.of(p.outcome, p.regex) for p in job_type.patterns),
+                   *(() if job_type.replace_patterns else DEFAULT_PATTERNS))
+            for name, job_type in settings.job_types.items()
+            if job_type.patterns or job_type.replace_patterns}
+        return cls(exit_codes, WeightTable(dict(settings.weights), chain), policies, patterns)
+
+
+def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Outcome, Rule]:
+    """The default table with a job type's rules laid over it."""
+    table = dict(DEFAULT_RULES)
+    for name, section in overrides.items():
+        outcome = Outcome(name)
+        given = {key: value for key, value in dataclasses.asdict(section).items()
+                 if value is not None}
+        if "action" in given:
+            given["action"] = Action(given["action"])
+        if "spends" in given:
+            given["spends"] = Budget(given["spends"])
+        rule = replace(table[outcome], **given)
+        problems = rule.problems()
+        if problems:
+            raise ConfigError(f"job_types.{job_type}.policy.{name}", "; ".join(problems),
+                              "see the outcome table in the README")
+        table[outcome] = rule
+    return table
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +113,8 @@ def decide_for(
     reason = None
     if ending is not None:
         found = verdict(outcome, exit_code, ending.log_tail, now, ending.result,
-                        limits.rules.exit_codes.get(job.job_type, {}))
+                        limits.rules.exit_codes.get(job.job_type, {}),
+                        limits.rules.patterns.get(job.job_type, DEFAULT_PATTERNS))
         outcome, resume_at, reason = found.outcome, found.resume_at, found.failure_reason
         if found.retry_after is not None:
             retry_after = max(retry_after or 0.0, found.retry_after)
@@ -86,7 +126,8 @@ def decide_for(
                        heavier=weights.heavier(job.weight) if weights else None)
     decision = decide(outcome, state, now, limits.max_lost, retry_after=retry_after,
                       max_spawn_failures=limits.max_spawn_failures,
-                      spawn_backoff_seconds=limits.spawn_backoff_seconds, resume_at=resume_at)
+                      spawn_backoff_seconds=limits.spawn_backoff_seconds, resume_at=resume_at,
+                      rules=limits.rules.policies.get(job.job_type, DEFAULT_RULES))
     if reason and decision.status is not JobStatus.DONE:
         decision = replace(decision, failure_reason=reason)  # the job's own word
     return AttemptResult(job.token, outcome, exit_code, decision, report)
