@@ -275,8 +275,8 @@ class ThreadRunner:
         source = self.runner.source
         report = source.finished
 
-        def finished(job, outcome, exit_code, now, retry_after=None):
-            status = report(job, outcome, exit_code, now, retry_after)
+        def finished(job, outcome, exit_code, now, retry_after=None, ending=None):
+            status = report(job, outcome, exit_code, now, retry_after, ending)
             self.reports.append((job.token, outcome, status))
             return status
 

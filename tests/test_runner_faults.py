@@ -65,9 +65,10 @@ class FaultySource(ClaimSource):
         self._fault("maintain")
         super().maintain(now)
 
-    def finished(self, job, outcome, exit_code, now, retry_after=None):  # type: ignore[no-untyped-def]
+    def finished(self, job, outcome, exit_code, now, retry_after=None,  # type: ignore[no-untyped-def]
+                 ending=None):
         self._fault("finished")
-        return super().finished(job, outcome, exit_code, now, retry_after)
+        return super().finished(job, outcome, exit_code, now, retry_after, ending)
 
     def cancel_requested(self, job_ids) -> set[AttemptToken]:  # type: ignore[no-untyped-def]
         self._fault("cancel_requested")
