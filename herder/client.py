@@ -113,7 +113,11 @@ class Client:
     def retry(self, job_id: int) -> bool:
         """Queue a done, failed or cancelled job again with a fresh failure budget."""
         self.get(job_id)
-        return self.store.job_retry(job_id, datetime.now(UTC))
+        now = datetime.now(UTC)
+        retried = self.store.job_retry(job_id, now)
+        if retried:  # whoever retries it has acted on a failure that needed a human
+            self.store.alert_clear(f"job:{job_id}:human_action", now)
+        return retried
 
     def should_dispatch(self, dedup_key: str) -> tuple[int, JobStatus] | None:
         """None when no job holds the key; otherwise the holder."""

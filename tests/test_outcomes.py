@@ -104,6 +104,8 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
         revoked = settled("revoked", lambda j: j.status is JobStatus.FAILED)
         assert (revoked.failure_reason, revoked.human_action, revoked.actionable) == (
             "spawn_oauth_expired", True, True)
+        [alert] = [a for a in h.store.alert_list() if a.key == f"job:{revoked.id}:human_action"]
+        assert "a human must act" in alert.message and "spawn_oauth_expired" in alert.message
 
         # Exit 4 climbs the weight chain, then fails at its end.
         heavier = settled("heavier", lambda j: j.status is JobStatus.FAILED)
@@ -145,6 +147,8 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
     finally:
         up.send_signal(signal.SIGTERM)
         h.wait_exit(up, 30, "herder up")
+    h.cli("retry", str(jobs["revoked"]))  # someone logged in again: the alert clears
+    assert not [a for a in h.store.alert_list() if a.key.startswith("job:")]
     shown = h.cli("show", str(jobs["result"])).stdout
     assert "issue 412 is held by another worker" in shown, shown
     as_json = json.loads(h.cli("show", str(jobs["ratelimit"]), "--json").stdout)
@@ -201,6 +205,9 @@ def test_a_run_of_rate_limits_opens_the_hosts_breaker_for_the_type_then_one_tria
                    "why to name the open breaker", fleet.describe)
     assert "alpha" in why and "3 transient outcomes in a row" in why, why
     assert "breaker open" in fleet.hosts_api()["alpha"]["breakers"]["agent"]
+    [alert] = wait_for(lambda: [a for a in fleet.store.alert_list()
+                                if a.key == "breaker:alpha:agent"], 30, "the breaker's alert")
+    assert "3 transient outcomes in a row" in alert.message
     assert fleet.job(trial).attempt == 0  # nothing spent while it waits
     done = fleet.wait_status(trial, JobStatus.DONE)
     assert (done.host, done.attempt) == ("alpha", 1)
@@ -210,6 +217,8 @@ def test_a_run_of_rate_limits_opens_the_hosts_breaker_for_the_type_then_one_tria
     assert claimed >= last_limit + timedelta(seconds=10), "the trial did not wait the pause"
     wait_for(lambda: not fleet.hosts_api()["alpha"]["breakers"], 30,
              "the breaker to close", fleet.describe)
+    wait_for(lambda: not [a for a in fleet.store.alert_list() if a.key.startswith("breaker:")],
+             30, "the breaker's alert to clear", fleet.describe)
 
 
 def test_jobs_actionable_lists_the_failures_someone_should_look_at(agent_harness: Harness):

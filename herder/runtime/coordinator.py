@@ -51,7 +51,13 @@ from herder.runtime.scheduler import (
     pickup_timeout_seconds,
     take_snapshot,
 )
-from herder.runtime.sources import AssignmentSource, Ending, PolicyLimits, decide_for
+from herder.runtime.sources import (
+    AssignmentSource,
+    Ending,
+    PolicyLimits,
+    alert_human,
+    decide_for,
+)
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.breaker import Breaker
 from herder.scheduling.placement import explain, place
@@ -457,6 +463,8 @@ class Coordinator:
             retry_after = max(retry_after or 0.0, self.settings.runtime.heartbeat_interval)
         result = decide_for(job, outcome, now, self.limits, retry_after, ending, exit_code)
         applied = self.store.attempt_finish([result], now)
+        if applied:
+            alert_human(self.store, job, result, now)
         self.poke()
         if not applied:
             raise Conflict(f"attempt {token} has already ended")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -185,12 +185,14 @@ def host_spec(host: HostRecord) -> HostSpec:
     )
 
 
-def take_snapshot(store: Store, fleet: Fleet, now: datetime) -> Snapshot:
+def take_snapshot(store: Store, fleet: Fleet, now: datetime,
+                  breakers: Mapping[tuple[str, str], Breaker] | None = None) -> Snapshot:
     """Everything placement needs, read from the store at `now`."""
     hosts = store.host_list()
     usage = store.host_usage(now)
     open_breakers: dict[str, dict[str, tuple[Reason, str]]] = {}
-    for (label, job_type), state in fleet.breakers(store, now).items():
+    for (label, job_type), state in (breakers if breakers is not None
+                                     else fleet.breakers(store, now)).items():
         if state.blocks:
             open_breakers.setdefault(label, {})[job_type] = (Reason.BREAKER_OPEN,
                                                              state.describe())
@@ -222,7 +224,9 @@ class Scheduler:
     last_plan: Plan | None = field(default=None, init=False)
 
     def run_once(self, now: datetime) -> dict[str, int]:
-        snapshot = take_snapshot(self.store, self.fleet, now)
+        breakers = self.fleet.breakers(self.store, now)
+        self._alert_breakers(breakers, now)
+        snapshot = take_snapshot(self.store, self.fleet, now, breakers)
         plan = place(snapshot)
         self.last_plan = plan
         by_host: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -266,6 +270,20 @@ class Scheduler:
             log.warning("alert cleared: %d healthy host(s)", len(healthy))
         return len(healthy)
 
+
+    def _alert_breakers(self, breakers: Mapping[tuple[str, str], Breaker],
+                        now: datetime) -> None:
+        """One alert per open breaker (a host and job type meeting a wall of rate limits),
+        cleared once it is no longer open."""
+        opened = {f"breaker:{label}:{job_type}": f"{job_type} on {label}: {state.describe()}"
+                  for (label, job_type), state in breakers.items()
+                  if state.state is BreakerState.OPEN}
+        for key, message in opened.items():
+            if self.store.alert_open(key, message, now):
+                log.error("ALERT: %s", message)
+        for alert in self.store.alert_list():
+            if alert.key.startswith("breaker:") and alert.key not in opened:
+                self.store.alert_clear(alert.key, now)
 
     def _alert_stopped(self, plan: Plan, now: datetime, any_healthy: bool) -> None:
         """One deduplicated alert while work is queued and no host is able to run any of it

@@ -133,6 +133,17 @@ def decide_for(
     return AttemptResult(job.token, outcome, exit_code, decision, report)
 
 
+def alert_human(store: Store, job: Job, result: AttemptResult, now: datetime) -> None:
+    """A failure only a human can fix (a revoked login) opens an alert of its own: waiting
+    for someone to read `herder jobs` is how such a fleet stops for a day."""
+    decision = result.decision
+    if decision.human_action and decision.status is JobStatus.FAILED:
+        store.alert_open(f"job:{job.id}:human_action",
+                         f"job {job.id} ({job.job_type}) failed with {decision.failure_reason} "
+                         f"on {job.host or 'its host'}: a human must act (e.g. log in again), "
+                         "then `herder retry`", now)
+
+
 class WorkSource(abc.ABC):
     worker: str = ""
     guardian: GuardianLink | None = None
@@ -222,6 +233,8 @@ class StoreSource(WorkSource):
     ) -> JobStatus | None:
         result = decide_for(job, outcome, now, self.limits, retry_after, ending, exit_code)
         applied = self.store.attempt_finish([result], now)
+        if applied:
+            alert_human(self.store, job, result, now)
         return applied[0][1] if applied else None
 
     def cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
