@@ -255,10 +255,13 @@ class HttpSource(WorkSource):
         # waits for the last log chunks only while they go through (see `_log_hold`).
         # The server judges the ending: it knows the job type's exit codes and the weights.
         self._logs.finish(job.token)
-        self._report(job.token, "finish", FinishBody(
-            outcome=outcome, exit_code=exit_code, retry_after=retry_after,
-            log_tail=storable_text(ending.log_tail) if ending else None,
-            result=storable_text(ending.result) if ending and ending.result else None))
+        fields: dict[str, Any] = {"outcome": outcome, "exit_code": exit_code,
+                                  "retry_after": retry_after}
+        if ending is not None:  # the fields only when there is an ending to judge
+            fields["log_tail"] = storable_text(ending.log_tail)
+            if ending.result is not None:
+                fields["result"] = storable_text(ending.result)
+        self._report(job.token, "finish", FinishBody(**fields))
         return None
 
     def learn_lease(self, seconds: float | None) -> None:
