@@ -112,6 +112,8 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
         assert (heavier.weight, heavier.escalations, heavier.failure_reason) == (
             "orchestrator", 3, "spawn_oom")
         assert [a.outcome for a in h.attempts(heavier.id)] == [Outcome.NEEDS_HEAVIER] * 4
+        assert finished_event(h, heavier.id, 4)[1]["note"] == (
+            "cannot find capacity for orchestrator")
 
         # Exit 3: RAM contention spends a spawn failure and waits the spawn backoff.
         ram = settled("ram", lambda j: j.spawn_failures == 1)

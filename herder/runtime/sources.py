@@ -130,6 +130,9 @@ def decide_for(
                       rules=limits.rules.policies.get(job.job_type, DEFAULT_RULES))
     if reason and decision.status is not JobStatus.DONE:
         decision = replace(decision, failure_reason=reason)  # the job's own word
+    if decision.note:  # e.g. "cannot find capacity for orchestrator"
+        report = json.dumps({**(json.loads(report) if report else {}), "note": decision.note},
+                            sort_keys=True)
     return AttemptResult(job.token, outcome, exit_code, decision, report)
 
 
