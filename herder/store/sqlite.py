@@ -65,30 +65,40 @@ def from_epoch(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-# How a column is stored here -> its Python value.
+def _times(column: Sequence[float | None]) -> list[datetime | None]:
+    """A time column's values: each distinct stamp is converted once per statement (a claim's
+    rows share `now`, and jobs submitted together share their stamps); datetimes are
+    immutable, so rows may share one."""
+    decoded = {stamp: from_epoch(stamp) for stamp in set(column)}
+    return [decoded[stamp] for stamp in column]
+
+
+def _objects(column: Sequence[str | None]) -> list[Any]:
+    """A JSON column's values, one parse per row: the results are mutable (the caller may
+    change a job's payload), so no two rows share one."""
+    return [object_from_json(text) for text in column]
+
+
+# How a column is stored here -> how a statement's column of values is decoded.
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, from_epoch), **dict.fromkeys(_JSON_COLUMNS, object_from_json)}
+    **dict.fromkeys(_TIME_COLUMNS, _times), **dict.fromkeys(_JSON_COLUMNS, _objects)}
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
-    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded. Which
-    columns need decoding is worked out once per statement, not once per row."""
+    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded column by
+    column: which columns need decoding is worked out once per statement, not once per row."""
     cursor = conn.cursor()
     cursor.row_factory = None
-    values = cursor.execute(sql, params).fetchall()
+    values: list[tuple[Any, ...]] = cursor.execute(sql, params).fetchall()
     if not values:
         return []
     names = [column[0] for column in cursor.description]
-    decoded = [(index, name, _DECODE[name]) for index, name in enumerate(names)
-               if name in _DECODE]
-    rows = []
-    for value in values:
-        row = dict(zip(names, value, strict=True))
-        for index, name, decode in decoded:
-            if value[index] is not None:
-                row[name] = decode(value[index])
-        rows.append(row)
-    return rows
+    decoders = [_DECODE.get(name) for name in names]
+    if any(decoders):
+        columns = [column if decode is None else decode(column)
+                   for column, decode in zip(zip(*values, strict=True), decoders, strict=True)]
+        values = list(zip(*columns, strict=True))
+    return [dict(zip(names, value, strict=True)) for value in values]
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
