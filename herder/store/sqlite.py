@@ -24,7 +24,6 @@ from herder.errors import InputError, StoreUnavailable
 from herder.model import (
     AttemptResult,
     AttemptToken,
-    HeartbeatReply,
     InsertResult,
     Job,
     JobSpec,
@@ -262,13 +261,16 @@ class SQLiteDriver(Driver):
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text."""
+    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text, and a list
+    (an array parameter, as PostgreSQL takes it) as a JSON array."""
     adapted: dict[str, Any] = {}
     for key, value in (params or {}).items():
         if isinstance(value, datetime):
             adapted[key] = value.timestamp()
         elif isinstance(value, Json):
             adapted[key] = json.dumps(value.value)
+        elif isinstance(value, list):
+            adapted[key] = json.dumps(value)
         else:
             adapted[key] = value
     return adapted
@@ -287,16 +289,6 @@ class SQLiteStore(Store):
         self.driver.close()
 
     # -- schema ---------------------------------------------------------------------------
-
-    def schema_version(self) -> int:
-        conn = self.driver.connection()
-        row = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name='herder_schema'"
-        ).fetchone()
-        if row is None:
-            return 0
-        version = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0]
-        return int(version or 0)
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
@@ -373,24 +365,6 @@ class SQLiteStore(Store):
                 f"claimed jobs {missing} have no spec row: the database is damaged")
         return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
 
-    def attempt_heartbeat(
-        self, tokens: Sequence[AttemptToken], now: datetime
-    ) -> HeartbeatReply:
-        stamp = now.timestamp()
-        live: set[AttemptToken] = set()
-        cancel: set[AttemptToken] = set()
-        with self.driver.immediate() as conn:
-            for token in tokens:
-                row = conn.execute(
-                    Q["attempt_heartbeat"],
-                    {"job_id": token.job_id, "attempt": token.attempt, "now": stamp},
-                ).fetchone()
-                if row is not None:
-                    live.add(token)
-                    if row[2]:
-                        cancel.add(token)
-        return HeartbeatReply(frozenset(live), frozenset(cancel))
-
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
@@ -414,29 +388,12 @@ class SQLiteStore(Store):
                 applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
         return applied
 
-    def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
-        if not job_ids:
-            return set()
-        rows = self.driver.connection().execute(
-            Q["job_cancel_requested"], {"job_ids": json.dumps(list(job_ids))}
-        ).fetchall()
-        return {AttemptToken(int(row[0]), int(row[1])) for row in rows}
-
     # -- attempts and events ------------------------------------------------------------------
 
     # -- fleet ------------------------------------------------------------------------------
 
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")
-
-    def statistics_refresh(self) -> bool:
-        """SQLite's own advice: `PRAGMA optimize` now and then analyzes what needs it. It may
-        write, so it runs in `BEGIN IMMEDIATE` like every write: in autocommit it would start
-        as a reader and fail at once ("database is locked", no busy wait) whenever another
-        process committed in between."""
-        with self.driver.immediate() as conn:
-            conn.execute("PRAGMA optimize")
-        return True
 
 class SQLiteLease(Lease):
     """An exclusive flock on a file beside the database; the kernel drops it with the

@@ -132,7 +132,7 @@ SELECT id, attempt, status,
 FROM j;
 
 -- name: job_cancel_requested
-SELECT id, attempt FROM herder_jobs
+SELECT id AS job_id, attempt FROM herder_jobs
 WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;
 
 -- name: attempt_list_live
@@ -184,6 +184,14 @@ RETURNING *;
 -- Tokens ------------------------------------------------------------------------------------
 -- Maintenance --------------------------------------------------------------------------------
 -- name: statistics_stale
+-- Autovacuum analyzes too, but only after a naptime; until then a burst of submits into a
+-- young table leaves the planner sorting every queued row on each claim.
 SELECT n_mod_since_analyze > greatest(1000, 0.1 * n_live_tup) AS stale
 FROM pg_stat_user_tables
 WHERE relid = 'herder_jobs'::regclass;
+
+-- name: statistics_refresh
+ANALYZE herder_jobs;
+
+-- name: schema_table_exists
+SELECT to_regclass('herder_schema') IS NOT NULL AS present;
