@@ -201,6 +201,18 @@ def test_claim_returns_every_field_as_stored(store):
     assert second == get(store, job_id)
 
 
+def test_claimed_jobs_that_share_stored_values_keep_their_own_objects(store):
+    """A statement's times are decoded once per distinct value, its JSON once per row: two
+    jobs submitted together share their stamps, never their payload or env."""
+    submit(store, spec(payload={"n": 1}, env={"A": "b"}), spec(payload={"n": 1}, env={"A": "b"}))
+    first, second = store.job_claim("h1", "w1", 2, at(1))
+    assert first.created_at == second.created_at == T0 and first.claimed_at == at(1)
+    assert first.payload == second.payload and first.payload is not second.payload
+    assert first.env == second.env and first.env is not second.env
+    first.payload["n"] = 2
+    assert second.payload == {"n": 1}
+
+
 def test_future_available_at_is_not_claimed_until_due(store):
     [later] = submit(store, spec(available_at=at(60), priority=1))
     [now_job] = submit(store, spec(priority=100))
@@ -974,7 +986,7 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
 
 
 def _insert_without_silence_timeout(store: Store, monkeypatch) -> None:
-    """Submit as herder did before schema v9 (no silence_timeout_seconds column)."""
+    """Submit as herder did before schema v8 (no silence_timeout_seconds column)."""
     import importlib
 
     queries = importlib.import_module(type(store).__module__).Q

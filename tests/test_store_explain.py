@@ -141,6 +141,23 @@ def test_sqlite_claim_picks_through_partial_index(sqlite_url, queued_every, anal
                            for s in plan), plan
 
 
+def test_sqlite_heartbeat_and_cancel_reads_find_jobs_by_key(sqlite_url):
+    """The tokens come as JSON arrays: each job row must be found by its rowid, not by a
+    scan of every job ever run."""
+    path, _ = parse_sqlite_url(sqlite_url)
+    with sqlite3.connect(path) as conn:
+        _sqlite_fill(conn, 100, analyze=False)
+        queries = load_queries("sqlite")
+        for name, params in (
+                ("attempt_heartbeat", {"now": T0.timestamp(), "job_ids": "[1, 2]",
+                                       "attempts": "[1, 1]"}),
+                ("job_cancel_requested", {"job_ids": "[1, 2]"})):
+            plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + queries[name],
+                                                   params)]
+            assert any("herder_jobs USING INTEGER PRIMARY KEY" in step for step in plan), plan
+            assert not any(re.fullmatch(r"SCAN herder_jobs\b.*", step) for step in plan), plan
+
+
 # -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
 
 _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",

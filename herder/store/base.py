@@ -126,8 +126,11 @@ class Store(abc.ABC):
     def migrate(self) -> list[int]:
         """Apply pending migrations; returns the versions applied."""
 
-    @abc.abstractmethod
-    def schema_version(self) -> int: ...
+    def schema_version(self) -> int:
+        """The latest migration applied; 0 for a blank database."""
+        if not self.driver.read("schema_table_exists")[0]["present"]:
+            return 0
+        return int(self.driver.read("schema_version")[0]["version"] or 0)
 
     @abc.abstractmethod
     def job_insert(
@@ -143,10 +146,20 @@ class Store(abc.ABC):
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
 
-    @abc.abstractmethod
     def attempt_heartbeat(
         self, tokens: Sequence[AttemptToken], now: datetime
-    ) -> HeartbeatReply: ...
+    ) -> HeartbeatReply:
+        """Mark live attempts as seen; which of the tokens are live, and which of those must
+        stop. All tokens are one statement: their job ids and attempts as two arrays."""
+        if not tokens:
+            return HeartbeatReply(frozenset(), frozenset())
+        rows = self.driver.write("attempt_heartbeat", {
+            "job_ids": [token.job_id for token in tokens],
+            "attempts": [token.attempt for token in tokens], "now": now})
+        live = {AttemptToken(int(row["job_id"]), int(row["attempt"])): bool(row["cancel_requested"])
+                for row in rows}
+        return HeartbeatReply(frozenset(live),
+                              frozenset(token for token, cancel in live.items() if cancel))
 
     @abc.abstractmethod
     def attempt_finish(
@@ -154,19 +167,25 @@ class Store(abc.ABC):
     ) -> list[tuple[AttemptToken, JobStatus]]:
         """Apply ended attempts; only live attempts are applied and returned."""
 
-    @abc.abstractmethod
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         """Current attempts of these jobs whose cancellation was requested (read-only)."""
+        if not job_ids:
+            return set()
+        return {AttemptToken(int(row["job_id"]), int(row["attempt"])) for row in
+                self.driver.read("job_cancel_requested", {"job_ids": list(job_ids)})}
 
     # -- fleet ------------------------------------------------------------------------------
 
     @abc.abstractmethod
     def leader_lease(self) -> Lease: ...
 
-    @abc.abstractmethod
     def statistics_refresh(self) -> bool:
         """Refresh the planner's statistics of the jobs table when many rows changed since
         the last refresh; True when it ran. The claim's plan depends on them."""
+        if not self.driver.read("statistics_stale")[0]["stale"]:
+            return False
+        self.driver.write("statistics_refresh")
+        return True
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -536,6 +555,10 @@ def finish_detail(outcome: Outcome, exit_code: int | None, report: str | None
             "exit_code": exit_code}
 
 
+# A status's stored text -> the member; `JobStatus(text)` costs a microsecond a job in a claim.
+_STATUSES: dict[str, JobStatus] = {status.value: status for status in JobStatus}
+
+
 def job_from_row(row: Mapping[str, Any]) -> Job:
     """Build a Job from a row whose values are already Python types (JSON decoded, times
     as datetimes; SQLite's flags still integers); rows written before the fleet columns
@@ -544,7 +567,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         row["id"], row["job_type"], tuple(row["command"]), bool(row["shell"]), row["payload"],
         row["priority"], row["weight"], row["dedup_key"], row["affinity"], row["available_at"],
         row["max_attempts"], row["timeout_seconds"], row["env"], row["workdir"],
-        row["backoff_base_seconds"], row["backoff_max_seconds"], JobStatus(row["status"]),
+        row["backoff_base_seconds"], row["backoff_max_seconds"], _STATUSES[row["status"]],
         row["attempt"], row["failures"], row["lost"], row["host"], row["exit_code"],
         row["failure_reason"], bool(row["cancel_requested"]), row["created_at"],
         row["claimed_at"], row["started_at"], row["finished_at"], row["updated_at"],

@@ -28,7 +28,6 @@ from herder.errors import StoreUnavailable
 from herder.model import (
     AttemptResult,
     AttemptToken,
-    HeartbeatReply,
     InsertResult,
     Job,
     JobSpec,
@@ -265,14 +264,6 @@ class PostgresStore(Store):
 
     # -- schema ---------------------------------------------------------------------------
 
-    def schema_version(self) -> int:
-        with self.driver.connection() as conn:
-            row = conn.execute("SELECT to_regclass('herder_schema') AS t").fetchone()
-            if row is None or row["t"] is None:
-                return 0
-            row = conn.execute("SELECT max(version) AS v FROM herder_schema").fetchone()
-            return int(row["v"] or 0) if row else 0
-
     def migrate(self) -> list[int]:
         applied: list[int] = []
         with self.driver.connection() as conn, conn.transaction():
@@ -342,22 +333,6 @@ class PostgresStore(Store):
             ).fetchall()
         return [job_from_row(row) for row in rows]
 
-    def attempt_heartbeat(
-        self, tokens: Sequence[AttemptToken], now: datetime
-    ) -> HeartbeatReply:
-        if not tokens:
-            return HeartbeatReply(frozenset(), frozenset())
-        with self.driver.connection() as conn:
-            rows = conn.execute(
-                Q["attempt_heartbeat"],
-                {"job_ids": [t.job_id for t in tokens], "attempts": [t.attempt for t in tokens],
-                 "now": now},
-            ).fetchall()
-        live = {AttemptToken(int(r["job_id"]), int(r["attempt"])) for r in rows}
-        cancel = {AttemptToken(int(r["job_id"]), int(r["attempt"]))
-                  for r in rows if r["cancel_requested"]}
-        return HeartbeatReply(frozenset(live), frozenset(cancel))
-
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
@@ -373,29 +348,12 @@ class PostgresStore(Store):
                     applied.extend(_finish_group(cursor, group, now))
         return applied
 
-    def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
-        if not job_ids:
-            return set()
-        with self.driver.connection() as conn:
-            rows = conn.execute(Q["job_cancel_requested"], {"job_ids": list(job_ids)}).fetchall()
-        return {AttemptToken(int(row["id"]), int(row["attempt"])) for row in rows}
-
     # -- attempts and events ------------------------------------------------------------------
 
     # -- fleet ------------------------------------------------------------------------------
 
     def leader_lease(self) -> Lease:
         return PostgresLease(self.url)
-
-    def statistics_refresh(self) -> bool:
-        # Autovacuum analyzes too, but only after a naptime; until then a burst of submits
-        # into a young table leaves the planner sorting every queued row on each claim.
-        with self.driver.connection() as conn:
-            row = conn.execute(Q["statistics_stale"]).fetchone()
-            if row is None or not row["stale"]:
-                return False
-            conn.execute("ANALYZE herder_jobs")
-        return True
 
 
 class PostgresLease(Lease):

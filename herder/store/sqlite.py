@@ -24,7 +24,6 @@ from herder.errors import InputError, StoreUnavailable
 from herder.model import (
     AttemptResult,
     AttemptToken,
-    HeartbeatReply,
     InsertResult,
     Job,
     JobSpec,
@@ -66,30 +65,40 @@ def from_epoch(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-# How a column is stored here -> its Python value.
+def _times(column: Sequence[float | None]) -> list[datetime | None]:
+    """A time column's values: each distinct stamp is converted once per statement (a claim's
+    rows share `now`, and jobs submitted together share their stamps); datetimes are
+    immutable, so rows may share one."""
+    decoded = {stamp: from_epoch(stamp) for stamp in set(column)}
+    return [decoded[stamp] for stamp in column]
+
+
+def _objects(column: Sequence[str | None]) -> list[Any]:
+    """A JSON column's values, one parse per row: the results are mutable (the caller may
+    change a job's payload), so no two rows share one."""
+    return [object_from_json(text) for text in column]
+
+
+# How a column is stored here -> how a statement's column of values is decoded.
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, from_epoch), **dict.fromkeys(_JSON_COLUMNS, object_from_json)}
+    **dict.fromkeys(_TIME_COLUMNS, _times), **dict.fromkeys(_JSON_COLUMNS, _objects)}
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
-    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded. Which
-    columns need decoding is worked out once per statement, not once per row."""
+    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded column by
+    column: which columns need decoding is worked out once per statement, not once per row."""
     cursor = conn.cursor()
     cursor.row_factory = None
-    values = cursor.execute(sql, params).fetchall()
+    values: list[tuple[Any, ...]] = cursor.execute(sql, params).fetchall()
     if not values:
         return []
     names = [column[0] for column in cursor.description]
-    decoded = [(index, name, _DECODE[name]) for index, name in enumerate(names)
-               if name in _DECODE]
-    rows = []
-    for value in values:
-        row = dict(zip(names, value, strict=True))
-        for index, name, decode in decoded:
-            if value[index] is not None:
-                row[name] = decode(value[index])
-        rows.append(row)
-    return rows
+    decoders = [_DECODE.get(name) for name in names]
+    if any(decoders):
+        columns = [column if decode is None else decode(column)
+                   for column, decode in zip(zip(*values, strict=True), decoders, strict=True)]
+        values = list(zip(*columns, strict=True))
+    return [dict(zip(names, value, strict=True)) for value in values]
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -253,13 +262,16 @@ class SQLiteDriver(Driver):
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text."""
+    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text, and a list
+    (an array parameter, as PostgreSQL takes it) as a JSON array."""
     adapted: dict[str, Any] = {}
     for key, value in (params or {}).items():
         if isinstance(value, datetime):
             adapted[key] = value.timestamp()
         elif isinstance(value, Json):
             adapted[key] = json.dumps(value.value)
+        elif isinstance(value, list):
+            adapted[key] = json.dumps(value)
         else:
             adapted[key] = value
     return adapted
@@ -278,16 +290,6 @@ class SQLiteStore(Store):
         self.driver.close()
 
     # -- schema ---------------------------------------------------------------------------
-
-    def schema_version(self) -> int:
-        conn = self.driver.connection()
-        row = conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name='herder_schema'"
-        ).fetchone()
-        if row is None:
-            return 0
-        version = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0]
-        return int(version or 0)
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
@@ -364,24 +366,6 @@ class SQLiteStore(Store):
                 f"claimed jobs {missing} have no spec row: the database is damaged")
         return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
 
-    def attempt_heartbeat(
-        self, tokens: Sequence[AttemptToken], now: datetime
-    ) -> HeartbeatReply:
-        stamp = now.timestamp()
-        live: set[AttemptToken] = set()
-        cancel: set[AttemptToken] = set()
-        with self.driver.immediate() as conn:
-            for token in tokens:
-                row = conn.execute(
-                    Q["attempt_heartbeat"],
-                    {"job_id": token.job_id, "attempt": token.attempt, "now": stamp},
-                ).fetchone()
-                if row is not None:
-                    live.add(token)
-                    if row[2]:
-                        cancel.add(token)
-        return HeartbeatReply(frozenset(live), frozenset(cancel))
-
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
@@ -405,29 +389,12 @@ class SQLiteStore(Store):
                 applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
         return applied
 
-    def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
-        if not job_ids:
-            return set()
-        rows = self.driver.connection().execute(
-            Q["job_cancel_requested"], {"job_ids": json.dumps(list(job_ids))}
-        ).fetchall()
-        return {AttemptToken(int(row[0]), int(row[1])) for row in rows}
-
     # -- attempts and events ------------------------------------------------------------------
 
     # -- fleet ------------------------------------------------------------------------------
 
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")
-
-    def statistics_refresh(self) -> bool:
-        """SQLite's own advice: `PRAGMA optimize` now and then analyzes what needs it. It may
-        write, so it runs in `BEGIN IMMEDIATE` like every write: in autocommit it would start
-        as a reader and fail at once ("database is locked", no busy wait) whenever another
-        process committed in between."""
-        with self.driver.immediate() as conn:
-            conn.execute("PRAGMA optimize")
-        return True
 
 class SQLiteLease(Lease):
     """An exclusive flock on a file beside the database; the kernel drops it with the

@@ -195,3 +195,6 @@ RETURNING id;
 SELECT * FROM herder_alerts
 WHERE (NOT :open_only OR cleared_at IS NULL)
 ORDER BY id DESC LIMIT :limit;
+
+-- name: schema_version
+SELECT max(version) AS version FROM herder_schema;

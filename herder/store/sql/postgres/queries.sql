@@ -140,7 +140,7 @@ SELECT id, attempt, status,
 FROM j;
 
 -- name: job_cancel_requested
-SELECT id, attempt FROM herder_jobs
+SELECT id AS job_id, attempt FROM herder_jobs
 WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;
 
 -- name: attempt_list_live
@@ -192,13 +192,15 @@ RETURNING *;
 -- Tokens ------------------------------------------------------------------------------------
 -- Maintenance --------------------------------------------------------------------------------
 -- name: statistics_stale
+-- Autovacuum analyzes too, but only after a naptime; until then a burst of submits into a
+-- young table leaves the planner sorting every queued row on each claim.
 SELECT n_mod_since_analyze > greatest(1000, 0.1 * n_live_tup) AS stale
 FROM pg_stat_user_tables
 WHERE relid = 'herder_jobs'::regclass;
 
 -- name: attempt_list_recent_outcomes
--- For the circuit breakers: each host and job type's newest ended attempts since %(since)s, at
--- most %(per_group)s of them (newest first).
+-- For the circuit breakers: each host and job type's newest ended attempts since `since`,
+-- at most `per_group` of them (newest first).
 SELECT host, job_type, outcome, ended_at FROM (
     SELECT a.host, j.job_type, a.outcome, a.ended_at,
            row_number() OVER (PARTITION BY a.host, j.job_type
@@ -214,3 +216,9 @@ ORDER BY host, job_type, ended_at DESC;
 SELECT host, job_type, max(claimed_at) AS claimed_at FROM herder_jobs
 WHERE status IN ('claimed', 'running') AND host IS NOT NULL
 GROUP BY host, job_type;
+
+-- name: statistics_refresh
+ANALYZE herder_jobs;
+
+-- name: schema_table_exists
+SELECT to_regclass('herder_schema') IS NOT NULL AS present;

@@ -72,9 +72,13 @@ SELECT CAST(t.key AS INTEGER), :now, 'claimed', 'queued', 'claimed', t.value, :d
 FROM json_each(:tokens) AS t;
 
 -- name: attempt_heartbeat
+-- :job_ids and :attempts are JSON arrays of the tokens' halves, in the same order; each
+-- job row is found by its rowid. json_each has an `id` column too, hence the table's name.
 UPDATE herder_jobs SET heartbeat_at = :now
-WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
-RETURNING id, attempt, cancel_requested;
+FROM json_each(:attempts) AS t
+WHERE herder_jobs.id = :job_ids ->> t.key AND herder_jobs.attempt = t.value
+  AND herder_jobs.status IN ('claimed', 'running')
+RETURNING herder_jobs.id AS job_id, herder_jobs.attempt, herder_jobs.cancel_requested;
 
 -- name: attempt_finish
 -- Set-based: one statement per group of results that share an outcome, exit code and
@@ -120,7 +124,7 @@ SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELS
 FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
 -- name: job_cancel_requested
-SELECT id, attempt FROM herder_jobs
+SELECT id AS job_id, attempt FROM herder_jobs
 WHERE id IN (SELECT value FROM json_each(:job_ids)) AND cancel_requested = 1;
 
 -- name: attempt_list_live
@@ -174,8 +178,8 @@ RETURNING *;
 -- Tokens ------------------------------------------------------------------------------------
 
 -- name: attempt_list_recent_outcomes
--- For the circuit breakers: each host and job type's newest ended attempts since :since, at
--- most :per_group of them (newest first).
+-- For the circuit breakers: each host and job type's newest ended attempts since `since`,
+-- at most `per_group` of them (newest first).
 SELECT host, job_type, outcome, ended_at FROM (
     SELECT a.host, j.job_type, a.outcome, a.ended_at,
            row_number() OVER (PARTITION BY a.host, j.job_type
@@ -191,3 +195,16 @@ ORDER BY host, job_type, ended_at DESC;
 SELECT host, job_type, max(claimed_at) AS claimed_at FROM herder_job_records
 WHERE status IN ('claimed', 'running') AND host IS NOT NULL
 GROUP BY host, job_type;
+
+-- name: schema_table_exists
+SELECT count(*) AS present FROM sqlite_master WHERE type = 'table' AND name = 'herder_schema';
+
+-- name: statistics_stale
+-- SQLite's own advice is `PRAGMA optimize` now and then: it analyzes only what needs it.
+SELECT 1 AS stale;
+
+-- name: statistics_refresh
+-- It may write, so the driver runs it in `BEGIN IMMEDIATE` like every write: in autocommit
+-- it would start as a reader and fail at once ("database is locked", no busy wait)
+-- whenever another process committed in between.
+PRAGMA optimize;

@@ -1,4 +1,4 @@
--- herder schema v9 (PostgreSQL): what issue 14's outcome table spends and records on the
+-- herder schema v8 (PostgreSQL): what issue 14's outcome table spends and records on the
 -- job. transient_attempts: its own budget for rate limits and overloaded APIs;
 -- escalations: weight moves (an OOM escalates once); actionable / human_action: the last
 -- decision's flags. Columns with a constant default are added without a table rewrite.

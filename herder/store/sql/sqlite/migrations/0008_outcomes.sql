@@ -1,4 +1,4 @@
--- herder schema v9 (SQLite): what issue 14's outcome table spends and records on the job.
+-- herder schema v8 (SQLite): what issue 14's outcome table spends and records on the job.
 -- transient_attempts: its own budget for rate limits and overloaded APIs; escalations:
 -- weight moves (an OOM escalates once); actionable / human_action: the last decision's
 -- flags, for `herder jobs --actionable` and alerts. Every existing job starts at zero.
