@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 from herder.errors import ConfigError, InputError
-from herder.model import JOB_OUTCOMES, MAX_DURATION, Outcome
+from herder.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
 from herder.urls import DEFAULT_DB
 
 CONFIG_FILE = "herder.toml"
@@ -186,8 +186,8 @@ def _command(value: list[str] | str) -> list[str] | str:
     return value
 
 
-ACTIONS = ("done", "retry", "escalate", "wait", "fail", "cancel")
-BUDGETS = ("attempts", "transient_attempts", "spawn_failures", "lost", "none")
+ACTIONS = tuple(action.value for action in Action)
+BUDGETS = tuple(budget.value for budget in Budget)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 

@@ -63,6 +63,30 @@ class Outcome(enum.StrEnum):
     STUCK = "stuck"
 
 
+class Action(enum.StrEnum):
+    """What an outcome does to its job (the outcome table, herder.scheduling.policy)."""
+
+    DONE = "done"
+    RETRY = "retry"
+    """Requeue after the rule's delay (or the budget's backoff)."""
+    ESCALATE = "escalate"
+    """Requeue at the next heavier weight; past the heaviest, fail."""
+    WAIT = "wait"
+    """Requeue when the attempt said work can resume (a quota's reset), else after the delay."""
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+class Budget(enum.StrEnum):
+    """The counter an outcome spends."""
+
+    ATTEMPTS = "attempts"
+    TRANSIENT = "transient_attempts"
+    SPAWN = "spawn_failures"
+    LOST = "lost"
+    NONE = "none"
+
+
 JOB_OUTCOMES = frozenset({
     Outcome.OK, Outcome.FAILED, Outcome.TRANSIENT, Outcome.USAGE_BLOCKED,
     Outcome.NEEDS_HEAVIER, Outcome.OOM, Outcome.RAM_CONTENTION, Outcome.AUTH_REVOKED,

@@ -9,12 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.model import JobStatus, Outcome
+from herder.model import Action, Budget, JobStatus, Outcome
 from herder.scheduling.policy import (
     DEFAULT_RULES,
     SPAWN_OUTCOMES,
-    Action,
-    Budget,
     RetryState,
     Rule,
     backoff_seconds,

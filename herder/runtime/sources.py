@@ -16,7 +16,16 @@ from datetime import datetime
 
 from herder.config import RuleSection, Settings
 from herder.errors import ConfigError
-from herder.model import AttemptResult, AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.model import (
+    Action,
+    AttemptResult,
+    AttemptToken,
+    Budget,
+    HeartbeatReply,
+    Job,
+    JobStatus,
+    Outcome,
+)
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
 from herder.scheduling.capacity import WeightTable
@@ -26,7 +35,7 @@ from herder.scheduling.classification import (
     Pattern,
     verdict,
 )
-from herder.scheduling.policy import DEFAULT_RULES, Action, Budget, RetryState, Rule, decide
+from herder.scheduling.policy import DEFAULT_RULES, RetryState, Rule, decide
 from herder.store import Store, Waker
 
 

@@ -14,36 +14,15 @@ infrastructure churn (lost) never burn the attempts a job has for its own faults
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from herder.config import FleetSection, RuntimeSection
-from herder.model import Decision, JobStatus, Outcome
+from herder.model import Action, Budget, Decision, JobStatus, Outcome
 
 MAX_TRANSIENT_ATTEMPTS = 5
 """Transient outcomes (a 429, an overloaded API) a job may meet before it fails (seed 002)."""
-
-
-class Action(enum.StrEnum):
-    DONE = "done"
-    RETRY = "retry"
-    """Requeue after the rule's delay (or the budget's backoff)."""
-    ESCALATE = "escalate"
-    """Requeue at the next heavier weight; past the heaviest, fail."""
-    WAIT = "wait"
-    """Requeue when the attempt said work can resume (a quota's reset), else after the delay."""
-    FAIL = "fail"
-    CANCEL = "cancel"
-
-
-class Budget(enum.StrEnum):
-    ATTEMPTS = "attempts"
-    TRANSIENT = "transient_attempts"
-    SPAWN = "spawn_failures"
-    LOST = "lost"
-    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)
