@@ -55,8 +55,7 @@ from herder.runtime.sources import (
     AssignmentSource,
     Ending,
     PolicyLimits,
-    alert_human,
-    decide_for,
+    record_ending,
 )
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.breaker import Breaker
@@ -461,14 +460,12 @@ class Coordinator:
             # them, so a refusal means the server's view was a heartbeat old. Wait one
             # heartbeat before offering the job again, never in a hot loop.
             retry_after = max(retry_after or 0.0, self.settings.runtime.heartbeat_interval)
-        result = decide_for(job, outcome, now, self.limits, retry_after, ending, exit_code)
-        applied = self.store.attempt_finish([result], now)
-        if applied:
-            alert_human(self.store, job, result, now)
+        status = record_ending(self.store, job, outcome, now, self.limits, retry_after, ending,
+                               exit_code)
         self.poke()
-        if not applied:
+        if status is None:
             raise Conflict(f"attempt {token} has already ended")
-        return applied[0][1]
+        return status
 
     def agent_gone(self, label: str, worker: str) -> dict[str, int]:
         """An agent died and its guardian killed its jobs' processes: keep new work off the

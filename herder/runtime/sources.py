@@ -117,7 +117,7 @@ def decide_for(
 ) -> AttemptResult:
     """The outcome of one ended attempt of `job`, all its signals weighed (given its
     `ending`), and the policy's decision, as the store applies them."""
-    report: str | None = None
+    report: dict[str, object] = {}
     resume_at = None
     reason = None
     if ending is not None:
@@ -127,7 +127,7 @@ def decide_for(
         outcome, resume_at, reason = found.outcome, found.resume_at, found.failure_reason
         if found.retry_after is not None:
             retry_after = max(retry_after or 0.0, found.retry_after)
-        report = json.dumps(found.report(), sort_keys=True) or None
+        report = found.report()
     weights = limits.rules.weights
     state = RetryState(job.failures, job.lost, job.max_attempts, job.backoff_base_seconds,
                        job.backoff_max_seconds, job.spawn_failures, job.transient_attempts,
@@ -140,20 +140,30 @@ def decide_for(
     if reason and decision.status is not JobStatus.DONE:
         decision = replace(decision, failure_reason=reason)  # the job's own word
     if decision.note:  # e.g. "cannot find capacity for orchestrator"
-        report = json.dumps({**(json.loads(report) if report else {}), "note": decision.note},
-                            sort_keys=True)
-    return AttemptResult(job.token, outcome, exit_code, decision, report)
+        report["note"] = decision.note
+    return AttemptResult(job.token, outcome, exit_code, decision,
+                         json.dumps(report, sort_keys=True) if report else None)
 
 
-def alert_human(store: Store, job: Job, result: AttemptResult, now: datetime) -> None:
-    """A failure only a human can fix (a revoked login) opens an alert of its own: waiting
-    for someone to read `herder jobs` is how such a fleet stops for a day."""
+def record_ending(
+    store: Store, job: Job, outcome: Outcome, now: datetime, limits: PolicyLimits,
+    retry_after: float | None = None, ending: Ending | None = None,
+    exit_code: int | None = None,
+) -> JobStatus | None:
+    """Judge one ended attempt, record it, and alert when only a human can fix what
+    happened; None when the store refused it (the attempt was no longer live)."""
+    result = decide_for(job, outcome, now, limits, retry_after, ending, exit_code)
+    applied = store.attempt_finish([result], now)
+    if not applied:
+        return None
     decision = result.decision
+    # Waiting for someone to read `herder jobs` is how such a fleet stops for a day.
     if decision.human_action and decision.status is JobStatus.FAILED:
         store.alert_open(f"job:{job.id}:human_action",
                          f"job {job.id} ({job.job_type}) failed with {decision.failure_reason} "
                          f"on {job.host or 'its host'}: a human must act (e.g. log in again), "
                          "then `herder retry`", now)
+    return applied[0][1]
 
 
 class WorkSource(abc.ABC):
@@ -243,11 +253,8 @@ class StoreSource(WorkSource):
         self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
         retry_after: float | None = None, ending: Ending | None = None,
     ) -> JobStatus | None:
-        result = decide_for(job, outcome, now, self.limits, retry_after, ending, exit_code)
-        applied = self.store.attempt_finish([result], now)
-        if applied:
-            alert_human(self.store, job, result, now)
-        return applied[0][1] if applied else None
+        return record_ending(self.store, job, outcome, now, self.limits, retry_after, ending,
+                             exit_code)
 
     def cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         return self.store.job_cancel_requested(job_ids)
