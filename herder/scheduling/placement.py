@@ -730,13 +730,20 @@ def stopped(plan: Plan) -> dict[str, str] | None:
     None otherwise (work was placed, or waits only for capacity or a suitable host)."""
     if plan.assignments or not plan.waiting:
         return None
-    why: dict[str, dict[str, int]] = {}
+    # Jobs of one shape share their rejections' tuple: weigh each tuple once by its jobs
+    # instead of walking jobs x hosts.
+    shared: dict[int, tuple[tuple[Rejection, ...], int]] = {}
     for job_id in plan.waiting:
-        for rejection in plan.waiting[job_id]:
+        rejections = plan.waiting[job_id]
+        _, jobs = shared.get(id(rejections), (rejections, 0))
+        shared[id(rejections)] = (rejections, jobs + 1)
+    why: dict[str, dict[str, int]] = {}
+    for rejections, jobs in shared.values():
+        for rejection in rejections:
             if rejection.reason not in HOST_UNABLE:
                 return None
             counts = why.setdefault(rejection.host, {})
-            counts[rejection.detail] = counts.get(rejection.detail, 0) + 1
+            counts[rejection.detail] = counts.get(rejection.detail, 0) + jobs
     return {host: max(sorted(details), key=lambda detail: details[detail])
             for host, details in sorted(why.items())} or None
 
