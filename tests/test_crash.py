@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from support.local import Harness, shell
+from support.local import Harness, open_harness, shell
 from support.processes import Proc
 from support.waits import wait_for
 
@@ -145,11 +145,8 @@ def test_kill_9_of_up_loses_running_attempts_and_never_overlaps(harness: Harness
 
 @pytest.fixture
 def postgres_harness(tmp_path: Path, postgres_url: str) -> Iterator[Harness]:
-    h = Harness(tmp_path, postgres_url)
-    try:
+    with open_harness(tmp_path, postgres_url) as h:
         yield h
-    finally:
-        h.close()
 
 
 @pytest.mark.slow

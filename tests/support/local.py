@@ -11,6 +11,7 @@ all, and every `up` group, so nothing leaks into other tests.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -121,11 +122,18 @@ class Harness(HarnessBase):
         self.client.close()
 
 
-@pytest.fixture
-def harness(tmp_path: Path, store_url: str) -> Iterator[Harness]:
-    """One test's `Harness` (see above), closed at teardown."""
-    h = Harness(tmp_path, store_url)
+@contextlib.contextmanager
+def open_harness(directory: Path, db_url: str) -> Iterator[Harness]:
+    """A `Harness` on `db_url`, closed when the block ends."""
+    h = Harness(directory, db_url)
     try:
         yield h
     finally:
         h.close()
+
+
+@pytest.fixture
+def harness(tmp_path: Path, store_url: str) -> Iterator[Harness]:
+    """One test's `Harness` (see above), once per backend."""
+    with open_harness(tmp_path, store_url) as h:
+        yield h
