@@ -277,6 +277,9 @@ class JobTypeSection:
     silence_timeout: Duration | None = field(default=None, metadata=rules(gt=0))
     """No new log output for this long: the attempt is stopped as `stuck`."""
     exit_codes: dict[str, str] | None = field(default=None, metadata=rules(check=_exit_codes))
+    accounts: list[str] | bool = False
+    """Runs under one of its host's accounts (herder.scheduling.accounts): true is any that
+    serves the type, a list names those it may use, false (the default) is none."""
     policy: dict[str, RuleSection] = field(default_factory=dict, metadata=rules(
         check=_names(re.compile("^(" + "|".join(OUTCOMES) + ")$"),
                      "{name!r} is not an outcome; use one of " + ", ".join(OUTCOMES))))
@@ -312,6 +315,31 @@ def _transport(value: str) -> str:
     return value
 
 
+def _argv(value: list[str] | None) -> list[str] | None:
+    if value is not None and not value:
+        raise ValueError("the command is empty; give an argv list like [\"probe-claude\"]")
+    return value
+
+
+@dataclass(frozen=True)
+class AccountSection:
+    """[hosts.LABEL.accounts.NAME]: a credential identity on the host that jobs run under
+    (`herder accounts`). `env` is what it gives a job; its values may be secrets and are
+    never shown or logged, only their names."""
+
+    env: dict[str, str] = field(default_factory=dict, metadata=rules(check=_names(
+        _ENV_NAME, "{name!r} is not a valid environment variable name")))
+    max_sessions: int = field(default=1, metadata=rules(ge=1, le=10_000))
+    job_types: list[str] | None = None
+    """The job types it serves; left out: every type that asks for an account."""
+    probe: list[str] | None = field(default=None, metadata=rules(check=_argv))
+    """A command run on the host that prints {"credentials_present": .., "has_refresh_token":
+    .., "access_expired": ..} (booleans only); anything else is ignored (fail-open)."""
+    probe_timeout: Duration = field(default=10.0, metadata=rules(gt=0))
+    probe_interval: Duration = field(default=300.0, metadata=rules(gt=0))
+    """How long a probe's answer is kept before the probe runs again."""
+
+
 @dataclass(frozen=True)
 class HostSection:
     """A host declared in herder.toml; `herder server` creates or updates it at start."""
@@ -328,6 +356,8 @@ class HostSection:
     priority_floor: int | None = None
     labels: list[str] = field(default_factory=list)
     enabled: bool = True
+    accounts: dict[str, AccountSection] = field(default_factory=dict, metadata=rules(
+        check=_names(_NAME, "{name!r} is not a valid account name")))
 
 
 def _shedding(value: Any) -> Any:
@@ -399,6 +429,8 @@ class FleetSection:
     breaker_pause: Duration = field(default=300.0, metadata=rules(gt=0))
     """How long an open breaker launches nothing of that type there."""
     scheduler_interval: Duration = 1.0
+    auth_revoked_cooldown: Duration = 1800.0
+    """An account whose login was revoked is skipped this long (seed 004 #7667)."""
     missed_heartbeats: int = field(default=3, metadata=rules(ge=1))
     pickup_timeout: Duration | None = field(default=None, metadata=positive(
         " (or left out for the default)"))
@@ -761,6 +793,7 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
         if host.transport == "ssh" and not host.ssh_target:
             raise ConfigError(_where(config, text, ["hosts", label, "ssh_target"]),
                               "an ssh host needs ssh_target", "set ssh_target = \"user@host\"")
+    _check_accounts(config, text)
     for name, job_type in settings.job_types.items():
         if job_type.weight is not None and job_type.weight not in settings.weights:
             raise ConfigError(
@@ -782,6 +815,20 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                     f"{prompt} does not exist",
                     "create the file or fix the path (relative to herder.toml)",
                 )
+
+
+def _check_accounts(config: Config, text: str) -> None:
+    """An account a job type names must exist on some host, or the type could never run."""
+    declared = {name for host in config.settings.hosts.values() for name in host.accounts}
+    for name, job_type in config.settings.job_types.items():
+        if isinstance(job_type.accounts, list):
+            for account in job_type.accounts:
+                if account not in declared:
+                    raise ConfigError(
+                        _where(config, text, ["job_types", name, "accounts"]),
+                        f"no host has an account {account!r}",
+                        "declare it under [hosts.LABEL.accounts." + account + "] or use one "
+                        f"of {sorted(declared)}")
 
 
 def _line_of(text: str, loc: list[str]) -> int | None:

@@ -353,3 +353,44 @@ class HostUsage:
     @property
     def booked_gb(self) -> float:
         return self.jobs_gb + self.reserved_gb
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """An account as declared: on which host, what it gives a job, how many sessions it
+    takes at once, and which job types it serves (None: every type that asks for one)."""
+
+    host: str
+    name: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_sessions: int = 1
+    job_types: frozenset[str] | None = None
+    probe: tuple[str, ...] | None = None
+    source: str = "config"
+
+    def serves(self, job_type: str, names: frozenset[str] | None) -> bool:
+        """Whether a job of `job_type`, which may use the accounts `names` (None: any),
+        may run under this account."""
+        return ((self.job_types is None or job_type in self.job_types)
+                and (names is None or self.name in names))
+
+
+@dataclass(frozen=True, slots=True)
+class AccountHealth:
+    """What is known about an account's health; the defaults know nothing (healthy)."""
+
+    depleted_until: datetime | None = None
+    auth_revoked_at: datetime | None = None
+    dead_token: bool | None = None
+    """The last probe's verdict; None when no probe ran or it said nothing usable."""
+    probed_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AccountRecord:
+    """An account as stored: what it is (never its env's values), its health, and its
+    sessions (the live attempts under it)."""
+
+    account: Account
+    health: AccountHealth
+    sessions: int = 0

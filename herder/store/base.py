@@ -18,6 +18,9 @@ from typing import Any
 
 from herder.errors import InputError, StoreUnavailable
 from herder.model import (
+    Account,
+    AccountHealth,
+    AccountRecord,
     Attempt,
     AttemptResult,
     AttemptToken,
@@ -474,6 +477,75 @@ class Store(abc.ABC):
         return [alert_from_row(row) for row in self.driver.read(
             "alert_list", {"open_only": open_only, "limit": limit})]
 
+    # -- accounts (herder.scheduling.accounts) ----------------------------------------------
+
+    def account_upsert(self, account: Account, now: datetime) -> None:
+        """Create or update an account's declaration; its health is kept."""
+        self.driver.write("account_upsert", {
+            "host": account.host, "name": account.name, "env": Json(dict(account.env)),
+            "max_sessions": account.max_sessions,
+            "job_types": None if account.job_types is None else Json(sorted(account.job_types)),
+            "probe": None if account.probe is None else Json(list(account.probe)),
+            "source": account.source, "now": now})
+
+    def account_delete(self, host: str, name: str) -> bool:
+        return bool(self.driver.write("account_delete", {"host": host, "name": name}))
+
+    def account_list(self, host: str | None = None) -> list[AccountRecord]:
+        """Every account (of `host`), with its health and sessions; never its env."""
+        return [account_from_row(row)
+                for row in self.driver.read("account_list", {"host": host})]
+
+    def account_env(self, host: str, name: str) -> dict[str, str] | None:
+        """What the account gives a job (may hold secrets: never log it)."""
+        rows = self.driver.read("account_env", {"host": host, "name": name})
+        return {str(k): str(v) for k, v in rows[0]["env"].items()} if rows else None
+
+    def account_mark_depleted(self, host: str, name: str, until: datetime,
+                              now: datetime) -> bool:
+        return bool(self.driver.write("account_mark_depleted", {
+            "host": host, "name": name, "until": until, "now": now}))
+
+    def account_mark_revoked(self, host: str, name: str, now: datetime) -> bool:
+        return bool(self.driver.write("account_mark_revoked",
+                                      {"host": host, "name": name, "now": now}))
+
+    def account_clear(self, host: str, name: str, now: datetime) -> bool:
+        """Clear `depleted` and `auth_revoked`; False when neither was set."""
+        return bool(self.driver.write("account_clear",
+                                      {"host": host, "name": name, "now": now}))
+
+    def account_record_probe(self, host: str, name: str, dead_token: bool | None,
+                             now: datetime) -> bool:
+        return bool(self.driver.write("account_record_probe", {
+            "host": host, "name": name, "dead_token": dead_token, "now": now}))
+
+    def attempt_bind_account(self, token: AttemptToken, host: str, account: str,
+                             max_sessions: int, now: datetime) -> bool:
+        """Run the live attempt under `account` while the account has a free session; the
+        job's history records it (an `account` event). False when it is full or the attempt
+        is no longer live."""
+        with self.driver.transaction() as transaction:
+            if not transaction.fetch("attempt_bind_account", {
+                    "job_id": token.job_id, "attempt": token.attempt, "host": host,
+                    "account": account, "max_sessions": max_sessions}):
+                return False
+            insert_event(transaction, token.job_id, now, "account", None, None, token.attempt,
+                         {"account": account, "host": host})
+        return True
+
+    def attempt_get_account(self, token: AttemptToken) -> tuple[str, str] | None:
+        """(host, account) the attempt runs under, while it is the job's latest."""
+        rows = self.driver.read("attempt_get_account",
+                                {"job_id": token.job_id, "attempt": token.attempt})
+        if not rows or rows[0]["account"] is None or rows[0]["host"] is None:
+            return None
+        return rows[0]["host"], rows[0]["account"]
+
+    def job_clear_account(self, job_id: int) -> bool:
+        """Forget the account of a job whose attempt has ended."""
+        return bool(self.driver.write("job_clear_account", {"job_id": job_id}))
+
     def __enter__(self) -> Store:
         return self
 
@@ -708,6 +780,17 @@ def reservation_from_row(row: Mapping[str, Any]) -> Reservation:
         expires_at=row["expires_at"],
         ended_at=row["ended_at"],
     )
+
+
+def account_from_row(row: Mapping[str, Any]) -> AccountRecord:
+    job_types, probe = row["job_types"], row["probe"]
+    account = Account(row["host"], row["name"], {}, int(row["max_sessions"]),
+                      None if job_types is None else frozenset(job_types),
+                      None if probe is None else tuple(probe), row["source"])
+    dead = row["dead_token"]
+    health = AccountHealth(row["depleted_until"], row["auth_revoked_at"],
+                           None if dead is None else bool(dead), row["probed_at"])
+    return AccountRecord(account, health, int(row["sessions"]))
 
 
 def alert_from_row(row: Mapping[str, Any]) -> Alert:

@@ -48,12 +48,12 @@ _TIME_COLUMNS = frozenset(
     {
         "available_at", "created_at", "claimed_at", "started_at", "finished_at", "updated_at",
         "heartbeat_at", "ended_at", "at", "last_heartbeat", "expires_at", "opened_at",
-        "cleared_at", "revoked_at",
+        "cleared_at", "revoked_at", "depleted_until", "auth_revoked_at", "probed_at",
     }
 )
 _JSON_COLUMNS = frozenset(
     {"command", "payload", "env", "detail", "allowed_job_types", "allowed_weights", "labels",
-     "agent_info", "job_types"}
+     "agent_info", "job_types", "probe"}
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 PAGE_SIZE = 2048

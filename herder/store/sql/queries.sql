@@ -198,3 +198,66 @@ ORDER BY id DESC LIMIT :limit;
 
 -- name: schema_version
 SELECT max(version) AS version FROM herder_schema;
+
+-- name: account_upsert
+INSERT INTO herder_accounts (host, name, env, max_sessions, job_types, probe, source,
+                             created_at, updated_at)
+VALUES (:host, :name, :env, :max_sessions, :job_types, :probe, :source, :now, :now)
+ON CONFLICT (host, name) DO UPDATE SET
+    env = excluded.env, max_sessions = excluded.max_sessions,
+    job_types = excluded.job_types, probe = excluded.probe, source = excluded.source,
+    updated_at = excluded.updated_at
+RETURNING name;
+
+-- name: account_delete
+DELETE FROM herder_accounts WHERE host = :host AND name = :name RETURNING name;
+
+-- name: account_list
+-- Never the env: its values may be secrets (only account_env reads them, to bind).
+SELECT a.host, a.name, a.max_sessions, a.job_types, a.probe, a.source, a.depleted_until,
+       a.auth_revoked_at, a.dead_token, a.probed_at,
+       (SELECT count(*) FROM herder_jobs j
+        WHERE j.host = a.host AND j.account = a.name
+          AND j.status IN ('claimed', 'running')) AS sessions
+FROM herder_accounts a
+WHERE a.host = coalesce(:host, a.host)
+ORDER BY a.host, a.name;
+
+-- name: account_env
+SELECT env FROM herder_accounts WHERE host = :host AND name = :name;
+
+-- name: account_mark_depleted
+UPDATE herder_accounts SET depleted_until = :until, updated_at = :now
+WHERE host = :host AND name = :name RETURNING name;
+
+-- name: account_mark_revoked
+UPDATE herder_accounts SET auth_revoked_at = :now, updated_at = :now
+WHERE host = :host AND name = :name RETURNING name;
+
+-- name: account_clear
+-- A successful run: the quota and the login work again (a dead token waits for a probe).
+UPDATE herder_accounts SET depleted_until = NULL, auth_revoked_at = NULL, updated_at = :now
+WHERE host = :host AND name = :name
+  AND (depleted_until IS NOT NULL OR auth_revoked_at IS NOT NULL)
+RETURNING name;
+
+-- name: account_record_probe
+UPDATE herder_accounts SET dead_token = :dead_token, probed_at = :now, updated_at = :now
+WHERE host = :host AND name = :name RETURNING name;
+
+-- name: attempt_bind_account
+-- The live attempt runs under the account, while the account has a free session.
+UPDATE herder_jobs SET account = :account
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+  AND (SELECT count(*) FROM herder_jobs j
+       WHERE j.host = :host AND j.account = :account
+         AND j.status IN ('claimed', 'running')) < :max_sessions
+RETURNING id;
+
+-- name: attempt_get_account
+SELECT host, account FROM herder_jobs WHERE id = :job_id AND attempt = :attempt;
+
+-- name: job_clear_account
+UPDATE herder_jobs SET account = NULL
+WHERE id = :job_id AND account IS NOT NULL AND status NOT IN ('claimed', 'running')
+RETURNING id;
