@@ -316,6 +316,14 @@ class PreflightCheck(Reply):
     timeout: float
 
 
+class AccountProbe(Reply):
+    """An account's probe as the host's agent runs it (`herder.runtime.accounts`)."""
+
+    argv: list[str]
+    timeout: float
+    interval: float
+
+
 class HostGate(Reply):
     """What an agent needs to gate itself before taking work."""
 
@@ -331,6 +339,9 @@ class HostGate(Reply):
     escalation: list[str]
     preflight: dict[str, PreflightCheck] = Field(default_factory=dict)
     """Job type -> the check the agent runs before taking that type."""
+    probes: dict[str, AccountProbe] = Field(default_factory=dict)
+    """Account -> the probe the agent runs on the host; it reports `accounts` in its
+    heartbeat's info as account -> dead_token (true, false, or null for unknown)."""
 
 
 class HeartbeatReply(Reply):

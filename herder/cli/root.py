@@ -43,6 +43,8 @@ COMMANDS: dict[str, str] = {
     "host": "herder.cli.hosts:host",
     "ram": "herder.cli.hosts:ram",
     "why": "herder.cli.hosts:why_command",
+    "accounts": "herder.cli.accounts:accounts",
+    "account": "herder.cli.accounts:account",
     "token": "herder.cli.tokens:token",
     "heartbeat": "herder.cli.agent:heartbeat",
     "slots": "herder.cli.slots:slots",

@@ -6,11 +6,16 @@ import ipaddress
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from herder.cli.root import State, edge, fail, log_to_stderr, pass_state
 from herder.errors import InputError
+
+if TYPE_CHECKING:
+    from herder.config import Settings
+    from herder.store import Store
 
 
 @click.command()
@@ -40,7 +45,21 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
             config.log_dir, concurrency=concurrency, exit_when_idle=exit_when_idle)
         runner = Runner(store, options)
         runner.source.guardian = guardian
+        start_accounts(store, config.settings, options.host)
         sys.exit(runner.run())
+
+
+def start_accounts(store: Store, settings: Settings, host: str) -> None:
+    """Declare herder.toml's accounts and probe this host's in a thread of their own (a
+    probe may take its whole timeout; the runner's loop must not wait for it)."""
+    import threading
+
+    from herder.runtime.accounts import probe_loop, sync_accounts
+    from herder.runtime.runner import utcnow
+
+    sync_accounts(store, settings, utcnow())
+    threading.Thread(target=probe_loop, args=(store, settings, host, threading.Event(),
+                                              utcnow), name="herder-probes", daemon=True).start()
 
 
 def loopback(bind: str) -> bool:

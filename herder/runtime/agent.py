@@ -27,6 +27,7 @@ from typing import Any
 from herder import wire
 from herder.config import RuntimeSection, ServerSection
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
     FINAL_LOG_WAIT,
     LOG_BACKLOG,
@@ -120,6 +121,7 @@ class HttpSource(WorkSource):
     ) -> None:
         self.client = client
         self.preflight = preflight or Preflight()
+        self.prober = Prober(self.preflight.pass_env)
         # Retry no slower than the heartbeat: after an outage the server must hear from this
         # agent (and get its queued reports) within one lease, or it declares them lost.
         client.max_delay = min(client.max_delay, max(heartbeat_interval, 0.2))
@@ -348,7 +350,8 @@ class HttpSource(WorkSource):
             worker=self.worker, running=wire.pairs(tokens), with_attempts=with_attempts,
             info={"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
                   "draining": self.draining.is_set(), "stopped": self.stopped,
-                  "gate": self.gate.view(), "preflight_failed": self.preflight.failed()})
+                  "gate": self.gate.view(), "preflight_failed": self.preflight.failed(),
+                  "accounts": self.prober.view()})
         answer = self.client.call("POST", "/heartbeat", retry=retry, stop=self._stop,
                                   timeout=self.runner_timeout, json=body.model_dump(mode="json"))
         reply = wire.HeartbeatReply.model_validate(answer)
@@ -370,8 +373,12 @@ class HttpSource(WorkSource):
         checks = {} if gate is None else {
             job_type: Check(tuple(check.argv), check.strict, check.timeout)
             for job_type, check in gate.preflight.items()}
+        probes = {} if gate is None else {
+            name: ProbeCommand(tuple(probe.argv), probe.timeout, probe.interval)
+            for name, probe in gate.probes.items()}
+        probed = self.prober.refresh(probes)
         if not self.preflight.refresh(checks):
-            return False
+            return bool(probed)
         for job_type, detail in sorted(self.preflight.failed().items()):
             log.warning("preflight for job type %s failed (%s): not taking it for now",
                         job_type, detail)

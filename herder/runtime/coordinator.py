@@ -36,6 +36,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
+from herder.runtime.accounts import probe_commands, record_probes, sync_accounts
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
@@ -55,6 +56,7 @@ from herder.runtime.sources import (
     AssignmentSource,
     Ending,
     PolicyLimits,
+    bind_jobs,
     record_ending,
 )
 from herder.runtime.ssh import SshLauncher
@@ -64,6 +66,7 @@ from herder.store import Store, Waker, as_unavailable
 from herder.store.base import Lease
 from herder.views import iso
 from herder.wire import (
+    AccountProbe,
     HeartbeatReply,
     HostGate,
     HostView,
@@ -185,6 +188,7 @@ class Coordinator:
                 self.store.host_insert(record, now)
             else:
                 self.store.host_update(replace(record, enabled=existing.enabled), now)
+        sync_accounts(self.store, self.settings, now)
 
     def start(self) -> None:
         self.sync_hosts()
@@ -413,7 +417,9 @@ class Coordinator:
             return []
         jobs = self.store.attempt_list_assigned(label, free)
         now = utcnow()
-        return [job for job in jobs if self.store.attempt_set_worker(job.token, worker, now)]
+        return bind_jobs(self.store, label, [
+            job for job in jobs if self.store.attempt_set_worker(job.token, worker, now)],
+            now, self.limits)
 
     def placed_attempt(self, label: str, token: AttemptToken) -> Job | None:
         """The job of an attempt placed on `label` and not started yet (ssh push)."""
@@ -428,6 +434,8 @@ class Coordinator:
         """Renew the host and the attempts its agent runs; say which of them still live."""
         stamp = utcnow()
         self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
+        if isinstance(info.get("accounts"), dict):
+            record_probes(self.store, label, info["accounts"], stamp)
         reply = self.store.attempt_heartbeat(running, stamp)
         host = self.store.host_get(label)
         attempts = self.store.attempt_list_live(label) if with_attempts else []
@@ -524,7 +532,11 @@ class Coordinator:
             priority_floor=host.priority_floor,
             weights=dict(self.fleet.weights.budgets),
             escalation=list(self.fleet.weights.chain),
-            preflight=self.preflight_checks)
+            preflight=self.preflight_checks,
+            probes={name: AccountProbe(argv=list(probe.argv), timeout=probe.timeout,
+                                       interval=probe.interval)
+                    for name, probe in probe_commands(self.store.account_list(host.label),
+                                                      self.settings).items()})
 
     def host_views(self) -> list[HostView]:
         now = utcnow()

@@ -16,6 +16,7 @@ from typing import Any
 
 from herder.config import Settings
 from herder.model import HostRecord, Transport
+from herder.runtime.accounts import FLEET_STOPPED, AccountRules
 from herder.scheduling.breaker import (
     PAUSE_SECONDS,
     THRESHOLD,
@@ -58,7 +59,6 @@ log = logging.getLogger("herder.scheduler")
 BREAKER_HISTORY = timedelta(days=1)
 """How far back a run of transient outcomes counts towards opening a breaker."""
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
-FLEET_STOPPED = "fleet:stopped"
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class Fleet:
     max_due: int = 100_000
     breaker_threshold: int = THRESHOLD
     breaker_pause: float = PAUSE_SECONDS
+    accounts: AccountRules = field(default_factory=lambda: AccountRules({}))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fleet:
@@ -98,6 +99,7 @@ class Fleet:
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
             breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
+            accounts=AccountRules.from_settings(settings),
         )
 
     def breakers(self, store: Store, now: datetime) -> dict[tuple[str, str], Breaker]:
@@ -196,6 +198,10 @@ def take_snapshot(store: Store, fleet: Fleet, now: datetime,
         if state.blocks:
             open_breakers.setdefault(label, {})[job_type] = (Reason.BREAKER_OPEN,
                                                              state.describe())
+    if fleet.accounts.needs:  # hosts whose accounts cannot serve a type are closed to it
+        for label, types in fleet.accounts.blocked(store.account_list(), [
+                h.label for h in hosts], now).items():
+            open_breakers.setdefault(label, {}).update(types)
     loads = {}
     for host in hosts:
         used = usage.get(host.label)

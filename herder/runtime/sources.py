@@ -26,6 +26,7 @@ from herder.model import (
     JobStatus,
     Outcome,
 )
+from herder.runtime.accounts import AccountRules, bind_accounts, learn_from_outcome
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
 from herder.scheduling.capacity import WeightTable
@@ -50,6 +51,8 @@ class OutcomeRules:
     """Job type -> its outcome table, where herder.toml overrides a rule."""
     patterns: Mapping[str, tuple[Pattern, ...]] = field(default_factory=dict)
     """Job type -> its log patterns, where herder.toml adds or replaces some."""
+    accounts: AccountRules = field(default_factory=lambda: AccountRules({}))
+    """Which job types run under an account (herder.runtime.accounts)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutcomeRules:
@@ -66,7 +69,8 @@ class OutcomeRules:
                    *(() if job_type.replace_patterns else DEFAULT_PATTERNS))
             for name, job_type in settings.job_types.items()
             if job_type.patterns or job_type.replace_patterns}
-        return cls(exit_codes, WeightTable(dict(settings.weights), chain), policies, patterns)
+        return cls(exit_codes, WeightTable(dict(settings.weights), chain), policies, patterns,
+                   AccountRules.from_settings(settings))
 
 
 def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Outcome, Rule]:
@@ -113,18 +117,19 @@ class Ending:
 def decide_for(
     job: Job, outcome: Outcome, now: datetime, limits: PolicyLimits,
     retry_after: float | None = None, ending: Ending | None = None,
-    exit_code: int | None = None,
+    exit_code: int | None = None, resume_at: datetime | None = None,
 ) -> AttemptResult:
     """The outcome of one ended attempt of `job`, all its signals weighed (given its
-    `ending`), and the policy's decision, as the store applies them."""
+    `ending`), and the policy's decision, as the store applies them; `resume_at` is when a
+    wait ends unless the ending says."""
     report: dict[str, object] = {}
-    resume_at = None
     reason = None
     if ending is not None:
         found = verdict(outcome, exit_code, ending.log_tail, now, ending.result,
                         limits.rules.exit_codes.get(job.job_type, {}),
                         limits.rules.patterns.get(job.job_type, DEFAULT_PATTERNS))
-        outcome, resume_at, reason = found.outcome, found.resume_at, found.failure_reason
+        outcome, reason = found.outcome, found.failure_reason
+        resume_at = found.resume_at or resume_at
         if found.retry_after is not None:
             retry_after = max(retry_after or 0.0, found.retry_after)
         report = found.report()
@@ -148,12 +153,18 @@ def decide_for(
 def record_ending(
     store: Store, job: Job, outcome: Outcome, now: datetime, limits: PolicyLimits,
     retry_after: float | None = None, ending: Ending | None = None,
-    exit_code: int | None = None,
+    exit_code: int | None = None, resume_at: datetime | None = None,
 ) -> JobStatus | None:
-    """Judge one ended attempt, record it, and alert when only a human can fix what
-    happened; None when the store refused it (the attempt was no longer live)."""
-    result = decide_for(job, outcome, now, limits, retry_after, ending, exit_code)
+    """Judge one ended attempt, record it and what it says of its account, and alert when
+    only a human can fix what happened; None when the store refused it (the attempt was
+    no longer live)."""
+    result = decide_for(job, outcome, now, limits, retry_after, ending, exit_code, resume_at)
+    accounts = job.job_type in limits.rules.accounts.needs
+    if accounts:  # before the finish: the job row names the account while it is live
+        learn_from_outcome(store, job, result.outcome, result.decision.available_at, now)
     applied = store.attempt_finish([result], now)
+    if accounts:
+        store.job_clear_account(job.id)
     if not applied:
         return None
     decision = result.decision
@@ -164,6 +175,16 @@ def record_ending(
                          f"on {job.host or 'its host'}: a human must act (e.g. log in again), "
                          "then `herder retry`", now)
     return applied[0][1]
+
+
+def bind_jobs(store: Store, host: str, jobs: list[Job], now: datetime,
+              limits: PolicyLimits) -> list[Job]:
+    """`jobs` bound to accounts (herder.runtime.accounts.bind_accounts); those that cannot
+    launch are recorded as ended with nothing spent."""
+    def finish(job: Job, outcome: Outcome, resume_at: datetime | None) -> None:
+        record_ending(store, job, outcome, now, limits, resume_at=resume_at)
+
+    return bind_accounts(store, limits.rules.accounts, host, jobs, now, finish)
 
 
 class WorkSource(abc.ABC):
@@ -259,6 +280,10 @@ class StoreSource(WorkSource):
     def cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         return self.store.job_cancel_requested(job_ids)
 
+    def bind(self, jobs: list[Job], now: datetime) -> list[Job]:
+        """The jobs that may launch, each under its account if its type needs one."""
+        return bind_jobs(self.store, self.host, jobs, now, self.limits)
+
     def waker(self) -> Waker:
         return self.store.listen()
 
@@ -274,7 +299,7 @@ class ClaimSource(StoreSource):
     """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE."""
 
     def take(self, free: int, now: datetime) -> list[Job]:
-        return self.store.job_claim(self.host, self.worker, free, now)
+        return self.bind(self.store.job_claim(self.host, self.worker, free, now), now)
 
     def idle(self) -> bool:
         return not any(self.store.job_counts().values())
@@ -285,8 +310,8 @@ class AssignmentSource(StoreSource):
 
     def take(self, free: int, now: datetime) -> list[Job]:
         jobs = self.store.attempt_list_assigned(self.host, free)
-        return [job for job in jobs
-                if self.store.attempt_set_worker(job.token, self.worker, now)]
+        return self.bind([job for job in jobs
+                          if self.store.attempt_set_worker(job.token, self.worker, now)], now)
 
     def idle(self) -> bool:
         return not any(self.store.job_counts().values())

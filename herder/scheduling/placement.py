@@ -70,6 +70,8 @@ class Reason(enum.StrEnum):
     JOB_TYPE_NOT_ALLOWED = "job_type_not_allowed"
     PREFLIGHT_FAILED = "preflight_failed"
     BREAKER_OPEN = "breaker_open"
+    NO_HEALTHY_ACCOUNT = "no_healthy_account"
+    """Every account of the host that serves the job type is depleted, revoked or dead."""
     WEIGHT_NOT_ALLOWED = "weight_not_allowed"
     PRIORITY_FLOOR = "priority_floor"
     AFFINITY = "affinity"
@@ -719,7 +721,8 @@ class _Waiting(Mapping[int, tuple[Rejection, ...]]):
 
 
 HOST_UNABLE = frozenset({Reason.DISABLED, Reason.HEALTH, Reason.AGENT_DOWN,
-                         Reason.WINDOW_CLOSED, Reason.PREFLIGHT_FAILED, Reason.BREAKER_OPEN})
+                         Reason.WINDOW_CLOSED, Reason.PREFLIGHT_FAILED, Reason.BREAKER_OPEN,
+                         Reason.NO_HEALTHY_ACCOUNT})
 """Refusals that say the host cannot run work now, not that this job does not suit it or
 that the host is busy."""
 

@@ -1,0 +1,212 @@
+"""Issue 15 item 1 end to end: accounts rotate when one hits its usage limit, a job waits
+without spending anything while every account is depleted (and the fleet-stopped alert names
+the host and its accounts), and the first account is used again once its reset passes;
+probes that print garbage or hang keep their account, one that finds a dead token removes
+it. Under `herder up` on both backends, and through a server and an agent."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from support.local import Harness
+from support.waits import wait_for
+
+from herder.model import JobStatus
+
+FAKE_AGENT = """\
+#!/bin/sh
+# A stand-in for an AI agent CLI under an account: $WHO names the account (its env);
+# a file named after it in $LIMITS holds the reset time of a usage limit it has hit.
+echo "$WHO" >> "$RUNS"
+if [ -f "$LIMITS/$WHO" ]; then
+  echo "Claude AI usage limit reached|$(cat "$LIMITS/$WHO")"
+  exit 1
+fi
+echo "done under $WHO"
+"""
+DEAD = ('{"credentials_present": true, "has_refresh_token": false, '
+        '"access_expired": true}')
+SECRET = "sk-never-shown-4711"
+
+
+def job_type(folder: Path) -> str:
+    script = folder / "fake-agent"
+    script.write_text(FAKE_AGENT)
+    script.chmod(0o755)
+    (folder / "limits").mkdir()
+    return (f'[job_types.agent]\ncommand = ["{script}"]\naccounts = true\nmax_attempts = 1\n'
+            f'preflight = false\nenv = {{RUNS = "{folder / "runs"}", '
+            f'LIMITS = "{folder / "limits"}"}}\n')
+
+
+def accounts_config(folder: Path, host: str) -> str:
+    """Three accounts on `host`: alpha's probe finds a dead token (it would come first by
+    name), first's prints garbage, second's hangs past its timeout."""
+    garbage = folder / "garbage-probe"
+    garbage.write_text("#!/bin/sh\necho 'credentials: yes please'\n")
+    garbage.chmod(0o755)
+    dead = folder / "dead-probe"
+    dead.write_text(f"#!/bin/sh\necho '{DEAD}'\n")
+    dead.chmod(0o755)
+    return (f'\n[hosts.{host}]\nram_total_gb = 16\ntransport = "local"\n'
+            f'[hosts.{host}.accounts.alpha]\nenv = {{WHO = "alpha"}}\nprobe = ["{dead}"]\n'
+            f'[hosts.{host}.accounts.first]\nenv = {{WHO = "first", API_KEY = "{SECRET}"}}\n'
+            f'probe = ["{garbage}"]\n'
+            f'[hosts.{host}.accounts.second]\nenv = {{WHO = "second"}}\n'
+            'probe = ["sleep", "300"]\nprobe_timeout = "1s"\n')
+
+
+def runs(folder: Path) -> list[str]:
+    path = folder / "runs"
+    return path.read_text().split() if path.exists() else []
+
+
+def account_of(store, job_id: int, attempt: int) -> str:  # type: ignore[no-untyped-def]
+    [event] = [e for e in store.event_list(job_id) if e.kind == "account"
+               and e.attempt == attempt]
+    return str(event.detail["account"])
+
+
+def limit(folder: Path, account: str, seconds: float) -> datetime:
+    """The account's next run hits its usage limit, which resets in `seconds`."""
+    reset = int(time.time() + seconds)
+    (folder / "limits" / account).write_text(str(reset))
+    return datetime.fromtimestamp(reset, UTC)
+
+
+@pytest.mark.slow
+def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Path,
+                                                                    store_url: str):
+    h = Harness(tmp_path, store_url, extra_config=job_type(tmp_path))
+    try:
+        with open(h.config, "a") as config:
+            config.write(accounts_config(tmp_path, h.host))
+        up = h.up("--concurrency", "1")
+        try:
+            h.wait_ready(up)
+            store = h.store
+            # Every probe has answered: the garbage and the hang are unknown (healthy).
+            probed = wait_for(lambda: (found := {r.account.name: r.health
+                                                 for r in store.account_list(h.host)})
+                              and all(v.probed_at for v in found.values()) and found, 60,
+                              "every account to be probed", h.describe)
+            assert (probed["alpha"].dead_token, probed["first"].dead_token,
+                    probed["second"].dead_token) == (True, None, None)
+
+            # first hits its usage limit: depleted until the reset it printed.
+            reset_first = limit(tmp_path, "first", 40)
+            blocked = h.client.submit("agent").job_id
+            job = wait_for(lambda: (j := h.job(blocked)).failure_reason == "usage_blocked"
+                           and j, 60, "the usage limit to be judged", h.describe)
+            assert account_of(store, blocked, 1) == "first"
+            assert (job.failures, job.spawn_failures) == (0, 0)
+            [first] = [r for r in store.account_list(h.host) if r.account.name == "first"]
+            assert first.health.depleted_until == reset_first
+
+            # The next job runs under second (alpha's token is dead, first is depleted).
+            second_job = h.client.submit("agent").job_id
+            h.wait_status(second_job, JobStatus.DONE)
+            assert account_of(store, second_job, 1) == "second"
+
+            # second hits its limit too, with a later reset.
+            limit(tmp_path, "second", 3600)
+            drained = h.client.submit("agent").job_id
+            wait_for(lambda: h.job(drained).failure_reason == "usage_blocked", 60,
+                     "second's usage limit to be judged", h.describe)
+            assert account_of(store, drained, 1) == "second"
+
+            # No healthy account: the job waits for first's reset with nothing spent, and
+            # the fleet-stopped alert names the host and each account's state.
+            waiting = h.client.submit("agent").job_id
+            job = wait_for(lambda: (j := h.job(waiting)).failure_reason
+                           == "no_healthy_account" and j, 60, "no healthy account",
+                           h.describe)
+            assert datetime.now(UTC) < reset_first, "too slow: first's reset already passed"
+            assert (job.status, job.available_at) == (JobStatus.QUEUED, reset_first)
+            assert (job.failures, job.spawn_failures, job.transient_attempts) == (0, 0, 0)
+            assert not [e for e in store.event_list(waiting) if e.kind == "account"]
+            [alert] = [a for a in store.alert_list() if a.key == "fleet:stopped"]
+            for name in (h.host, "alpha (dead_token", "first (depleted until",
+                         "second (depleted until"):
+                assert name in alert.message, alert.message
+            listed = json.loads(h.cli("accounts", "--json").stdout)
+            assert {a["name"]: a["state"] for a in listed} == {
+                "alpha": "dead_token", "first": "depleted", "second": "depleted"}
+            assert SECRET not in h.cli("accounts").stdout
+
+            # first's reset passes: it is used again, and the success clears it.
+            (tmp_path / "limits" / "first").unlink()
+            h.wait_status(waiting, JobStatus.DONE, timeout=90)
+            assert account_of(store, waiting, 2) == "first"
+            h.wait_status(blocked, JobStatus.DONE, timeout=60)
+            [first] = [r for r in store.account_list(h.host) if r.account.name == "first"]
+            assert first.health.depleted_until is None and first.sessions == 0
+            assert not [a for a in store.alert_list() if a.key == "fleet:stopped"]
+            assert "alpha" not in runs(tmp_path)
+        finally:
+            up.send_signal(signal.SIGTERM)
+            h.wait_exit(up, 30, "herder up")
+        # The account's secret reached the job and nothing else.
+        for job_id in (blocked, second_job, drained, waiting):
+            for event in store.event_list(job_id):
+                assert SECRET not in json.dumps(dict(event.detail))
+            assert SECRET not in h.cli("show", str(job_id), "--json").stdout
+        assert SECRET not in h.stderr_of(up)
+    finally:
+        h.close()
+
+
+@pytest.mark.slow
+def test_a_server_places_jobs_on_accounts_an_agent_probes(make_fleet, tmp_path: Path,
+                                                          sqlite_url: str):
+    """Through `herder server` and `herder agent`: accounts added with the CLI, probed by
+    the agent (garbage keeps the account); while every account of the only host is
+    depleted the job is not placed at all (attempt 0), `why` and the fleet-stopped alert say
+    so, and it runs under first once first's reset passes."""
+    fleet = make_fleet(tmp_path, sqlite_url, extra=job_type(tmp_path))
+    fleet.add_hosts({"alpha": ("--ram", "16")})
+    garbage = tmp_path / "garbage-probe"
+    garbage.write_text("#!/bin/sh\necho '{\"credentials_present\": true}'\n")
+    garbage.chmod(0o755)
+    fleet.cli("account", "add", "alpha", "first", "--env", "WHO=first", "--env",
+              f"API_KEY={SECRET}", "--probe", str(garbage))
+    fleet.cli("account", "add", "alpha", "second", "--env", "WHO=second")
+    bad = fleet.cli("account", "add", "alpha", "third", "--env", "9X=1", check=False)
+    assert bad.returncode == 2 and "--env" in bad.stderr
+    assert [r.account.name for r in fleet.store.account_list()] == ["first", "second"]
+    fleet.start_server()
+    fleet.start_agent("alpha")
+    store = fleet.store
+    wait_for(lambda: [r for r in store.account_list("alpha") if r.account.name == "first"
+                      and r.health.probed_at is not None], 60, "the agent's probe of first",
+             fleet.describe)
+
+    reset_first = limit(tmp_path, "first", 30)
+    blocked = fleet.submit(job_type="agent")
+    wait_for(lambda: fleet.job(blocked).failure_reason == "usage_blocked", 60,
+             "first's usage limit", fleet.describe)
+    assert account_of(store, blocked, 1) == "first"
+    limit(tmp_path, "second", 3600)
+    drained = fleet.submit(job_type="agent")
+    wait_for(lambda: fleet.job(drained).failure_reason == "usage_blocked", 60,
+             "second's usage limit", fleet.describe)
+    assert account_of(store, drained, 1) == "second"
+
+    waiting = fleet.submit(job_type="agent")
+    [alert] = wait_for(lambda: [a for a in store.alert_list() if a.key == "fleet:stopped"],
+                       30, "the fleet-stopped alert", fleet.describe)
+    assert datetime.now(UTC) < reset_first, "too slow: first's reset already passed"
+    assert "alpha" in alert.message and "first (depleted until" in alert.message, alert.message
+    assert "second (depleted until" in alert.message, alert.message
+    assert "no healthy account" in fleet.why(waiting)
+    assert fleet.job(waiting).attempt == 0  # nothing spent while it waits
+
+    (tmp_path / "limits" / "first").unlink()
+    fleet.wait_status(waiting, JobStatus.DONE, timeout=90)
+    assert account_of(store, waiting, 1) == "first"
+    assert SECRET not in json.dumps(fleet.api("GET", f"/api/v1/jobs/{waiting}").json())
