@@ -146,3 +146,23 @@ def test_an_account_with_a_bad_key_is_refused_naming_it(tmp_path: Path):
                       'max_sessions = 0\n')
     with pytest.raises(ConfigError, match=r"hosts\.h1\.accounts\.main\.max_sessions"):
         load_config(config)
+
+
+def test_placement_learns_which_hosts_cannot_serve_a_type_and_why():
+    from herder.model import AccountRecord
+    from herder.runtime.accounts import AccountRules
+    from herder.scheduling.placement import Reason
+
+    rules = AccountRules({"fix": None})
+    records = [
+        AccountRecord(Account("depleted", "a"), AccountHealth(depleted_until=later(60))),
+        AccountRecord(Account("busy", "b"), AccountHealth(), sessions=1),
+        AccountRecord(Account("fine", "c"), AccountHealth(dead_token=None)),
+    ]
+    blocked = rules.blocked(records, ["depleted", "busy", "fine", "none"], NOW)
+    assert blocked["depleted"]["fix"][0] is Reason.NO_HEALTHY_ACCOUNT
+    assert "a (depleted until" in blocked["depleted"]["fix"][1]
+    assert blocked["busy"]["fix"] == (Reason.SLOTS_FULL, "every account for fix in use")
+    assert blocked["none"]["fix"] == (Reason.NO_HEALTHY_ACCOUNT,
+                                      "no healthy account for fix: no account serves it")
+    assert "fine" not in blocked

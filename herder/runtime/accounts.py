@@ -92,16 +92,18 @@ class AccountRules:
     def blocked(self, records: Sequence[AccountRecord], hosts: Sequence[str],
                 now: datetime) -> dict[str, dict[str, tuple[Reason, str]]]:
         """Host -> the job types needing an account that it cannot run now, with why (for
-        placement, which then names them in the fleet-stopped alert). A host whose
-        accounts are all busy is not blocked: a session ending frees one."""
+        placement, which names the unhealthy ones in the fleet-stopped alert). A host whose
+        healthy accounts are all busy is only full: a session ending frees one."""
         found: dict[str, dict[str, tuple[Reason, str]]] = {}
         for host in hosts:
             for job_type in self.needs:
                 choice = self.choose(records, host, job_type, now)
-                if choice.account is None and not choice.full:
+                if choice.account is None:
                     found.setdefault(host, {})[job_type] = (
-                        Reason.NO_HEALTHY_ACCOUNT,
-                        f"no healthy account for {job_type}: {choice.describe()}")
+                        (Reason.SLOTS_FULL, f"every account for {job_type} in use")
+                        if choice.full else
+                        (Reason.NO_HEALTHY_ACCOUNT,
+                         f"no healthy account for {job_type}: {choice.describe()}"))
         return found
 
 
@@ -150,7 +152,8 @@ def _alert_when_no_host_can(store: Store, rules: AccountRules, job_type: str,
     records = store.account_list()
     hosts = sorted({r.account.host for r in records})
     blocked = rules.blocked(records, hosts, now)
-    if all(job_type in blocked.get(host, {}) for host in hosts):
+    if all(blocked.get(host, {}).get(job_type, (None,))[0] is Reason.NO_HEALTHY_ACCOUNT
+           for host in hosts):
         text = "; ".join(f"{host}: {blocked[host][job_type][1]}" for host in hosts) or (
             f"no host has an account for {job_type}")
         if store.alert_open(FLEET_STOPPED, f"work is queued and no host can run any of it: "

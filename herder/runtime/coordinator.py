@@ -36,7 +36,12 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-from herder.runtime.accounts import probe_commands, record_probes, sync_accounts
+from herder.runtime.accounts import (
+    probe_commands,
+    probe_loop,
+    record_probes,
+    sync_accounts,
+)
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
@@ -214,6 +219,8 @@ class Coordinator:
                         f"herder-local-{host.label}")
             self._spawn(functools.partial(self._local_heartbeat, host.label),
                         f"herder-heartbeat-{host.label}")
+            self._spawn(functools.partial(probe_loop, self.store, self.settings, host.label,
+                                          self._stop, utcnow), f"herder-probes-{host.label}")
 
     def _spawn(self, target: Callable[[], object], name: str) -> None:
         """Run `target` in a thread that must live as long as the server: if it ends before

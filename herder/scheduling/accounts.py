@@ -101,7 +101,8 @@ class Choice:
     """Every healthy candidate is at its session cap: a session ending frees one."""
 
     def describe(self) -> str:
-        return ", ".join(f"{name} ({why})" for name, why in self.refusals) or "no account"
+        return (", ".join(f"{name} ({why})" for name, why in self.refusals)
+                or "no account serves it")
 
 
 def pick(accounts: Sequence[Account], healths: Mapping[str, AccountHealth],
