@@ -70,3 +70,24 @@ def test_sessions_are_live_attempts_bound_to_the_account_up_to_its_cap(store: St
     assert store.job_clear_account(first.id)
     assert store.account_list()[0].sessions == 0
     assert store.attempt_bind_account(second.token, "h1", "main", 1, at(4))
+
+
+def test_an_ending_teaches_the_account_it_ran_under(store: Store):
+    """record_ending, where herder up and the server judge attempts: a revoked login stamps
+    the account, a success clears it, and the ended attempt frees its session."""
+    from herder.runtime.accounts import AccountRules
+    from herder.runtime.sources import OutcomeRules, PolicyLimits, record_ending
+
+    limits = PolicyLimits(5, 5, 300.0, OutcomeRules(accounts=AccountRules({"adhoc": None})))
+    store.account_upsert(Account("h1", "main", max_sessions=2), T0)
+    revoked, fine = claimed(store, 2)
+    for job in (revoked, fine):
+        assert store.attempt_bind_account(job.token, "h1", "main", 2, at(2))
+    assert store.account_list()[0].sessions == 2
+    assert record_ending(store, revoked, Outcome.AUTH_REVOKED, at(3), limits) is (
+        JobStatus.FAILED)
+    [record] = store.account_list()
+    assert (record.health.auth_revoked_at, record.sessions) == (at(3), 1)
+    assert record_ending(store, fine, Outcome.OK, at(4), limits) is JobStatus.DONE
+    [record] = store.account_list()
+    assert (record.health.auth_revoked_at, record.sessions) == (None, 0)
