@@ -143,6 +143,7 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
             (tmp_path / "limits" / "first").unlink()
             h.wait_status(waiting, JobStatus.DONE, timeout=90)
             assert account_of(store, waiting, 2) == "first"
+            assert "account=first" in h.cli("show", str(waiting)).stdout
             h.wait_status(blocked, JobStatus.DONE, timeout=60)
             [first] = [r for r in store.account_list(h.host) if r.account.name == "first"]
             assert first.health.depleted_until is None and first.sessions == 0

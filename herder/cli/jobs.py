@@ -189,9 +189,12 @@ def show(state: State, job_id: int, as_json: bool) -> None:
             console.print(f"[bold]{label:>18}[/bold]  {value}", highlight=False)
     if attempts:
         console.print("\n[bold]attempts[/bold]")
+        under = {e.attempt: f" account={e.detail.get('account')}" for e in events
+                 if e.kind == "account"}
         for a in attempts:
             console.print(f"  #{a.attempt} {a.host} pid={a.pid} {a.outcome or 'live'} "
-                          f"exit={a.exit_code} log={a.log_path}", highlight=False)
+                          f"exit={a.exit_code}{under.get(a.attempt, '')} log={a.log_path}",
+                          highlight=False)
     console.print("\n[bold]events[/bold]")
     for e in events:
         arrow = f"{e.from_status or ''} → {e.to_status or ''}" if e.to_status else ""
