@@ -357,8 +357,9 @@ class HostUsage:
 
 @dataclass(frozen=True, slots=True)
 class Account:
-    """An account as declared: on which host, what it gives a job, how many sessions it
-    takes at once, and which job types it serves (None: every type that asks for one)."""
+    """An account as declared: on which host, what it gives a job (`env`: empty when read
+    back from the store's list, since its values may be secrets), how many sessions it takes
+    at once, and which job types it serves (None: every type that asks for one)."""
 
     host: str
     name: str

@@ -19,15 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from herder.config import Settings
-from herder.model import Account, AccountHealth, AccountRecord, Job, Outcome
+from herder.config import AccountSection, Settings
+from herder.model import Account, AccountRecord, Job, Outcome
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
 from herder.scheduling.accounts import (
     AUTH_REVOKED_COOLDOWN_SECONDS,
     Choice,
     coerce_probe,
     pick,
-    state_of,
 )
 from herder.scheduling.placement import Reason
 from herder.store import Store
@@ -261,11 +260,8 @@ def probe_commands(records: Sequence[AccountRecord], settings: Settings,
         if account.probe is None:
             continue
         host = settings.hosts.get(account.host)
-        section = host.accounts.get(account.name) if host is not None else None
-        if section is None:
-            from herder.config import AccountSection
-
-            section = AccountSection()
+        section = (host.accounts.get(account.name) if host is not None else None) or (
+            AccountSection())
         commands[account.name] = ProbeCommand(account.probe, section.probe_timeout,
                                               section.probe_interval)
     return commands
@@ -298,7 +294,3 @@ def probe_loop(store: Store, settings: Settings, host: str, stop: threading.Even
             log.exception("account probes failed; trying again")
             wait = 10.0
         stop.wait(min(wait, 60.0))
-
-
-def health_line(health: AccountHealth, now: datetime, cooldown: float) -> str:
-    return state_of(health, now, cooldown)[1]
