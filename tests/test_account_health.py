@@ -161,7 +161,8 @@ def test_placement_learns_which_hosts_cannot_serve_a_type_and_why():
     ]
     blocked = rules.blocked(records, ["depleted", "busy", "fine", "none"], NOW)
     assert blocked["depleted"]["fix"][0] is Reason.NO_HEALTHY_ACCOUNT
-    assert "a (depleted until" in blocked["depleted"]["fix"][1]
+    assert blocked["depleted"]["fix"][1].startswith(
+        "no healthy account for fix (0 of 1): a (depleted until")
     assert blocked["busy"]["fix"] == (Reason.SLOTS_FULL, "every account for fix in use")
     assert blocked["none"]["fix"] == (Reason.NO_HEALTHY_ACCOUNT,
                                       "no healthy account for fix: no account serves it")

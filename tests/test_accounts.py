@@ -131,7 +131,7 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
             assert (job.failures, job.spawn_failures, job.transient_attempts) == (0, 0, 0)
             assert not [e for e in store.event_list(waiting) if e.kind == "account"]
             [alert] = [a for a in store.alert_list() if a.key == "fleet:stopped"]
-            for name in (h.host, "alpha (dead_token", "first (depleted until",
+            for name in (h.host, "(0 of 3)", "alpha (dead_token", "first (depleted until",
                          "second (depleted until"):
                 assert name in alert.message, alert.message
             listed = json.loads(h.cli("accounts", "--json").stdout)
@@ -203,7 +203,7 @@ def test_a_server_places_jobs_on_accounts_an_agent_probes(make_fleet, tmp_path: 
                        30, "the fleet-stopped alert", fleet.describe)
     assert datetime.now(UTC) < reset_first, "too slow: first's reset already passed"
     assert "alpha" in alert.message and "first (depleted until" in alert.message, alert.message
-    assert "second (depleted until" in alert.message, alert.message
+    assert "second (depleted until" in alert.message and "(0 of 2)" in alert.message
     assert "no healthy account" in fleet.why(waiting)
     assert fleet.job(waiting).attempt == 0  # nothing spent while it waits
 

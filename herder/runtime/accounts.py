@@ -101,9 +101,14 @@ class AccountRules:
                     found.setdefault(host, {})[job_type] = (
                         (Reason.SLOTS_FULL, f"every account for {job_type} in use")
                         if choice.full else
-                        (Reason.NO_HEALTHY_ACCOUNT,
-                         f"no healthy account for {job_type}: {choice.describe()}"))
+                        (Reason.NO_HEALTHY_ACCOUNT, f"no healthy account for {job_type}"
+                         f"{_of(choice)}: {choice.describe()}"))
         return found
+
+
+def _of(choice: Choice) -> str:
+    """How many accounts were weighed, for the alert (none usable of that many)."""
+    return f" (0 of {len(choice.refusals)})" if choice.refusals else ""
 
 
 Finish = Callable[[Job, Outcome, datetime | None], object]
