@@ -46,10 +46,10 @@ class Result:
     """Monotonic seconds."""
 
 
-def default_check(command: Sequence[str] | str, shell: bool) -> Check | None:
+def default_check(command: Sequence[str | Sequence[str]] | str, shell: bool) -> Check | None:
     """`<program> --version` for a job type's command; None when there is no program to
     name (a shell string's first word is a guess herder does not make)."""
-    if shell or isinstance(command, str) or not command:
+    if shell or isinstance(command, str) or not command or not isinstance(command[0], str):
         return None
     return Check((command[0], "--version"))
 
