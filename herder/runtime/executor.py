@@ -14,7 +14,7 @@ from pathlib import Path
 
 from herder.model import AttemptToken, Job, Outcome
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
-from herder.runtime.workspace import Launch, Workspaces, launch, spec_of
+from herder.runtime.workspace import Launch, Workspaces, claim, launch, spec_of
 from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 
 
@@ -207,7 +207,7 @@ def spawn(
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = job_environment(job, host, marker, log_path, pass_env)
-    prepared = _workspace_launch(job, env, marker, workspaces)
+    prepared = _workspace_launch(job, env, worker, marker, workspaces)
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
     with open(log_path, "wb") as log:
@@ -242,7 +242,7 @@ def spawn(
                           workspace=prepared.folder if prepared else None)
 
 
-def _workspace_launch(job: Job, env: Mapping[str, str], marker: str,
+def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str,
                       workspaces: Workspaces | None) -> Launch | None:
     try:
         spec = spec_of(job)
@@ -252,7 +252,7 @@ def _workspace_launch(job: Job, env: Mapping[str, str], marker: str,
         return None
     if workspaces is None:
         raise LaunchError("this runner has no workspace root for the job's workspace")
-    workspaces.folder(job.token, marker).parent.mkdir(parents=True, exist_ok=True)
+    claim(workspaces.folder(job.token, marker), worker)
     return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces)
 
 

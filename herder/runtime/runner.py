@@ -368,7 +368,8 @@ class Runner:
             self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
             self._step("maintenance", lambda: self.source.maintain(self.clock()), mono)
             self._step("workspace sweep",
-                       lambda: sweep(self.options.workspaces.root, time.time()), mono)
+                       lambda: sweep(self.options.workspaces.root, time.time(),
+                                     self.options.workspace_keep_failed), mono)
         if (self.options.exit_when_idle and claimed_none and not self.running
                 and not self.unreported and self._step("idle check", self.source.idle, mono)):
             log.info("nothing queued, claimed or running: exiting")

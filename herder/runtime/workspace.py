@@ -24,13 +24,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from herder.errors import InputError
 from herder.model import AttemptToken, Job
+from herder.runtime.process import process_alive
 from herder.templates import fill_prompt, render
 from herder.workspace import WorkspaceSpec, of_env
 
@@ -40,6 +41,7 @@ EXIT_LAUNCH_FAILED = 127
 GIT_PROTOCOLS = "file:git:http:https:ssh"
 """The transports git may use: no `ext::` (it runs a command), whatever the repository says."""
 KEPT_SUFFIX = ".kept"
+OWNER_SUFFIX = ".owner"
 GB = 1024**3
 
 
@@ -238,9 +240,17 @@ def _result(env: Mapping[str, str], result: Mapping[str, Any]) -> None:
 # -- after the attempt (the runner) ------------------------------------------------------------
 
 
+def claim(folder: Path, worker: str) -> None:
+    """Note beside the attempt's folder which runner owns it (`host/pid/start`), so a
+    sweep can tell a folder whose runner died from one still in use."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.with_name(folder.name + OWNER_SUFFIX).write_text(worker + "\n")
+
+
 def release(folder: Path, succeeded: bool, keep_failed: float, now: float) -> str | None:
     """Remove a succeeded attempt's checkout; keep a failed one until `now + keep_failed`
     (a `.kept` file beside it says until when). What to log, or None."""
+    folder.with_name(folder.name + OWNER_SUFFIX).unlink(missing_ok=True)
     if not folder.exists():
         return None
     if succeeded or keep_failed <= 0:
@@ -251,10 +261,26 @@ def release(folder: Path, succeeded: bool, keep_failed: float, now: float) -> st
     return f"workspace kept for inspection for {keep_failed:g}s: {folder}"
 
 
-def sweep(root: Path, now: float) -> int:
-    """Remove kept checkouts whose time is up; how many."""
+def runner_alive(worker: str) -> bool:
+    """Whether the runner `host/pid/start` still runs on this machine."""
+    parts = worker.rsplit("/", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return False
+    return process_alive(int(parts[1]), int(parts[2]))
+
+
+def sweep(root: Path, now: float, keep_failed: float,
+          alive: Callable[[str], bool] = runner_alive) -> int:
+    """Remove kept checkouts whose time is up, and keep for inspection those whose runner
+    died before it could release them; how many were removed."""
+    attempts = root / "attempts"
+    for owner in sorted(attempts.glob(f"*{OWNER_SUFFIX}")):
+        with contextlib.suppress(OSError):
+            if not alive(owner.read_text().strip()):
+                release(owner.with_name(owner.name[: -len(OWNER_SUFFIX)]), False,
+                        keep_failed, now)
     removed = 0
-    for marker in sorted((root / "attempts").glob(f"*{KEPT_SUFFIX}")):
+    for marker in sorted(attempts.glob(f"*{KEPT_SUFFIX}")):
         try:
             until = float(marker.read_text().strip() or 0)
         except (OSError, ValueError):
