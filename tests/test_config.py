@@ -63,7 +63,7 @@ def test_sample_written_by_init_loads_with_the_documented_defaults(tmp_path):
 def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path):
     lines = sample_config().splitlines()
     start = lines.index("# [job_types.claude-issue]")
-    end = next(i for i, line in enumerate(lines) if line.startswith("# --- A fleet"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("# The same agent"))
     uncommented = (lines[:start] + [line.removeprefix("# ") for line in lines[start:end]]
                    + lines[end:])
     path = write(tmp_path, "\n".join(uncommented) + "\n")
@@ -75,6 +75,19 @@ def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path)
     assert job_type.export == ["issue", "repo"]
     assert job_type.timeout == 7200.0
     assert job_type.priority == 10
+
+
+def test_commented_workspace_example_in_the_sample_loads_once_uncommented(tmp_path):
+    lines = sample_config().splitlines()
+    start = lines.index("# [job_types.fix-issue]")
+    end = next(i for i, line in enumerate(lines) if line.startswith("# --- A fleet"))
+    uncommented = (lines[:start] + [line.removeprefix("# ") for line in lines[start:end]]
+                   + lines[end:])
+    job_type = load_config(write(tmp_path, "\n".join(uncommented) + "\n")).settings.job_types[
+        "fix-issue"]
+    assert job_type.command[-1] == ["--model", "{model}"]
+    assert (job_type.prompt_from, job_type.workspace and job_type.workspace.mode) == (
+        "workspace", "worktree")
 
 
 def test_no_config_file_means_defaults(tmp_path):
