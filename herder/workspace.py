@@ -22,6 +22,9 @@ MODES = ("worktree", "clone")
 PROMPT_SOURCES = ("submit", "workspace")
 MAX_LENGTH = 2000
 _USERINFO_SECRET = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@")
+_LOCATION = re.compile(r"^(/|[A-Za-z][A-Za-z0-9+.-]*://|[^/:]+:)")
+"""An absolute path, a URL or scp-like `host:path`: a relative path would be relative to
+wherever the host happens to run git."""
 _UNSAFE_REF = re.compile(r"[\s\x00-\x1f\x7f:]|\.\.|@\{")
 
 
@@ -72,6 +75,9 @@ class WorkspaceSpec:
                 return name, "is too long or holds a NUL"
         if _UNSAFE_REF.search(self.ref):
             return "ref", f"{self.ref!r} is not a branch, tag or commit name"
+        if not _LOCATION.match(self.repository):
+            return "repository", (f"{self.repository!r} is neither a URL, an scp-like "
+                                  "host:path nor an absolute path")
         if _USERINFO_SECRET.match(self.repository):
             return "repository", ("holds a password; git runs with the host's credentials "
                                   "(its credential helper or SSH keys), never the job's")

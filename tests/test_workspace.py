@@ -154,6 +154,19 @@ def typed(tmp_path):
     return load_config(write_config(tmp_path, WORKSPACE_TYPES))
 
 
+@pytest.mark.parametrize("repository", ["git@github.com:acme/app.git", "/srv/git/app.git",
+                                        "https://github.com/acme/app.git", "file:///srv/a"])
+def test_repository_locations_git_knows_are_accepted(repository):
+    assert WorkspaceSpec(repository, "v1.2").problem() is None
+
+
+def test_a_spec_that_was_tampered_with_is_not_run():
+    with pytest.raises(ValueError, match="starts with '-'"):
+        WorkspaceSpec.decode(json.dumps({"repository": "/srv/a", "ref": "--output=x"}))
+    with pytest.raises(ValueError, match="not a workspace spec"):
+        WorkspaceSpec.decode("[1]")
+
+
 def test_a_submitted_workspace_travels_in_the_jobs_env(typed):
     spec = resolve(typed, SubmitRequest(job_type="fix", payload={
         "repo": "git@example.com:team/app.git", "ref": "main", "model": "opus"}))
@@ -173,6 +186,8 @@ def test_a_submitted_workspace_travels_in_the_jobs_env(typed):
      "not a branch, tag or commit"),
     ({"repo": "https://bot:s3cret@example.com/app.git", "ref": "main"},
      "job_types.fix.workspace.repository", "holds a password"),
+    ({"repo": "repos/app.git", "ref": "main"}, "job_types.fix.workspace.repository",
+     "nor an absolute path"),
 ])
 def test_a_workspace_value_git_must_not_see_is_an_input_error(typed, payload, field, says):
     with pytest.raises(InputError) as raised:
@@ -279,6 +294,9 @@ def test_git_gets_the_hosts_environment_without_herders_own():
     assert env["HOME"] == "/home/u" and env["SSH_AUTH_SOCK"] == "/s"
     assert not [name for name in env if name.startswith("HERDER_")]
     assert env["GIT_TERMINAL_PROMPT"] == "0" and "ext" not in env["GIT_ALLOW_PROTOCOL"]
+    assert env["GIT_HTTP_LOW_SPEED_TIME"] == "60"
+    assert git_environment({"GIT_HTTP_LOW_SPEED_TIME": "600"})["GIT_HTTP_LOW_SPEED_TIME"] == (
+        "600")  # the host's own setting stands
 
 
 def test_a_succeeded_checkout_goes_and_a_failed_one_stays_until_its_time(tmp_path):

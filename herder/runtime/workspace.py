@@ -96,10 +96,14 @@ def launch(job: Job, spec: WorkspaceSpec, job_env: Mapping[str, str], marker_var
 
 def git_environment(source: Mapping[str, str]) -> dict[str, str]:
     """The host's environment for git (its HOME, SSH agent, credential helpers), without
-    herder's own variables (database URL, tokens); git never prompts."""
+    herder's own variables (database URL, tokens); git never prompts, nor waits on a
+    stalled transfer."""
     env = {name: value for name, value in source.items() if not name.startswith("HERDER_")}
     env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": GIT_PROTOCOLS,
                 "LC_ALL": "C"})
+    # A stalled HTTP transfer fails instead of hanging the attempt (unless the host says).
+    env.setdefault("GIT_HTTP_LOW_SPEED_LIMIT", "1000")
+    env.setdefault("GIT_HTTP_LOW_SPEED_TIME", "60")
     return env
 
 
