@@ -21,7 +21,10 @@ VARIABLE = "HERDER_WORKSPACE"
 MODES = ("worktree", "clone")
 PROMPT_SOURCES = ("submit", "workspace")
 MAX_LENGTH = 2000
-_USERINFO_SECRET = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@")
+_USERINFO_SECRET = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@|https?://[^/@]+@)",
+                              re.IGNORECASE)
+"""A password in a URL, or any user in an HTTP URL (a token passed as the user name): seed
+000's at-rest leak, the credential stored with the job and shown in its log."""
 _LOCATION = re.compile(r"^(/|[A-Za-z][A-Za-z0-9+.-]*://|[^/:]+:)")
 """An absolute path, a URL or scp-like `host:path`: a relative path would be relative to
 wherever the host happens to run git."""
@@ -79,7 +82,7 @@ class WorkspaceSpec:
             return "repository", (f"{self.repository!r} is neither a URL, an scp-like "
                                   "host:path nor an absolute path")
         if _USERINFO_SECRET.match(self.repository):
-            return "repository", ("holds a password; git runs with the host's credentials "
+            return "repository", ("holds a credential; git runs with the host's credentials "
                                   "(its credential helper or SSH keys), never the job's")
         if self.prompt_file is not None and not relative_inside(self.prompt_file):
             return "prompt_file", f"{self.prompt_file!r} must be a path inside the checkout"

@@ -35,6 +35,7 @@ from herder.runtime.workspace import (
     launch,
     prepare,
     release,
+    run,
     runner_alive,
     sweep,
 )
@@ -155,7 +156,8 @@ def typed(tmp_path):
 
 
 @pytest.mark.parametrize("repository", ["git@github.com:acme/app.git", "/srv/git/app.git",
-                                        "https://github.com/acme/app.git", "file:///srv/a"])
+                                        "https://github.com/acme/app.git", "file:///srv/a",
+                                        "ssh://git@example.com:2222/app.git"])
 def test_repository_locations_git_knows_are_accepted(repository):
     assert WorkspaceSpec(repository, "v1.2").problem() is None
 
@@ -185,7 +187,11 @@ def test_a_submitted_workspace_travels_in_the_jobs_env(typed):
     ({"repo": "/srv/app.git", "ref": "main:refs/heads/x"}, "job_types.fix.workspace.ref",
      "not a branch, tag or commit"),
     ({"repo": "https://bot:s3cret@example.com/app.git", "ref": "main"},
-     "job_types.fix.workspace.repository", "holds a password"),
+     "job_types.fix.workspace.repository", "holds a credential"),
+    ({"repo": "https://ghp_0123456789@github.com/acme/app.git", "ref": "main"},
+     "job_types.fix.workspace.repository", "holds a credential"),
+    ({"repo": "ssh://git:pw@example.com/app.git", "ref": "main"},
+     "job_types.fix.workspace.repository", "holds a credential"),
     ({"repo": "repos/app.git", "ref": "main"}, "job_types.fix.workspace.repository",
      "nor an absolute path"),
 ])
@@ -286,6 +292,31 @@ def test_a_full_disk_and_a_prompt_that_leaves_the_checkout_fail_the_workspace(tm
     with pytest.raises(WorkspaceError) as raised:
         fill_command(["a", "{prompt}"], spec, False, folder, {})
     assert "leads out of the checkout" in str(raised.value)
+
+
+def preparing_request(tmp_path: Path, origin: Path, ref: str, payload: dict) -> dict:
+    spec = WorkspaceSpec(str(origin), ref, "clone", "prompts/task.md", (1,))
+    return {"argv": ["agent", "{prompt}"], "shell": False, "spec": spec.encode(),
+            "root": str(tmp_path / "w"), "folder": str(tmp_path / "w" / "attempts" / "1.1"),
+            "min_free_gb": 0.0,
+            "env": {"HERDER_RESULT": str(tmp_path / "result.json"),
+                    "HERDER_PAYLOAD": json.dumps(payload), "HERDER_JOB_TYPE": "fix"}}
+
+
+def test_the_preparing_process_says_how_it_failed_in_the_log_and_the_result(tmp_path, origin,
+                                                                           capsys):
+    assert run(preparing_request(tmp_path, origin, "nosuch", {"issue": 1})) == 6
+    assert "# herder: workspace failed: git fetch failed" in capsys.readouterr().out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["outcome"] == "workspace_failed"
+    assert "couldn't find remote ref nosuch" in result["summary"]
+
+
+def test_a_prompt_missing_its_field_fails_the_job_not_the_workspace(tmp_path, origin, capsys):
+    assert run(preparing_request(tmp_path, origin, "main", {})) == 1
+    assert "# herder: prompt failed: payload.issue" in capsys.readouterr().out
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["outcome"], result["failure_reason"]) == ("failed", "prompt_template")
 
 
 def test_git_gets_the_hosts_environment_without_herders_own():

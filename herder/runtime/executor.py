@@ -207,7 +207,11 @@ def spawn(
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = job_environment(job, host, marker, log_path, pass_env)
-    prepared = _workspace_launch(job, env, worker, marker, workspaces)
+    try:
+        prepared = _workspace_launch(job, env, worker, marker, workspaces)
+    except LaunchError as exc:
+        append_log(log_path, f"launch failed: {exc}")
+        raise
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
     with open(log_path, "wb") as log:
