@@ -455,7 +455,8 @@ def test_herder_up_runs_each_attempt_in_a_fresh_checkout(tmp_path, store_url):
 @pytest.mark.slow
 def test_an_agent_prepares_the_workspace_on_its_host(make_fleet, tmp_path, store_url):
     origin = make_repository(tmp_path)
-    fleet = make_fleet(tmp_path, store_url, extra=agent_types(tmp_path, origin))
+    fleet = make_fleet(tmp_path, store_url, fleet={"spawn_backoff": "1h"},
+                       extra=agent_types(tmp_path, origin))
     fleet.add_hosts({"alpha": ("--ram", "16")})
     fleet.start_server()
     fleet.start_agent("alpha")
@@ -474,7 +475,7 @@ def test_an_agent_prepares_the_workspace_on_its_host(make_fleet, tmp_path, store
         "ref": "nosuch", "out": str(tmp_path / "never"), "exit": 0, "issue": 12})
     job = wait_for(lambda: (j := fleet.job(bad)) and j.spawn_failures == 1 and j, 60,
                    "the bad ref to fail its workspace on the agent", fleet.describe)
-    assert job.failure_reason == "spawn_git_auth"
+    assert (job.status, job.failure_reason) == (JobStatus.QUEUED, "spawn_git_auth")
     assert [a.outcome for a in fleet.attempts(bad)] == [Outcome.WORKSPACE_FAILED]
     log = fleet.cli("logs", str(bad)).stdout
     assert "invalid reference: nosuch" in log, log

@@ -261,7 +261,11 @@ def release(folder: Path, succeeded: bool, keep_failed: float, now: float) -> st
         _remove(folder)
         return None
     marker = folder.with_name(folder.name + KEPT_SUFFIX)
-    marker.write_text(f"{now + keep_failed:.0f}\n")
+    try:
+        marker.write_text(f"{now + keep_failed:.0f}\n")
+    except OSError as exc:  # a full disk: better gone than kept forever
+        _remove(folder)
+        return f"workspace removed, it could not be kept ({exc}): {folder}"
     return f"workspace kept for inspection for {keep_failed:g}s: {folder}"
 
 
