@@ -154,8 +154,8 @@ class RunnerOptions:
     quarter of the lease."""
     outcome_rules: OutcomeRules = field(default_factory=OutcomeRules)
     """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
-    workspace_root: Path | None = None
-    """Where jobs' workspaces are checked out; None: `herder-workspaces` beside log_dir."""
+    workspace_root: str = RuntimeSection.workspace_root
+    """Where jobs' workspaces are checked out; a relative path is beside log_dir."""
     workspace_keep_failed: float = RuntimeSection.workspace_keep_failed
     workspace_min_free_gb: float = RuntimeSection.workspace_min_free_gb
 
@@ -180,14 +180,14 @@ class RunnerOptions:
             drain_timeout=drain_timeout, pass_env=tuple(runtime.pass_env),
             fence_margin=runtime.fence_margin,
             outcome_rules=OutcomeRules.from_settings(settings),
-            workspace_root=log_dir.parent / Path(runtime.workspace_root).expanduser(),
+            workspace_root=runtime.workspace_root,
             workspace_keep_failed=runtime.workspace_keep_failed,
             workspace_min_free_gb=runtime.workspace_min_free_gb,
         )
 
     @property
     def workspaces(self) -> Workspaces:
-        root = self.workspace_root or self.log_dir.parent / RuntimeSection.workspace_root
+        root = self.log_dir.parent / Path(self.workspace_root).expanduser()
         return Workspaces(root, self.workspace_keep_failed, self.workspace_min_free_gb)
 
     @property
