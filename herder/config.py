@@ -22,7 +22,10 @@ from typing import Annotated, Any, Union
 
 from herder.errors import ConfigError, InputError
 from herder.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
+from herder.templates import check_command, placeholders
 from herder.urls import DEFAULT_DB
+from herder.workspace import MODES as WORKSPACE_MODES
+from herder.workspace import PROMPT_SOURCES, relative_inside
 
 CONFIG_FILE = "herder.toml"
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?"
@@ -164,6 +167,13 @@ class RuntimeSection:
         " (or left out for a quarter of attempt_lease)"))
     """A runner whose heartbeats fail stops its attempts this long before their lease ends;
     None is a quarter of the lease."""
+    workspace_root: str = "herder-workspaces"
+    """Where attempts' workspaces and the worktree mirrors live; a relative path is beside
+    the log folder."""
+    workspace_keep_failed: Duration = 86400.0
+    """A failed attempt's workspace is kept this long for inspection, then swept."""
+    workspace_min_free_gb: float = field(default=1.0, metadata=rules(ge=0))
+    """A workspace is not prepared when less than this is free on its disk."""
 
 
 @dataclass(frozen=True)
@@ -178,11 +188,18 @@ class DefaultsSection:
     backoff_max: Duration = 600.0
 
 
-def _command(value: list[str] | str) -> list[str] | str:
+def _command(value: list[str | list[str]] | str) -> list[str | list[str]] | str:
     if isinstance(value, list) and not value:
         raise ValueError("the command is empty; give an argv list like [\"aider\", \"--yes\"]")
     if isinstance(value, str) and not value.strip():
         raise ValueError("the command is empty")
+    if isinstance(value, list):
+        check_command(value)
+    return value
+
+
+def _template(value: str) -> str:
+    placeholders(value)
     return value
 
 
@@ -251,12 +268,30 @@ def _preflight(value: list[str] | bool) -> list[str] | bool:
 
 
 @dataclass(frozen=True)
+class WorkspaceSection:
+    """[job_types.NAME.workspace]: a fresh checkout per attempt, its folder the workdir;
+    `repository` and `ref` are templates filled from the payload."""
+
+    repository: str = field(metadata=rules(check=_template))
+    ref: str = field(metadata=rules(check=_template))
+    mode: str = field(default="worktree", metadata=rules(check=_one_of(WORKSPACE_MODES)))
+    """worktree: from a mirror cached on the host, refreshed with `git fetch`; clone: a
+    shallow fetch of the ref alone."""
+
+
+@dataclass(frozen=True)
 class JobTypeSection:
     """[job_types.NAME]: a named route to a command (`herder submit NAME -p key=value`)."""
 
-    command: list[str] | str = field(metadata=rules(check=_command))
+    command: list[str | list[str]] | str = field(metadata=rules(check=_command))
+    """An argv list (a nested list is an optional group, kept only when every field it
+    names is set) or, with shell = true, a script."""
     shell: bool = False
     prompt_file: str | None = None
+    prompt_from: str = field(default="submit", metadata=rules(check=_one_of(PROMPT_SOURCES)))
+    """submit: prompt_file is next to herder.toml, read at submit; workspace: it is a path
+    in the job's checkout, read on the host that runs the attempt."""
+    workspace: WorkspaceSection | None = None
     env: dict[str, str] = field(default_factory=dict, metadata=rules(check=_names(
         _ENV_NAME, "{name!r} is not a valid environment variable name")))
     export: list[str] = field(default_factory=list, metadata=rules(check=_names(
@@ -299,6 +334,20 @@ class JobTypeSection:
             if name is not None:
                 raise ValueError(f"{{{name}}} is inside quotes in a shell command; remove the "
                                  "quotes around it (herder quotes every value itself)")
+        if self.prompt_from == "workspace":
+            if self.workspace is None or self.prompt_file is None:
+                raise ValueError("prompt_from = \"workspace\" reads prompt_file from the "
+                                 "job's checkout: set workspace and prompt_file")
+            if not relative_inside(self.prompt_file):
+                raise ValueError(f"prompt_file {self.prompt_file!r} must be a path inside "
+                                 "the checkout (relative, without ..)")
+            for key, template in [*self.env.items(), ("workdir", self.workdir or "")]:
+                if {"prompt", "prompt_file"} & set(placeholders(template)):
+                    raise ValueError(f"{key}: the prompt is read on the host after the "
+                                     "checkout, so only the command may use {prompt}")
+        if self.workspace is not None and self.workdir is not None:
+            raise ValueError("workdir and workspace both say where the job runs; the "
+                             "workspace's checkout is the workdir, drop workdir")
 
 
 @dataclass(frozen=True)
@@ -807,7 +856,7 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                 "shell = true needs a command string; otherwise the command is an argv list",
                 "write command = [\"prog\", \"arg\"], or set shell = true with a string",
             )
-        if job_type.prompt_file is not None:
+        if job_type.prompt_file is not None and job_type.prompt_from == "submit":
             prompt = config.resolve_path(job_type.prompt_file)
             if not prompt.is_file():
                 raise ConfigError(

@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 import shutil
-import string
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,12 +19,14 @@ from herder.config import Config, JobTypeSection
 from herder.errors import InputError
 from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
 from herder.submission import SubmitRequest, storable
+from herder.templates import fill_prompt, render, render_argv, text
+from herder.workspace import VARIABLE as WORKSPACE_VARIABLE
+from herder.workspace import WorkspaceSpec, checked
 
 if TYPE_CHECKING:
     from herder.wire import SubmitBody
 
 ADHOC = "adhoc"
-_FORMATTER = string.Formatter()
 MAX_PAYLOAD_BYTES = 1_000_000
 
 
@@ -103,26 +104,32 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
     context: dict[str, Any] = dict(payload)
     context["job_type"] = request.job_type or ADHOC
     shell = False
+    workspace: WorkspaceSpec | None = None
     if job_type is not None:
-        if job_type.prompt_file is not None:
+        where = f"job_types.{request.job_type}"
+        deferred: tuple[str, ...] = ()
+        if job_type.prompt_file is not None and job_type.prompt_from == "workspace":
+            deferred = ("prompt", "prompt_file")
+        elif job_type.prompt_file is not None:
             prompt_path = config.resolve_path(job_type.prompt_file)
             try:
-                context["prompt"] = prompt_path.read_text()
+                prompt_text = prompt_path.read_text()
             except OSError as exc:
                 raise InputError(
-                    f"job_types.{request.job_type}.prompt_file", f"cannot read {prompt_path}",
+                    f"{where}.prompt_file", f"cannot read {prompt_path}",
                     "fix the path in herder.toml",
                 ) from exc
+            context["prompt"] = fill_prompt(prompt_text, context, f"{where}.prompt_file")
             context["prompt_file"] = str(prompt_path)
         shell = job_type.shell
-        where = f"job_types.{request.job_type}"
         if isinstance(job_type.command, str):
-            quoted = {key: shlex.quote(_text(value)) for key, value in context.items()}
-            script = render(job_type.command, quoted, f"{where}.command")
+            quoted = {key: shlex.quote(text(value)) for key, value in context.items()}
+            script = render(job_type.command, quoted, f"{where}.command", deferred)
             command: tuple[str, ...] = ("/bin/sh", "-c", script)
+            prompt_parts: tuple[int, ...] = (2,) if deferred else ()
         else:
-            command = tuple(render(part, context, f"{where}.command")
-                            for part in job_type.command)
+            command, prompt_parts = render_argv(job_type.command, context,
+                                                f"{where}.command", deferred)
         env = {name: render(value, context, f"{where}.env.{name}")
                for name, value in job_type.env.items()}
         for key in job_type.export:
@@ -131,13 +138,28 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
                     f"payload.{key}", f"job type {request.job_type!r} exports payload field "
                     f"{key!r}, which is missing", f"pass -p {key}=...",
                 )
-            env[f"HERDER_PAYLOAD_{key.upper()}"] = _text(payload[key])
+            env[f"HERDER_PAYLOAD_{key.upper()}"] = text(payload[key])
+        if job_type.workspace is not None:
+            workspace = checked(WorkspaceSpec(
+                render(job_type.workspace.repository, context, f"{where}.workspace.repository"),
+                render(job_type.workspace.ref, context, f"{where}.workspace.ref"),
+                job_type.workspace.mode,
+                job_type.prompt_file if deferred else None, prompt_parts,
+            ), f"{where}.workspace")
         workdir_template = job_type.workdir
     else:
         command = tuple(request.command or ())
         env = {}
         workdir_template = None
+    if WORKSPACE_VARIABLE in request.env:
+        raise InputError(f"env.{WORKSPACE_VARIABLE}", "is set by herder from the job type's "
+                         "workspace", "declare a workspace in the job type instead")
     env.update(request.env)
+    if workspace is not None:
+        if request.workdir is not None:
+            raise InputError("workdir", "this job type runs in a fresh checkout of its "
+                             "workspace", "drop --workdir")
+        env[WORKSPACE_VARIABLE] = workspace.encode()
 
     weight = request.weight or (job_type.weight if job_type else None) or defaults.weight
     config.check_weight(weight)
@@ -161,7 +183,9 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
     backoff_base = _first(job_type.backoff_base if job_type else None, defaults.backoff_base)
     backoff_max = _first(job_type.backoff_max if job_type else None, defaults.backoff_max)
 
-    if request.workdir is not None:
+    if workspace is not None:
+        workdir = None  # the host's fresh checkout
+    elif request.workdir is not None:
         workdir = request.workdir
     elif workdir_template is not None:
         workdir = render(workdir_template, context, f"job_types.{request.job_type}.workdir")
@@ -198,36 +222,6 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
         backoff_max_seconds=backoff_max,
         silence_timeout_seconds=job_type.silence_timeout if job_type else None,
     )
-
-
-def render(template: str, context: Mapping[str, Any], where: str) -> str:
-    """Fill {name} placeholders; only plain names, so a payload cannot reach attributes."""
-    out: list[str] = []
-    try:
-        parsed = list(_FORMATTER.parse(template))
-    except ValueError as exc:
-        raise InputError(where, f"bad template {template!r}: {exc}",
-                         "escape literal braces as {{ and }}") from exc
-    for literal, name, spec, conversion in parsed:
-        out.append(literal)
-        if name is None:
-            continue
-        if not name.isidentifier() or spec or conversion:
-            raise InputError(where, f"placeholder {{{name}}} is not a plain name",
-                             "use {field} with a payload field name")
-        if name not in context:
-            raise InputError(
-                f"payload.{name}", f"{where} needs payload field {name!r}",
-                f"pass -p {name}=... or --payload '{{\"{name}\": ...}}'",
-            )
-        out.append(_text(context[name]))
-    return "".join(out)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
 
 
 def _first(*values: Any) -> Any:

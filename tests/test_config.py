@@ -60,13 +60,17 @@ def test_sample_written_by_init_loads_with_the_documented_defaults(tmp_path):
     assert config.db_url() == f"sqlite:///{tmp_path.resolve() / 'herder.db'}"
 
 
-def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path):
+def sample_uncommented(first: str, stop: str) -> str:
+    """The sample with its lines from `first` to the one starting with `stop` uncommented."""
     lines = sample_config().splitlines()
-    start = lines.index("# [job_types.claude-issue]")
-    end = next(i for i, line in enumerate(lines) if line.startswith("# --- A fleet"))
-    uncommented = (lines[:start] + [line.removeprefix("# ") for line in lines[start:end]]
-                   + lines[end:])
-    path = write(tmp_path, "\n".join(uncommented) + "\n")
+    start = lines.index(first)
+    end = next(i for i, line in enumerate(lines) if line.startswith(stop))
+    return "\n".join(lines[:start] + [line.removeprefix("# ") for line in lines[start:end]]
+                     + lines[end:]) + "\n"
+
+
+def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path):
+    path = write(tmp_path, sample_uncommented("# [job_types.claude-issue]", "# The same agent"))
     with pytest.raises(ConfigError, match=r"job_types\.claude-issue\.prompt_file"):
         load_config(path)
     (tmp_path / "prompts").mkdir()
@@ -75,6 +79,14 @@ def test_commented_claude_example_in_the_sample_loads_once_uncommented(tmp_path)
     assert job_type.export == ["issue", "repo"]
     assert job_type.timeout == 7200.0
     assert job_type.priority == 10
+
+
+def test_commented_workspace_example_in_the_sample_loads_once_uncommented(tmp_path):
+    path = write(tmp_path, sample_uncommented("# [job_types.fix-issue]", "# --- A fleet"))
+    job_type = load_config(path).settings.job_types["fix-issue"]
+    assert job_type.command[-1] == ["--model", "{model}"]
+    assert (job_type.prompt_from, job_type.workspace and job_type.workspace.mode) == (
+        "workspace", "worktree")
 
 
 def test_no_config_file_means_defaults(tmp_path):

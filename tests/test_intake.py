@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from herder.config import Config, load_config
-from herder.errors import InputError
+from herder.errors import ConfigError, InputError
 from herder.intake import parse_assignments, parse_payload, resolve
 from herder.wire import SubmitBody
 
@@ -55,26 +55,8 @@ shell = true
 command = "printf '%s' {prompt} > said.txt"
 prompt_file = "prompts/task.md"
 
-[job_types.attr]
-command = ["echo", "{name.__class__}"]
-
-[job_types.index]
-command = ["echo", "{name[0]}"]
-
-[job_types.conversion]
-command = ["echo", "{name!r}"]
-
-[job_types.spec]
-command = ["echo", "{name:>10}"]
-
-[job_types.positional]
-command = ["echo", "{}"]
-
 [job_types.braces]
 command = ["echo", "{{literal}}", "{name}"]
-
-[job_types.unclosed]
-command = ["echo", "{name"]
 
 [job_types.missing]
 command = ["no-such-program-for-herder-tests"]
@@ -187,17 +169,24 @@ def test_missing_workdir_field_names_payload_dot_field(config):
     assert "job_types.greet.workdir" in error.problem
 
 
-@pytest.mark.parametrize("job_type", ["attr", "index", "conversion", "spec", "positional"])
-def test_placeholders_other_than_plain_names_are_rejected(config, job_type):
-    error = rejected(config, request(job_type, payload={"name": "secret"}))
-    assert error.field == f"job_types.{job_type}.command"
-    assert "not a plain name" in error.problem
+@pytest.mark.parametrize("template", ["{name.__class__}", "{name[0]}", "{name!r}",
+                                      "{name:>10}", "{}"])
+def test_placeholders_other_than_plain_names_are_a_config_error(tmp_path, template):
+    path = tmp_path / "herder.toml"
+    path.write_text(f'[job_types.attr]\ncommand = ["echo", "{template}"]\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert "job_types.attr.command" in raised.value.field
+    assert "not a plain name" in raised.value.problem
 
 
-def test_unclosed_placeholder_is_a_bad_template(config):
-    error = rejected(config, request("unclosed", payload={"name": "x"}))
-    assert error.field == "job_types.unclosed.command"
-    assert "bad template" in error.problem
+def test_an_unclosed_placeholder_is_a_config_error(tmp_path):
+    path = tmp_path / "herder.toml"
+    path.write_text('[job_types.unclosed]\ncommand = ["echo", "{name"]\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert "job_types.unclosed.command" in raised.value.field
+    assert "bad template" in raised.value.problem
 
 
 def test_prompt_file_gives_its_text_as_prompt_and_its_path_as_prompt_file(config, tmp_path):

@@ -108,6 +108,10 @@ def test_job_types_get_the_default_check_a_custom_one_or_none(tmp_path: Path) ->
     assert (checks["custom"].argv, checks["custom"].strict, checks["custom"].timeout) == (
         ["aider", "--check"], True, 2.0)
     assert default_check("make test", shell=True) is None
+    assert default_check(["./run.sh", "x"], shell=False) is None  # only in its workdir
+    assert default_check(["{agent}", "x"], shell=False) is None
+    assert default_check(["/usr/bin/env", "x"], shell=False) == Check(("/usr/bin/env",
+                                                                         "--version"))
 
 
 @pytest.mark.parametrize(("line", "problem"), [

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from herder.model import AttemptToken, Job, Outcome
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
+from herder.runtime.workspace import Launch, Workspaces, claim, launch, spec_of
 from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 
 
@@ -119,6 +120,8 @@ class RunningAttempt:
     log_size: int = 0
     quiet_since: float = 0.0
     """Monotonic time since which the log has not grown (for the job's silence_timeout)."""
+    workspace: Path | None = None
+    """The attempt's fresh checkout, removed or kept when it ends (runtime/workspace.py)."""
 
     @property
     def token(self) -> AttemptToken:
@@ -195,28 +198,35 @@ class RunningAttempt:
 
 def spawn(
     job: Job, host: str, worker: str, log_dir: Path, kill_grace: float,
-    pass_env: Sequence[str] = (),
+    pass_env: Sequence[str] = (), workspaces: Workspaces | None = None,
 ) -> RunningAttempt:
-    """Start the job's command in a new session with its log file; raise LaunchError."""
+    """Start the job's command in a new session with its log file; raise LaunchError.
+    A job with a workspace starts as the process that prepares it (runtime/workspace.py)."""
     token = job.token
     marker = attempt_marker(token, worker)
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = job_environment(job, host, marker, log_path, pass_env)
+    try:
+        prepared = _workspace_launch(job, env, worker, marker, workspaces)
+    except LaunchError as exc:
+        append_log(log_path, f"launch failed: {exc}")
+        raise
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
     with open(log_path, "wb") as log:
+        workdir = prepared.folder if prepared else job.workdir
         header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
                   f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
-                  f"# herder: argv {json.dumps(list(job.command))} in {job.workdir}\n")
+                  f"# herder: argv {json.dumps(list(job.command))} in {workdir}\n")
         log.write(header.encode())
         log.flush()
         try:
             process = subprocess.Popen(
-                list(job.command),
-                cwd=job.workdir or None,
-                env=env,
-                stdin=subprocess.DEVNULL,
+                prepared.argv if prepared else list(job.command),
+                cwd=prepared.folder.parent if prepared else job.workdir or None,
+                env=prepared.env if prepared else env,
+                stdin=subprocess.PIPE if prepared else subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -225,9 +235,29 @@ def spawn(
         except OSError as exc:
             log.write(f"# herder: launch failed: {exc}\n".encode())
             raise LaunchError(str(exc)) from exc
+    if prepared is not None and process.stdin is not None:
+        with contextlib.suppress(OSError):  # it died first: its exit says why
+            process.stdin.write(prepared.stdin)
+        with contextlib.suppress(OSError):
+            process.stdin.close()
     now = time.monotonic()
     deadline = now + job.timeout_seconds if job.timeout_seconds else None
-    return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace)
+    return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace,
+                          workspace=prepared.folder if prepared else None)
+
+
+def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str,
+                      workspaces: Workspaces | None) -> Launch | None:
+    try:
+        spec = spec_of(job)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from exc
+    if spec is None:
+        return None
+    if workspaces is None:
+        raise LaunchError("this runner has no workspace root for the job's workspace")
+    claim(workspaces.folder(job.token, marker), worker)
+    return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces)
 
 
 def append_log(path: Path, line: str) -> None:

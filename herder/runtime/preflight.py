@@ -46,12 +46,16 @@ class Result:
     """Monotonic seconds."""
 
 
-def default_check(command: Sequence[str] | str, shell: bool) -> Check | None:
+def default_check(command: Sequence[str | Sequence[str]] | str, shell: bool) -> Check | None:
     """`<program> --version` for a job type's command; None when there is no program to
-    name (a shell string's first word is a guess herder does not make)."""
-    if shell or isinstance(command, str) or not command:
+    name (a shell string's first word is a guess herder does not make) or it can only be
+    found where the job runs (a path relative to its workdir or checkout, a placeholder)."""
+    if shell or isinstance(command, str) or not command or not isinstance(command[0], str):
         return None
-    return Check((command[0], "--version"))
+    program = command[0]
+    if "{" in program or ("/" in program and not program.startswith("/")):
+        return None
+    return Check((program, "--version"))
 
 
 def run(check: Check, pass_env: Sequence[str] = ()) -> Result:

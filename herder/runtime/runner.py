@@ -47,6 +47,7 @@ from herder.runtime.sources import (
     PolicyLimits,
     WorkSource,
 )
+from herder.runtime.workspace import Workspaces, release, sweep
 from herder.store import Store, Waker
 
 log = logging.getLogger("herder.runner")
@@ -153,6 +154,10 @@ class RunnerOptions:
     quarter of the lease."""
     outcome_rules: OutcomeRules = field(default_factory=OutcomeRules)
     """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
+    workspace_root: str = RuntimeSection.workspace_root
+    """Where jobs' workspaces are checked out; a relative path is beside log_dir."""
+    workspace_keep_failed: float = RuntimeSection.workspace_keep_failed
+    workspace_min_free_gb: float = RuntimeSection.workspace_min_free_gb
 
     @classmethod
     def from_settings(
@@ -175,7 +180,15 @@ class RunnerOptions:
             drain_timeout=drain_timeout, pass_env=tuple(runtime.pass_env),
             fence_margin=runtime.fence_margin,
             outcome_rules=OutcomeRules.from_settings(settings),
+            workspace_root=runtime.workspace_root,
+            workspace_keep_failed=runtime.workspace_keep_failed,
+            workspace_min_free_gb=runtime.workspace_min_free_gb,
         )
+
+    @property
+    def workspaces(self) -> Workspaces:
+        root = self.log_dir.parent / Path(self.workspace_root).expanduser()
+        return Workspaces(root, self.workspace_keep_failed, self.workspace_min_free_gb)
 
     @property
     def limits(self) -> PolicyLimits:
@@ -354,6 +367,9 @@ class Runner:
         if mono >= self._next_maintenance:
             self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
             self._step("maintenance", lambda: self.source.maintain(self.clock()), mono)
+            self._step("workspace sweep",
+                       lambda: sweep(self.options.workspaces.root, time.time(),
+                                     self.options.workspace_keep_failed), mono)
         if (self.options.exit_when_idle and claimed_none and not self.running
                 and not self.unreported and self._step("idle check", self.source.idle, mono)):
             log.info("nothing queued, claimed or running: exiting")
@@ -425,7 +441,8 @@ class Runner:
         self._publish_leases({attempt_marker(job.token, self.worker): asked})
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
-                            self.options.kill_grace, self.options.pass_env)
+                            self.options.kill_grace, self.options.pass_env,
+                            self.options.workspaces)
         except (LaunchError, OSError) as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
             self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
@@ -471,6 +488,11 @@ class Runner:
                     elapsed = mono - attempt.started
                     append_log(attempt.log_path, f"exit {attempt.returncode} after "
                                                  f"{elapsed:.1f}s ({outcome})")
+                if attempt.workspace is not None:
+                    kept = release(attempt.workspace, outcome is Outcome.OK,
+                                   self.options.workspace_keep_failed, time.time())
+                    if kept:
+                        append_log(attempt.log_path, kept)
                 # The tree is gone; its result is reported (and retried) from `unreported`.
                 # A start report still pending is moot: the finish records the attempt.
                 del self.running[token]

@@ -1,0 +1,151 @@
+"""Job type templates filled from a job's payload: `{field}` placeholders, argv parts that
+appear only when their fields are set, and prompt text.
+
+Pure functions: the submit path (herder.intake) and the host that prepares a workspace
+(herder.runtime.workspace) fill the same templates the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from herder.errors import InputError
+
+_FORMATTER = string.Formatter()
+_PROMPT_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+CommandPart = str | Sequence[str]
+"""An argv item, or an optional group: a list of items kept only when every field its
+placeholders name is set (e.g. ["--model", "{model}"])."""
+
+
+def placeholders(template: str) -> list[str]:
+    """The field names a template fills; ValueError names the first bad placeholder."""
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        raise ValueError(f"bad template {template!r}: {exc}; escape literal braces as {{{{ "
+                         "and }}") from None
+    names: list[str] = []
+    for _literal, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise ValueError(f"placeholder {{{name}}} in {template!r} is not a plain name; "
+                             "use {field} with a payload field name")
+        names.append(name)
+    return names
+
+
+def render(template: str, context: Mapping[str, Any], where: str,
+           keep: Collection[str] = ()) -> str:
+    """Fill {name} placeholders; only plain names, so a payload cannot reach attributes.
+
+    Names in `keep` stay placeholders, filled later (a prompt read on the host that runs
+    the job): the result is then itself a template, every other brace escaped."""
+    out: list[str] = []
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        raise InputError(where, f"bad template {template!r}: {exc}",
+                         "escape literal braces as {{ and }}") from exc
+
+    def literal_text(text: str) -> str:
+        return text.replace("{", "{{").replace("}", "}}") if keep else text
+
+    for literal, name, spec, conversion in parsed:
+        out.append(literal_text(literal))
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise InputError(where, f"placeholder {{{name}}} is not a plain name",
+                             "use {field} with a payload field name")
+        if name in keep:
+            out.append(f"{{{name}}}")
+            continue
+        if name not in context:
+            raise InputError(
+                f"payload.{name}", f"{where} needs payload field {name!r}",
+                f"pass -p {name}=... or --payload '{{\"{name}\": ...}}'",
+            )
+        out.append(literal_text(text(context[name])))
+    return "".join(out)
+
+
+def text(value: Any) -> str:
+    """A payload value as it appears in a command: strings as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def is_set(context: Mapping[str, Any], name: str) -> bool:
+    """A field counts as set when present, not null and not empty (the shell's `${X:+...}`)."""
+    return context.get(name) not in (None, "")
+
+
+def render_argv(parts: Sequence[CommandPart], context: Mapping[str, Any], where: str,
+                keep: Collection[str] = ()) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A job type's argv list filled from `context`, and the indexes of the items that
+    still hold a `keep` placeholder. An optional group (a nested list) is left out unless
+    every field it names is set; a plain item's missing field is an input error."""
+    argv: list[str] = []
+    deferred: list[int] = []
+    for part in parts:
+        items = [part] if isinstance(part, str) else list(part)
+        if not isinstance(part, str):
+            wanted = {name for item in items for name in _names(item, where)}
+            if not all(name in keep or is_set(context, name) for name in wanted):
+                continue
+        for item in items:
+            holds = bool(set(_names(item, where)) & set(keep))
+            if holds:
+                deferred.append(len(argv))
+            argv.append(render(item, context, where, keep if holds else ()))
+    return tuple(argv), tuple(deferred)
+
+
+def _names(template: str, where: str) -> list[str]:
+    try:
+        return placeholders(template)
+    except ValueError as exc:
+        raise InputError(where, str(exc), "fix the job type in herder.toml") from exc
+
+
+def check_command(parts: Sequence[CommandPart]) -> None:
+    """What herder.toml's argv list must be: a program first, then items and optional
+    groups, each group naming at least one field; ValueError names the item."""
+    for index, part in enumerate(parts):
+        if isinstance(part, str):
+            placeholders(part)
+            continue
+        if index == 0:
+            raise ValueError("command.0: the program comes first and cannot be optional")
+        if not part:
+            raise ValueError(f"command.{index}: an optional group is empty; remove it")
+        names = [name for item in part for name in placeholders(item)]
+        if not names:
+            raise ValueError(f"command.{index}: an optional group names no {{field}}, so "
+                             "nothing decides whether it appears; make its items plain")
+
+
+def fill_prompt(template: str, context: Mapping[str, Any], where: str) -> str:
+    """A prompt's text with its `{field}` placeholders filled from the payload. Looser
+    than a command: a brace that does not wrap a plain name stays as written (code and
+    JSON in a prompt need no escaping); `{{` and `}}` give a literal brace around a name."""
+    def fill(match: re.Match[str]) -> str:
+        whole, name = match.group(0), match.group(1)
+        if name is None:
+            return whole[0]
+        if name not in context:
+            raise InputError(
+                f"payload.{name}", f"{where} needs payload field {name!r}",
+                f"pass -p {name}=... or --payload '{{\"{name}\": ...}}'",
+            )
+        return text(context[name])
+
+    return _PROMPT_PLACEHOLDER.sub(fill, template)
