@@ -261,6 +261,7 @@ class HttpSource(WorkSource):
             fields["log_tail"] = storable_text(ending.log_tail)
             if ending.result is not None:
                 fields["result"] = storable_text(ending.result)
+            fields.update(FinishBody.memory_fields(ending.memory))
         self._report(job.token, "finish", FinishBody(**fields))
         return None
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from herder.model import AttemptToken, Job, Outcome
+from herder.model import AttemptToken, Job, MemoryUse, Outcome
+from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
 from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 
@@ -119,6 +120,8 @@ class RunningAttempt:
     log_size: int = 0
     quiet_since: float = 0.0
     """Monotonic time since which the log has not grown (for the job's silence_timeout)."""
+    memory: AttemptMemory | None = None
+    """Its samples and cgroup (herder.runtime.memory); None only in tests that build one."""
 
     @property
     def token(self) -> AttemptToken:
@@ -134,11 +137,21 @@ class RunningAttempt:
             self.stop_outcome = outcome
         if self.kill_at is None:
             self.kill_at = now + (self.grace if grace is None else grace)
-            signal_tree(self.pgid, self.marker, signal.SIGTERM)
+            self.signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        signal_tree(self.pgid, self.marker, signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         self.killed = True
+
+    def signal(self, sig: int) -> None:
+        """The group, the marked processes and the cgroup's members (setsid escapes)."""
+        signal_tree(self.pgid, self.marker, sig)
+        if self.memory is not None:
+            self.memory.signal(sig)
+
+    def alive(self) -> bool:
+        return tree_alive(self.pgid, self.marker) or (
+            self.memory is not None and self.memory.alive())
 
     def fence_out(self, now: float) -> None:
         """Kill at once, recorded as lost: the job may already run elsewhere (a newer
@@ -157,6 +170,11 @@ class RunningAttempt:
             append_log(self.log_path, f"no output for {self.job.silence_timeout_seconds:g}s: "
                                       "stopped as stuck")
             self.request_stop(Outcome.STUCK, now)
+        if (self.memory is not None and self.returncode is None
+                and self.memory.sample(self.process.pid, now) and self.stop_outcome is None):
+            append_log(self.log_path, f"memory over its limit: {self.memory.use().describe()}; "
+                                      "stopped (oom)")
+            self.request_stop(Outcome.OOM, now)
         if self.kill_at is not None and now >= self.kill_at and not self.killed:
             self.kill()
         if self.returncode is None:
@@ -167,11 +185,22 @@ class RunningAttempt:
         if self.stop_outcome is None or self.killed or (
             self.kill_at is not None and now >= self.kill_at
         ):
-            if tree_alive(self.pgid, self.marker):
+            if self.alive():
                 self.kill()
-                return not tree_alive(self.pgid, self.marker)
-            return True
-        return not tree_alive(self.pgid, self.marker)
+                return self.ended()
+            return self.ended()
+        return not self.alive() and self.ended()
+
+    def ended(self) -> bool:
+        """True once the tree is gone: its cgroup is removed, so call it only then."""
+        if self.alive():
+            return False
+        if self.memory is not None:
+            self.memory.close()
+        return True
+
+    def memory_use(self) -> MemoryUse | None:
+        return None if self.memory is None else self.memory.use()
 
     def silent(self, now: float) -> bool:
         """True once the log has not grown for the job's silence_timeout (a hung agent)."""
@@ -190,12 +219,14 @@ class RunningAttempt:
     def outcome(self) -> Outcome:
         if self.stop_outcome is not None:
             return self.stop_outcome
+        if self.returncode != 0 and self.memory is not None and self.memory.oom_killed():
+            return Outcome.OOM  # the kernel stopped a member at the cgroup's limit
         return Outcome.OK if self.returncode == 0 else Outcome.FAILED
 
 
 def spawn(
     job: Job, host: str, worker: str, log_dir: Path, kill_grace: float,
-    pass_env: Sequence[str] = (),
+    pass_env: Sequence[str] = (), memory: AttemptMemory | None = None,
 ) -> RunningAttempt:
     """Start the job's command in a new session with its log file; raise LaunchError."""
     token = job.token
@@ -211,6 +242,7 @@ def spawn(
                   f"# herder: argv {json.dumps(list(job.command))} in {job.workdir}\n")
         log.write(header.encode())
         log.flush()
+        preexec = memory.preexec() if memory is not None else None
         try:
             process = subprocess.Popen(
                 list(job.command),
@@ -221,13 +253,23 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                # Joins the attempt's cgroup before exec, so nothing escapes it: two system
+                # calls on a descriptor opened beforehand, under the GIL the child holds,
+                # and glibc's malloc is fork-safe; only set where a cgroup or nice applies.
+                preexec_fn=preexec,  # noqa: PLW1509
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             log.write(f"# herder: launch failed: {exc}\n".encode())
+            if memory is not None:
+                memory.close()
             raise LaunchError(str(exc)) from exc
+        finally:
+            if memory is not None:
+                memory.launched()
     now = time.monotonic()
     deadline = now + job.timeout_seconds if job.timeout_seconds else None
-    return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace)
+    return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace,
+                          memory=memory)
 
 
 def append_log(path: Path, line: str) -> None:

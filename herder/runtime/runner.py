@@ -39,6 +39,7 @@ from herder.runtime.executor import (
     spawn,
 )
 from herder.runtime.maintenance import Rescuer, WorkerId
+from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import (
     ClaimSource,
@@ -153,6 +154,8 @@ class RunnerOptions:
     quarter of the lease."""
     outcome_rules: OutcomeRules = field(default_factory=OutcomeRules)
     """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    """How attempts' memory is measured and enforced (herder.runtime.memory)."""
 
     @classmethod
     def from_settings(
@@ -175,6 +178,7 @@ class RunnerOptions:
             drain_timeout=drain_timeout, pass_env=tuple(runtime.pass_env),
             fence_margin=runtime.fence_margin,
             outcome_rules=OutcomeRules.from_settings(settings),
+            memory=MemoryPolicy.from_section(runtime),
         )
 
     @property
@@ -195,6 +199,8 @@ class Runner:
         self.clock = clock
         pid = os.getpid()
         self.worker = str(WorkerId(options.host, pid, process_start_time(pid) or 0))
+        self.memory = MemoryControl.start(options.memory,
+                                          runner_prefix(pid, process_start_time(pid) or 0))
         # Keyed by attempt, not job: a fenced-out attempt of a job may still be stopping when
         # the same job's next attempt is claimed here, and both must stay supervised.
         self.running: dict[AttemptToken, RunningAttempt] = {}
@@ -425,7 +431,8 @@ class Runner:
         self._publish_leases({attempt_marker(job.token, self.worker): asked})
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
-                            self.options.kill_grace, self.options.pass_env)
+                            self.options.kill_grace, self.options.pass_env,
+                            self.memory.begin(job, self.options.outcome_rules.weights))
         except (LaunchError, OSError) as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
             self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
@@ -477,7 +484,8 @@ class Runner:
                 self._start_retries.pop(token, None)
                 tail, result = read_ending(attempt.log_path)
                 self.unreported[token] = Result(attempt.job, outcome, attempt.returncode,
-                                                ending=Ending(tail, result))
+                                                ending=Ending(tail, result,
+                                                              attempt.memory_use()))
 
     def _report(self, mono: float) -> None:
         """Pending start reports and results, each on its own backoff."""
