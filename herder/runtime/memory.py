@@ -279,24 +279,32 @@ def _inside(point: Path, root: str, path: str) -> Path:
     return point / path.lstrip("/")
 
 
-def _probe(parent: CgroupParent) -> CgroupParent | None:
-    probe = parent.create(f"herder-probe-{os.getpid()}", 64 * 1024**2)
-    if probe is None:
+def _probe(parent: CgroupParent, probe: bool = True) -> CgroupParent | None:
+    """The parent once a trial cgroup with a limit could be made in it."""
+    if not probe:
+        return parent if parent.path.is_dir() else None
+    trial = parent.create(f"herder-probe-{os.getpid()}", 64 * 1024**2)
+    if trial is None:
         return None
-    probe.remove()
+    trial.remove()
     return parent
 
 
-def _v2_parent(base: Path, own: bool) -> CgroupParent | None:
-    """`own`: base is this runner's own (delegated, non-root) cgroup."""
+RUNNER_LEAF = "herder-runner"
+"""Where runners in their own delegated v2 cgroup move, so it can hand memory down."""
+
+
+def _v2_parent(base: Path, own: bool, probe: bool = True) -> CgroupParent | None:
+    """`own`: base is this runner's own (delegated, non-root) cgroup. Without `probe`
+    nothing is changed: only a parent already set up is found."""
     controllers = (_read(base / "cgroup.controllers") or "").split()
     if "memory" not in controllers:
         return None
-    if "memory" not in (_read(base / "cgroup.subtree_control") or "").split():
+    if probe and "memory" not in (_read(base / "cgroup.subtree_control") or "").split():
         if not _write(base / "cgroup.subtree_control", "+memory") and own:
             # No internal processes: a cgroup with members cannot hand controllers down.
             # In its own delegated cgroup the runner (and its guardian) move to a leaf.
-            leaf = base / "herder-runner"
+            leaf = base / RUNNER_LEAF
             with contextlib.suppress(OSError):
                 leaf.mkdir(exist_ok=True)
             for pid in (_read(base / "cgroup.procs") or "").split():
@@ -304,32 +312,36 @@ def _v2_parent(base: Path, own: bool) -> CgroupParent | None:
             _write(base / "cgroup.subtree_control", "+memory")
         if "memory" not in (_read(base / "cgroup.subtree_control") or "").split():
             return None
-    return _probe(CgroupParent(base, Enforcement.CGROUP_V2))
+    return _probe(CgroupParent(base, Enforcement.CGROUP_V2), probe)
 
 
-def detect(root: str | None = None, proc: Path = Path("/proc/self")) -> CgroupParent | None:
+def detect(root: str | None = None, proc: Path = Path("/proc/self"),
+           probe: bool = True) -> CgroupParent | None:
     """Where this runner may make memory cgroups (v2 first, then v1); None when it may
-    not (not root, read-only, no memory controller, not Linux). Never raises."""
+    not (not root, read-only, no memory controller, not Linux). Never raises. Without
+    `probe` nothing is tried or changed (a guardian looking for what its runner made)."""
     try:
         if root is not None:
             base = Path(root)
             if (base / "cgroup.controllers").exists():
-                return _v2_parent(base, own=False)
+                return _v2_parent(base, own=False, probe=probe)
             if (base / "memory.limit_in_bytes").exists():
-                return _probe(CgroupParent(base, Enforcement.CGROUP_V1))
+                return _probe(CgroupParent(base, Enforcement.CGROUP_V1), probe)
             return None
         own = own_cgroups(_read(proc / "cgroup") or "")
         mounted = mounts(_read(proc / "mountinfo") or "")
         if "" in own and "cgroup2" in mounted:
             point, mount_root = mounted["cgroup2"]
             base = _inside(point, mount_root, own[""])
-            found = _v2_parent(base, own=base != point)
+            if base.name == RUNNER_LEAF:  # moved there by a runner of this process tree
+                base = base.parent
+            found = _v2_parent(base, own=base != point, probe=probe)
             if found is not None:
                 return found
         if "memory" in own and "memory" in mounted:
             point, mount_root = mounted["memory"]
             return _probe(CgroupParent(_inside(point, mount_root, own["memory"]),
-                                       Enforcement.CGROUP_V1))
+                                       Enforcement.CGROUP_V1), probe)
     except Exception as exc:  # a detection problem is never the runner's failure
         log.warning("cgroup detection failed (%s: %s): the watchdog enforces memory",
                     type(exc).__name__, exc)
@@ -394,6 +406,8 @@ class AttemptMemory:
     cgroup: Cgroup | None = None
     nice: int = 0
     _join: int | None = None
+    _ended: tuple[bool, int | None] | None = None
+    """The cgroup's oom count and peak, read just before it was removed."""
 
     def preexec(self) -> Callable[[], None] | None:
         """What the child runs before the job's program: join the cgroup, lower its
@@ -437,22 +451,31 @@ class AttemptMemory:
     def alive(self) -> bool:
         return self.cgroup is not None and self.cgroup.alive()
 
+    def _final(self) -> tuple[bool, int | None]:
+        if self._ended is not None:
+            return self._ended
+        if self.cgroup is None:
+            return False, None
+        return self.cgroup.oom_killed(), self.cgroup.peak()
+
     def oom_killed(self) -> bool:
-        return self.cgroup is not None and self.cgroup.oom_killed()
+        return self._final()[0]
 
     def use(self) -> MemoryUse:
         peak = self.watch.peak
-        if self.cgroup is not None and self.oom_killed():
+        killed, charged = self._final()
+        if killed and charged is not None:
             # Killed between two samples: the cgroup's own peak says how far it got.
-            charged = self.cgroup.peak()
-            if charged is not None:
-                peak = max(peak or 0, charged)
+            peak = max(peak or 0, charged)
         return MemoryUse(peak, self.watch.budget, self.enforcement)
 
     def close(self) -> None:
+        """Once the tree is gone: what the cgroup counted is kept, then it is removed."""
         self.launched()
-        if self.cgroup is not None and not self.cgroup.remove():
-            log.warning("cgroup %s not removed", self.cgroup.path)
+        if self.cgroup is not None and self._ended is None:
+            self._ended = self._final()
+            if not self.cgroup.remove():
+                log.warning("cgroup %s not removed", self.cgroup.path)
 
 
 ENFORCEMENTS = ("auto", "cgroup", "watchdog", "off")
@@ -491,8 +514,7 @@ class MemoryControl:
         watch = Watch(budget, limit, self.policy.sample_interval)
         nice = nice_for(job.weight, self.policy.nice)
         if self.parent is not None:
-            name = f"{self.prefix}{job.id}-{job.attempt}"
-            cgroup = self.parent.create(name, limit)
+            cgroup = self.parent.create(cgroup_name(self.prefix, job.id, job.attempt), limit)
             if cgroup is not None:
                 return AttemptMemory(watch, cgroup.enforcement, cgroup, nice)
         mode = Enforcement.OFF if self.mode is Enforcement.OFF else Enforcement.WATCHDOG
@@ -504,12 +526,18 @@ def runner_prefix(pid: int, start_time: int) -> str:
     return f"herder-{pid}-{start_time}-"
 
 
-def kill_leftovers(prefix: str, root: str | None = None) -> int:
-    """Kill and remove the cgroups a dead runner left (its guardian calls this)."""
-    parent = detect(root)
+def cgroup_name(prefix: str, job_id: int, attempt: int) -> str:
+    return f"{prefix}{job_id}-{attempt}"
+
+
+def kill_leftovers(prefix: str, only: str | None = None) -> int:
+    """Kill and remove the cgroups a dead (or frozen) runner left, or only the one named
+    `only`: its guardian calls this after the marker scan, for escapes that scan misses."""
+    parent = detect(probe=False)
     if parent is None:
         return 0
-    cgroups = parent.leftovers(prefix)
+    cgroups = [cgroup for cgroup in parent.leftovers(prefix)
+               if only is None or cgroup.path.name == only]
     for cgroup in cgroups:
         cgroup.kill()
     for cgroup in cgroups:
