@@ -46,7 +46,8 @@ def test_a_repeated_token_keeps_its_first_result():
     first = result(1, 1, RETRY, Outcome.FAILED, 1)
     groups = finish_groups([first, result(1, 1), result(2, 1)])
     assert [(key, tokens) for key, tokens, _ in groups] == [
-        ((Outcome.FAILED, 1, RETRY, None, None), {1: 1}), ((Outcome.OK, 0, DONE, None, None), {2: 1})]
+        ((Outcome.FAILED, 1, RETRY, None, None), {1: 1}),
+        ((Outcome.OK, 0, DONE, None, None), {2: 1})]
 
 
 def test_results_with_different_reports_go_to_separate_groups():

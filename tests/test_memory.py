@@ -24,6 +24,7 @@ MB = 1024**2
 
 HOG = """\
 import os, sys, time
+print("niceness", os.nice(0), flush=True)
 # Touch every page (b"x" * n writes them; a zeroed bytearray might not), then hold them.
 hog = b"x" * (int(sys.argv[1]) * 1024 * 1024)
 print("allocated", len(hog) // 1048576, "MB", flush=True)
@@ -94,7 +95,7 @@ def local(tmp_path: Path, store_url: str, request: pytest.FixtureRequest
     mode = request.param
     h = Harness(tmp_path, store_url, runtime={
         "memory_enforcement": f'"{mode}"', "memory_sample_interval": '"0.2s"',
-        "memory_margin": "0.1"},
+        "memory_margin": "0.1", "nice": "{big = 7}"},
         defaults={"weight": '"small"'},
         extra_config=hog_job_type(tmp_path) + WEIGHTS
         + '\n[fleet]\nescalation = ["small", "big"]\n')
@@ -118,8 +119,11 @@ def test_a_job_past_its_budget_is_stopped_as_oom_and_escalated_under_up(
         up.send_signal(signal.SIGTERM)
         h.wait_exit(up, 30, "herder up")
     assert_escalated(job, h.attempts(job_id), expected)
+    first = h.cli("logs", str(job_id), "--attempt", "1").stdout
+    second = h.cli("logs", str(job_id), "--attempt", "2").stdout
+    assert "niceness 0" in first and "niceness 7" in second, (first, second)  # nice per weight
     if expected is Enforcement.WATCHDOG:
-        assert "memory over its limit" in h.cli("logs", str(job_id), "--attempt", "1").stdout
+        assert "memory over its limit" in first, first
     shown = h.cli("show", str(job_id)).stdout
     assert f"of budget 64 MB (enforced by {expected})" in shown, shown
     assert f"of budget 512 MB (enforced by {expected})" in shown, shown
