@@ -17,7 +17,7 @@ import pytest
 from support.local import Harness
 from support.waits import wait_for
 
-from herder.model import Enforcement, Job, JobStatus, Outcome
+from herder.model import Attempt, Enforcement, Job, JobStatus, Outcome
 from herder.runtime.memory import detect
 
 MB = 1024**2
@@ -71,7 +71,7 @@ def enforcement_of(mode: str) -> Enforcement:
     return parent.enforcement
 
 
-def assert_escalated(job: Job, attempts: list, expected: Enforcement) -> None:  # type: ignore[type-arg]
+def assert_escalated(job: Job, attempts: list[Attempt], expected: Enforcement) -> None:
     """Attempt 1 ran out of memory at `small` and was stopped; the job climbed to `big`,
     where attempt 2 fit and recorded its peak."""
     assert (job.status, job.weight, job.escalations) == (JobStatus.DONE, "big", 1)

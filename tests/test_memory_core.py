@@ -4,6 +4,7 @@ tree (and its graceful failure), the cgroup counters, config and wire edges."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,9 @@ from herder.runtime.memory import (
     limit_bytes,
     mounts,
     own_cgroups,
+    sweep,
 )
+from herder.runtime.process import process_start_time
 from herder.scheduling.capacity import WeightTable
 from herder.wire import FinishBody
 
@@ -152,6 +155,15 @@ def test_an_attempt_without_a_cgroup_is_watched_and_one_with_a_cgroup_is_limited
         Enforcement.CGROUP_V1, 10, 3 * GB)
     watched = MemoryControl(policy, None, "p").begin(a_job("heavy"), WEIGHTS)
     assert (watched.enforcement, watched.cgroup, watched.nice) == (Enforcement.WATCHDOG, None, 0)
+
+
+def test_a_start_sweeps_the_cgroups_of_runners_that_are_gone_and_only_those(tmp_path: Path):
+    own = f"herder-{os.getpid()}-{process_start_time(os.getpid())}-5-1"
+    for name in (own, "herder-4194999-12-5-1", "herder-probe-77", "herder-runner"):
+        (tmp_path / name).mkdir()
+    assert sweep(CgroupParent(tmp_path, Enforcement.CGROUP_V1)) == 1
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted(
+        [own, "herder-probe-77", "herder-runner"])
 
 
 def test_the_cgroup_counters_say_whether_the_kernel_killed_for_memory(tmp_path: Path):

@@ -28,6 +28,7 @@ import psutil
 
 from herder.config import RuntimeSection
 from herder.model import Enforcement, Job, MemoryUse
+from herder.runtime.process import process_alive
 from herder.scheduling.capacity import WeightTable
 
 log = logging.getLogger("herder.memory")
@@ -500,6 +501,10 @@ class MemoryControl:
                             "found (see README, Memory): the watchdog enforces instead")
         control = cls(policy, parent, prefix)
         log.info("memory: %s", control.mode)
+        if parent is not None:
+            swept = sweep(parent)
+            if swept:
+                log.warning("memory: removed %d cgroup(s) of runners that are gone", swept)
         return control
 
     @property
@@ -526,6 +531,29 @@ def runner_prefix(pid: int, start_time: int) -> str:
     return f"herder-{pid}-{start_time}-"
 
 
+def sweep(parent: CgroupParent) -> int:
+    """Kill and remove the attempt cgroups of runners that are gone (a runner and its
+    guardian both killed): nothing of theirs may run on unsupervised or pile up."""
+    swept = 0
+    for cgroup in parent.leftovers("herder-"):
+        fields = cgroup.path.name.split("-")
+        if len(fields) != 5 or not all(field.isdigit() for field in fields[1:]):
+            continue  # not an attempt's (a probe, a runner leaf)
+        if process_alive(int(fields[1]), int(fields[2])):
+            continue
+        cgroup.kill()
+        _wait_empty(cgroup)
+        swept += cgroup.remove()
+    return swept
+
+
+def _wait_empty(cgroup: Cgroup) -> None:
+    for _ in range(250):
+        if not cgroup.alive():
+            return
+        time.sleep(0.02)
+
+
 def cgroup_name(prefix: str, job_id: int, attempt: int) -> str:
     return f"{prefix}{job_id}-{attempt}"
 
@@ -541,9 +569,6 @@ def kill_leftovers(prefix: str, only: str | None = None) -> int:
     for cgroup in cgroups:
         cgroup.kill()
     for cgroup in cgroups:
-        for _ in range(250):
-            if not cgroup.alive():
-                break
-            time.sleep(0.02)
+        _wait_empty(cgroup)
         cgroup.remove()
     return len(cgroups)

@@ -1,7 +1,8 @@
--- herder schema v9 (SQLite): an attempt's memory. Its 'finished' event (herder_attempts
--- is their view) records the process tree's peak RSS, the weight's budget it ran under, and how that was
--- enforced (cgroup-v2, cgroup-v1, watchdog, off). NULL: an attempt from before, or one
--- that never ran (lost, refused), or reported by an agent older than these columns.
+-- herder schema v9 (SQLite): an attempt's memory. Its 'finished' event (herder_attempts is
+-- their view) records the process tree's peak RSS, the weight's budget it ran under, and
+-- how that was enforced (cgroup-v2, cgroup-v1, watchdog, off). NULL: an attempt from
+-- before, or one that never ran (lost, refused), or reported by an agent older than these
+-- columns.
 ALTER TABLE herder_events ADD COLUMN peak_rss_bytes INTEGER;
 ALTER TABLE herder_events ADD COLUMN memory_budget_bytes INTEGER;
 ALTER TABLE herder_events ADD COLUMN memory_enforcement TEXT;
