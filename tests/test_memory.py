@@ -183,6 +183,33 @@ def test_the_cgroup_kills_what_left_the_session_and_cleared_its_environment(
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("local", ["cgroup"], indirect=True)
+def test_a_dead_runner_s_guardian_kills_its_attempts_cgroups(local: tuple[Harness, str]):
+    """`herder up` killed with -9: its guardian kills what the marker scan cannot find, an
+    attempt's process that left the session and cleared its environment."""
+    h, mode = local
+    enforcement_of(mode)
+    escapee = h.dir / "escapee.pid"
+    script = (f"setsid env -i /bin/sh -c 'echo $$ > {escapee}; exec sleep 300' "
+              "</dev/null >/dev/null 2>&1 & exec sleep 300")
+    h.submit(["/bin/sh", "-c", script], weight="big")
+    up = h.up()
+    pid = None
+    try:
+        pid = wait_for(lambda: escapee.exists() and escapee.read_text().strip()
+                       and int(escapee.read_text()), 60, "the escaped process", h.describe)
+        assert _alive(pid)
+        up.kill()  # the runner only: its guardian lives in a session of its own
+        h.wait_exit(up, 30, "herder up")
+        wait_for(lambda: not _alive(pid), 30, "the guardian to kill the escaped process",
+                 h.describe)
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
