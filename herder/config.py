@@ -150,6 +150,21 @@ def _names(pattern: re.Pattern[str], message: str) -> Callable[[Any], Any]:
     return check
 
 
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], Any]:
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in choices:
+            raise ValueError(f"{value!r}: use one of {', '.join(choices)}")
+        return value
+    return check
+
+
+def _nice(value: dict[str, int]) -> dict[str, int]:
+    for weight, level in value.items():
+        if not 0 <= level <= 19:
+            raise ValueError(f"nice for {weight!r} is {level}; use 0 (normal) to 19 (lowest)")
+    return value
+
+
 @dataclass(frozen=True)
 class RuntimeSection:
     """[runtime]: how a runner runs attempts (`herder up`, agents, the server's local hosts)."""
@@ -174,6 +189,19 @@ class RuntimeSection:
     """A failed attempt's workspace is kept this long for inspection, then swept."""
     workspace_min_free_gb: float = field(default=1.0, metadata=rules(ge=0))
     """A workspace is not prepared when less than this is free on its disk."""
+    memory_enforcement: str = field(default="auto", metadata=rules(check=_one_of(
+        ("auto", "cgroup", "watchdog", "off"))))
+    """auto: a cgroup per attempt where the host allows one, else the watchdog; cgroup:
+    the same, warning when none can be made; watchdog: sampled RSS only; off: measured."""
+    memory_margin: float = field(default=0.10, metadata=rules(ge=0, le=10))
+    """An attempt is stopped past its weight's budget times (1 + margin)."""
+    memory_sample_interval: Duration = field(default=2.0, metadata=positive())
+    """How often each attempt's process tree RSS is sampled."""
+    cgroup_root: str | None = None
+    """A writable cgroup directory for the attempts' cgroups (e.g. a delegated subtree);
+    left out: found from this process's own cgroup."""
+    nice: dict[str, int] = field(default_factory=dict, metadata=rules(check=_nice))
+    """Weight -> the niceness its attempts run at, e.g. {light = 10}."""
 
 
 @dataclass(frozen=True)
@@ -206,14 +234,6 @@ def _template(value: str) -> str:
 ACTIONS = tuple(action.value for action in Action)
 BUDGETS = tuple(budget.value for budget in Budget)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], Any]:
-    def check(value: str | None) -> str | None:
-        if value is not None and value not in choices:
-            raise ValueError(f"{value!r}: use one of {', '.join(choices)}")
-        return value
-    return check
 
 
 def _regex(value: str) -> str:
@@ -817,6 +837,10 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
             f"define it under [weights] or use one of {sorted(settings.weights)}",
         )
     known = set(settings.weights)
+    for name in runtime.nice:
+        if name not in known:
+            raise ConfigError(_where(config, text, ["runtime", "nice", name]),
+                              f"unknown weight {name!r}", f"use one of {sorted(known)}")
     written = data.get("fleet", {})
     for name in settings.fleet.escalation if "escalation" in written else ():
         if name not in known:

@@ -96,6 +96,34 @@ JOB_OUTCOMES = frozenset({
 rest (lost, timeout, cancelled, stuck ...) only herder can tell."""
 
 
+class Enforcement(enum.StrEnum):
+    """How an attempt's memory was kept within its weight's budget."""
+
+    CGROUP_V2 = "cgroup-v2"
+    CGROUP_V1 = "cgroup-v1"
+    WATCHDOG = "watchdog"
+    """Sampled RSS of the process tree; the tree is stopped past budget + margin."""
+    OFF = "off"
+    """Measured only."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """What an attempt's process tree used at its peak, against the budget it ran under."""
+
+    peak_rss_bytes: int | None
+    budget_bytes: int | None
+    """The weight's budget; None when it has none (measured, never stopped)."""
+    enforcement: Enforcement
+
+    def describe(self) -> str:
+        """`peak RSS 212 MB of budget 64 MB (enforced by cgroup-v1)`, for `herder show`."""
+        def megabytes(count: int | None, unknown: str) -> str:
+            return unknown if count is None else f"{count / 1024**2:.0f} MB"
+        return (f"peak RSS {megabytes(self.peak_rss_bytes, 'unknown')} of budget "
+                f"{megabytes(self.budget_bytes, 'none')} (enforced by {self.enforcement})")
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptToken:
     """The fence: every write about an attempt names the job and its attempt number."""
@@ -188,6 +216,7 @@ class Attempt:
     ended_at: datetime | None
     exit_code: int | None
     outcome: Outcome | None
+    memory: MemoryUse | None = None
 
     @property
     def token(self) -> AttemptToken:
@@ -239,6 +268,7 @@ class AttemptResult:
     report: str | None = None
     """What else the attempt's end says (a JSON object: the verdict's source, evidence,
     cost, turns, the job's own result), added to its `finished` event."""
+    memory: MemoryUse | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,11 @@ from herder.model import (
     MAX_DURATION,
     Attempt,
     AttemptToken,
+    Enforcement,
     Event,
     Job,
     JobStatus,
+    MemoryUse,
     Outcome,
     ReservationStatus,
 )
@@ -44,6 +46,7 @@ Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=
 """Written as `datetime.isoformat()` (`+00:00`, not pydantic's `Z`), as before the models."""
 Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION, allow_inf_nan=False)]
 Int32 = Annotated[int, Field(ge=INT_MIN, le=INT_MAX)]
+Bytes = Annotated[int, Field(ge=0, le=BIGINT_MAX)]
 JobNumber = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 AttemptNumber = Annotated[int, Field(ge=1, le=INT_MAX)]
 TokenPair = tuple[int, int]
@@ -174,6 +177,10 @@ class AttemptView(Reply):
     ended_at: Timestamp | None
     exit_code: int | None
     outcome: Outcome | None
+    peak_rss_bytes: int | None = None
+    memory_budget_bytes: int | None = None
+    memory_enforcement: Enforcement | None = None
+    """How its memory was enforced; None when it was not measured (an older runner)."""
 
     @classmethod
     def of(cls, attempt: Attempt) -> AttemptView:
@@ -181,7 +188,8 @@ class AttemptView(Reply):
             attempt=attempt.attempt, host=attempt.host, worker=attempt.worker, pid=attempt.pid,
             log_path=attempt.log_path, claimed_at=attempt.claimed_at,
             started_at=attempt.started_at, heartbeat_at=attempt.heartbeat_at,
-            ended_at=attempt.ended_at, exit_code=attempt.exit_code, outcome=attempt.outcome)
+            ended_at=attempt.ended_at, exit_code=attempt.exit_code, outcome=attempt.outcome,
+            **FinishBody.memory_fields(attempt.memory))
 
 
 class EventView(Reply):
@@ -498,6 +506,25 @@ class FinishBody(Body):
     """The end of the attempt's log, for the server to classify the ending."""
     result: str | None = Field(default=None, max_length=RESULT_CHARS + 1)
     """The job's $HERDER_RESULT as it wrote it (the server validates it)."""
+    peak_rss_bytes: Bytes | None = None
+    """The attempt's process tree at its peak; the memory fields are left out by agents
+    older than them (the attempt then shows as not measured)."""
+    memory_budget_bytes: Bytes | None = None
+    memory_enforcement: Enforcement | None = None
+
+    def memory(self) -> MemoryUse | None:
+        if self.memory_enforcement is None:
+            return None
+        return MemoryUse(self.peak_rss_bytes, self.memory_budget_bytes,
+                         self.memory_enforcement)
+
+    @classmethod
+    def memory_fields(cls, use: MemoryUse | None) -> dict[str, Any]:
+        if use is None:
+            return {}
+        return {"peak_rss_bytes": use.peak_rss_bytes,
+                "memory_budget_bytes": use.budget_bytes,
+                "memory_enforcement": use.enforcement}
 
 
 class Finished(Reply):

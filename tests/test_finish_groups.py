@@ -20,7 +20,7 @@ def result(job_id: int, attempt: int, decision: Decision = DONE,
 def test_a_batch_sharing_one_decision_is_one_group_holding_the_callers_tokens():
     results = [result(job_id, 1) for job_id in (3, 1, 2)]
     [(key, tokens, held)] = finish_groups(results)
-    assert key == (Outcome.OK, 0, DONE, None)
+    assert key == (Outcome.OK, 0, DONE, None, None)
     assert tokens == {3: 1, 1: 1, 2: 1}
     assert all(held[r.token.job_id] is r.token for r in results)
 
@@ -31,9 +31,9 @@ def test_equal_decisions_group_together_and_different_ones_apart():
                result(5, 1)]
     groups = {key: tokens for key, tokens, _ in finish_groups(results)}
     assert groups == {
-        (Outcome.OK, 0, DONE, None): {1: 1, 2: 1, 5: 1},
-        (Outcome.FAILED, 1, RETRY, None): {3: 2},
-        (Outcome.OK, None, DONE, None): {4: 1},
+        (Outcome.OK, 0, DONE, None, None): {1: 1, 2: 1, 5: 1},
+        (Outcome.FAILED, 1, RETRY, None, None): {3: 2},
+        (Outcome.OK, None, DONE, None, None): {4: 1},
     }
 
 
@@ -46,7 +46,8 @@ def test_a_repeated_token_keeps_its_first_result():
     first = result(1, 1, RETRY, Outcome.FAILED, 1)
     groups = finish_groups([first, result(1, 1), result(2, 1)])
     assert [(key, tokens) for key, tokens, _ in groups] == [
-        ((Outcome.FAILED, 1, RETRY, None), {1: 1}), ((Outcome.OK, 0, DONE, None), {2: 1})]
+        ((Outcome.FAILED, 1, RETRY, None, None), {1: 1}),
+        ((Outcome.OK, 0, DONE, None, None), {2: 1})]
 
 
 def test_results_with_different_reports_go_to_separate_groups():

@@ -165,7 +165,9 @@ _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "b
              "next_status": "text", "failure_reason": "text", "spend_failure": "int",
              "spend_lost": "int", "spend_spawn_failure": "int", "available_at": "timestamptz",
              "job_ids": "bigint[]", "attempts": "int[]", "spend_transient": "int",
-             "weight": "text", "avoid_host": "int", "actionable": "int", "human_action": "int"}
+             "weight": "text", "avoid_host": "int", "actionable": "int", "human_action": "int",
+             "peak_rss_bytes": "bigint", "memory_budget_bytes": "bigint",
+             "memory_enforcement": "text"}
 
 
 def _generic_plan(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> dict[str, Any]:

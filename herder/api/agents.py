@@ -93,8 +93,9 @@ async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
 @router.post(ATTEMPT + "/finish", response_model=Finished)
 async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                          body: FinishBody, service: Service) -> Finished:
-    ending = (None if body.log_tail is None and body.result is None
-              else Ending(body.log_tail or "", body.result))
+    memory = body.memory()
+    ending = (None if body.log_tail is None and body.result is None and memory is None
+              else Ending(body.log_tail or "", body.result, memory))
     status = await call(service.finish_attempt, label, AttemptToken(job_id, attempt),
                         body.outcome, body.exit_code, body.retry_after, ending)
     return Finished(accepted=True, status=status)

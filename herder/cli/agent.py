@@ -89,7 +89,7 @@ def heartbeat(state: State, label: str, server: str | None, token: str | None,
 @click.option("--job-types", help="Local allow-list of job types (fail-closed).")
 @click.option("--weights", help="Local allow-list of weights (fail-closed).")
 @click.option("--priority-floor", type=int, help="Refuse jobs more urgent than this.")
-@click.option("--no-ram-check", is_flag=True, help="Skip the /proc/meminfo check.")
+@click.option("--no-ram-check", is_flag=True, help="Skip the free RAM check (MemAvailable).")
 @click.option("--drain-timeout", default="10m", show_default=True,
               help="On SIGTERM, how long running jobs may finish before being handed back.")
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False),

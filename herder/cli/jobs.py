@@ -195,6 +195,8 @@ def show(state: State, job_id: int, as_json: bool) -> None:
             console.print(f"  #{a.attempt} {a.host} pid={a.pid} {a.outcome or 'live'} "
                           f"exit={a.exit_code}{under.get(a.attempt, '')} log={a.log_path}",
                           highlight=False)
+            if a.memory is not None:
+                console.print(f"     {a.memory.describe()}", highlight=False)
     console.print("\n[bold]events[/bold]")
     for e in events:
         arrow = f"{e.from_status or ''} → {e.to_status or ''}" if e.to_status else ""

@@ -24,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from herder import wire
 from herder.config import RuntimeSection, ServerSection
 from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
@@ -79,15 +81,12 @@ class LocalGate:
         return None
 
 
-def mem_available_gb(path: str = "/proc/meminfo") -> float | None:
+def mem_available_gb() -> float | None:
+    """What the kernel could give new work without swapping (MemAvailable on Linux)."""
     try:
-        with open(path) as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / (1024 * 1024)
-    except OSError:
+        return float(psutil.virtual_memory().available) / 1024**3
+    except (OSError, RuntimeError):
         return None
-    return None
 
 
 class _Event(Waker):
@@ -263,6 +262,7 @@ class HttpSource(WorkSource):
             fields["log_tail"] = storable_text(ending.log_tail)
             if ending.result is not None:
                 fields["result"] = storable_text(ending.result)
+            fields.update(FinishBody.memory_fields(ending.memory))
         self._report(job.token, "finish", FinishBody(**fields))
         return None
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from herder.model import AttemptToken, Job, Outcome
+from herder.model import AttemptToken, Job, MemoryUse, Outcome
+from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
 from herder.runtime.workspace import Launch, Workspaces, claim, launch, spec_of
 from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
@@ -122,6 +123,8 @@ class RunningAttempt:
     """Monotonic time since which the log has not grown (for the job's silence_timeout)."""
     workspace: Path | None = None
     """The attempt's fresh checkout, removed or kept when it ends (runtime/workspace.py)."""
+    memory: AttemptMemory | None = None
+    """Its samples and cgroup (herder.runtime.memory); None only in tests that build one."""
 
     @property
     def token(self) -> AttemptToken:
@@ -137,11 +140,21 @@ class RunningAttempt:
             self.stop_outcome = outcome
         if self.kill_at is None:
             self.kill_at = now + (self.grace if grace is None else grace)
-            signal_tree(self.pgid, self.marker, signal.SIGTERM)
+            self.signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        signal_tree(self.pgid, self.marker, signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         self.killed = True
+
+    def signal(self, sig: int) -> None:
+        """The group, the marked processes and the cgroup's members (setsid escapes)."""
+        signal_tree(self.pgid, self.marker, sig)
+        if self.memory is not None:
+            self.memory.signal(sig)
+
+    def alive(self) -> bool:
+        return tree_alive(self.pgid, self.marker) or (
+            self.memory is not None and self.memory.alive())
 
     def fence_out(self, now: float) -> None:
         """Kill at once, recorded as lost: the job may already run elsewhere (a newer
@@ -160,6 +173,11 @@ class RunningAttempt:
             append_log(self.log_path, f"no output for {self.job.silence_timeout_seconds:g}s: "
                                       "stopped as stuck")
             self.request_stop(Outcome.STUCK, now)
+        if (self.memory is not None and self.returncode is None
+                and self.memory.sample(self.process.pid, now) and self.stop_outcome is None):
+            append_log(self.log_path, f"memory over its limit: {self.memory.use().describe()}; "
+                                      "stopped (oom)")
+            self.request_stop(Outcome.OOM, now)
         if self.kill_at is not None and now >= self.kill_at and not self.killed:
             self.kill()
         if self.returncode is None:
@@ -170,11 +188,22 @@ class RunningAttempt:
         if self.stop_outcome is None or self.killed or (
             self.kill_at is not None and now >= self.kill_at
         ):
-            if tree_alive(self.pgid, self.marker):
+            if self.alive():
                 self.kill()
-                return not tree_alive(self.pgid, self.marker)
-            return True
-        return not tree_alive(self.pgid, self.marker)
+                return self.ended()
+            return self.ended()
+        return not self.alive() and self.ended()
+
+    def ended(self) -> bool:
+        """True once the tree is gone: its cgroup is removed, so call it only then."""
+        if self.alive():
+            return False
+        if self.memory is not None:
+            self.memory.close()
+        return True
+
+    def memory_use(self) -> MemoryUse | None:
+        return None if self.memory is None else self.memory.use()
 
     def silent(self, now: float) -> bool:
         """True once the log has not grown for the job's silence_timeout (a hung agent)."""
@@ -193,12 +222,15 @@ class RunningAttempt:
     def outcome(self) -> Outcome:
         if self.stop_outcome is not None:
             return self.stop_outcome
+        if self.returncode != 0 and self.memory is not None and self.memory.oom_killed():
+            return Outcome.OOM  # the kernel stopped a member at the cgroup's limit
         return Outcome.OK if self.returncode == 0 else Outcome.FAILED
 
 
 def spawn(
     job: Job, host: str, worker: str, log_dir: Path, kill_grace: float,
     pass_env: Sequence[str] = (), workspaces: Workspaces | None = None,
+    memory: AttemptMemory | None = None,
 ) -> RunningAttempt:
     """Start the job's command in a new session with its log file; raise LaunchError.
     A job with a workspace starts as the process that prepares it (runtime/workspace.py)."""
@@ -211,6 +243,8 @@ def spawn(
         prepared = _workspace_launch(job, env, worker, marker, workspaces)
     except LaunchError as exc:
         append_log(log_path, f"launch failed: {exc}")
+        if memory is not None:
+            memory.close()
         raise
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
@@ -221,6 +255,7 @@ def spawn(
                   f"# herder: argv {json.dumps(list(job.command))} in {workdir}\n")
         log.write(header.encode())
         log.flush()
+        preexec = memory.preexec() if memory is not None else None
         try:
             process = subprocess.Popen(
                 prepared.argv if prepared else list(job.command),
@@ -231,10 +266,19 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                # Joins the attempt's cgroup before exec, so nothing escapes it: two system
+                # calls on a descriptor opened beforehand, under the GIL the child holds,
+                # and glibc's malloc is fork-safe; only set where a cgroup or nice applies.
+                preexec_fn=preexec,  # noqa: PLW1509
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             log.write(f"# herder: launch failed: {exc}\n".encode())
+            if memory is not None:
+                memory.close()
             raise LaunchError(str(exc)) from exc
+        finally:
+            if memory is not None:
+                memory.launched()
     if prepared is not None and process.stdin is not None:
         with contextlib.suppress(OSError):  # it died first: its exit says why
             process.stdin.write(prepared.stdin)
@@ -243,7 +287,7 @@ def spawn(
     now = time.monotonic()
     deadline = now + job.timeout_seconds if job.timeout_seconds else None
     return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace,
-                          workspace=prepared.folder if prepared else None)
+                          workspace=prepared.folder if prepared else None, memory=memory)
 
 
 def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from herder.backoff import Backoff
+from herder.runtime.memory import cgroup_name, kill_leftovers, runner_prefix
 from herder.runtime.process import kill_tree, process_start_time, token_markers, tree_alive
 
 if TYPE_CHECKING:
@@ -124,7 +125,9 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None) -> 
     SIGKILL after `grace`, well inside the lease; then it calls `report`."""
     read_end, write_end = os.pipe()
     parent = os.getpid()
-    suffix = f"/{parent}/{process_start_time(parent) or 0}"
+    started = process_start_time(parent) or 0
+    suffix = f"/{parent}/{started}"
+    prefix = runner_prefix(parent, started)
     child = os.fork()
     if child:
         os.close(read_end)
@@ -142,10 +145,11 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None) -> 
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
-        watch(read_end, kill_frozen)
+        watch(read_end, lambda markers: kill_frozen(markers, prefix))
         for marker in token_markers():
             if marker.endswith(suffix):
                 kill_tree(None, marker, grace)
+        kill_leftovers(prefix)  # what left the session and cleared its environment
         # A clean exit (an agent that drained and said it stopped) is reported the same
         # way: by then it has no live attempts and the host is marked stopped already.
         if report is not None:
@@ -154,13 +158,16 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None) -> 
         os._exit(0)
 
 
-def kill_frozen(markers: list[str]) -> None:
+def kill_frozen(markers: list[str], prefix: str | None = None) -> None:
     """The runner let these run past their backstop without renewing them: it is frozen
     (or its loop is stuck), and the job may soon run elsewhere."""
     for marker in markers:
         if tree_alive(None, marker) and kill_tree(None, marker, 0.0):
             log.error("guardian: attempt %s outlived its lease unrenewed (is the runner "
                       "frozen?): killed it", marker.partition("@")[0])
+        job, _, attempt = marker.partition("@")[0].partition(".")
+        if prefix is not None and job.isdigit() and attempt.isdigit():
+            kill_leftovers(prefix, cgroup_name(prefix, int(job), int(attempt)))
 
 
 def report_gone(

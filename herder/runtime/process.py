@@ -1,9 +1,17 @@
-"""Process trees on Linux: identify an attempt's processes and stop all of them.
+"""Process trees: identify an attempt's processes and stop all of them.
 
 Each attempt runs in its own session and process group, and every process in it inherits
 `HERDER_ATTEMPT_TOKEN` in its environment. Killing the group catches ordinary children; the
 environment marker also catches descendants that left the group (setsid, double fork), and
-lets a restarted runner find survivors of a runner that was killed with -9.
+lets a restarted runner find survivors of a runner that was killed with -9. (A descendant
+that also clears its environment is caught only by the attempt's cgroup, where there is
+one: herder.runtime.memory.)
+
+Processes are listed and inspected through psutil. Two reads stay by hand, where psutil does
+not serve: a process's start time in clock ticks (the kernel's exact value, which worker ids
+and markers carry; psutil's `create_time` is a float derived from it) and the marker scan of
+every process's environment (psutil parses each into a dict, three times slower, and the
+scan runs on every poll of an attempt whose group is gone).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import os
 import signal
 import time
 from collections.abc import Iterable
+
+import psutil
 
 TOKEN_VARIABLE = "HERDER_ATTEMPT_TOKEN"
 
@@ -37,12 +47,11 @@ def process_start_time(pid: int) -> int | None:
 
 
 def is_zombie(pid: int) -> bool:
+    """True for a zombie and for a process that is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return True
-    return data[data.rfind(b")") + 2 :].split()[:1] == [b"Z"]
 
 
 def process_alive(pid: int, start_time: int | None = None) -> bool:
@@ -97,17 +106,12 @@ def tree_alive(pgid: int | None, token: str | None) -> bool:
 
 def _group_has_live_member(pgid: int) -> bool:
     """killpg(0) succeeds while zombies remain; look for a member that is not a zombie."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in psutil.pids():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                data = handle.read()
+            if os.getpgid(pid) == pgid and not is_zombie(pid):
+                return True
         except OSError:
             continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
-            return True
     return False
 
 
@@ -144,7 +148,7 @@ def _reap(pids: Iterable[int]) -> None:
 
 def _other_pids() -> list[int]:
     own = os.getpid()
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != own]
+    return [pid for pid in psutil.pids() if pid != own]
 
 
 def token_markers() -> dict[str, list[int]]:

@@ -39,6 +39,7 @@ from herder.runtime.executor import (
     spawn,
 )
 from herder.runtime.maintenance import Rescuer, WorkerId
+from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import (
     ClaimSource,
@@ -158,6 +159,8 @@ class RunnerOptions:
     """Where jobs' workspaces are checked out; a relative path is beside log_dir."""
     workspace_keep_failed: float = RuntimeSection.workspace_keep_failed
     workspace_min_free_gb: float = RuntimeSection.workspace_min_free_gb
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    """How attempts' memory is measured and enforced (herder.runtime.memory)."""
 
     @classmethod
     def from_settings(
@@ -183,6 +186,7 @@ class RunnerOptions:
             workspace_root=runtime.workspace_root,
             workspace_keep_failed=runtime.workspace_keep_failed,
             workspace_min_free_gb=runtime.workspace_min_free_gb,
+            memory=MemoryPolicy.from_section(runtime),
         )
 
     @property
@@ -208,6 +212,8 @@ class Runner:
         self.clock = clock
         pid = os.getpid()
         self.worker = str(WorkerId(options.host, pid, process_start_time(pid) or 0))
+        self.memory = MemoryControl.start(options.memory,
+                                          runner_prefix(pid, process_start_time(pid) or 0))
         # Keyed by attempt, not job: a fenced-out attempt of a job may still be stopping when
         # the same job's next attempt is claimed here, and both must stay supervised.
         self.running: dict[AttemptToken, RunningAttempt] = {}
@@ -442,7 +448,8 @@ class Runner:
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
                             self.options.kill_grace, self.options.pass_env,
-                            self.options.workspaces)
+                            self.options.workspaces,
+                            self.memory.begin(job, self.options.outcome_rules.weights))
         except (LaunchError, OSError) as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
             self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
@@ -499,7 +506,8 @@ class Runner:
                 self._start_retries.pop(token, None)
                 tail, result = read_ending(attempt.log_path)
                 self.unreported[token] = Result(attempt.job, outcome, attempt.returncode,
-                                                ending=Ending(tail, result))
+                                                ending=Ending(tail, result,
+                                                              attempt.memory_use()))
 
     def _report(self, mono: float) -> None:
         """Pending start reports and results, each on its own backoff."""

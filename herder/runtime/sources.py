@@ -24,6 +24,7 @@ from herder.model import (
     HeartbeatReply,
     Job,
     JobStatus,
+    MemoryUse,
     Outcome,
 )
 from herder.runtime.accounts import AccountRules, bind_accounts, learn_from_outcome
@@ -112,6 +113,8 @@ class Ending:
 
     log_tail: str = ""
     result: str | None = None
+    memory: MemoryUse | None = None
+    """Its process tree's peak RSS against its budget."""
 
 
 def decide_for(
@@ -147,7 +150,8 @@ def decide_for(
     if decision.note:  # e.g. "cannot find capacity for orchestrator"
         report["note"] = decision.note
     return AttemptResult(job.token, outcome, exit_code, decision,
-                         json.dumps(report, sort_keys=True) if report else None)
+                         json.dumps(report, sort_keys=True) if report else None,
+                         memory=ending.memory if ending is not None else None)
 
 
 def record_ending(

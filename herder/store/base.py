@@ -25,6 +25,7 @@ from herder.model import (
     AttemptResult,
     AttemptToken,
     Decision,
+    Enforcement,
     Event,
     HeartbeatReply,
     HostRecord,
@@ -33,6 +34,7 @@ from herder.model import (
     Job,
     JobSpec,
     JobStatus,
+    MemoryUse,
     Outcome,
     Reservation,
     ReservationKind,
@@ -564,8 +566,8 @@ def object_from_json(value: str | bytes | None) -> Any:
     return json.loads(value)
 
 
-FinishKey = tuple[Outcome, int | None, Decision, str | None]
-"""What a finish group shares: outcome, exit code, decision and report."""
+FinishKey = tuple[Outcome, int | None, Decision, str | None, MemoryUse | None]
+"""What a finish group shares: outcome, exit code, decision, report and memory."""
 FinishGroup = tuple[FinishKey, dict[int, int], dict[int, AttemptToken]]
 _Shelf = tuple[dict[int, int], dict[int, AttemptToken]]
 
@@ -590,8 +592,10 @@ def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
         # A batch's results usually share one outcome and decision object: only a change
         # pays for hashing the decision (a dataclass hashes in Python).
         if (last is None or result.decision is not last[2] or result.outcome is not last[0]
-                or result.exit_code != last[1] or result.report is not last[3]):
-            last = (result.outcome, result.exit_code, result.decision, result.report)
+                or result.exit_code != last[1] or result.report is not last[3]
+                or result.memory is not last[4]):
+            last = (result.outcome, result.exit_code, result.decision, result.report,
+                    result.memory)
             shelves = groups.setdefault(last, [])
         for shelf in shelves:
             if job_id not in shelf[0]:
@@ -605,7 +609,8 @@ def finish_groups(results: Sequence[AttemptResult]) -> list[FinishGroup]:
     return [(key, tokens, held) for key, shelves in groups.items() for tokens, held in shelves]
 
 
-def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -> dict[str, Any]:
+def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision,
+                  memory: MemoryUse | None = None) -> dict[str, Any]:
     """A finish group's shared parameters, named as both dialects' attempt_finish statements
     read them; each store adds the tokens, `now` and `available_at` in its own time form."""
     return {"outcome": outcome.value, "exit_code": exit_code,
@@ -615,7 +620,10 @@ def finish_params(outcome: Outcome, exit_code: int | None, decision: Decision) -
             "spend_transient": int(decision.spend_transient), "weight": decision.weight,
             "avoid_host": int(decision.avoid_host),
             "actionable": int(decision.actionable),
-            "human_action": int(decision.human_action)}
+            "human_action": int(decision.human_action),
+            "peak_rss_bytes": memory.peak_rss_bytes if memory else None,
+            "memory_budget_bytes": memory.budget_bytes if memory else None,
+            "memory_enforcement": memory.enforcement.value if memory else None}
 
 
 def finish_detail(outcome: Outcome, exit_code: int | None, report: str | None
@@ -662,7 +670,18 @@ def attempt_from_row(row: Mapping[str, Any]) -> Attempt:
         ended_at=row["ended_at"],
         exit_code=row["exit_code"],
         outcome=Outcome(row["outcome"]) if row["outcome"] else None,
+        memory=memory_from_row(row),
     )
+
+
+def memory_from_row(row: Mapping[str, Any]) -> MemoryUse | None:
+    """None for an attempt not measured (live, never ran, or from before schema v9)."""
+    enforcement = row.get("memory_enforcement")
+    if not enforcement:
+        return None
+    peak, budget = row.get("peak_rss_bytes"), row.get("memory_budget_bytes")
+    return MemoryUse(None if peak is None else int(peak),
+                     None if budget is None else int(budget), Enforcement(enforcement))
 
 
 def live_attempt_from_row(row: Mapping[str, Any]) -> LiveAttempt:

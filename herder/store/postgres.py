@@ -68,10 +68,11 @@ MAX_CLAIM = 1000
 def _finish_group(
     cursor: psycopg.Cursor[tuple[Any, ...]], group: FinishGroup, now: datetime
 ) -> list[tuple[AttemptToken, JobStatus]]:
-    (outcome, exit_code, decision, report), tokens, held = group
+    (outcome, exit_code, decision, report, memory), tokens, held = group
     rows = cursor.execute(Q["attempt_finish"], {
-        **finish_params(outcome, exit_code, decision), "available_at": decision.available_at,
-        "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens),
+        **finish_params(outcome, exit_code, decision, memory),
+        "available_at": decision.available_at, "now": now,
+        "job_ids": list(tokens), "tokens": Jsonb(tokens),
         "detail": Jsonb(finish_detail(outcome, exit_code, report))}).fetchall()
     return [(held[row[0]], JobStatus(row[2])) for row in rows]
 

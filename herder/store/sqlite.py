@@ -374,9 +374,10 @@ class SQLiteStore(Store):
         if not results:
             return applied
         with self.driver.immediate() as conn:
-            for (outcome, exit_code, decision, report), tokens, held in finish_groups(results):
+            for (outcome, exit_code, decision, report, memory), tokens, held in finish_groups(
+                    results):
                 params = {
-                    **finish_params(outcome, exit_code, decision), "now": stamp,
+                    **finish_params(outcome, exit_code, decision, memory), "now": stamp,
                     "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
                 cursor = conn.cursor()
                 cursor.row_factory = None  # (id, attempt, status) tuples

@@ -38,11 +38,11 @@ RETURNING id, attempt;
 -- name: attempt_list
 -- Ended attempts from the history, then the live one from its job row.
 SELECT job_id, attempt, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at,
-       ended_at, exit_code, outcome
+       ended_at, exit_code, outcome, peak_rss_bytes, memory_budget_bytes, memory_enforcement
 FROM herder_attempts WHERE job_id = :job_id
 UNION ALL
 SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, started_at,
-       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL
+       coalesce(heartbeat_at, claimed_at), NULL, NULL, NULL, NULL, NULL, NULL
 FROM herder_jobs WHERE id = :job_id AND status IN ('claimed', 'running')
 ORDER BY attempt;
 

@@ -129,10 +129,13 @@ WITH j AS (
 ), ev AS (
     INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail,
                                host, worker, pid, log_path, claimed_at, started_at,
-                               heartbeat_at, exit_code, outcome)
+                               heartbeat_at, exit_code, outcome, peak_rss_bytes,
+                               memory_budget_bytes, memory_enforcement)
     SELECT id, %(now)s, 'finished', old_status, status, attempt,
            %(detail)s::jsonb, host, worker, pid,
-           log_path, claimed_at, started_at, heartbeat_at, exit_code, outcome
+           log_path, claimed_at, started_at, heartbeat_at, exit_code, outcome,
+           %(peak_rss_bytes)s::bigint, %(memory_budget_bytes)s::bigint,
+           %(memory_enforcement)s::text
     FROM j
 )
 SELECT id, attempt, status,

@@ -117,10 +117,12 @@ RETURNING id, attempt, status;
 -- attempt has one).
 INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail, host,
                            worker, pid, log_path, claimed_at, started_at, heartbeat_at,
-                           exit_code, outcome)
+                           exit_code, outcome, peak_rss_bytes, memory_budget_bytes,
+                           memory_enforcement)
 SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELSE 'running' END,
        j.status, j.attempt, :detail, j.host, j.worker, j.pid, j.log_path, j.claimed_at,
-       j.started_at, j.heartbeat_at, :exit_code, :outcome
+       j.started_at, j.heartbeat_at, :exit_code, :outcome, :peak_rss_bytes,
+       :memory_budget_bytes, :memory_enforcement
 FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
 
 -- name: job_cancel_requested
