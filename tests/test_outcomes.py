@@ -104,7 +104,10 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
         revoked = settled("revoked", lambda j: j.status is JobStatus.FAILED)
         assert (revoked.failure_reason, revoked.human_action, revoked.actionable) == (
             "spawn_oauth_expired", True, True)
-        [alert] = [a for a in h.store.alert_list() if a.key == f"job:{revoked.id}:human_action"]
+        # The alert is opened just after the failed status is committed: wait for it.
+        [alert] = wait_for(lambda: [a for a in h.store.alert_list()
+                                    if a.key == f"job:{revoked.id}:human_action"], 30,
+                           "the human-action alert")
         assert "a human must act" in alert.message and "spawn_oauth_expired" in alert.message
 
         # Exit 4 climbs the weight chain, then fails at its end.
