@@ -128,3 +128,18 @@ def account_remove(state: State, host: str, name: str) -> None:
     if not removed:
         fail(f"no account {name!r} on {host!r} (see `herder accounts`)")
     click.echo(f"account {name} on {host}: removed")
+
+
+@account.command("clear")
+@click.argument("host")
+@click.argument("name")
+@pass_state
+def account_clear(state: State, host: str, name: str) -> None:
+    """Mark an account usable again once a human re-logged it in or its quota came back
+    early: clears `depleted` and `auth_revoked` (a dead token waits for the next probe)."""
+    with edge():
+        store = state.client.store
+        if not [r for r in store.account_list(host) if r.account.name == name]:
+            fail(f"no account {name!r} on {host!r} (see `herder accounts`)")
+        cleared = store.account_clear(host, name, utcnow())
+    click.echo(f"account {name} on {host}: " + ("cleared" if cleared else "already healthy"))
