@@ -12,16 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import (
-    EXIT_SKIP,
-    State,
-    columns,
-    duration,
-    edge,
-    fail,
-    labelled,
-    pass_state,
-)
+from herder.cli.root import EXIT_SKIP, State, columns, duration, edge, fail, labelled, pass_state
 from herder.errors import InputError
 from herder.model import JobStatus
 

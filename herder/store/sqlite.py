@@ -296,7 +296,7 @@ class SQLiteStore(Store):
         current = self.schema_version()
         refuse_newer_schema(current, migrations)
         if current == max((version for version, _, _ in migrations), default=0):
-            return []  # the usual open: two reads, no write lock to wait behind a writer for
+            return []  # the usual open: two reads, never waiting for a writer's lock
         applied: list[int] = []
         with self.driver.immediate() as conn:
             conn.execute(
