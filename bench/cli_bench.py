@@ -1,14 +1,18 @@
 """Wall time of the `herder` commands scripts call in loops, against `python -c pass`.
 
 Every row runs its command RUNS times as a fresh process (after WARMUP unmeasured runs) and
-reports the median, the 90th percentile and the minimum in milliseconds, and the median CPU
-time (user + system) of the process, which a busy shared machine inflates less than wall
-time. The database is a
+reports the median, the 90th percentile and the minimum in milliseconds, and the median and
+minimum CPU time (user + system) of the process, which a busy shared machine inflates less
+than wall time. The database is a
 temporary SQLite file holding JOBS jobs; the commands run in a temporary folder with the
 sample herder.toml that `herder init` writes (CONFIG=none: no herder.toml, the defaults).
+BEFORE=/path/to/checkout also runs every command with that checkout's `herder/` first on
+PYTHONPATH, each of its runs next to one of this herder's, so a change in the machine's load
+falls on both alike; a last table sets the two side by side.
 
     .venv/bin/python bench/cli_bench.py            # RUNS=30 WARMUP=3 JOBS=50 CONFIG=sample
     RUNS=100 CONFIG=none .venv/bin/python bench/cli_bench.py
+    BEFORE=/tmp/base .venv/bin/python bench/cli_bench.py
 
 The last lines are the top-level modules of `python -X importtime -c "import herder.cli"`
 that cost the most (cumulative, one run).
@@ -31,6 +35,7 @@ RUNS = int(os.environ.get("RUNS", "30"))
 WARMUP = int(os.environ.get("WARMUP", "3"))
 JOBS = int(os.environ.get("JOBS", "50"))
 CONFIG = os.environ.get("CONFIG", "sample")
+BEFORE = os.environ.get("BEFORE")
 
 
 def herder_argv() -> list[str]:
@@ -65,10 +70,23 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def measure(argv: Sequence[str], folder: Path,
-            environment: dict[str, str]) -> list[tuple[float, float]]:
+            environments: Sequence[dict[str, str]]) -> list[list[tuple[float, float]]]:
+    """RUNS (wall, CPU) samples in each environment, their runs taking turns."""
     for _ in range(WARMUP):
-        run(argv, folder, environment)
-    return [run(argv, folder, environment) for _ in range(RUNS)]
+        for environment in environments:
+            run(argv, folder, environment)
+    samples: list[list[tuple[float, float]]] = [[] for _ in environments]
+    for _ in range(RUNS):
+        for index, environment in enumerate(environments):
+            samples[index].append(run(argv, folder, environment))
+    return samples
+
+
+def medians(samples: Sequence[tuple[float, float]]) -> str:
+    """`wall / CPU` medians in milliseconds."""
+    wall = statistics.median(wall for wall, _ in samples)
+    cpu = statistics.median(cpu for _, cpu in samples)
+    return f"{wall * 1000:.0f} / {cpu * 1000:.0f}"
 
 
 STEPS = [
@@ -76,16 +94,16 @@ STEPS = [
     ("herder.cli (root group, no command)", "import herder.cli"),
     ("herder.model (dataclasses, enums)", "import herder.model"),
     ("herder.config (the settings dataclasses)", "import herder.config"),
-    ("load_config() (validate herder.toml)", "herder.config.load_config()"),
+    ("load_config() (validate herder.toml, with tomllib)", "herder.config.load_config()"),
     ("herder.store.sqlite", "import herder.store.sqlite"),
-    ("herder.client, herder.intake, herder.cli.jobs", "import herder.client, herder.cli.jobs"),
+    ("herder.client, herder.cli.jobs", "import herder.client, herder.cli.jobs"),
     ("open_store() (connect, check the schema)",
      "herder.store.open_store(herder.config.load_config().db_url()).close()"),
-    ("rich (jobs and show tables)", "import rich.console, rich.table"),
+    ("herder.intake (only submit: render and check the command)", "import herder.intake"),
     ("herder.views (pydantic; only --json)", "import herder.views"),
 ]
-"""What `submit` loads, in order (then what only the tables and --json add); each step's
-time is on top of the steps before it."""
+"""What the queue commands load, in order (then what only `submit` and --json add); each
+step's time is on top of the steps before it."""
 
 BREAKDOWN = """
 import json, sys, time
@@ -156,21 +174,31 @@ def main() -> None:
             ("herder should-dispatch bench-1", [*herder, "should-dispatch", "bench-1"]),
             ("herder should-dispatch free-key", [*herder, "should-dispatch", "free-key"]),
         ]
-        results = [(label, measure(argv, folder, environment)) for label, argv in rows]
+        environments = [environment]
+        if BEFORE:
+            environments.insert(0, {**environment, "PYTHONPATH": BEFORE})
+        measured = [(label, measure(argv, folder, environments)) for label, argv in rows]
+        results = [(label, samples[-1]) for label, samples in measured]
         baseline = statistics.median(wall for wall, _ in results[0][1])
         config = "sample herder.toml" if CONFIG == "sample" else "no herder.toml"
         print(f"CLI wall time, SQLite, {config}, {JOBS} jobs in the database, "
               f"{RUNS} runs after {WARMUP} warm-up runs (ms)\n")
-        print("| command | median | p90 | min | median - python -c pass | CPU median |")
-        print("|---|---|---|---|---|---|")
+        print("| command | median | p90 | min | median - python -c pass | CPU median | CPU min |")
+        print("|---|---|---|---|---|---|---|")
         for label, samples in results:
             times = [wall for wall, _ in samples]
             median = statistics.median(times)
-            cpu = statistics.median(cpu for _, cpu in samples)
+            cpus = [cpu for _, cpu in samples]
             print(f"| `{label}` | {median * 1000:.0f} | {percentile(times, 0.9) * 1000:.0f} | "
                   f"{min(times) * 1000:.0f} | {(median - baseline) * 1000:+.0f} | "
-                  f"{cpu * 1000:.0f} |")
-        print("\nWhere `submit`'s time goes: each step in a fresh interpreter, on top of the ones "
+                  f"{statistics.median(cpus) * 1000:.0f} | {min(cpus) * 1000:.0f} |")
+        if BEFORE:
+            print(f"\nBefore ({BEFORE}) and after, runs taking turns: wall / CPU medians (ms)\n")
+            print("| command | before | after |")
+            print("|---|---|---|")
+            for label, (before, after) in measured:
+                print(f"| `{label}` | {medians(before)} | {medians(after)} |")
+        print("\nWhere the time goes: each step in a fresh interpreter, on top of the ones "
               f"before it (median of {RUNS}, ms)\n")
         print("| step | ms |")
         print("|---|---|")

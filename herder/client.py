@@ -17,13 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from herder.config import Config, load_config
 from herder.errors import NotFound
 from herder.model import Attempt, Event, Job, JobStatus
 from herder.store import Store, open_store
-from herder.submission import SubmitRequest
+
+if TYPE_CHECKING:
+    from herder.submission import SubmitRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,8 @@ class Submitted:
 def submit_request(**fields: Any) -> SubmitRequest:
     """A submit from Python values, unvalidated: `resolve` checks every field and names the
     fix. An unknown field is a TypeError, as a keyword argument would be."""
+    from herder.submission import SubmitRequest  # only submit: reading loads one class less
+
     unknown = sorted(set(fields) - {item.name for item in dataclasses.fields(SubmitRequest)})
     if unknown:
         raise TypeError(f"submit() got unexpected keyword arguments: {', '.join(unknown)}")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from support.cli import (
     UNREACHABLE_DB,
@@ -26,6 +27,7 @@ from support.cli import (
 )
 
 from herder.cli import main
+from herder.cli.root import columns
 from herder.client import Client
 from herder.config import sample_config
 from herder.model import JobStatus, Outcome
@@ -302,8 +304,22 @@ def test_jobs_json_lists_job_objects_newest_first(cli):
     assert newest["created_at"] is not None
     assert [job["id"] for job in as_json(cli("jobs", "--json", "--limit", "1"))] == [second]
     assert as_json(cli("jobs", "--json", "--status", "done", "--status", "running")) == []
-    table = ok(cli("jobs")).stdout
-    assert "STATUS" in table and "greet" in table and str(second) in table
+    header, *rows = ok(cli("jobs")).stdout.splitlines()  # not a terminal: no bold
+    assert header.split() == ["ID", "STATUS", "TYPE", "PRI", "WEIGHT", "ATT", "HOST", "AGE",
+                              "COMMAND"]
+    assert [row.split()[:3] for row in rows] == [
+        [str(job["id"]), job["status"], job["job_type"]] for job in listed]
+    at = header.index("COMMAND")  # plain columns: each cell starts under its heading
+    assert [row[at:] for row in rows] == [" ".join(job["command"])[:60] for job in listed]
+
+
+def test_columns_pad_each_cell_to_its_widest_and_style_only_the_header():
+    lines = columns(("ID", "COMMAND"), [("7", "echo hi"), ("1234", "true")])
+    assert [click.unstyle(line) for line in lines] == ["ID    COMMAND", "7     echo hi",
+                                                       "1234  true"]
+    assert lines[0] != click.unstyle(lines[0]) and lines[1:] == [
+        click.unstyle(line) for line in lines[1:]]
+    assert columns(("ID", "STATUS"), []) == [click.style("ID  STATUS", bold=True)]
 
 
 def test_show_json_has_the_job_its_attempts_and_events(cli):

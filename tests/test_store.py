@@ -119,6 +119,27 @@ def test_migrated_store_reports_the_latest_version(store):
     assert store.migrate() == []
 
 
+def test_opening_a_current_sqlite_database_does_not_wait_for_a_writer(sqlite_url):
+    # Every command opens (and migrates) the store: with the schema current that is two
+    # reads, so `should-dispatch` answers while `herder up` holds the write lock.
+    import sqlite3
+
+    from herder.store.sqlite import SQLiteStore
+
+    writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        store = SQLiteStore(sqlite_url, busy_timeout=0.2)
+        try:
+            assert store.migrate() == []
+            assert store.job_dedup_holder("free") is None
+        finally:
+            store.close()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
 # -- insert ---------------------------------------------------------------------------------
 
 

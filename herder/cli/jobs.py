@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import EXIT_SKIP, State, duration, edge, fail, pass_state
+from herder.cli.root import EXIT_SKIP, State, columns, duration, edge, fail, labelled, pass_state
 from herder.errors import InputError
 from herder.model import JobStatus
 
@@ -131,17 +131,12 @@ def jobs(state: State, statuses: Sequence[str], limit: int, actionable: bool,
 
         click.echo(json.dumps([job_view(job) for job in found], indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "STATUS", "TYPE", "PRI", "WEIGHT", "ATT", "HOST", "AGE", "COMMAND"):
-        table.add_column(column)
-    for job in found:
-        table.add_row(str(job.id), job.status.value, job.job_type, str(job.priority),
-                      job.weight, f"{job.attempt}/{job.max_attempts}", job.host or "-",
-                      _age(job.created_at), " ".join(job.command)[:60])
-    Console().print(table)
+    header = ("ID", "STATUS", "TYPE", "PRI", "WEIGHT", "ATT", "HOST", "AGE", "COMMAND")
+    rows = [(str(job.id), job.status.value, job.job_type, str(job.priority), job.weight,
+             f"{job.attempt}/{job.max_attempts}", job.host or "-", _age(job.created_at),
+             " ".join(job.command)[:60]) for job in found]
+    for line in columns(header, rows):
+        click.echo(line)
 
 
 @click.command()
@@ -161,9 +156,6 @@ def show(state: State, job_id: int, as_json: bool) -> None:
         click.echo(json.dumps(JobDetail.of_history(job, attempts, events).model_dump(mode="json"),
                               indent=2))
         return
-    from rich.console import Console
-
-    console = Console()
     for key in ("id", "status", "job_type", "priority", "weight", "attempt", "max_attempts",
                 "failures", "transient_attempts", "spawn_failures", "lost", "host",
                 "exit_code", "failure_reason", "dedup_key", "command", "workdir",
@@ -174,34 +166,32 @@ def show(state: State, job_id: int, as_json: bool) -> None:
         elif isinstance(value, tuple):
             value = list(value)
         if (value is not None and value != 0) or key in ("attempt", "failures"):
-            console.print(f"[bold]{key:>18}[/bold]  {value}", highlight=False)
+            click.echo(labelled(key, value))
     if job.status is JobStatus.FAILED:
         flags = ["needs a human" if job.human_action else "",
                  "actionable" if job.actionable else "not actionable"]
-        console.print(f"[bold]{'failure':>18}[/bold]  {', '.join(f for f in flags if f)}",
-                      highlight=False)
+        click.echo(labelled("failure", ", ".join(f for f in flags if f)))
     last = next((dict(e.detail) for e in reversed(events) if e.kind == "finished"), {})
     result = last.get("result") if isinstance(last.get("result"), dict) else None
     for label, value in (("result", (result or {}).get("summary")),
                          ("cost_usd", last.get("cost_usd")),
                          ("result_error", last.get("result_error"))):
         if value is not None:
-            console.print(f"[bold]{label:>18}[/bold]  {value}", highlight=False)
+            click.echo(labelled(label, value))
     if attempts:
-        console.print("\n[bold]attempts[/bold]")
+        click.echo("\n" + click.style("attempts", bold=True))
         under = {e.attempt: f" account={e.detail.get('account')}" for e in events
                  if e.kind == "account"}
         for a in attempts:
-            console.print(f"  #{a.attempt} {a.host} pid={a.pid} {a.outcome or 'live'} "
-                          f"exit={a.exit_code}{under.get(a.attempt, '')} log={a.log_path}",
-                          highlight=False)
+            click.echo(f"  #{a.attempt} {a.host} pid={a.pid} {a.outcome or 'live'} "
+                       f"exit={a.exit_code}{under.get(a.attempt, '')} log={a.log_path}")
             if a.memory is not None:
-                console.print(f"     {a.memory.describe()}", highlight=False)
-    console.print("\n[bold]events[/bold]")
+                click.echo(f"     {a.memory.describe()}")
+    click.echo("\n" + click.style("events", bold=True))
     for e in events:
         arrow = f"{e.from_status or ''} → {e.to_status or ''}" if e.to_status else ""
-        console.print(f"  {e.at:%Y-%m-%d %H:%M:%S} {e.kind:<17} {arrow} "
-                      f"{json.dumps(dict(e.detail)) if e.detail else ''}", highlight=False)
+        click.echo(f"  {e.at:%Y-%m-%d %H:%M:%S} {e.kind:<17} {arrow} "
+                   f"{json.dumps(dict(e.detail)) if e.detail else ''}")
 
 
 @click.command()

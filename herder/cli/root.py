@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -155,6 +155,22 @@ def fleet_of(state: State) -> Fleet:
     from herder.runtime.scheduler import Fleet
 
     return Fleet.from_settings(state.config.settings)
+
+
+def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A table as lines of left-aligned columns two spaces apart, the header first in bold
+    (click drops the style when the output is not a terminal). Plain text, so `jobs` loads
+    no table library: rich costs ~30 ms of imports and as much again to lay out 50 rows."""
+    table = [list(header), *(list(row) for row in rows)]
+    widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in table]
+    return [click.style(lines[0], bold=True), *lines[1:]]
+
+
+def labelled(label: str, value: object) -> str:
+    """One `label  value` line of `show`, the label right-aligned in bold."""
+    return f"{click.style(f'{label:>18}', bold=True)}  {value}"
 
 
 def log_to_stderr(level: str) -> None:

@@ -13,7 +13,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from importlib import resources
 from typing import Any
 
 from herder.errors import InputError, StoreUnavailable
@@ -43,7 +42,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-from herder.store.driver import Driver, Json, Transaction, Waker
+from herder.store.driver import SQL, Driver, Json, Transaction, Waker
 
 
 def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
@@ -59,7 +58,7 @@ def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]
 
 def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
     """(version, name, sql) sorted by version, from `sql/<dialect>/migrations/NNNN_name.sql`."""
-    folder = resources.files("herder.store").joinpath(f"sql/{dialect}/migrations")
+    folder = SQL / dialect / "migrations"
     found = []
     for entry in folder.iterdir():
         match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)

@@ -292,6 +292,11 @@ class SQLiteStore(Store):
     # -- schema ---------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
+        migrations = load_migrations("sqlite")
+        current = self.schema_version()
+        refuse_newer_schema(current, migrations)
+        if current == max((version for version, _, _ in migrations), default=0):
+            return []  # the usual open: two reads, never waiting for a writer's lock
         applied: list[int] = []
         with self.driver.immediate() as conn:
             conn.execute(
@@ -299,7 +304,6 @@ class SQLiteStore(Store):
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
             )
             current = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0] or 0
-            migrations = load_migrations("sqlite")
             refuse_newer_schema(current, migrations)
             for version, name, sql in migrations:
                 if version <= current:
