@@ -453,8 +453,8 @@ def test_durations_longer_than_a_year_are_rejected():
 
 
 def test_the_samples_commented_fleet_section_is_real_config(tmp_path):
-    """Uncommenting the documented [fleet], [server], [hosts.*] and [hooks] keys must give a config
-    that loads, so the sample never documents a key that does not exist."""
+    """Uncommenting the documented [fleet], [server], [hosts.*] and [hooks] keys must give a
+    config that loads, so the sample never documents a key that does not exist."""
     text = sample_config()
     head, _, tail = text.partition("# --- A fleet")
     lines = [line[2:] if line.startswith("# ") and ("=" in line or line.startswith("# ["))
