@@ -41,30 +41,30 @@ async def receive(source: Source, request: Request, response: Response,
         body = await _read(request, service.settings.hooks.max_body_bytes)
         delivery = verify(section.kind, secret, request.headers, body)
         if delivery.event == PING:
-            log.info("hook %s: ping %s", source, delivery.delivery_id)
+            log.info("hook %r: ping %s", source, delivery.delivery_id)
             response.status_code = 200
             return HookReply(outcome="pong", delivery=delivery.delivery_id)
         event = parse_body(body, request.headers.get("content-type"))
         requests = match(section.rules, delivery.event, event)
     except Refused as refused:
-        log.info("hook %s: %s %s refused (%d): %s", source,
+        log.info("hook %r: %s %s refused (%d): %s", source,
                  delivery.event if delivery else "-", delivery.delivery_id if delivery else "-",
                  refused.status, refused.reason)
         return JSONResponse({"detail": refused.reason}, status_code=refused.status)
     if not requests:
-        log.info("hook %s: %s %s ignored (no rule matches)", source, delivery.event,
+        log.info("hook %r: %s %s ignored (no rule matches)", source, delivery.event,
                  delivery.delivery_id)
         return HookReply(outcome="ignored", delivery=delivery.delivery_id)
     try:
         record = await call(service.receive_delivery, source, delivery, requests)
     except InputError as exc:  # a rule's job the job type refuses: 422, as a submit's
-        log.info("hook %s: %s %s refused (422): %s", source, delivery.event,
+        log.info("hook %r: %s %s refused (422): %s", source, delivery.event,
                  delivery.delivery_id, exc)
         raise
     reply = HookReply(outcome="enqueued" if record.first else "duplicate",
                       delivery=delivery.delivery_id, jobs=list(record.job_ids),
                       created=list(record.created))
-    log.info("hook %s: %s %s %s: jobs %s", source, delivery.event, delivery.delivery_id,
+    log.info("hook %r: %s %s %s: jobs %s", source, delivery.event, delivery.delivery_id,
              reply.outcome, reply.jobs)
     if not record.first:
         response.status_code = 200
