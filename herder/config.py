@@ -526,6 +526,88 @@ class ServerSection:
     """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
 
 
+def _template(value: str | None) -> str | None:
+    from herder.webhooks import template_paths
+
+    if value is not None:
+        template_paths(value)
+    return value
+
+
+def _templates(value: dict[str, str]) -> dict[str, str]:
+    for template in value.values():
+        _template(template)
+    return value
+
+
+def _paths(value: dict[str, str]) -> dict[str, str]:
+    for path in value:
+        _template("{" + path + "}")
+    return value
+
+
+def _env_name(value: str | None) -> str | None:
+    if value is not None and not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid environment variable name")
+    return value
+
+
+def _no_inline_secret(value: str | None) -> str | None:
+    if value is not None:
+        raise ValueError("a secret does not belong in herder.toml (it may be committed); "
+                         "set secret_env = \"HERDER_HOOK_NAME_SECRET\" or secret_file")
+    return value
+
+
+@dataclass(frozen=True)
+class HookRuleSection:
+    """One of [[hooks.sources.NAME.rules]]: an event that becomes a job. Templates read
+    dotted paths of the event JSON (`{repository.full_name}#{issue.number}`)."""
+
+    event: str
+    """The event header's value: `issues`, `pull_request`, ..."""
+    job_type: str
+    action: str | None = None
+    """The event's `action` must be this (`labeled`, `opened`, ...)."""
+    label: str | None = None
+    """The label added (GitHub) or carried (Gitea) must be this."""
+    when: dict[str, str] = field(default_factory=dict, metadata=rules(check=_paths))
+    """Dotted path -> the value it must have, e.g. {"repository.full_name" = "org/app"}."""
+    dedup_key: str | None = field(default=None, metadata=rules(check=_template))
+    payload: dict[str, str] = field(default_factory=dict, metadata=rules(check=_templates))
+    priority: int | None = None
+    weight: str | None = None
+
+
+@dataclass(frozen=True)
+class HookSourceSection:
+    """[hooks.sources.NAME]: a forge that posts to /hooks/NAME, signed with its secret.
+    The secret comes from a variable or a file, never from herder.toml itself."""
+
+    kind: str = field(metadata=rules(check=_one_of(("github", "gitea", "generic"))))
+    secret_env: str | None = field(default=None, metadata=rules(check=_env_name))
+    secret_file: str | None = None
+    secret: str | None = field(default=None, metadata=rules(check=_no_inline_secret))
+    rules: list[HookRuleSection] = field(default_factory=list)
+
+    def check(self) -> None:
+        if (self.secret_env is None) == (self.secret_file is None):
+            raise ValueError("a source needs one secret: set secret_env = "
+                             "\"HERDER_HOOK_NAME_SECRET\" or secret_file = \"path\"")
+
+
+@dataclass(frozen=True)
+class HooksSection:
+    """[hooks]: forge webhooks (`POST /hooks/NAME`) that enqueue jobs."""
+
+    retention: Duration = field(default=7 * 86400.0, metadata=rules(gt=0))
+    """How long a delivery id is remembered (a replay within it enqueues nothing)."""
+    max_body_bytes: int = field(default=1024 * 1024, metadata=rules(ge=1024, le=1024**3))
+    """Larger deliveries are refused with 413 (server.max_body_bytes caps them too)."""
+    sources: dict[str, HookSourceSection] = field(default_factory=dict, metadata=rules(
+        check=_names(_NAME, "{name!r} is not a valid source name")))
+
+
 def _weights(value: dict[str, float]) -> dict[str, float]:
     if not value:
         raise ValueError("at least one weight is needed")
@@ -553,6 +635,7 @@ class Settings:
     server: ServerSection = ServerSection()
     hosts: dict[str, HostSection] = field(default_factory=dict, metadata=rules(
         check=_names(_NAME, "{name!r} is not a valid host label")))
+    hooks: HooksSection = HooksSection()
 
 
 # -- validation: TOML data → the dataclasses above ------------------------------------------
@@ -773,6 +856,33 @@ class Config:
                 return "sqlite:///" + str(self.resolve_path(rest))
         return url
 
+    def hook_secrets(self, environ: Mapping[str, str]) -> dict[str, bytes]:
+        """Each webhook source's secret, from its variable or file: `herder server` reads
+        them at start and refuses to start without one (a source never accepts unsigned)."""
+        secrets: dict[str, bytes] = {}
+        for name, source in self.settings.hooks.sources.items():
+            where = f"hooks.sources.{name}"
+            if source.secret_env is not None:
+                secret = environ.get(source.secret_env, "").strip().encode()
+                if not secret:
+                    raise InputError(f"{where}.secret_env",
+                                     f"{source.secret_env} is not set or empty",
+                                     f"export {source.secret_env} with the forge's secret")
+            else:
+                assert source.secret_file is not None, "checked when the config loaded"
+                path = self.resolve_path(source.secret_file)
+                try:
+                    secret = path.read_bytes().strip()
+                except OSError as exc:
+                    raise InputError(f"{where}.secret_file", f"cannot read {path}: "
+                                     f"{exc.strerror}", "fix the path or its permissions"
+                                     ) from None
+                if not secret:
+                    raise InputError(f"{where}.secret_file", f"{path} is empty",
+                                     "write the forge's secret into it")
+            secrets[name] = secret
+        return secrets
+
     def check_weight(self, weight: str, field: str = "weight") -> None:
         if weight not in self.settings.weights:
             known = ", ".join(sorted(self.settings.weights))
@@ -867,6 +977,7 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
             raise ConfigError(_where(config, text, ["hosts", label, "ssh_target"]),
                               "an ssh host needs ssh_target", "set ssh_target = \"user@host\"")
     _check_accounts(config, text)
+    _check_hooks(config, text)
     for name, job_type in settings.job_types.items():
         if job_type.weight is not None and job_type.weight not in settings.weights:
             raise ConfigError(
@@ -888,6 +999,29 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                     f"{prompt} does not exist",
                     "create the file or fix the path (relative to herder.toml)",
                 )
+
+
+def _check_hooks(config: Config, text: str) -> None:
+    """A rule's job type and weight must exist; a secret's variable must not reach jobs."""
+    settings = config.settings
+    for name, source in settings.hooks.sources.items():
+        where = ["hooks", "sources", name]
+        if source.secret_env is not None:
+            for entry in settings.runtime.pass_env:
+                refusal = pass_env_refusal(entry, source.secret_env)
+                if refusal is not None:
+                    raise ConfigError(_where(config, text, [*where, "secret_env"]),
+                                      f"runtime.pass_env {refusal}")
+        for index, rule in enumerate(source.rules):
+            if rule.job_type not in settings.job_types:
+                raise ConfigError(_where(config, text, [*where, "rules", str(index)]),
+                                  f"job_type: unknown job type {rule.job_type!r}",
+                                  f"define [job_types.{rule.job_type}] or use one of "
+                                  f"{sorted(settings.job_types)}")
+            if rule.weight is not None and rule.weight not in settings.weights:
+                raise ConfigError(_where(config, text, [*where, "rules", str(index)]),
+                                  f"weight: unknown weight {rule.weight!r}",
+                                  f"use one of {sorted(settings.weights)}")
 
 
 def _check_accounts(config: Config, text: str) -> None:

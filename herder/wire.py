@@ -584,3 +584,14 @@ class SlotClaimed(Reply):
 
 class SlotReleased(Reply):
     released: bool
+
+
+class HookReply(Reply):
+    """What a webhook delivery did: `enqueued` (202; `created` are the new jobs, the rest
+    were held by their dedup keys), `duplicate` (200: seen before, nothing changed;
+    `jobs` are what it enqueued then), `ignored` (202: no rule matched) or `pong`."""
+
+    outcome: str
+    delivery: str | None = None
+    jobs: list[int] = []
+    created: list[int] = []

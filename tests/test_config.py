@@ -465,8 +465,8 @@ def test_durations_longer_than_a_year_are_rejected():
 
 
 def test_the_samples_commented_fleet_section_is_real_config(tmp_path):
-    """Uncommenting the documented [fleet], [server] and [hosts.*] keys must give a config
-    that loads, so the sample never documents a key that does not exist."""
+    """Uncommenting the documented [fleet], [server], [hosts.*] and [hooks] keys must give a
+    config that loads, so the sample never documents a key that does not exist."""
     text = sample_config()
     head, _, tail = text.partition("# --- A fleet")
     lines = [line[2:] if line.startswith("# ") and ("=" in line or line.startswith("# ["))
@@ -479,6 +479,7 @@ def test_the_samples_commented_fleet_section_is_real_config(tmp_path):
     assert settings.hosts["bms-4"].night.max_weight == "orchestrator"
     assert settings.fleet.shedding[0] == (0.75, None)
     assert settings.server.public_url == "https://coordinator:8470"
+    assert settings.hooks.sources["github"].rules[0].payload == {"name": "{sender.login}"}
 
 
 def test_unknown_weight_in_shedding_is_rejected(tmp_path):

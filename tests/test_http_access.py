@@ -79,7 +79,8 @@ def allowed(scope: Scope | None, role: str) -> bool:
 
 
 def concrete(path: str) -> str:
-    values = {"label": "alpha", "job_id": "1", "attempt": "1", "reservation_id": "1"}
+    values = {"label": "alpha", "job_id": "1", "attempt": "1", "reservation_id": "1",
+              "source": "github"}
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
 
 

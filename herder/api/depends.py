@@ -6,8 +6,8 @@ refuses to start with a route that declares none."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, HTTPException, Path, Request
@@ -47,6 +47,8 @@ class Access:
     legacy_admin_token: str | None = None
     """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
     max_body_bytes: int = ServerSection.max_body_bytes
+    hook_secrets: Mapping[str, bytes] = field(default_factory=dict)
+    """Webhook source -> its secret (`Config.hook_secrets`); a source without one is 404."""
 
 
 async def call(function: Callable[..., T], *args: Any) -> T:
@@ -123,6 +125,13 @@ async def public() -> None:
 
 
 public.herder_scope = None  # type: ignore[attr-defined]
+
+async def signed() -> None:
+    """No token (a forge cannot send one): the body's signature authenticates a webhook
+    (herder.webhooks.verify, in the route)."""
+
+
+signed.herder_scope = None  # type: ignore[attr-defined]
 
 Reader = Annotated[Caller, operator(Scope.READ)]
 Submitter = Annotated[Caller, operator(Scope.SUBMIT)]

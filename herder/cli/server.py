@@ -105,6 +105,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
         legacy = os.environ.get(settings.api_token_env) or None
+        hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
         # Before the store's threads: the watchdog for the jobs of this server's local hosts.
         guardian = start_guardian(state.config.settings.runtime.kill_grace)
         if insecure_no_auth and not loopback(bind):
@@ -129,7 +130,8 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
             coordinator.public_url = f"{scheme}://{bind}:{port_text}"
         app = create_app(coordinator, Access(open_access=insecure_no_auth,
                                              legacy_admin_token=legacy,
-                                             max_body_bytes=settings.max_body_bytes))
+                                             max_body_bytes=settings.max_body_bytes,
+                                             hook_secrets=hook_secrets))
     uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
                 ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
     if coordinator.fatal is not None:

@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -44,7 +44,7 @@ from herder.runtime.accounts import (
 )
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
+from herder.runtime.maintenance import DeliverySweep, PickupWatch, Rescuer, lost_result
 from herder.runtime.preflight import default_check
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
@@ -68,8 +68,10 @@ from herder.runtime.ssh import SshLauncher
 from herder.scheduling.breaker import Breaker
 from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
-from herder.store.base import Lease
+from herder.store.base import DeliveryRecord, Lease
+from herder.submission import SubmitRequest
 from herder.views import iso
+from herder.webhooks import Delivery
 from herder.wire import (
     AccountProbe,
     HeartbeatReply,
@@ -97,6 +99,7 @@ class _SchedulerCycle:
     hold_off_until: float = 0.0  # after giving up the lease, not before this
     rescuer: Rescuer | None = None
     pickup: PickupWatch | None = None
+    deliveries: DeliverySweep | None = None
 
 
 def _terminate_this_process() -> None:
@@ -335,6 +338,7 @@ class Coordinator:
             cycle.rescuer = Rescuer(self.store, local_labels, self.lease_seconds,
                                     runtime.kill_grace, runtime.max_lost)
             cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
+            cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
         self.scheduler.run_once(now)
         if time.monotonic() >= cycle.next_maintenance:
             cycle.next_maintenance = time.monotonic() + 1.0
@@ -350,6 +354,8 @@ class Coordinator:
             if time.monotonic() - cycle.leader_since >= cycle.pickup.timeout_seconds:
                 cycle.pickup.run_once(now)  # logs each placement it hands back
             expired = self.store.reservation_expire(now)
+            assert cycle.deliveries is not None
+            cycle.deliveries.run_once(now)
             self.store.statistics_refresh()
             if any(rescued.values()) or expired:
                 log.info("maintenance: %s, %d reservations expired", rescued, expired)
@@ -563,6 +569,19 @@ class Coordinator:
         result = self.store.job_insert([spec], utcnow(), force)[0]
         self.poke()
         return result
+
+    def receive_delivery(self, source: str, delivery: Delivery,
+                         requests: Sequence[SubmitRequest]) -> DeliveryRecord:
+        """A signed webhook delivery's jobs, validated as an HTTP submit is, then enqueued
+        with the delivery's record in one transaction (a replay enqueues nothing)."""
+        now = utcnow()
+        specs = [resolve(self.config, request, now, local=False, check_command=False)
+                 for request in requests]
+        record = self.store.delivery_record(source, delivery.delivery_id, delivery.event,
+                                            specs, now)
+        if record.created:
+            self.poke()
+        return record
 
     def job(self, job_id: int) -> Job:
         job = self.store.job_get(job_id)

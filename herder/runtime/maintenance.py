@@ -144,6 +144,19 @@ class PickupWatch:
         return counts
 
 
+class DeliverySweep:
+    """Forgets webhook deliveries older than the retention (`hooks.retention`): a replay
+    after that counts as new, but its jobs' dedup keys still hold."""
+
+    def __init__(self, store: Store, retention_seconds: float) -> None:
+        self.store = store
+        self.retention_seconds = retention_seconds
+
+    def run_once(self, now: datetime) -> dict[str, int]:
+        before = now - timedelta(seconds=self.retention_seconds)
+        return {"forgotten": self.store.delivery_expire(before)}
+
+
 class Rescuer:
     def __init__(
         self,

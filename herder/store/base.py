@@ -104,6 +104,22 @@ class Alert:
     cleared_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    """What recording a webhook delivery did: `first` is False for a delivery seen before
+    (nothing inserted; `job_ids` are what it enqueued then); `created` are the new jobs
+    (the others were already held by their dedup keys)."""
+
+    first: bool
+    job_ids: tuple[int, ...]
+    created: tuple[int, ...]
+
+    @classmethod
+    def of(cls, results: Sequence[InsertResult]) -> DeliveryRecord:
+        return cls(True, tuple(result.job_id for result in results),
+                   tuple(result.job_id for result in results if result.created))
+
+
 class Lease(abc.ABC):
     """Leadership: at most one holder at a time across every process on the store."""
 
@@ -145,6 +161,17 @@ class Store(abc.ABC):
         `force` releases the key from a `done` job first (a deliberate rerun); it never
         releases a key held by a queued, claimed or running job.
         """
+
+    @abc.abstractmethod
+    def delivery_record(self, source: str, delivery_id: str, event: str,
+                        specs: Sequence[JobSpec], now: datetime) -> DeliveryRecord:
+        """Record a webhook delivery and insert its jobs in one transaction; a delivery
+        seen before (its source and id) inserts nothing. A crash loses both, so the
+        forge's redelivery enqueues; a replay never enqueues twice."""
+
+    def delivery_expire(self, before: datetime) -> int:
+        """Forget deliveries received before `before`; how many."""
+        return len(self.driver.write("delivery_expire", {"before": before}))
 
     @abc.abstractmethod
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:

@@ -35,6 +35,7 @@ from herder.model import (
 )
 from herder.store import as_unavailable
 from herder.store.base import (
+    DeliveryRecord,
     FinishGroup,
     Lease,
     Store,
@@ -307,6 +308,22 @@ class PostgresStore(Store):
                 rows = [cursor.fetchone() for cursor in cursors]
                 return [self._result(conn, spec, row) for spec, row in zip(specs, rows,
                                                                            strict=True)]
+
+    def delivery_record(self, source: str, delivery_id: str, event: str,
+                        specs: Sequence[JobSpec], now: datetime) -> DeliveryRecord:
+        key = {"source": source, "delivery_id": delivery_id}
+        with self.driver.connection() as conn, conn.transaction():
+            # A concurrent replay waits here on the key until this one commits (then it
+            # inserts nothing) or rolls back (then it enqueues in its place).
+            if conn.execute(Q["delivery_record"], {**key, "event": event,
+                                                   "now": now}).fetchone() is None:
+                seen = conn.execute(Q["delivery_get"], key).fetchone()
+                # (None only if the sweep forgot it in between: still a replay.)
+                return DeliveryRecord(False, tuple(seen["job_ids"]) if seen else (), ())
+            results = [self._insert_one(conn, spec, now) for spec in specs]
+            conn.execute(Q["delivery_set_jobs"], _adapt(
+                {**key, "job_ids": Json([result.job_id for result in results])}))
+        return DeliveryRecord.of(results)
 
     def _insert_one(
         self, conn: psycopg.Connection[DictRow], spec: JobSpec, now: datetime

@@ -30,6 +30,7 @@ from herder.model import (
     JobStatus,
 )
 from herder.store.base import (
+    DeliveryRecord,
     Lease,
     Store,
     finish_detail,
@@ -49,11 +50,12 @@ _TIME_COLUMNS = frozenset(
         "available_at", "created_at", "claimed_at", "started_at", "finished_at", "updated_at",
         "heartbeat_at", "ended_at", "at", "last_heartbeat", "expires_at", "opened_at",
         "cleared_at", "revoked_at", "depleted_until", "auth_revoked_at", "probed_at",
+        "received_at",
     }
 )
 _JSON_COLUMNS = frozenset(
     {"command", "payload", "env", "detail", "allowed_job_types", "allowed_weights", "labels",
-     "agent_info", "job_types", "probe"}
+     "agent_info", "job_types", "probe", "job_ids"}
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 PAGE_SIZE = 2048
@@ -261,6 +263,36 @@ class SQLiteDriver(Driver):
         return SQLiteWaker(self.path)
 
 
+def _insert_jobs(conn: sqlite3.Connection, specs: Sequence[JobSpec], now: datetime,
+                 force: bool) -> list[InsertResult]:
+    """Insert jobs inside the caller's write transaction; a dedup conflict returns the
+    holder instead."""
+    stamp = now.timestamp()
+    results: list[InsertResult] = []
+    for spec in specs:
+        if force and spec.dedup_key is not None:
+            for row in conn.execute(
+                Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
+            ).fetchall():
+                insert_event(_SQLiteTransaction(conn), row[0], now, "dedup_released",
+                             None, None, None, {"reason": "forced rerun"})
+        params = _spec_params(spec, stamp)
+        row = conn.execute(Q["job_insert"], params).fetchone()
+        if row is not None:
+            params["job_id"] = row[0]
+            conn.execute(Q["job_spec_insert"], params)
+            insert_event(_SQLiteTransaction(conn), row[0], now, "submitted", None,
+                         JobStatus.QUEUED, None, {})
+            results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
+            continue
+        assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
+        holder = conn.execute(
+            Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
+        ).fetchone()
+        results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
+    return results
+
+
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
     """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text, and a list
     (an array parameter, as PostgreSQL takes it) as a JSON array."""
@@ -322,31 +354,21 @@ class SQLiteStore(Store):
     def job_insert(
         self, specs: Sequence[JobSpec], now: datetime, force: bool = False
     ) -> list[InsertResult]:
-        stamp = now.timestamp()
-        results: list[InsertResult] = []
         with self.driver.immediate() as conn:
-            for spec in specs:
-                if force and spec.dedup_key is not None:
-                    for row in conn.execute(
-                        Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
-                    ).fetchall():
-                        insert_event(_SQLiteTransaction(conn), row[0], now, "dedup_released",
-                                     None, None, None, {"reason": "forced rerun"})
-                params = _spec_params(spec, stamp)
-                row = conn.execute(Q["job_insert"], params).fetchone()
-                if row is not None:
-                    params["job_id"] = row[0]
-                    conn.execute(Q["job_spec_insert"], params)
-                    insert_event(_SQLiteTransaction(conn), row[0], now, "submitted", None,
-                                 JobStatus.QUEUED, None, {})
-                    results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
-                    continue
-                assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
-                holder = conn.execute(
-                    Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
-                ).fetchone()
-                results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
-        return results
+            return _insert_jobs(conn, specs, now, force)
+
+    def delivery_record(self, source: str, delivery_id: str, event: str,
+                        specs: Sequence[JobSpec], now: datetime) -> DeliveryRecord:
+        key = {"source": source, "delivery_id": delivery_id}
+        with self.driver.immediate() as conn:
+            if not _rows(conn, Q["delivery_record"], _adapt({**key, "event": event,
+                                                             "now": now})):
+                [seen] = _rows(conn, Q["delivery_get"], key)
+                return DeliveryRecord(False, tuple(seen["job_ids"]), ())
+            results = _insert_jobs(conn, specs, now, force=False)
+            conn.execute(Q["delivery_set_jobs"], _adapt(
+                {**key, "job_ids": Json([result.job_id for result in results])}))
+        return DeliveryRecord.of(results)
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()

@@ -257,11 +257,13 @@ class FleetHarness(HarnessBase):
 
     # -- processes ----------------------------------------------------------------------------
 
-    def start_server(self, *extra: str, wait: bool = True) -> subprocess.Popen[Any]:
+    def start_server(self, *extra: str, wait: bool = True,
+                     env: Mapping[str, str] | None = None) -> subprocess.Popen[Any]:
         """`herder server` on this fleet's port; with `wait`, until it answers /healthz
         (agents started meanwhile retry until it does)."""
         assert self.server is None or self.server.poll() is not None, "a server runs already"
-        process = self.start("server", "server", "--listen", f"127.0.0.1:{self.port}", *extra)
+        process = self.start("server", "server", "--listen", f"127.0.0.1:{self.port}", *extra,
+                             env=env)
         self.server = process
         if wait:
             self.wait_server()

@@ -261,3 +261,20 @@ SELECT host, account FROM herder_jobs WHERE id = :job_id AND attempt = :attempt;
 UPDATE herder_jobs SET account = NULL
 WHERE id = :job_id AND account IS NOT NULL AND status NOT IN ('claimed', 'running')
 RETURNING id;
+
+-- name: delivery_record
+-- A webhook delivery, unless its (source, id) was seen: no row back means a replay.
+INSERT INTO herder_deliveries (source, delivery_id, event, received_at)
+VALUES (:source, :delivery_id, :event, :now)
+ON CONFLICT (source, delivery_id) DO NOTHING
+RETURNING source;
+
+-- name: delivery_set_jobs
+UPDATE herder_deliveries SET job_ids = :job_ids
+WHERE source = :source AND delivery_id = :delivery_id;
+
+-- name: delivery_get
+SELECT * FROM herder_deliveries WHERE source = :source AND delivery_id = :delivery_id;
+
+-- name: delivery_expire
+DELETE FROM herder_deliveries WHERE received_at < :before RETURNING source;
