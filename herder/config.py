@@ -526,7 +526,7 @@ class ServerSection:
     """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
 
 
-def _template(value: str | None) -> str | None:
+def _hook_template(value: str | None) -> str | None:
     from herder.webhooks import template_paths
 
     if value is not None:
@@ -536,13 +536,13 @@ def _template(value: str | None) -> str | None:
 
 def _templates(value: dict[str, str]) -> dict[str, str]:
     for template in value.values():
-        _template(template)
+        _hook_template(template)
     return value
 
 
 def _paths(value: dict[str, str]) -> dict[str, str]:
     for path in value:
-        _template("{" + path + "}")
+        _hook_template("{" + path + "}")
     return value
 
 
@@ -573,7 +573,7 @@ class HookRuleSection:
     """The label added (GitHub) or carried (Gitea) must be this."""
     when: dict[str, str] = field(default_factory=dict, metadata=rules(check=_paths))
     """Dotted path -> the value it must have, e.g. {"repository.full_name" = "org/app"}."""
-    dedup_key: str | None = field(default=None, metadata=rules(check=_template))
+    dedup_key: str | None = field(default=None, metadata=rules(check=_hook_template))
     payload: dict[str, str] = field(default_factory=dict, metadata=rules(check=_templates))
     priority: int | None = None
     weight: str | None = None
