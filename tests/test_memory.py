@@ -121,7 +121,10 @@ def test_a_job_past_its_budget_is_stopped_as_oom_and_escalated_under_up(
     assert_escalated(job, h.attempts(job_id), expected)
     first = h.cli("logs", str(job_id), "--attempt", "1").stdout
     second = h.cli("logs", str(job_id), "--attempt", "2").stdout
-    assert "niceness 0" in first and "niceness 7" in second, (first, second)  # nice per weight
+    # nice per weight, added to the runner's own niceness (this test's, which CI may raise)
+    base = os.nice(0)
+    assert f"niceness {base}\n" in first, first
+    assert f"niceness {min(base + 7, 19)}\n" in second, second
     if expected is Enforcement.WATCHDOG:
         assert "memory over its limit" in first, first
     shown = h.cli("show", str(job_id)).stdout
