@@ -492,6 +492,15 @@ def object_from_json(value: str | bytes | None) -> Any:
     return json.loads(value)
 
 
+DEDUP_RELEASED_DETAIL = {"reason": "forced rerun"}
+"""The `dedup_released` event's detail: a forced submit is the only release."""
+
+
+def dedup_keys(specs: Sequence[JobSpec]) -> set[str]:
+    """The dedup keys a forced submit releases from `done` jobs before inserting."""
+    return {spec.dedup_key for spec in specs if spec.dedup_key is not None}
+
+
 FinishKey = tuple[Outcome, int | None, Decision, str | None]
 """What a finish group shares: outcome, exit code, decision and report."""
 FinishGroup = tuple[FinishKey, dict[int, int], dict[int, AttemptToken]]

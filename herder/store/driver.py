@@ -21,6 +21,7 @@ Row = dict[str, Any]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+_EVENTS = re.compile(r"^[ \t]*\{\{ events\.(\w+) \}\}[ \t]*$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +41,20 @@ def _named_blocks(path: str) -> Iterator[tuple[str, str]]:
 def load_queries(dialect: str) -> dict[str, str]:
     """The named SQL blocks a dialect runs: `sql/queries.sql`, the queries both dialects
     share (written with `:name` parameters), then `sql/<dialect>/queries.sql`, the ones
-    that must differ. A name lives in one of the two files only, so one grep finds it."""
+    that must differ. A name lives in one of the two files only, so one grep finds it.
+    A line `{{ events.<kind> }}` in a dialect's query is that kind's event INSERT from
+    `sql/events.sql`, so both dialects write the same event rows with the same SQL."""
+    def dialect_text(body: str) -> str:
+        return body if dialect == "sqlite" else postgres_placeholders(body)
+
+    events = {name: dialect_text(body) for name, body in _named_blocks("sql/events.sql")}
     queries: dict[str, str] = {}
     for name, body in _named_blocks("sql/queries.sql"):
-        queries[name] = body if dialect == "sqlite" else postgres_placeholders(body)
+        queries[name] = dialect_text(body)
     for name, body in _named_blocks(f"sql/{dialect}/queries.sql"):
         if name in queries:
             raise ValueError(f"query {name!r} is both shared and in sql/{dialect}/queries.sql")
-        queries[name] = body
+        queries[name] = _EVENTS.sub(lambda match: events[match.group(1)], body)
     return queries
 
 

@@ -35,9 +35,11 @@ from herder.model import (
 )
 from herder.store import as_unavailable
 from herder.store.base import (
+    DEDUP_RELEASED_DETAIL,
     FinishGroup,
     Lease,
     Store,
+    dedup_keys,
     finish_detail,
     finish_groups,
     finish_params,
@@ -298,8 +300,10 @@ class PostgresStore(Store):
                 return [self._insert_one(conn, specs[0], now)]
             with conn.transaction():
                 if force:
-                    for key in {s.dedup_key for s in specs if s.dedup_key is not None}:
-                        conn.execute(Q["job_dedup_release"], {"dedup_key": key, "now": now})
+                    for key in sorted(dedup_keys(specs)):
+                        conn.execute(Q["job_dedup_release"], {
+                            "dedup_key": key, "now": now,
+                            "detail": Jsonb(DEDUP_RELEASED_DETAIL)})
                 with conn.pipeline():
                     cursors = [conn.execute(Q["job_insert"], _spec_params(spec, now))
                                for spec in specs]

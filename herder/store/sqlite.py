@@ -30,12 +30,13 @@ from herder.model import (
     JobStatus,
 )
 from herder.store.base import (
+    DEDUP_RELEASED_DETAIL,
     Lease,
     Store,
+    dedup_keys,
     finish_detail,
     finish_groups,
     finish_params,
-    insert_event,
     job_from_row,
     load_migrations,
     object_from_json,
@@ -321,20 +322,19 @@ class SQLiteStore(Store):
         stamp = now.timestamp()
         results: list[InsertResult] = []
         with self.driver.immediate() as conn:
+            if force:
+                released = [row[0] for key in sorted(dedup_keys(specs)) for row in conn.execute(
+                    Q["job_dedup_release"], {"dedup_key": key, "now": stamp}).fetchall()]
+                if released:
+                    conn.execute(Q["job_dedup_release_events"], {
+                        "job_ids": json.dumps(released), "now": stamp,
+                        "detail": json.dumps(DEDUP_RELEASED_DETAIL)})
             for spec in specs:
-                if force and spec.dedup_key is not None:
-                    for row in conn.execute(
-                        Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
-                    ).fetchall():
-                        insert_event(_SQLiteTransaction(conn), row[0], now, "dedup_released",
-                                     None, None, None, {"reason": "forced rerun"})
                 params = _spec_params(spec, stamp)
                 row = conn.execute(Q["job_insert"], params).fetchone()
                 if row is not None:
                     params["job_id"] = row[0]
                     conn.execute(Q["job_spec_insert"], params)
-                    insert_event(_SQLiteTransaction(conn), row[0], now, "submitted", None,
-                                 JobStatus.QUEUED, None, {})
                     results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
                     continue
                 assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
@@ -342,6 +342,10 @@ class SQLiteStore(Store):
                     Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
                 ).fetchone()
                 results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
+            created = [result.job_id for result in results if result.created]
+            if created:
+                conn.execute(Q["job_insert_events"],
+                             {"job_ids": json.dumps(created), "now": stamp})
         return results
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
