@@ -36,9 +36,11 @@ from herder.model import (
 from herder.store import as_unavailable
 from herder.store.base import (
     DEDUP_RELEASED_DETAIL,
+    STATUSES,
     FinishGroup,
     Lease,
     Store,
+    claimed_job_values,
     dedup_keys,
     finish_detail,
     finish_groups,
@@ -75,7 +77,7 @@ def _finish_group(
         **finish_params(outcome, exit_code, decision), "available_at": decision.available_at,
         "now": now, "job_ids": list(tokens), "tokens": Jsonb(tokens),
         "detail": Jsonb(finish_detail(outcome, exit_code, report))}).fetchall()
-    return [(held[row[0]], JobStatus(row[2])) for row in rows]
+    return [(held[row[0]], STATUSES[row[2]]) for row in rows]
 
 
 def _claim_query(limit: int) -> str:
@@ -335,7 +337,8 @@ class PostgresStore(Store):
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
                                       "detail": Jsonb({"host": host, "worker": worker})}
             ).fetchall()
-        return [job_from_row(row) for row in rows]
+        written = claimed_job_values(host, now)
+        return [job_from_row({**row, **written}) for row in rows]
 
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime

@@ -31,8 +31,10 @@ from herder.model import (
 )
 from herder.store.base import (
     DEDUP_RELEASED_DETAIL,
+    STATUSES,
     Lease,
     Store,
+    claimed_job_values,
     dedup_keys,
     finish_detail,
     finish_groups,
@@ -80,26 +82,44 @@ def _objects(column: Sequence[str | None]) -> list[Any]:
     return [object_from_json(text) for text in column]
 
 
+def _commands(column: Sequence[str]) -> list[tuple[str, ...]]:
+    """A command column's values as the tuples a Job holds, each distinct command parsed
+    once per statement (a claim's jobs often run the same one; tuples may be shared)."""
+    decoded = {text: tuple(json.loads(text)) for text in set(column)}
+    return [decoded[text] for text in column]
+
+
 # How a column is stored here -> how a statement's column of values is decoded.
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, _times), **dict.fromkeys(_JSON_COLUMNS, _objects)}
+    **dict.fromkeys(_TIME_COLUMNS, _times), **dict.fromkeys(_JSON_COLUMNS, _objects),
+    "command": _commands}
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
-    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded column by
-    column: which columns need decoding is worked out once per statement, not once per row."""
+def _fetch(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]
+           ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """A statement's column names and rows as stored (epoch seconds, JSON text)."""
     cursor = conn.cursor()
     cursor.row_factory = None
     values: list[tuple[Any, ...]] = cursor.execute(sql, params).fetchall()
+    return [column[0] for column in cursor.description or ()], values
+
+
+def _decode(names: list[str], values: list[tuple[Any, ...]]) -> list[Row]:
+    """Rows as dicts, stored forms decoded column by column: which columns need decoding is
+    worked out once per statement, not once per row."""
     if not values:
         return []
-    names = [column[0] for column in cursor.description]
     decoders = [_DECODE.get(name) for name in names]
     if any(decoders):
         columns = [column if decode is None else decode(column)
                    for column, decode in zip(zip(*values, strict=True), decoders, strict=True)]
         values = list(zip(*columns, strict=True))
     return [dict(zip(names, value, strict=True)) for value in values]
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
+    """A statement's rows as dicts with Python values."""
+    return _decode(*_fetch(conn, sql, params))
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -350,16 +370,19 @@ class SQLiteStore(Store):
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
+        detail = json.dumps({"host": host, "worker": worker})
+        # The write lock is held for the statements only: the rows are decoded and the specs
+        # read after COMMIT (a job's spec never changes once it is submitted).
         with self.driver.immediate() as conn:
-            claimed = _rows(conn, Q["job_claim"],
-                            {"host": host, "worker": worker, "limit": limit, "now": stamp})
-            if not claimed:
+            names, values = _fetch(conn, Q["job_claim"], {
+                "host": host, "worker": worker, "limit": limit, "now": stamp})
+            if not values:
                 return []
+            job_id, attempt = names.index("id"), names.index("attempt")
             conn.execute(Q["job_claim_events"], {
-                "tokens": json.dumps({row["id"]: row["attempt"] for row in claimed}),
-                "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
-        # The specs are read after COMMIT: the write lock is held only for the statements,
-        # and a job's spec never changes once it is submitted.
+                "tokens": json.dumps({row[job_id]: row[attempt] for row in values}),
+                "now": stamp, "detail": detail})
+        claimed = _decode(names, values)
         claimed.sort(key=lambda row: (row["priority"], row["id"]))
         ids = [row["id"] for row in claimed]
         specs = {row["id"]: row for row in _rows(
@@ -368,7 +391,8 @@ class SQLiteStore(Store):
         if missing:
             raise StoreUnavailable(
                 f"claimed jobs {missing} have no spec row: the database is damaged")
-        return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
+        written = claimed_job_values(host, now)
+        return [job_from_row({**specs[row["id"]], **row, **written}) for row in claimed]
 
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
@@ -377,20 +401,24 @@ class SQLiteStore(Store):
         applied: list[tuple[AttemptToken, JobStatus]] = []
         if not results:
             return applied
+        # Each group's parameters are ready before the write lock is taken, so it is held
+        # for the statements only.
+        groups = [({**finish_params(outcome, exit_code, decision), "now": stamp,
+                    "available_at": to_epoch(decision.available_at),
+                    "tokens": json.dumps(tokens),
+                    "detail": json.dumps(finish_detail(outcome, exit_code, report))}, held)
+                  for (outcome, exit_code, decision, report), tokens, held
+                  in finish_groups(results)]
         with self.driver.immediate() as conn:
-            for (outcome, exit_code, decision, report), tokens, held in finish_groups(results):
-                params = {
-                    **finish_params(outcome, exit_code, decision), "now": stamp,
-                    "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
+            for params, held in groups:
                 cursor = conn.cursor()
                 cursor.row_factory = None  # (id, attempt, status) tuples
                 rows = cursor.execute(Q["attempt_finish"], params).fetchall()
                 if not rows:
                     continue
                 params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
-                params["detail"] = json.dumps(finish_detail(outcome, exit_code, report))
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
+                applied.extend((held[job_id], STATUSES[status]) for job_id, _, status in rows)
         return applied
 
     # -- attempts and events ------------------------------------------------------------------

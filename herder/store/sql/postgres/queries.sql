@@ -64,14 +64,14 @@ WITH picked AS (
         pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
-    -- The columns of a Job, no more (a claim hands back every one of them per job).
+    -- The columns of a Job, no more, and none of those set here (the store fills them in
+    -- from what it wrote: claimed_job_values).
     RETURNING j.id, j.job_type, j.command, j.shell, j.payload, j.priority, j.weight,
               j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
-              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.status,
-              j.attempt, j.failures, j.lost, j.host, j.exit_code, j.failure_reason,
-              j.cancel_requested, j.created_at, j.claimed_at, j.started_at, j.finished_at,
-              j.updated_at, j.ram_gb, j.spawn_failures, j.transient_attempts, j.escalations,
-              j.actionable, j.human_action, j.silence_timeout_seconds
+              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
+              j.failures, j.lost, j.exit_code, j.failure_reason, j.cancel_requested,
+              j.created_at, j.finished_at, j.ram_gb, j.spawn_failures, j.transient_attempts,
+              j.escalations, j.actionable, j.human_action, j.silence_timeout_seconds
 ), ev AS (
     {{ events.claimed }}
 )

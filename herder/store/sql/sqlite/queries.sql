@@ -63,12 +63,12 @@ WHERE id IN (
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
     LIMIT :limit)
--- The job's state; job_claim_specs reads the spec after COMMIT (it never changes, so it
--- needs no lock).
-RETURNING id, priority, weight, dedup_key, affinity, available_at, status, attempt, failures,
-    lost, host, exit_code, failure_reason, cancel_requested, claimed_at, started_at,
-    finished_at, updated_at, ram_gb, spawn_failures, transient_attempts, escalations,
-    actionable, human_action;
+-- The job's state, but for the columns set here (the store fills those in from what it
+-- wrote: claimed_job_values); job_claim_specs reads the spec after COMMIT (it never
+-- changes, so it needs no lock).
+RETURNING id, priority, weight, dedup_key, affinity, available_at, attempt, failures, lost,
+    exit_code, failure_reason, cancel_requested, finished_at, ram_gb, spawn_failures,
+    transient_attempts, escalations, actionable, human_action;
 
 -- name: job_claim_specs
 -- :job_ids is a JSON array of the claimed jobs' ids; the store pairs the rows by id.
