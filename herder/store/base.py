@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -568,11 +568,26 @@ def finish_detail(outcome: Outcome, exit_code: int | None, report: str | None
 STATUSES: dict[str, JobStatus] = {status.value: status for status in JobStatus}
 
 
-def claimed_job_values(host: str, now: datetime) -> dict[str, Any]:
-    """The columns of a Job that job_claim sets, as it sets them: the claim reads back only
-    what it did not write (fewer values to send and decode per job)."""
-    return {"status": JobStatus.CLAIMED.value, "host": host, "claimed_at": now,
-            "started_at": None, "updated_at": now}
+_JOB_FIELDS = tuple(field.name for field in fields(Job))
+_FLAGS = ("shell", "cancel_requested", "actionable", "human_action")
+"""Job fields SQLite stores as integers."""
+
+
+def claimed_jobs(columns: dict[str, Sequence[Any]], host: str, now: datetime) -> list[Job]:
+    """The Jobs a claim took, from its values column by column (`columns`: each column's
+    values in claim order, JSON and times decoded). What the claim set (status, host, its
+    times) is filled in from what it wrote, not read back. A job is one constructor call
+    and no dict: at batch 100 dicts per row and `job_from_row` were a fifth of a claim's
+    client time."""
+    count = len(columns["id"])
+    columns = {**columns, "status": [JobStatus.CLAIMED] * count, "host": [host] * count,
+               "claimed_at": [now] * count, "started_at": [None] * count,
+               "updated_at": [now] * count,
+               "command": [tuple(command) for command in columns["command"]]}
+    for flag in _FLAGS:
+        columns[flag] = [bool(value) for value in columns[flag]]
+    return [Job(*values) for values in zip(*(columns[name] for name in _JOB_FIELDS),
+                                            strict=True)]
 
 
 def job_from_row(row: Mapping[str, Any]) -> Job:

@@ -4,7 +4,8 @@ JSON), and a wake-up for other processes.
 
 The store's logic is written once over this protocol (`Store` in base.py); what must differ
 between SQLite and PostgreSQL (claim, finish, migrations, locking, the leader lease) stays
-in each dialect's store, under the same query names.
+in each dialect's store, under the same query names. The event rows those per-dialect
+writes make are one SQL text for both (`sql/events.sql`).
 """
 
 from __future__ import annotations

@@ -40,12 +40,11 @@ from herder.store.base import (
     FinishGroup,
     Lease,
     Store,
-    claimed_job_values,
+    claimed_jobs,
     dedup_keys,
     finish_detail,
     finish_groups,
     finish_params,
-    job_from_row,
     load_migrations,
     object_from_json,
     refuse_newer_schema,
@@ -333,12 +332,15 @@ class PostgresStore(Store):
         if limit < 1:
             return []
         with self.driver.connection() as conn:
-            rows = conn.execute(
+            cursor = conn.cursor(row_factory=tuple_row)
+            rows = cursor.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
                                       "detail": Jsonb({"host": host, "worker": worker})}
             ).fetchall()
-        written = claimed_job_values(host, now)
-        return [job_from_row({**row, **written}) for row in rows]
+            names = [column.name for column in cursor.description or ()]
+        if not rows:
+            return []
+        return claimed_jobs(dict(zip(names, zip(*rows, strict=True), strict=True)), host, now)
 
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime

@@ -34,12 +34,11 @@ from herder.store.base import (
     STATUSES,
     Lease,
     Store,
-    claimed_job_values,
+    claimed_jobs,
     dedup_keys,
     finish_detail,
     finish_groups,
     finish_params,
-    job_from_row,
     load_migrations,
     object_from_json,
     refuse_newer_schema,
@@ -104,17 +103,21 @@ def _fetch(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]
     return [column[0] for column in cursor.description or ()], values
 
 
+def _columns(names: list[str], values: list[tuple[Any, ...]]) -> dict[str, Sequence[Any]]:
+    """Rows as {column name: its values in row order}, stored forms decoded column by column:
+    which columns need decoding is worked out once per statement, not once per row."""
+    return {name: column if decode is None else decode(column)
+            for name, column, decode in zip(names, zip(*values, strict=True),
+                                            (_DECODE.get(name) for name in names), strict=True)}
+
+
 def _decode(names: list[str], values: list[tuple[Any, ...]]) -> list[Row]:
-    """Rows as dicts, stored forms decoded column by column: which columns need decoding is
-    worked out once per statement, not once per row."""
+    """Rows as dicts with Python values."""
     if not values:
         return []
-    decoders = [_DECODE.get(name) for name in names]
-    if any(decoders):
-        columns = [column if decode is None else decode(column)
-                   for column, decode in zip(zip(*values, strict=True), decoders, strict=True)]
-        values = list(zip(*columns, strict=True))
-    return [dict(zip(names, value, strict=True)) for value in values]
+    columns = _columns(names, values)
+    return [dict(zip(names, value, strict=True))
+            for value in zip(*(columns[name] for name in names), strict=True)]
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
@@ -378,21 +381,22 @@ class SQLiteStore(Store):
                 "host": host, "worker": worker, "limit": limit, "now": stamp})
             if not values:
                 return []
-            job_id, attempt = names.index("id"), names.index("attempt")
+            job_id, attempt, priority = (names.index(name) for name in
+                                         ("id", "attempt", "priority"))
             conn.execute(Q["job_claim_events"], {
                 "tokens": json.dumps({row[job_id]: row[attempt] for row in values}),
                 "now": stamp, "detail": detail})
-        claimed = _decode(names, values)
-        claimed.sort(key=lambda row: (row["priority"], row["id"]))
-        ids = [row["id"] for row in claimed]
-        specs = {row["id"]: row for row in _rows(
-            self.driver.connection(), Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
-        missing = [job_id for job_id in ids if job_id not in specs]
+        values.sort(key=lambda row: (row[priority], row[job_id]))
+        ids = [row[job_id] for row in values]
+        spec_names, spec_values = _fetch(self.driver.connection(), Q["job_claim_specs"],
+                                         {"job_ids": json.dumps(ids)})
+        specs = {row[0]: row for row in spec_values}
+        missing = [claimed for claimed in ids if claimed not in specs]
         if missing:
             raise StoreUnavailable(
                 f"claimed jobs {missing} have no spec row: the database is damaged")
-        written = claimed_job_values(host, now)
-        return [job_from_row({**specs[row["id"]], **row, **written}) for row in claimed]
+        return claimed_jobs({**_columns(spec_names, [specs[claimed] for claimed in ids]),
+                             **_columns(names, values)}, host, now)
 
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime

@@ -65,7 +65,7 @@ WITH picked AS (
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
     -- The columns of a Job, no more, and none of those set here (the store fills them in
-    -- from what it wrote: claimed_job_values).
+    -- from what it wrote: claimed_jobs).
     RETURNING j.id, j.job_type, j.command, j.shell, j.payload, j.priority, j.weight,
               j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
               j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,

@@ -64,7 +64,7 @@ WHERE id IN (
     ORDER BY priority, id
     LIMIT :limit)
 -- The job's state, but for the columns set here (the store fills those in from what it
--- wrote: claimed_job_values); job_claim_specs reads the spec after COMMIT (it never
+-- wrote: claimed_jobs); job_claim_specs reads the spec after COMMIT (it never
 -- changes, so it needs no lock).
 RETURNING id, priority, weight, dedup_key, affinity, available_at, attempt, failures, lost,
     exit_code, failure_reason, cancel_requested, finished_at, ram_gb, spawn_failures,
