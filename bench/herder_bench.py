@@ -963,7 +963,8 @@ def main() -> None:
             for sync in SQLITE_SYNCS:
                 for rep in range(1, REPS + 1):
                     enqueue_raw_sqlite(sync, rep)
-    # claim matrix: herder and raw interleaved per (batch, clients), so both see the same box
+    # claim matrix: herder and raw interleaved per (batch, clients) and per repetition
+    # (herder, raw, herder, raw, ...), so both see the same box even while its load moves
     for backend in BACKENDS:
         syncs = ["-"] if backend == "pg" else SQLITE_SYNCS
         impls = [(f"herder-{backend}", "herder")] if "claim" in PARTS else []
@@ -972,10 +973,10 @@ def main() -> None:
         for batch in BATCHES:
             for clients in CLAIM_CLIENTS:
                 for sync in syncs:
-                    for group, impl in impls:
-                        cfg = ClaimConfig(group, impl, backend, sync, batch, clients)
-                        for rep in range(1, REPS + 1):
-                            claim_run(cfg, rep)
+                    for rep in range(1, REPS + 1):
+                        for group, impl in impls:
+                            claim_run(ClaimConfig(group, impl, backend, sync, batch, clients),
+                                      rep)
     if "latency" in PARTS:
         why = herder_up_available()
         if why is not None:

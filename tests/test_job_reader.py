@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from herder.model import AttemptResult, AttemptToken, Decision, Job, JobStatus, Outcome
-from herder.store.base import job_from_row, object_from_json
+from herder.store.base import claimed_jobs, job_from_row, object_from_json
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JOB = Job(
@@ -62,3 +62,23 @@ def test_tokens_and_results_build_like_the_dataclasses_they_are():
     assert result == AttemptResult(decision=Decision(JobStatus.DONE), exit_code=0,
                                    outcome=Outcome.OK, token=token)
     assert dataclasses.replace(result, exit_code=1).exit_code == 1
+
+
+def test_a_claims_columns_build_its_jobs_in_order_with_what_the_claim_wrote():
+    """A claim hands back each column as one list, in stored forms, without the columns it
+    set (status, host, its times): those come from what it wrote."""
+    written = ("status", "host", "claimed_at", "started_at", "updated_at")
+    second = dataclasses.replace(JOB, id=8, command=("other",), shell=True, actionable=True)
+    columns = {name: [getattr(job, name) for job in (JOB, second)]
+               for name in (field.name for field in dataclasses.fields(Job))
+               if name not in written}
+    columns["command"] = [list(JOB.command), ["other"]]
+    columns["shell"], columns["actionable"] = [0, 1], [0, 1]
+    now = T0 + timedelta(seconds=30)
+
+    jobs = claimed_jobs(columns, "h9", now)
+
+    assert jobs == [dataclasses.replace(job, status=JobStatus.CLAIMED, host="h9",
+                                        claimed_at=now, started_at=None, updated_at=now)
+                    for job in (JOB, second)]
+    assert jobs[1].shell is True and jobs[0].actionable is False

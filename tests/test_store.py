@@ -796,6 +796,55 @@ def test_events_replay_to_the_current_status(store):
     assert [e.detail["exit_code"] for e in finished] == [1, None, 143, 0]
 
 
+def write_every_kind_of_event(store: Store) -> list[int]:
+    """Submit, force a rerun, claim as a batch, start, finish with mixed results, requeue,
+    cancel and retry: every event the set-based and the single writes make."""
+    done_key, failed, lost = submit(store, spec(dedup_key="k"), spec(max_attempts=1),
+                                    spec(max_attempts=3, backoff_base_seconds=0))
+    first = {job.id: job for job in store.job_claim("h1", "w1", 3, at(1))}
+    assert store.attempt_start(first[failed].token, 41, "/logs/41", at(2))
+    store.attempt_finish([
+        AttemptResult(first[done_key].token, Outcome.OK, 0,
+                      decision_for(store, done_key, Outcome.OK, at(3))),
+        AttemptResult(first[failed].token, Outcome.FAILED, 3,
+                      decision_for(store, failed, Outcome.FAILED, at(3)),
+                      report=json.dumps({"source": "exit code", "turns": 7})),
+        AttemptResult(first[lost].token, Outcome.LOST, None,
+                      decision_for(store, lost, Outcome.LOST, at(3)))], at(3))
+    [again] = store.job_claim("h2", "w2", 3, at(4))
+    assert again.id == lost
+    store.job_cancel(lost, at(5))
+    finish(store, again.token, Outcome.FAILED, at(6), exit_code=143)
+    assert store.job_retry(failed, at(7)) and store.job_retry(lost, at(7))
+    [rerun] = store.job_insert([spec(dedup_key="k")], at(8), force=True)
+    assert rerun.created
+    return [done_key, failed, lost, rerun.job_id]
+
+
+@pytest.mark.postgres
+def test_both_backends_write_the_same_event_rows(sqlite_url, postgres_url):
+    """Events are written by the same SQL (sql/events.sql) on both dialects: the same
+    writes leave the same event rows and the same attempt history."""
+
+    def history(url: str) -> list[tuple[Any, ...]]:
+        with open_store(url) as store:
+            return [(job_id,
+                     [(e.at, e.kind, e.from_status, e.to_status, e.attempt, e.detail)
+                      for e in store.event_list(job_id)],
+                     store.attempt_list(job_id))
+                    for job_id in write_every_kind_of_event(store)]
+
+    on_sqlite, on_postgres = history(sqlite_url), history(postgres_url)
+    assert on_sqlite == on_postgres
+    kinds = {event[1] for _, events, _ in on_sqlite for event in events}
+    assert kinds == {"submitted", "dedup_released", "claimed", "started", "finished",
+                     "cancel_requested", "retried"}
+    [(_, events, attempts)] = [row for row in on_sqlite if row[0] == 2]
+    assert events[-2][1:] == ("finished", JobStatus.RUNNING, JobStatus.FAILED, 1, {
+        "source": "exit code", "turns": 7, "outcome": "failed", "exit_code": 3})
+    assert (attempts[0].pid, attempts[0].log_path, attempts[0].exit_code) == (41, "/logs/41", 3)
+
+
 # -- waking ---------------------------------------------------------------------------------
 
 
@@ -1339,6 +1388,13 @@ def test_shared_queries_take_each_dialects_placeholders():
     # What must differ keeps one version per dialect, under one name.
     for name in ("job_claim", "attempt_finish", "host_lock", "reservation_end"):
         assert sqlite[name] != postgres[name]
+    # The event rows of the set-based writes are one INSERT for both (sql/events.sql):
+    # inside PostgreSQL's statement, in SQLite's `_events` statement after it.
+    for write, kind in (("job_insert", "submitted"), ("job_dedup_release", "dedup_released"),
+                        ("job_claim", "claimed"), ("attempt_finish", "finished")):
+        insert = f"SELECT id, :now, '{kind}'"
+        assert insert in sqlite[f"{write}_events"] and f"FROM {kind}" in sqlite[f"{write}_events"]
+        assert postgres_placeholders(insert) in postgres[write]
 
 
 def test_a_stored_job_whose_spec_row_is_missing_is_reported_as_damage(tmp_path):

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -592,6 +592,15 @@ def object_from_json(value: str | bytes | None) -> Any:
     return json.loads(value)
 
 
+DEDUP_RELEASED_DETAIL = {"reason": "forced rerun"}
+"""The `dedup_released` event's detail: a forced submit is the only release."""
+
+
+def dedup_keys(specs: Sequence[JobSpec]) -> set[str]:
+    """The dedup keys a forced submit releases from `done` jobs before inserting."""
+    return {spec.dedup_key for spec in specs if spec.dedup_key is not None}
+
+
 FinishKey = tuple[Outcome, int | None, Decision, str | None, MemoryUse | None]
 """What a finish group shares: outcome, exit code, decision, report and memory."""
 FinishGroup = tuple[FinishKey, dict[int, int], dict[int, AttemptToken]]
@@ -662,7 +671,29 @@ def finish_detail(outcome: Outcome, exit_code: int | None, report: str | None
 
 
 # A status's stored text -> the member; `JobStatus(text)` costs a microsecond a job in a claim.
-_STATUSES: dict[str, JobStatus] = {status.value: status for status in JobStatus}
+STATUSES: dict[str, JobStatus] = {status.value: status for status in JobStatus}
+
+
+_JOB_FIELDS = tuple(field.name for field in fields(Job))
+_FLAGS = ("shell", "cancel_requested", "actionable", "human_action")
+"""Job fields SQLite stores as integers."""
+
+
+def claimed_jobs(columns: dict[str, Sequence[Any]], host: str, now: datetime) -> list[Job]:
+    """The Jobs a claim took, from its values column by column (`columns`: each column's
+    values in claim order, JSON and times decoded). What the claim set (status, host, its
+    times) is filled in from what it wrote, not read back. A job is one constructor call
+    and no dict: at batch 100 dicts per row and `job_from_row` were a fifth of a claim's
+    client time."""
+    count = len(columns["id"])
+    columns = {**columns, "status": [JobStatus.CLAIMED] * count, "host": [host] * count,
+               "claimed_at": [now] * count, "started_at": [None] * count,
+               "updated_at": [now] * count,
+               "command": [tuple(command) for command in columns["command"]]}
+    for flag in _FLAGS:
+        columns[flag] = [bool(value) for value in columns[flag]]
+    return [Job(*values) for values in zip(*(columns[name] for name in _JOB_FIELDS),
+                                            strict=True)]
 
 
 def job_from_row(row: Mapping[str, Any]) -> Job:
@@ -673,7 +704,7 @@ def job_from_row(row: Mapping[str, Any]) -> Job:
         row["id"], row["job_type"], tuple(row["command"]), bool(row["shell"]), row["payload"],
         row["priority"], row["weight"], row["dedup_key"], row["affinity"], row["available_at"],
         row["max_attempts"], row["timeout_seconds"], row["env"], row["workdir"],
-        row["backoff_base_seconds"], row["backoff_max_seconds"], _STATUSES[row["status"]],
+        row["backoff_base_seconds"], row["backoff_max_seconds"], STATUSES[row["status"]],
         row["attempt"], row["failures"], row["lost"], row["host"], row["exit_code"],
         row["failure_reason"], bool(row["cancel_requested"]), row["created_at"],
         row["claimed_at"], row["started_at"], row["finished_at"], row["updated_at"],

@@ -4,7 +4,8 @@ JSON), and a wake-up for other processes.
 
 The store's logic is written once over this protocol (`Store` in base.py); what must differ
 between SQLite and PostgreSQL (claim, finish, migrations, locking, the leader lease) stays
-in each dialect's store, under the same query names.
+in each dialect's store, under the same query names. The event rows those per-dialect
+writes make are one SQL text for both (`sql/events.sql`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ Row = dict[str, Any]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+_EVENTS = re.compile(r"^[ \t]*\{\{ events\.(\w+) \}\}[ \t]*$", re.MULTILINE)
 
 SQL = Path(__file__).with_name("sql")
 """The package's SQL files, read by path: `importlib.resources` costs every command ~6 ms
@@ -44,14 +46,20 @@ def _named_blocks(path: str) -> Iterator[tuple[str, str]]:
 def load_queries(dialect: str) -> dict[str, str]:
     """The named SQL blocks a dialect runs: `sql/queries.sql`, the queries both dialects
     share (written with `:name` parameters), then `sql/<dialect>/queries.sql`, the ones
-    that must differ. A name lives in one of the two files only, so one grep finds it."""
+    that must differ. A name lives in one of the two files only, so one grep finds it.
+    A line `{{ events.<kind> }}` in a dialect's query is that kind's event INSERT from
+    `sql/events.sql`, so both dialects write the same event rows with the same SQL."""
+    def dialect_text(body: str) -> str:
+        return body if dialect == "sqlite" else postgres_placeholders(body)
+
+    events = {name: dialect_text(body) for name, body in _named_blocks("events.sql")}
     queries: dict[str, str] = {}
     for name, body in _named_blocks("queries.sql"):
-        queries[name] = body if dialect == "sqlite" else postgres_placeholders(body)
+        queries[name] = dialect_text(body)
     for name, body in _named_blocks(f"{dialect}/queries.sql"):
         if name in queries:
             raise ValueError(f"query {name!r} is both shared and in sql/{dialect}/queries.sql")
-        queries[name] = body
+        queries[name] = _EVENTS.sub(lambda match: events[match.group(1)], body)
     return queries
 
 

@@ -35,14 +35,17 @@ from herder.model import (
 )
 from herder.store import as_unavailable
 from herder.store.base import (
+    DEDUP_RELEASED_DETAIL,
+    STATUSES,
     DeliveryRecord,
     FinishGroup,
     Lease,
     Store,
+    claimed_jobs,
+    dedup_keys,
     finish_detail,
     finish_groups,
     finish_params,
-    job_from_row,
     load_migrations,
     object_from_json,
     refuse_newer_schema,
@@ -75,7 +78,7 @@ def _finish_group(
         "available_at": decision.available_at, "now": now,
         "job_ids": list(tokens), "tokens": Jsonb(tokens),
         "detail": Jsonb(finish_detail(outcome, exit_code, report))}).fetchall()
-    return [(held[row[0]], JobStatus(row[2])) for row in rows]
+    return [(held[row[0]], STATUSES[row[2]]) for row in rows]
 
 
 def _claim_query(limit: int) -> str:
@@ -300,8 +303,10 @@ class PostgresStore(Store):
                 return [self._insert_one(conn, specs[0], now)]
             with conn.transaction():
                 if force:
-                    for key in {s.dedup_key for s in specs if s.dedup_key is not None}:
-                        conn.execute(Q["job_dedup_release"], {"dedup_key": key, "now": now})
+                    for key in sorted(dedup_keys(specs)):
+                        conn.execute(Q["job_dedup_release"], {
+                            "dedup_key": key, "now": now,
+                            "detail": Jsonb(DEDUP_RELEASED_DETAIL)})
                 with conn.pipeline():
                     cursors = [conn.execute(Q["job_insert"], _spec_params(spec, now))
                                for spec in specs]
@@ -345,11 +350,15 @@ class PostgresStore(Store):
         if limit < 1:
             return []
         with self.driver.connection() as conn:
-            rows = conn.execute(
+            cursor = conn.cursor(row_factory=tuple_row)
+            rows = cursor.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
                                       "detail": Jsonb({"host": host, "worker": worker})}
             ).fetchall()
-        return [job_from_row(row) for row in rows]
+            names = [column.name for column in cursor.description or ()]
+        if not rows:
+            return []
+        return claimed_jobs(dict(zip(names, zip(*rows, strict=True), strict=True)), host, now)
 
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime

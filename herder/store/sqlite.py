@@ -30,14 +30,16 @@ from herder.model import (
     JobStatus,
 )
 from herder.store.base import (
+    DEDUP_RELEASED_DETAIL,
+    STATUSES,
     DeliveryRecord,
     Lease,
     Store,
+    claimed_jobs,
+    dedup_keys,
     finish_detail,
     finish_groups,
     finish_params,
-    insert_event,
-    job_from_row,
     load_migrations,
     object_from_json,
     refuse_newer_schema,
@@ -81,26 +83,48 @@ def _objects(column: Sequence[str | None]) -> list[Any]:
     return [object_from_json(text) for text in column]
 
 
+def _commands(column: Sequence[str]) -> list[tuple[str, ...]]:
+    """A command column's values as the tuples a Job holds, each distinct command parsed
+    once per statement (a claim's jobs often run the same one; tuples may be shared)."""
+    decoded = {text: tuple(json.loads(text)) for text in set(column)}
+    return [decoded[text] for text in column]
+
+
 # How a column is stored here -> how a statement's column of values is decoded.
 _DECODE: dict[str, Any] = {
-    **dict.fromkeys(_TIME_COLUMNS, _times), **dict.fromkeys(_JSON_COLUMNS, _objects)}
+    **dict.fromkeys(_TIME_COLUMNS, _times), **dict.fromkeys(_JSON_COLUMNS, _objects),
+    "command": _commands}
 
 
-def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
-    """A statement's rows as dicts, stored forms (epoch seconds, JSON text) decoded column by
-    column: which columns need decoding is worked out once per statement, not once per row."""
+def _fetch(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]
+           ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """A statement's column names and rows as stored (epoch seconds, JSON text)."""
     cursor = conn.cursor()
     cursor.row_factory = None
     values: list[tuple[Any, ...]] = cursor.execute(sql, params).fetchall()
+    return [column[0] for column in cursor.description or ()], values
+
+
+def _columns(names: list[str], values: list[tuple[Any, ...]]) -> dict[str, Sequence[Any]]:
+    """Rows as {column name: its values in row order}, stored forms decoded column by column:
+    which columns need decoding is worked out once per statement, not once per row."""
+    return {name: column if decode is None else decode(column)
+            for name, column, decode in zip(names, zip(*values, strict=True),
+                                            (_DECODE.get(name) for name in names), strict=True)}
+
+
+def _decode(names: list[str], values: list[tuple[Any, ...]]) -> list[Row]:
+    """Rows as dicts with Python values."""
     if not values:
         return []
-    names = [column[0] for column in cursor.description]
-    decoders = [_DECODE.get(name) for name in names]
-    if any(decoders):
-        columns = [column if decode is None else decode(column)
-                   for column, decode in zip(zip(*values, strict=True), decoders, strict=True)]
-        values = list(zip(*columns, strict=True))
-    return [dict(zip(names, value, strict=True)) for value in values]
+    columns = _columns(names, values)
+    return [dict(zip(names, value, strict=True))
+            for value in zip(*(columns[name] for name in names), strict=True)]
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
+    """A statement's rows as dicts with Python values."""
+    return _decode(*_fetch(conn, sql, params))
 
 
 def parse_sqlite_url(url: str) -> tuple[str, str]:
@@ -269,20 +293,19 @@ def _insert_jobs(conn: sqlite3.Connection, specs: Sequence[JobSpec], now: dateti
     holder instead."""
     stamp = now.timestamp()
     results: list[InsertResult] = []
+    if force:
+        released = [row[0] for key in sorted(dedup_keys(specs)) for row in conn.execute(
+            Q["job_dedup_release"], {"dedup_key": key, "now": stamp}).fetchall()]
+        if released:
+            conn.execute(Q["job_dedup_release_events"], {
+                "job_ids": json.dumps(released), "now": stamp,
+                "detail": json.dumps(DEDUP_RELEASED_DETAIL)})
     for spec in specs:
-        if force and spec.dedup_key is not None:
-            for row in conn.execute(
-                Q["job_dedup_release"], {"dedup_key": spec.dedup_key, "now": stamp}
-            ).fetchall():
-                insert_event(_SQLiteTransaction(conn), row[0], now, "dedup_released",
-                             None, None, None, {"reason": "forced rerun"})
         params = _spec_params(spec, stamp)
         row = conn.execute(Q["job_insert"], params).fetchone()
         if row is not None:
             params["job_id"] = row[0]
             conn.execute(Q["job_spec_insert"], params)
-            insert_event(_SQLiteTransaction(conn), row[0], now, "submitted", None,
-                         JobStatus.QUEUED, None, {})
             results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
             continue
         assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
@@ -290,6 +313,9 @@ def _insert_jobs(conn: sqlite3.Connection, specs: Sequence[JobSpec], now: dateti
             Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
         ).fetchone()
         results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
+    created = [result.job_id for result in results if result.created]
+    if created:
+        conn.execute(Q["job_insert_events"], {"job_ids": json.dumps(created), "now": stamp})
     return results
 
 
@@ -372,25 +398,30 @@ class SQLiteStore(Store):
 
     def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
         stamp = now.timestamp()
+        detail = json.dumps({"host": host, "worker": worker})
+        # The write lock is held for the statements only: the rows are decoded and the specs
+        # read after COMMIT (a job's spec never changes once it is submitted).
         with self.driver.immediate() as conn:
-            claimed = _rows(conn, Q["job_claim"],
-                            {"host": host, "worker": worker, "limit": limit, "now": stamp})
-            if not claimed:
+            names, values = _fetch(conn, Q["job_claim"], {
+                "host": host, "worker": worker, "limit": limit, "now": stamp})
+            if not values:
                 return []
+            job_id, attempt, priority = (names.index(name) for name in
+                                         ("id", "attempt", "priority"))
             conn.execute(Q["job_claim_events"], {
-                "tokens": json.dumps({row["id"]: row["attempt"] for row in claimed}),
-                "now": stamp, "detail": json.dumps({"host": host, "worker": worker})})
-        # The specs are read after COMMIT: the write lock is held only for the statements,
-        # and a job's spec never changes once it is submitted.
-        claimed.sort(key=lambda row: (row["priority"], row["id"]))
-        ids = [row["id"] for row in claimed]
-        specs = {row["id"]: row for row in _rows(
-            self.driver.connection(), Q["job_claim_specs"], {"job_ids": json.dumps(ids)})}
-        missing = [job_id for job_id in ids if job_id not in specs]
+                "tokens": json.dumps({row[job_id]: row[attempt] for row in values}),
+                "now": stamp, "detail": detail})
+        values.sort(key=lambda row: (row[priority], row[job_id]))
+        ids = [row[job_id] for row in values]
+        spec_names, spec_values = _fetch(self.driver.connection(), Q["job_claim_specs"],
+                                         {"job_ids": json.dumps(ids)})
+        specs = {row[0]: row for row in spec_values}
+        missing = [claimed for claimed in ids if claimed not in specs]
         if missing:
             raise StoreUnavailable(
                 f"claimed jobs {missing} have no spec row: the database is damaged")
-        return [job_from_row({**specs[row["id"]], **row}) for row in claimed]
+        return claimed_jobs({**_columns(spec_names, [specs[claimed] for claimed in ids]),
+                             **_columns(names, values)}, host, now)
 
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
@@ -399,21 +430,24 @@ class SQLiteStore(Store):
         applied: list[tuple[AttemptToken, JobStatus]] = []
         if not results:
             return applied
+        # Each group's parameters are ready before the write lock is taken, so it is held
+        # for the statements only.
+        groups = [({**finish_params(outcome, exit_code, decision, memory), "now": stamp,
+                    "available_at": to_epoch(decision.available_at),
+                    "tokens": json.dumps(tokens),
+                    "detail": json.dumps(finish_detail(outcome, exit_code, report))}, held)
+                  for (outcome, exit_code, decision, report, memory), tokens, held
+                  in finish_groups(results)]
         with self.driver.immediate() as conn:
-            for (outcome, exit_code, decision, report, memory), tokens, held in finish_groups(
-                    results):
-                params = {
-                    **finish_params(outcome, exit_code, decision, memory), "now": stamp,
-                    "available_at": to_epoch(decision.available_at), "tokens": json.dumps(tokens)}
+            for params, held in groups:
                 cursor = conn.cursor()
                 cursor.row_factory = None  # (id, attempt, status) tuples
                 rows = cursor.execute(Q["attempt_finish"], params).fetchall()
                 if not rows:
                     continue
                 params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
-                params["detail"] = json.dumps(finish_detail(outcome, exit_code, report))
                 conn.execute(Q["attempt_finish_events"], params)
-                applied.extend((held[job_id], JobStatus(status)) for job_id, _, status in rows)
+                applied.extend((held[job_id], STATUSES[status]) for job_id, _, status in rows)
         return applied
 
     # -- attempts and events ------------------------------------------------------------------

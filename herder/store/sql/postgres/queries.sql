@@ -1,9 +1,9 @@
 -- Named queries (PostgreSQL). Each `-- name:` block is one statement; the store method of
 -- the same name runs it. Every state change is guarded on (id, attempt, status) and writes
--- an event row in the same statement.
+-- its event rows in the same statement (the set-based ones from sql/events.sql).
 
 -- name: job_insert
-WITH ins AS (
+WITH submitted AS (
     INSERT INTO herder_jobs (
         job_type, command, shell, payload, priority, weight, dedup_key, affinity,
         available_at, max_attempts, timeout_seconds, env, workdir,
@@ -19,10 +19,9 @@ WITH ins AS (
     DO NOTHING
     RETURNING id
 ), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, to_status)
-    SELECT id, %(now)s, 'submitted', 'queued' FROM ins
+    {{ events.submitted }}
 )
-SELECT id, pg_notify('herder', 'job') AS woke FROM ins;
+SELECT id, pg_notify('herder', 'job') AS woke FROM submitted;
 
 -- name: job_dedup_holder
 SELECT id, status FROM herder_jobs
@@ -31,13 +30,14 @@ WHERE dedup_key = %(dedup_key)s AND NOT dedup_released
 ORDER BY id DESC LIMIT 1;
 
 -- name: job_dedup_release
-WITH rel AS (
+WITH dedup_released AS (
     UPDATE herder_jobs SET dedup_released = true, updated_at = %(now)s
     WHERE dedup_key = %(dedup_key)s AND status = 'done' AND NOT dedup_released
     RETURNING id
+), ev AS (
+    {{ events.dedup_released }}
 )
-INSERT INTO herder_events (job_id, at, kind, detail)
-SELECT id, %(now)s, 'dedup_released', '{"reason": "forced rerun"}'::jsonb FROM rel;
+SELECT id FROM dedup_released;
 
 -- name: job_get
 SELECT * FROM herder_jobs WHERE id = %(job_id)s;
@@ -64,18 +64,16 @@ WITH picked AS (
         pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
         heartbeat_at = %(now)s, updated_at = %(now)s
     FROM picked WHERE j.id = picked.id
-    -- The columns of a Job, no more (a claim hands back every one of them per job).
+    -- The columns of a Job, no more, and none of those set here (the store fills them in
+    -- from what it wrote: claimed_jobs).
     RETURNING j.id, j.job_type, j.command, j.shell, j.payload, j.priority, j.weight,
               j.dedup_key, j.affinity, j.available_at, j.max_attempts, j.timeout_seconds,
-              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.status,
-              j.attempt, j.failures, j.lost, j.host, j.exit_code, j.failure_reason,
-              j.cancel_requested, j.created_at, j.claimed_at, j.started_at, j.finished_at,
-              j.updated_at, j.ram_gb, j.spawn_failures, j.transient_attempts, j.escalations,
-              j.actionable, j.human_action, j.silence_timeout_seconds
+              j.env, j.workdir, j.backoff_base_seconds, j.backoff_max_seconds, j.attempt,
+              j.failures, j.lost, j.exit_code, j.failure_reason, j.cancel_requested,
+              j.created_at, j.finished_at, j.ram_gb, j.spawn_failures, j.transient_attempts,
+              j.escalations, j.actionable, j.human_action, j.silence_timeout_seconds
 ), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-    SELECT id, %(now)s, 'claimed', 'queued', 'claimed', attempt, %(detail)s::jsonb
-    FROM claimed
+    {{ events.claimed }}
 )
 SELECT * FROM claimed ORDER BY priority, id;
 
@@ -89,15 +87,14 @@ RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 -- name: attempt_finish
 -- One statement per group of results that share an outcome, exit code and decision (a
 -- batch is usually one group), those passed once. The guard on (id, attempt, status) is
--- re-checked by PostgreSQL if a concurrent update got there first. The status the job left
--- is read from started_at (only a started attempt has one), so no locking read is needed.
--- The 'finished' event carries the ended attempt (herder_attempts is their view), from
--- the live columns the job row still holds. A requeue wakes idle runners.
+-- re-checked by PostgreSQL if a concurrent update got there first.
+-- The 'finished' events (sql/events.sql) read the updated rows. A requeue wakes idle
+-- runners.
 -- The group's tokens come as one JSON object {"job_id": attempt}, and each job row looks
 -- its attempt up by key (a binary search in jsonb). There is no join to plan: joined with
 -- the batch, statistics taken while no job was active (the usual case) chose a nested loop
 -- that re-read the whole batch for every job row. The primary key finds the rows.
-WITH j AS (
+WITH finished AS (
     UPDATE herder_jobs SET
         status = CASE WHEN cancel_requested AND %(next_status)s::text = 'queued'
                       THEN 'cancelled' ELSE %(next_status)s::text END,
@@ -122,25 +119,14 @@ WITH j AS (
     WHERE id = ANY(%(job_ids)s::bigint[])
       AND attempt = (%(tokens)s::jsonb ->> id::text)::int
       AND status IN ('claimed', 'running')
-    RETURNING id, attempt, status,
-              CASE WHEN started_at IS NULL THEN 'claimed' ELSE 'running' END AS old_status,
-              %(outcome)s::text AS outcome,
-              exit_code, host, worker, pid, log_path, claimed_at, started_at, heartbeat_at
+    RETURNING id, attempt, status, host, worker, pid, log_path, claimed_at, started_at,
+              heartbeat_at
 ), ev AS (
-    INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail,
-                               host, worker, pid, log_path, claimed_at, started_at,
-                               heartbeat_at, exit_code, outcome, peak_rss_bytes,
-                               memory_budget_bytes, memory_enforcement)
-    SELECT id, %(now)s, 'finished', old_status, status, attempt,
-           %(detail)s::jsonb, host, worker, pid,
-           log_path, claimed_at, started_at, heartbeat_at, exit_code, outcome,
-           %(peak_rss_bytes)s::bigint, %(memory_budget_bytes)s::bigint,
-           %(memory_enforcement)s::text
-    FROM j
+    {{ events.finished }}
 )
 SELECT id, attempt, status,
        CASE WHEN status = 'queued' THEN pg_notify('herder', 'job') END AS woke
-FROM j;
+FROM finished;
 
 -- name: job_cancel_requested
 SELECT id AS job_id, attempt FROM herder_jobs

@@ -1,6 +1,8 @@
 -- Named queries (SQLite). Each `-- name:` block is one statement; the store method of the
 -- same name runs it (a method may run several inside one BEGIN IMMEDIATE transaction).
--- Every state change is guarded on (id, attempt, status).
+-- Every state change is guarded on (id, attempt, status); the set-based writes are each
+-- followed by their `_events` statement (the event rows from sql/events.sql) in the same
+-- transaction.
 
 -- name: job_insert
 -- The job's state row; job_spec_insert then writes what was submitted under the same id.
@@ -30,6 +32,16 @@ UPDATE herder_jobs SET dedup_released = 1, updated_at = :now
 WHERE dedup_key = :dedup_key AND status = 'done' AND dedup_released = 0
 RETURNING id;
 
+-- name: job_dedup_release_events
+-- :job_ids is a JSON array of the jobs job_dedup_release changed.
+WITH dedup_released(id) AS (SELECT value FROM json_each(:job_ids))
+{{ events.dedup_released }};
+
+-- name: job_insert_events
+-- :job_ids is a JSON array of the jobs job_insert created.
+WITH submitted(id) AS (SELECT value FROM json_each(:job_ids))
+{{ events.submitted }};
+
 -- name: job_get
 SELECT * FROM herder_job_records WHERE id = :job_id;
 
@@ -51,12 +63,12 @@ WHERE id IN (
       AND (affinity IS NULL OR affinity = :host)
     ORDER BY priority, id
     LIMIT :limit)
--- The job's state; job_claim_specs reads the spec after COMMIT (it never changes, so it
--- needs no lock).
-RETURNING id, priority, weight, dedup_key, affinity, available_at, status, attempt, failures,
-    lost, host, exit_code, failure_reason, cancel_requested, claimed_at, started_at,
-    finished_at, updated_at, ram_gb, spawn_failures, transient_attempts, escalations,
-    actionable, human_action;
+-- The job's state, but for the columns set here (the store fills those in from what it
+-- wrote: claimed_jobs); job_claim_specs reads the spec after COMMIT (it never
+-- changes, so it needs no lock).
+RETURNING id, priority, weight, dedup_key, affinity, available_at, attempt, failures, lost,
+    exit_code, failure_reason, cancel_requested, finished_at, ram_gb, spawn_failures,
+    transient_attempts, escalations, actionable, human_action;
 
 -- name: job_claim_specs
 -- :job_ids is a JSON array of the claimed jobs' ids; the store pairs the rows by id.
@@ -67,9 +79,8 @@ FROM json_each(:job_ids) AS t JOIN herder_job_specs s ON s.id = t.value;
 
 -- name: job_claim_events
 -- :tokens holds the claimed jobs as one JSON object {"job_id": attempt}.
-INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail)
-SELECT CAST(t.key AS INTEGER), :now, 'claimed', 'queued', 'claimed', t.value, :detail
-FROM json_each(:tokens) AS t;
+WITH claimed(id, attempt) AS (SELECT CAST(key AS INTEGER), value FROM json_each(:tokens))
+{{ events.claimed }};
 
 -- name: attempt_heartbeat
 -- :job_ids and :attempts are JSON arrays of the tokens' halves, in the same order; each
@@ -111,19 +122,13 @@ WHERE herder_jobs.id = t.key AND herder_jobs.attempt = t.value
 RETURNING id, attempt, status;
 
 -- name: attempt_finish_events
--- The 'finished' events, each carrying its ended attempt (herder_attempts is their view),
--- from the live columns the job rows still hold. :applied is a JSON array of the job ids
--- attempt_finish changed. The status the job left is read from started_at (only a started
--- attempt has one).
-INSERT INTO herder_events (job_id, at, kind, from_status, to_status, attempt, detail, host,
-                           worker, pid, log_path, claimed_at, started_at, heartbeat_at,
-                           exit_code, outcome, peak_rss_bytes, memory_budget_bytes,
-                           memory_enforcement)
-SELECT j.id, :now, 'finished', CASE WHEN j.started_at IS NULL THEN 'claimed' ELSE 'running' END,
-       j.status, j.attempt, :detail, j.host, j.worker, j.pid, j.log_path, j.claimed_at,
-       j.started_at, j.heartbeat_at, :exit_code, :outcome, :peak_rss_bytes,
-       :memory_budget_bytes, :memory_enforcement
-FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value;
+-- :applied is a JSON array of the job ids attempt_finish changed; the events read them
+-- back in the same transaction.
+WITH finished AS (
+    SELECT j.id, j.status, j.attempt, j.host, j.worker, j.pid, j.log_path, j.claimed_at,
+           j.started_at, j.heartbeat_at
+    FROM json_each(:applied) AS t JOIN herder_jobs j ON j.id = t.value)
+{{ events.finished }};
 
 -- name: job_cancel_requested
 SELECT id AS job_id, attempt FROM herder_jobs
