@@ -126,6 +126,7 @@ public.herder_scope = None  # type: ignore[attr-defined]
 
 Reader = Annotated[Caller, operator(Scope.READ)]
 Submitter = Annotated[Caller, operator(Scope.SUBMIT)]
+Admin = Annotated[Caller, operator(Scope.ADMIN)]
 AgentHost = Annotated[str, Depends(agent_host)]
 
 
