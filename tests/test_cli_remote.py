@@ -65,7 +65,7 @@ def test_a_refused_token_says_so_and_never_shows_the_token(status):
 
 
 def test_404_is_the_servers_not_found():
-    with pytest.raises(NotFound, match="^no job 7$"):
+    with pytest.raises(NotFound, match=r"^no job 7$"):
         client_answering(404, {"detail": "no job 7"}).get(7)
 
 
@@ -84,7 +84,7 @@ def test_422_from_the_body_model_names_where_the_problem_is():
 
 
 def test_409_is_the_servers_words():
-    with pytest.raises(InputError, match="attempt 7.1 never ran"):
+    with pytest.raises(InputError, match=r"attempt 7\.1 never ran"):
         client_answering(409, {"detail": "attempt 7.1 never ran on host a"}).cancel(7)
 
 
