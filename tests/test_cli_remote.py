@@ -243,6 +243,9 @@ def test_every_operator_command_works_over_the_server_as_against_the_database(
     assert fleet.store.host_get("lap-1").enabled is True  # type: ignore[union-attr]
     assert operator.error("host", "drain", "nope") == (
         "herder: error: no host 'nope' (see `herder hosts`)")
+    for path in ("/api/v1/hosts/a%00b/drain", "/api/v1/accounts?host=a%00b"):
+        method = "POST" if path.endswith("drain") else "GET"
+        assert fleet.api(method, path).status_code == 422, path  # not a label: not stored
 
     # accounts (never an env value) and alerts
     fleet.cli("account", "add", "lap-1", "main", "--env", "CLAUDE_CONFIG_DIR=/secret/dir")

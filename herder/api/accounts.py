@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from herder.api.depends import Reader, Service, call
+from herder.api.depends import HOST_LABEL, Reader, Service, call
 from herder.wire import AccountView
 
 router = APIRouter(prefix="/api/v1/accounts", tags=["accounts"])
@@ -14,6 +14,6 @@ router = APIRouter(prefix="/api/v1/accounts", tags=["accounts"])
 
 @router.get("", response_model=list[AccountView])
 async def accounts(_caller: Reader, service: Service,
-                   host: Annotated[str | None, Query(max_length=200)] = None
+                   host: Annotated[str | None, Query(pattern=HOST_LABEL)] = None
                    ) -> list[AccountView]:
     return await call(service.operations.accounts, host)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Path
-
-from herder.api.depends import Admin, Reader, Service, call
+from herder.api.depends import Admin, HostLabel, Reader, Service, call
 from herder.wire import HostSwitched, HostView
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
-Label = Annotated[str, Path(max_length=200)]
 
 
 @router.get("", response_model=list[HostView])
@@ -19,13 +16,13 @@ async def hosts(_caller: Reader, service: Service) -> list[HostView]:
 
 
 @router.post("/{label}/drain", response_model=HostSwitched)
-async def drain(label: Label, _caller: Admin, service: Service) -> HostSwitched:
+async def drain(label: HostLabel, _caller: Admin, service: Service) -> HostSwitched:
     """Running jobs finish; nothing new is placed."""
     await call(service.operations.host_enable, label, False)
     return HostSwitched(label=label, enabled=False)
 
 
 @router.post("/{label}/enable", response_model=HostSwitched)
-async def enable(label: Label, _caller: Admin, service: Service) -> HostSwitched:
+async def enable(label: HostLabel, _caller: Admin, service: Service) -> HostSwitched:
     await call(service.operations.host_enable, label, True)
     return HostSwitched(label=label, enabled=True)
