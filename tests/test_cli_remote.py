@@ -305,3 +305,16 @@ def test_a_read_that_creates_a_new_sqlite_file_says_so(tmp_path):
                            env={"HERDER_DB": f"sqlite:///{other}"})
     assert submitted.returncode == 0 and submitted.stderr == ""  # a write means to create it
     assert os.path.exists(other)
+
+
+def test_a_submit_to_a_database_with_fleet_hosts_leaves_the_command_check_to_the_host(
+        tmp_path, sqlite_url):
+    env = {"HERDER_DB": sqlite_url}
+    missing = ("submit", "--", "no-such-program-for-herder-tests")
+    refused = run_herder(*missing, cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and "was not found on PATH" in refused.stderr
+    assert run_herder("host", "add", "far-1", "--ram", "8", cwd=tmp_path,
+                      env=env).returncode == 0  # an agent host: jobs may run there
+    accepted = run_herder(*missing, cwd=tmp_path, env=env)
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout.strip().isdigit()

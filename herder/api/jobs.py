@@ -56,8 +56,8 @@ async def cancel(job_id: JobId, caller: Submitter, service: Service) -> Cancelle
     return Cancelled(id=job_id, status=await call(service.cancel, job_id))
 
 
-@router.get("/{job_id}/log", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get("/{job_id}/log", response_class=Response, responses={200: {"content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def log(job_id: JobId, _caller: Reader, service: Service,
               attempt: Annotated[int | None, Query(ge=1, le=INT_MAX)] = None,
               offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0) -> Response:
