@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from herder.config import Config, load_config
 from herder.errors import NotFound
-from herder.model import Attempt, Event, Job, JobStatus
+from herder.model import Attempt, Event, Job, JobStatus, Transport
 from herder.store import Store, open_store
 
 if TYPE_CHECKING:
+    from herder.store.base import Alert
     from herder.submission import SubmitRequest
+    from herder.wire import AccountView, HostView
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +50,30 @@ def submit_request(**fields: Any) -> SubmitRequest:
     return SubmitRequest(**fields)
 
 
+def submit_request_of(job_type: str | None, command: Sequence[str] | None,
+                      payload: Mapping[str, Any] | None, available_at: datetime | None,
+                      now: datetime, fields: dict[str, Any]) -> SubmitRequest:
+    """`Client.submit`'s arguments as one request (`available_at` as delay_seconds)."""
+    if available_at is not None and available_at > now:
+        fields["delay_seconds"] = (available_at - now).total_seconds()
+    return submit_request(job_type=job_type, command=None if command is None
+                          else list(command), payload=dict(payload or {}), **fields)
+
+
 class Client:
     def __init__(
         self, db: str | None = None, config: Config | str | Path | None = None
     ) -> None:
         self.config = config if isinstance(config, Config) else load_config(config)
         self.store: Store = open_store(self.config.db_url(db))
+
+    @classmethod
+    def over(cls, store: Store, config: Config) -> Client:
+        """A client on a store its owner closes (the server's coordinator), so the server
+        answers the operator's commands with the code that answers them locally."""
+        client = cls.__new__(cls)
+        client.config, client.store = config, store
+        return client
 
     def close(self) -> None:
         self.store.close()
@@ -80,15 +100,19 @@ class Client:
         delay_seconds); `available_at` stands for
         delay_seconds. Raises InputError (naming the field) on bad input."""
         now = datetime.now(UTC)
-        if available_at is not None and available_at > now:
-            fields["delay_seconds"] = (available_at - now).total_seconds()
         from herder.intake import resolve  # only submit renders commands (string, shlex)
 
-        request = submit_request(job_type=job_type, command=None if command is None
-                              else list(command), payload=dict(payload or {}), **fields)
+        request = submit_request_of(job_type, command, payload, available_at, now, fields)
+        if check_command and self._fleet_runs_it():
+            check_command = False  # another host runs it: its preflight checks the command
         spec = resolve(self.config, request, now, check_command=check_command)
         result = self.store.job_insert([spec], now, force=request.force)[0]
         return Submitted(result.job_id, result.created, result.status)
+
+    def _fleet_runs_it(self) -> bool:
+        """Whether a registered host other than this machine (an agent or ssh host) may
+        run the job, so the command and workdir need not exist here."""
+        return any(host.transport is not Transport.LOCAL for host in self.store.host_list())
 
     def get(self, job_id: int) -> Job:
         job = self.store.job_get(job_id)
@@ -106,6 +130,52 @@ class Client:
 
     def events(self, job_id: int) -> builtins.list[Event]:
         return self.store.event_list(job_id)
+
+    def history(self, job_id: int) -> tuple[Job, builtins.list[Attempt], builtins.list[Event]]:
+        """The job, its attempts and its events (`herder show`)."""
+        return self.get(job_id), self.attempts(job_id), self.events(job_id)
+
+    def log(self, job_id: int, number: int, offset: int) -> bytes | None:
+        """The attempt's log from `offset` (a chunk at most); None while it has none."""
+        from herder.attempt_logs import log_file, read_from
+
+        return read_from(log_file(self.config.log_dir, job_id, number,
+                                  self.attempts(job_id)), offset)
+
+    def why(self, job_id: int) -> str:
+        from herder.runtime.coordinator import why
+        from herder.runtime.scheduler import Fleet
+
+        return why(self.store, Fleet.from_settings(self.config.settings), job_id,
+                   datetime.now(UTC))
+
+    def hosts(self) -> builtins.list[HostView]:
+        from herder.runtime.coordinator import host_status
+        from herder.runtime.scheduler import Fleet
+
+        fleet = Fleet.from_settings(self.config.settings)
+        now = datetime.now(UTC)
+        usage = self.store.host_usage(now)
+        breakers = fleet.breakers(self.store, now)
+        return [host_status(fleet, host, usage.get(host.label), now, breakers)
+                for host in self.store.host_list()]
+
+    def host_enable(self, label: str, enabled: bool) -> None:
+        """Drain a host (enabled False: running jobs finish, nothing new) or enable it."""
+        record = self.store.host_get(label)
+        if record is None:
+            raise NotFound(f"no host {label!r} (see `herder hosts`)")
+        self.store.host_update(dataclasses.replace(record, enabled=enabled), datetime.now(UTC))
+
+    def accounts(self, host: str | None = None) -> builtins.list[AccountView]:
+        from herder.views import account_view
+
+        now = datetime.now(UTC)
+        cooldown = self.config.settings.fleet.auth_revoked_cooldown
+        return [account_view(record, now, cooldown) for record in self.store.account_list(host)]
+
+    def alerts(self, open_only: bool = True, limit: int = 100) -> builtins.list[Alert]:
+        return self.store.alert_list(open_only, limit)
 
     def cancel(self, job_id: int) -> JobStatus:
         """Cancel a queued job at once; a claimed or running one is stopped by its runner."""
@@ -129,16 +199,24 @@ class Client:
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
         """Block until the job is done, failed or cancelled (TimeoutError after timeout)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         waker = self.store.listen()
         try:
-            while True:
-                job = self.get(job_id)
-                if job.status.terminal:
-                    return job
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"job {job_id} is still {job.status}")
-                remaining = 0.25 if deadline is None else min(0.25, deadline - time.monotonic())
-                waker.wait(max(remaining, 0.0))
+            return wait_for_end(self.get, waker.wait, job_id, timeout)
         finally:
             waker.close()
+
+
+def wait_for_end(get: Callable[[int], Job], pause: Callable[[float], object], job_id: int,
+                 timeout: float | None, interval: float = 0.25) -> Job:
+    """Ask for the job until it is done, failed or cancelled, pausing up to `interval`
+    between asks (TimeoutError after `timeout`)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        job = get(job_id)
+        if job.status.terminal:
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"job {job_id} is still {job.status}")
+        remaining = interval if deadline is None else min(interval,
+                                                          deadline - time.monotonic())
+        pause(max(remaining, 0.0))

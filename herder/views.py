@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from herder.model import Job
-from herder.wire import JobView
+from herder.model import AccountRecord, Job
+from herder.store.base import Alert
+from herder.wire import AccountView, AlertView, JobView
 
 
 def iso(value: datetime | None) -> str | None:
@@ -16,3 +17,24 @@ def iso(value: datetime | None) -> str | None:
 
 def job_view(job: Job) -> dict[str, Any]:
     return JobView.of(job).model_dump(mode="json")
+
+
+def account_view(record: AccountRecord, now: datetime, cooldown: float) -> AccountView:
+    """One account for `herder accounts` and `GET /api/v1/accounts` alike."""
+    from herder.scheduling.accounts import state_of
+
+    account, health = record.account, record.health
+    condition, why = state_of(health, now, cooldown)
+    return AccountView(
+        host=account.host, name=account.name, state=str(condition),
+        detail="healthy (probe: unknown)" if (
+            condition == "healthy" and account.probe and health.dead_token is None) else why,
+        sessions=record.sessions, max_sessions=account.max_sessions,
+        job_types=None if account.job_types is None else sorted(account.job_types),
+        source=account.source, depleted_until=health.depleted_until,
+        auth_revoked_at=health.auth_revoked_at, dead_token=health.dead_token)
+
+
+def alert_view(alert: Alert) -> AlertView:
+    return AlertView(id=alert.id, key=alert.key, message=alert.message,
+                     opened_at=alert.opened_at, cleared_at=alert.cleared_at)

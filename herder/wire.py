@@ -245,6 +245,45 @@ class Cancelled(Reply):
     status: JobStatus
 
 
+class Retried(Reply):
+    """`retried` is False when the job was not done, failed or cancelled (`status` says)."""
+
+    id: int
+    retried: bool
+    status: JobStatus
+
+
+class HostSwitched(Reply):
+    """A host drained or enabled by an operator."""
+
+    label: str
+    enabled: bool
+
+
+class AccountView(Reply):
+    """An account as `herder accounts` shows it: never its environment's values."""
+
+    host: str
+    name: str
+    state: str
+    detail: str
+    sessions: int
+    max_sessions: int
+    job_types: list[str] | None
+    source: str
+    depleted_until: Timestamp | None
+    auth_revoked_at: Timestamp | None
+    dead_token: bool | None
+
+
+class AlertView(Reply):
+    id: int
+    key: str
+    message: str
+    opened_at: Timestamp
+    cleared_at: Timestamp | None
+
+
 # -- operators: hosts and health -------------------------------------------------------------
 
 

@@ -150,6 +150,9 @@ def test_the_openapi_document_describes_every_response(tmp_path, monkeypatch):
             success = next(answer for code, answer in operation["responses"].items()
                            if code.startswith("2"))
             schema = success.get("content", {}).get("application/json", {}).get("schema", {})
+            raw = success.get("content", {}).get("application/octet-stream", {})
+            if raw.get("schema") == {"type": "string", "format": "binary"}:
+                continue  # bytes (an attempt's log), and said so
             if not schema.get("$ref") and not schema.get("items", {}).get("$ref"):
                 untyped.append(f"{method.upper()} {path}")
     assert untyped == []

@@ -26,7 +26,7 @@ from herder.api.tokens import (
     same_secret,
     token_hash,
 )
-from herder.config import ServerSection
+from herder.config import _NAME, ServerSection
 from herder.model import BIGINT_MAX, INT_MAX, Scope
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
@@ -36,6 +36,10 @@ T = TypeVar("T")
 JobId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
 AttemptNumber = Annotated[int, Path(ge=1, le=INT_MAX)]
 ReservationId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
+HOST_LABEL = _NAME.pattern
+"""A host label as `herder host add` accepts one (herder.config's name rule): anything else
+is a 422 before the store sees it (PostgreSQL refuses NUL characters with an error)."""
+HostLabel = Annotated[str, Path(pattern=HOST_LABEL)]
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,7 @@ signed.herder_scope = None  # type: ignore[attr-defined]
 
 Reader = Annotated[Caller, operator(Scope.READ)]
 Submitter = Annotated[Caller, operator(Scope.SUBMIT)]
+Admin = Annotated[Caller, operator(Scope.ADMIN)]
 AgentHost = Annotated[str, Depends(agent_host)]
 
 

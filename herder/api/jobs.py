@@ -1,18 +1,20 @@
-"""Operators' job routes: submit, list, show, why, cancel."""
+"""Operators' job routes: submit, list, show, why, log, cancel, retry."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from herder.api.depends import JobId, Reader, Service, Submitter, call
 from herder.api.tokens import authorize_job_type, authorize_submit
-from herder.model import JobStatus
+from herder.errors import NotFound
+from herder.model import BIGINT_MAX, INT_MAX, JobStatus
 from herder.wire import (
     Cancelled,
     JobDetail,
     JobView,
+    Retried,
     SubmitBody,
     Submitted,
     Why,
@@ -52,3 +54,29 @@ async def cancel(job_id: JobId, caller: Submitter, service: Service) -> Cancelle
     if caller.job_types is not None:
         authorize_job_type(caller, (await call(service.job, job_id)).job_type)
     return Cancelled(id=job_id, status=await call(service.cancel, job_id))
+
+
+@router.get("/{job_id}/log", response_class=Response, responses={200: {"content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+async def log(job_id: JobId, _caller: Reader, service: Service,
+              attempt: Annotated[int | None, Query(ge=1, le=INT_MAX)] = None,
+              offset: Annotated[int, Query(ge=0, le=BIGINT_MAX)] = 0) -> Response:
+    """The attempt's log (default: the latest) from `offset`, up to a chunk; 404 while it
+    has none. `X-Herder-Attempt` names the attempt, so a follower asks for it again."""
+    job = await call(service.job, job_id)
+    number = attempt or job.attempt
+    if number < 1:
+        raise NotFound(f"job {job_id} has not started yet; nothing logged")
+    chunk = await call(service.operations.log, job_id, number, offset)
+    if chunk is None:
+        raise NotFound(f"the log of job {job_id} attempt {number} does not exist (yet)")
+    return Response(chunk, media_type="application/octet-stream",
+                    headers={"X-Herder-Attempt": str(number)})
+
+
+@router.post("/{job_id}/retry", response_model=Retried)
+async def retry(job_id: JobId, caller: Submitter, service: Service) -> Retried:
+    if caller.job_types is not None:
+        authorize_job_type(caller, (await call(service.job, job_id)).job_type)
+    retried = await call(service.operations.retry, job_id)
+    return Retried(id=job_id, retried=retried, status=(await call(service.job, job_id)).status)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
 
 import click
 
@@ -18,30 +17,8 @@ from herder.errors import InputError
 @pass_state
 def accounts(state: State, host: str | None, as_json: bool) -> None:
     """List accounts: state, sessions and the job types each serves (never env values)."""
-    from herder.scheduling.accounts import state_of
-
     with edge():
-        records = state.client.store.account_list(host)
-    now = utcnow()
-    cooldown = state.config.settings.fleet.auth_revoked_cooldown
-    views: list[dict[str, Any]] = []
-    for record in records:
-        account, health = record.account, record.health
-        condition, why = state_of(health, now, cooldown)
-        views.append({
-            "host": account.host, "name": account.name, "state": str(condition),
-            "detail": "healthy (probe: unknown)" if (
-                condition == "healthy" and account.probe and health.dead_token is None)
-            else why,
-            "sessions": record.sessions, "max_sessions": account.max_sessions,
-            "job_types": None if account.job_types is None else sorted(account.job_types),
-            "source": account.source,
-            "depleted_until": health.depleted_until.isoformat() if health.depleted_until
-            else None,
-            "auth_revoked_at": health.auth_revoked_at.isoformat() if health.auth_revoked_at
-            else None,
-            "dead_token": health.dead_token,
-        })
+        views = [view.model_dump(mode="json") for view in state.reader.accounts(host)]
     if as_json:
         click.echo(json.dumps(views, indent=2))
         return

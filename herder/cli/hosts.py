@@ -30,15 +30,8 @@ if TYPE_CHECKING:
 @pass_state
 def hosts(state: State, as_json: bool) -> None:
     """List hosts with health, window caps and RAM headroom."""
-    from herder.runtime.coordinator import host_view
     with edge():
-        store = state.client.store
-        fleet = fleet_of(state)
-        now = utcnow()
-        usage = store.host_usage(now)
-        breakers = fleet.breakers(store, now)
-        views = [host_view(fleet, h, usage.get(h.label), now, breakers)
-                 for h in store.host_list()]
+        views = [view.model_dump(mode="json") for view in state.reader.hosts()]
     if as_json:
         click.echo(json.dumps(views, indent=2))
         return
@@ -166,9 +159,7 @@ def host_set(state: State, /, label: str, **options: Any) -> None:
 
 def _set_enabled(state: State, label: str, enabled: bool) -> None:
     with edge():
-        store = state.client.store
-        record = known_host(store, label)
-        store.host_update(replace(record, enabled=enabled), utcnow())
+        state.client.host_enable(label, enabled)
 
 
 @host.command("enable")
@@ -247,9 +238,7 @@ def ram(state: State, label: str) -> None:
 @pass_state
 def why_command(state: State, job_id: int) -> None:
     """One line: why a job is (not) running."""
-    from herder.runtime.coordinator import why
-
     with edge():
-        click.echo(why(state.client.store, fleet_of(state), job_id, utcnow()))
+        click.echo(state.reader.why(job_id))
 
 

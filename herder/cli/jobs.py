@@ -7,7 +7,6 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -18,6 +17,10 @@ from herder.model import JobStatus
 
 if TYPE_CHECKING:
     from herder.client import Client
+    from herder.remote import RemoteClient
+
+FOLLOW_INTERVAL = 0.25
+"""How often `logs -f` reads again while the attempt runs (the file, or the server)."""
 
 
 class SubmitCommand(click.Command):
@@ -123,7 +126,7 @@ def jobs(state: State, statuses: Sequence[str], limit: int, actionable: bool,
          as_json: bool) -> None:
     """List jobs, newest first."""
     with edge():
-        found = state.client.list([JobStatus(s) for s in statuses] or None, limit)
+        found = state.reader.list([JobStatus(s) for s in statuses] or None, limit)
     if actionable:
         found = [job for job in found if job.actionable]
     if as_json:
@@ -146,10 +149,7 @@ def jobs(state: State, statuses: Sequence[str], limit: int, actionable: bool,
 def show(state: State, job_id: int, as_json: bool) -> None:
     """Show one job with its attempts and history."""
     with edge():
-        client = state.client
-        job = client.get(job_id)
-        attempts = client.attempts(job_id)
-        events = client.events(job_id)
+        job, attempts, events = state.reader.history(job_id)
     if as_json:
         from herder.wire import JobDetail  # pydantic: only here
 
@@ -200,49 +200,38 @@ def show(state: State, job_id: int, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing while the attempt runs.")
 @pass_state
 def logs(state: State, job_id: int, attempt: int | None, follow: bool) -> None:
-    """Print an attempt's log."""
+    """Print an attempt's log (with --server, through the server's log endpoint)."""
     with edge():
-        client = state.client
+        client = state.reader
         job = client.get(job_id)
         number = attempt or job.attempt
         if number < 1:
             fail(f"job {job_id} has not started yet; nothing logged")
-        records = {a.attempt: a for a in client.attempts(job_id)}
-        record = records.get(number)
-        if record is None:
-            fail(f"job {job_id} has no attempt {number}")
-        path = Path(record.log_path) if record.log_path else (
-            client.config.log_dir / str(job_id) / f"{number}.log")
-        _print_log(client, job_id, number, path, follow)
+        _print_log(client, job_id, number, follow)
 
 
-def _print_log(client: Client, job_id: int, number: int, path: Path, follow: bool) -> None:
+def _print_log(client: Client | RemoteClient, job_id: int, number: int, follow: bool) -> None:
+    """Print the log from the start; with `follow`, until the attempt is no longer live,
+    then what it wrote last."""
     out = sys.stdout.buffer
     offset = 0
+    ended = False
     while True:
-        if path.exists():
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                chunk = handle.read()
-            if chunk:
-                out.write(chunk)
-                out.flush()
-                offset += len(chunk)
-        if not follow:
-            if not path.exists():
-                fail(f"log {path} does not exist (yet)")
+        chunk = client.log(job_id, number, offset)
+        if chunk:
+            out.write(chunk)
+            out.flush()
+            offset += len(chunk)
+            continue  # a chunk is bounded: ask for the rest at once
+        if chunk is None and not follow:
+            fail(f"job {job_id} attempt {number} has no log (yet)")
+        if not follow or ended:
             return
         job = client.get(job_id)
-        live = job.attempt == number and job.status in (JobStatus.CLAIMED, JobStatus.RUNNING)
-        if not live:
-            if path.exists():
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    rest = handle.read()
-                out.write(rest)
-                out.flush()
-            return
-        time.sleep(0.2)
+        ended = not (job.attempt == number
+                     and job.status in (JobStatus.CLAIMED, JobStatus.RUNNING))
+        if not ended:
+            time.sleep(FOLLOW_INTERVAL)
 
 
 # -- changing ---------------------------------------------------------------------------------

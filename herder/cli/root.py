@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from herder.client import Client
     from herder.config import Config
     from herder.model import HostRecord
+    from herder.remote import RemoteClient
     from herder.runtime.scheduler import Fleet
     from herder.store import Store
 
@@ -44,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "ram": "herder.cli.hosts:ram",
     "why": "herder.cli.hosts:why_command",
     "accounts": "herder.cli.accounts:accounts",
+    "alerts": "herder.cli.alerts:alerts",
     "account": "herder.cli.accounts:account",
     "token": "herder.cli.tokens:token",
     "heartbeat": "herder.cli.agent:heartbeat",
@@ -97,11 +99,16 @@ def edge() -> Iterator[None]:
 
 
 class State:
-    def __init__(self, db: str | None, config_path: str | None) -> None:
+    def __init__(self, db: str | None, config_path: str | None, server: str | None = None,
+                 token_file: str | None = None, ca: str | None = None) -> None:
         self.db = db
         self.config_path = config_path
+        self.server = server or None
+        """--server / HERDER_SERVER: the commands go through this server's HTTP API."""
+        self.token_file = token_file
+        self.ca = ca
         self._config: Config | None = None
-        self._client: Client | None = None
+        self._client: Client | RemoteClient | None = None
 
     @property
     def config(self) -> Config:
@@ -112,12 +119,29 @@ class State:
         return self._config
 
     @property
-    def client(self) -> Client:
+    def client(self) -> Client | RemoteClient:
+        """The database's client, or with --server the HTTP API's (loaded only then)."""
         if self._client is None:
-            from herder.client import Client
+            if self.server is not None:
+                self._client = remote_client(self.server, self.token_file, self.ca)
+            else:
+                from herder.client import Client
 
-            self._client = Client(self.db, self.config)
+                self._client = Client(self.db, self.config)
         return self._client
+
+    @property
+    def reader(self) -> Client | RemoteClient:
+        """The client of a command that only reads: a SQLite file that does not exist yet
+        would be created empty (so its jobs never run), and the note says so."""
+        if self._client is not None or self.server is not None:
+            return self.client
+        new_file = new_sqlite_file(self.config.db_url(self.db))
+        client = self.client
+        if new_file is not None:
+            click.echo(f"herder: note: {new_file} did not exist; created an empty store "
+                       "(did you mean to set HERDER_DB, --db or --server?)", err=True)
+        return client
 
     def close(self) -> None:
         if self._client is not None:
@@ -125,6 +149,44 @@ class State:
 
 
 pass_state = click.make_pass_decorator(State)
+
+
+def remote_client(server: str, token_file: str | None, ca: str | None) -> RemoteClient:
+    """The HTTP API's client with an operator token from --token-file / HERDER_TOKEN_FILE,
+    else HERDER_TOKEN (never printed)."""
+    import os
+
+    from herder.remote import RemoteClient, plain_http_warning
+    from herder.runtime.agent_client import check_server_url, read_token_file
+
+    with edge():
+        url = check_server_url(server)
+        variable = os.environ.get("HERDER_TOKEN", "").strip()
+        if token_file:
+            token = read_token_file(os.path.expanduser(token_file), "HERDER_TOKEN")
+        elif variable:
+            token = variable
+        else:
+            raise InputError("--token-file", f"no token to talk to {url}",
+                             "pass --token-file FILE (mode 0600) or set HERDER_TOKEN; "
+                             "`herder token create` makes one")
+    warning = plain_http_warning(url)
+    if warning:
+        click.echo(warning, err=True)
+    return RemoteClient(url, token, ca=ca)
+
+
+def new_sqlite_file(url: str) -> str | None:
+    """The SQLite file the URL names when it does not exist yet (opening creates it)."""
+    import os
+
+    if not url.startswith("sqlite:"):
+        return None
+    from herder.store.sqlite import parse_sqlite_url
+
+    with edge():
+        path, _ = parse_sqlite_url(url)
+    return None if path == ":memory:" or os.path.exists(path) else path
 
 
 def utcnow() -> datetime:
@@ -244,11 +306,18 @@ class HerderGroup(click.Group):
               "[env HERDER_DB; default ./herder.db]")
 @click.option("--config", "config_path", envvar="HERDER_CONFIG", type=click.Path(),
               help="herder.toml to use [env HERDER_CONFIG; default ./herder.toml]")
+@click.option("--server", envvar="HERDER_SERVER", help="Talk to this herder server's API "
+              "instead of the database, e.g. https://queue:8470 [env HERDER_SERVER]")
+@click.option("--token-file", envvar="HERDER_TOKEN_FILE", help="With --server: the file "
+              "holding an operator token, mode 0600 [env HERDER_TOKEN_FILE; or HERDER_TOKEN]")
+@click.option("--ca", envvar="HERDER_CA", type=click.Path(exists=True, dir_okay=False),
+              help="With --server: the CA that signed its certificate [env HERDER_CA]")
 @click.version_option(package_name="herder")
 @click.pass_context
-def main(ctx: click.Context, db: str | None, config_path: str | None) -> None:
+def main(ctx: click.Context, db: str | None, config_path: str | None, server: str | None,
+         token_file: str | None, ca: str | None) -> None:
     """herder: a job queue and dispatcher for long-running command-line jobs."""
-    state = State(db, config_path)
+    state = State(db, config_path, server, token_file, ca)
     ctx.obj = state
     ctx.call_on_close(state.close)
 

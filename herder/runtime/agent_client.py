@@ -189,9 +189,10 @@ def setup_problem(error: BaseException | None, server: str, ca: str | None) -> I
     return None
 
 
-def read_token_file(path: str) -> str:
-    """The host token from a file only its owner can read."""
-    fix = "write the host's token there with mode 0600, or set HERDER_AGENT_TOKEN"
+def read_token_file(path: str, variable: str = "HERDER_AGENT_TOKEN") -> str:
+    """A token (a host's, or an operator's with `variable` HERDER_TOKEN) from a file only
+    its owner can read."""
+    fix = f"write the token there with mode 0600, or set {variable}"
     try:
         mode = os.stat(path).st_mode
         if mode & 0o077:

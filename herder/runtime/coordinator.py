@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from herder.backoff import Backoff
+from herder.client import Client
 from herder.config import Config, JobTypeSection
 from herder.errors import Conflict, InputError, NotFound
 from herder.intake import resolve
@@ -169,6 +170,9 @@ class Coordinator:
         self._threads: list[threading.Thread] = []
         self._runners: list[Runner] = []
         self.log_dir = config.log_dir
+        self.operations = Client.over(store, config)
+        """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
+        them against the database, for the API's routes."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 

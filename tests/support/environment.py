@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from herder.runtime.process import TOKEN_VARIABLE
 
 SCRUBBED = ("HERDER_DB", "HERDER_CONFIG", "HERDER_API_TOKEN", "HERDER_AGENT_TOKEN",
-            "HERDER_SERVER", TOKEN_VARIABLE)
+            "HERDER_SERVER", "HERDER_TOKEN", "HERDER_TOKEN_FILE", "HERDER_CA", TOKEN_VARIABLE)
 
 
 def clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:

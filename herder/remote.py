@@ -1,0 +1,270 @@
+"""The operator's commands over the HTTP API: `herder --server URL jobs` and the others.
+
+`RemoteClient` answers what `herder.client.Client` answers (the same model objects and
+views), so each command prints the same lines whichever it talks to. Every answer of the
+server ends as a result or one of herder's errors, which the CLI prints as one line:
+a refused token, an unknown job, a refused input naming its field, a server or network
+failure. Loaded only with --server: the local commands import no HTTP client."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import ipaddress
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from herder.client import Submitted, submit_request_of, wait_for_end
+from herder.errors import HerderError, InputError, NotFound
+from herder.model import Attempt, Event, Job, JobStatus, MemoryUse
+from herder.wire import (
+    AccountView,
+    AlertView,
+    AttemptView,
+    Cancelled,
+    EventView,
+    HostView,
+    JobDetail,
+    JobView,
+    Retried,
+    Why,
+)
+from herder.wire import Submitted as SubmittedReply
+
+TIMEOUT_SECONDS = 30.0
+"""How long one call may take before the command gives up with one line."""
+FOLLOW_INTERVAL = 0.5
+"""How often `logs -f` and `submit --wait` ask again."""
+
+
+class TokenRefused(HerderError):
+    """401 or 403: the token is unknown, revoked, or lacks the scope."""
+
+
+class ServerFailed(HerderError):
+    """The server could not be reached, timed out or failed (5xx)."""
+
+
+class NotOverServer(HerderError):
+    """A command that works against the database only."""
+
+
+def loopback(url: str) -> bool:
+    host = httpx.URL(url).host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_http_warning(url: str) -> str | None:
+    """What to say when the token would cross a network in clear text."""
+    if url.startswith("http://") and not loopback(url):
+        return (f"herder: warning: {url} is plain http; the token crosses the network "
+                "unencrypted (use https:// with a TLS server)")
+    return None
+
+
+def job_of(view: JobView) -> Job:
+    """A job as the API shows it; what the API never shows (env values, the backoff, the
+    shell flag) is left at its neutral value, which no command prints."""
+    return Job(
+        id=view.id, job_type=view.job_type, command=tuple(view.command), shell=False,
+        payload=view.payload, priority=view.priority, weight=view.weight,
+        dedup_key=view.dedup_key, affinity=view.affinity, available_at=view.available_at,
+        max_attempts=view.max_attempts, timeout_seconds=view.timeout_seconds, env={},
+        workdir=view.workdir, backoff_base_seconds=0.0, backoff_max_seconds=0.0,
+        status=view.status, attempt=view.attempt, failures=view.failures, lost=view.lost,
+        host=view.host, exit_code=view.exit_code, failure_reason=view.failure_reason,
+        cancel_requested=view.cancel_requested, created_at=view.created_at,
+        claimed_at=view.claimed_at, started_at=view.started_at,
+        finished_at=view.finished_at, updated_at=view.updated_at,
+        spawn_failures=view.spawn_failures, transient_attempts=view.transient_attempts,
+        escalations=view.escalations, actionable=view.actionable,
+        human_action=view.human_action)
+
+
+def attempt_of(job_id: int, view: AttemptView) -> Attempt:
+    memory = None if view.memory_enforcement is None else MemoryUse(
+        view.peak_rss_bytes, view.memory_budget_bytes, view.memory_enforcement)
+    return Attempt(
+        job_id=job_id, attempt=view.attempt, host=view.host, worker=view.worker,
+        pid=view.pid, log_path=view.log_path, claimed_at=view.claimed_at,
+        started_at=view.started_at, heartbeat_at=view.heartbeat_at, ended_at=view.ended_at,
+        exit_code=view.exit_code, outcome=view.outcome, memory=memory)
+
+
+def event_of(job_id: int, view: EventView) -> Event:
+    return Event(id=view.id, job_id=job_id, at=view.at, kind=view.kind,
+                 from_status=view.from_status, to_status=view.to_status,
+                 attempt=view.attempt, detail=view.detail)
+
+
+def refusal(response: httpx.Response) -> str:
+    """The server's own words for a refusal: `detail`, or `error` (which names the field)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:200] or f"HTTP {response.status_code}"
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), str):
+            return str(body["error"])
+        detail = body.get("detail")
+        if isinstance(detail, str):
+            return detail
+        if isinstance(detail, list):  # pydantic's: each problem with where it is
+            return "; ".join(
+                f"{'.'.join(str(part) for part in item.get('loc', ())[1:]) or 'body'}: "
+                f"{item.get('msg', 'invalid')}" for item in detail if isinstance(item, dict))
+    return f"HTTP {response.status_code}"
+
+
+class RemoteClient:
+    """The operator's side of the HTTP API, with an operator token (read, submit or admin)."""
+
+    def __init__(self, server: str, token: str, *, ca: str | None = None,
+                 transport: httpx.BaseTransport | None = None,
+                 timeout: float = TIMEOUT_SECONDS) -> None:
+        self.server = server
+        self._http = httpx.Client(
+            base_url=server, timeout=timeout, transport=transport, verify=ca or True,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "herder-cli"})
+
+    @property
+    def store(self) -> Any:
+        raise NotOverServer("this command works against the database only; "
+                            "run it without --server / HERDER_SERVER, with HERDER_DB")
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- one call -------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call; a 2xx answer, else the error that says what went wrong in one line."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise ServerFailed(f"{self.server} did not answer within "
+                               f"{self._http.timeout.read or TIMEOUT_SECONDS:.0f}s") from None
+        except httpx.HTTPError as exc:
+            raise ServerFailed(f"cannot reach {self.server}: {exc or type(exc).__name__} "
+                               "(is `herder server` running there?)") from None
+        status = response.status_code
+        if 200 <= status < 300:
+            return response
+        if status in (401, 403):
+            raise TokenRefused(f"token refused by {self.server}: {refusal(response)} "
+                               "(check --token-file / HERDER_TOKEN_FILE / HERDER_TOKEN)")
+        if status == 404:
+            raise NotFound(refusal(response))
+        if status in (400, 409, 413, 422):
+            body = response.json() if "json" in response.headers.get("content-type", "") else {}
+            field = body.get("field") if isinstance(body, dict) else None
+            message = refusal(response)
+            if field and message.startswith(f"{field}: "):
+                message = message[len(field) + 2:]
+            raise InputError(field or "request", message)
+        if 300 <= status < 400:
+            raise ServerFailed(f"{self.server} answers with a redirect (HTTP {status}); "
+                               "pass the URL it redirects to")
+        raise ServerFailed(f"{self.server} failed (HTTP {status}): {refusal(response)}")
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise ServerFailed(f"{self.server} answered {path} with no JSON "
+                               "(is it a herder server?)") from None
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def submit(self, job_type: str | None = None, command: Sequence[str] | None = None,
+               payload: Mapping[str, Any] | None = None, *,
+               available_at: datetime | None = None, check_command: bool = True,
+               **fields: Any) -> Submitted:
+        """As `Client.submit`; the server validates against its config, and the host that
+        runs the job checks its command and workdir (preflight), not this machine."""
+        del check_command
+        request = submit_request_of(job_type, command, payload, available_at,
+                                    datetime.now(UTC), fields)
+        body = {key: value for key, value in dataclasses.asdict(request).items()
+                if value is not None and value != {} and key != "force"}
+        body["force"] = request.force
+        reply = SubmittedReply.model_validate(self.json("POST", "/api/v1/jobs", json=body))
+        return Submitted(reply.id, reply.created, reply.status)
+
+    def get(self, job_id: int) -> Job:
+        return job_of(JobView.model_validate(self.json("GET", f"/api/v1/jobs/{job_id}")))
+
+    def list(self, status: Sequence[JobStatus] | None = None, limit: int = 100
+             ) -> builtins.list[Job]:
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = [str(s) for s in status]
+        return [job_of(JobView.model_validate(item))
+                for item in self.json("GET", "/api/v1/jobs", params=params)]
+
+    def history(self, job_id: int) -> tuple[Job, builtins.list[Attempt], builtins.list[Event]]:
+        detail = JobDetail.model_validate(self.json("GET", f"/api/v1/jobs/{job_id}"))
+        return (job_of(detail), [attempt_of(job_id, a) for a in detail.attempts],
+                [event_of(job_id, e) for e in detail.events])
+
+    def attempts(self, job_id: int) -> builtins.list[Attempt]:
+        return self.history(job_id)[1]
+
+    def events(self, job_id: int) -> builtins.list[Event]:
+        return self.history(job_id)[2]
+
+    def log(self, job_id: int, number: int, offset: int) -> bytes | None:
+        try:
+            response = self.request("GET", f"/api/v1/jobs/{job_id}/log",
+                                    params={"attempt": number, "offset": offset})
+        except NotFound as exc:
+            if "does not exist" in str(exc):  # the attempt has logged nothing yet
+                return None
+            raise
+        return response.content
+
+    def why(self, job_id: int) -> str:
+        return Why.model_validate(self.json("GET", f"/api/v1/jobs/{job_id}/why")).why
+
+    def cancel(self, job_id: int) -> JobStatus:
+        return Cancelled.model_validate(
+            self.json("POST", f"/api/v1/jobs/{job_id}/cancel")).status
+
+    def retry(self, job_id: int) -> bool:
+        return Retried.model_validate(
+            self.json("POST", f"/api/v1/jobs/{job_id}/retry")).retried
+
+    def should_dispatch(self, dedup_key: str) -> tuple[int, JobStatus] | None:
+        raise NotOverServer("should-dispatch works against the database only; run it "
+                            "without --server, or submit with --dedup-key (a held key is "
+                            "reported, not submitted again)")
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Job:
+        return wait_for_end(self.get, time.sleep, job_id, timeout, FOLLOW_INTERVAL)
+
+    # -- hosts, accounts, alerts -----------------------------------------------------------------
+
+    def hosts(self) -> builtins.list[HostView]:
+        return [HostView.model_validate(item) for item in self.json("GET", "/api/v1/hosts")]
+
+    def host_enable(self, label: str, enabled: bool) -> None:
+        self.request("POST", f"/api/v1/hosts/{label}/{'enable' if enabled else 'drain'}")
+
+    def accounts(self, host: str | None = None) -> builtins.list[AccountView]:
+        params = {} if host is None else {"host": host}
+        return [AccountView.model_validate(item)
+                for item in self.json("GET", "/api/v1/accounts", params=params)]
+
+    def alerts(self, open_only: bool = True, limit: int = 100) -> builtins.list[AlertView]:
+        return [AlertView.model_validate(item) for item in self.json(
+            "GET", "/api/v1/alerts", params={"all": not open_only, "limit": limit})]
