@@ -45,6 +45,7 @@ from herder.runtime.accounts import (
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import PickupWatch, Rescuer, lost_result
+from herder.runtime.metrics import FleetSample, HostSample, Metrics
 from herder.runtime.preflight import default_check
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
@@ -65,6 +66,7 @@ from herder.runtime.sources import (
     record_ending,
 )
 from herder.runtime.ssh import SshLauncher
+from herder.scheduling.accounts import state_of
 from herder.scheduling.breaker import Breaker
 from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
@@ -76,6 +78,11 @@ from herder.wire import (
     HostGate,
     HostView,
     PreflightCheck,
+    QueueAccount,
+    QueueAlert,
+    QueueJob,
+    QueueView,
+    Resilience,
     SubmitBody,
     WindowView,
     pairs,
@@ -166,6 +173,8 @@ class Coordinator:
         self._threads: list[threading.Thread] = []
         self._runners: list[Runner] = []
         self.log_dir = config.log_dir
+        self.metrics = Metrics()
+        self.metrics.watch(self.fleet_sample)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -213,6 +222,7 @@ class Coordinator:
                               runtime.max_lost)
             source = AssignmentSource(self.store, host.label, self.limits, rescuer)
             source.guardian = self.guardian
+            source.on_started = self._observe_start
             runner = Runner(None, options, source=source)
             self._runners.append(runner)
             self._spawn(functools.partial(runner.run, install_signals=False),
@@ -335,7 +345,9 @@ class Coordinator:
             cycle.rescuer = Rescuer(self.store, local_labels, self.lease_seconds,
                                     runtime.kill_grace, runtime.max_lost)
             cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
+        began = time.perf_counter()
         self.scheduler.run_once(now)
+        self.metrics.cycle_seconds.observe(time.perf_counter() - began)
         if time.monotonic() >= cycle.next_maintenance:
             cycle.next_maintenance = time.monotonic() + 1.0
             # A new leader (a restart, a takeover) has heard from no agent yet: give them
@@ -459,11 +471,19 @@ class Coordinator:
 
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
                       _agent_log_path: str | None) -> None:
-        self._job_on_host(label, token)
+        job = self._job_on_host(label, token)
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
-        if not self.store.attempt_start(token, pid, str(path), utcnow()):
+        now = utcnow()
+        if not self.store.attempt_start(token, pid, str(path), now):
             raise Conflict(f"attempt {token} cannot start: it is no longer claimed "
                            "(cancelled or declared lost)")
+        self.metrics.started(token.attempt, job.created_at, now)
+
+    def _observe_start(self, token: AttemptToken, now: datetime) -> None:
+        """An attempt of a local host started (the HTTP path observes in `start_attempt`)."""
+        job = self.store.job_get(token.job_id) if token.attempt == 1 else None
+        if job is not None:
+            self.metrics.started(token.attempt, job.created_at, now)
 
     def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
                        exit_code: int | None, retry_after: float | None,
@@ -551,6 +571,54 @@ class Coordinator:
         breakers = self.fleet.breakers(self.store, now)
         return [host_status(self.fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
+
+    def fleet_sample(self) -> FleetSample:
+        """What `/metrics` reads from the store: GROUP BY counts and one row per host."""
+        now = utcnow()
+        usage = self.store.host_usage(now)
+        hosts = []
+        for host in self.store.host_list():
+            info = host.agent_info if isinstance(host.agent_info, dict) else {}
+            measured = info.get("mem_available_gb")
+            booked = usage[host.label].booked_gb if host.label in usage else 0.0
+            hosts.append(HostSample(
+                label=host.label, bookable_gb=self.fleet.bookable(host), booked_gb=booked,
+                measured_available_gb=float(measured)
+                if isinstance(measured, int | float) and not isinstance(measured, bool)
+                else None,
+                health=self.fleet.health(host, now), enabled=host.enabled,
+                agent_up=host.transport is Transport.AGENT and "worker" in info
+                and agent_state(host) != "stopped" and self.fleet.agent_down(host, now) is None))
+        return FleetSample(statuses=self.store.job_status_counts(),
+                           queue_depth=self.store.job_queue_depth(),
+                           failures=self.store.job_failure_counts(), hosts=tuple(hosts),
+                           leader=self.is_leader)
+
+    def queue_view(self, recent: int) -> QueueView:
+        """`/queue`: counts, the newest jobs, hosts, what holds work back, open alerts."""
+        counts = self.store.job_status_counts()
+        hosts = self.host_views()
+        now = utcnow()
+        cooldown = self.settings.fleet.auth_revoked_cooldown
+        accounts = []
+        for record in self.store.account_list():
+            state, detail = state_of(record.health, now, cooldown)
+            accounts.append(QueueAccount(
+                host=record.account.host, name=record.account.name, state=str(state),
+                detail=detail, sessions=record.sessions,
+                max_sessions=record.account.max_sessions))
+        return QueueView(
+            counts={str(status): counts.get(status, 0) for status in JobStatus},
+            recent=[QueueJob.of(job) for job in self.store.job_list(None, recent)],
+            hosts=hosts,
+            resilience=Resilience(
+                breakers={h.label: h.breakers for h in hosts if h.breakers},
+                preflight_failed={h.label: h.preflight_failed for h in hosts
+                                  if h.preflight_failed}),
+            accounts=accounts,
+            alerts=[QueueAlert(key=alert.key, message=alert.message, opened_at=alert.opened_at)
+                    for alert in self.store.alert_list(open_only=True)],
+            leader=self.is_leader)
 
     # -- operators' jobs ------------------------------------------------------------------------
 

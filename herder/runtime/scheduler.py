@@ -252,12 +252,21 @@ class Scheduler:
             if tokens:
                 placed += len(tokens)
                 hosts_with_work.add(label)
+                for token in tokens:
+                    log.info("job %d attempt %d placed on %s", token.job_id, token.attempt,
+                             label, extra={"event": "dispatch_scheduled", "job_id": token.job_id,
+                                           "attempt": token.attempt, "host": label,
+                                           "weight": weights[token.job_id]})
         if hosts_with_work:
             self.on_assigned(hosts_with_work)
         healthy = self._alert(snapshot, now)
         self._alert_stopped(plan, now, healthy > 0)
-        return {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
-                "healthy_hosts": healthy}
+        summary = {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
+                   "healthy_hosts": healthy}
+        # The dispatcher's heartbeat (seed 004): at INFO when it placed work, else DEBUG.
+        log.log(logging.INFO if placed else logging.DEBUG, "placement cycle: %s", summary,
+                extra={"event": "dispatch_cycle", **summary})
+        return summary
 
     def _alert(self, snapshot: Snapshot, now: datetime) -> int:
         """Raise one deduplicated alert while no enabled host can take work."""

@@ -261,3 +261,18 @@ SELECT host, account FROM herder_jobs WHERE id = :job_id AND attempt = :attempt;
 UPDATE herder_jobs SET account = NULL
 WHERE id = :job_id AND account IS NOT NULL AND status NOT IN ('claimed', 'running')
 RETURNING id;
+
+-- name: job_status_counts
+-- Every status, ended ones too (`/queue`, `/metrics`): one pass, no rows read back.
+SELECT status, count(*) AS count FROM herder_jobs GROUP BY status;
+
+-- name: job_queue_depth
+-- Queued jobs by weight and priority (the partial queued index holds them all).
+SELECT weight, priority, count(*) AS count FROM herder_jobs
+WHERE status = 'queued'
+GROUP BY weight, priority;
+
+-- name: job_failure_counts
+SELECT coalesce(failure_reason, 'unknown') AS reason, actionable, count(*) AS count
+FROM herder_jobs WHERE status = 'failed'
+GROUP BY coalesce(failure_reason, 'unknown'), actionable;
