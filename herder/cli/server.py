@@ -6,7 +6,7 @@ import ipaddress
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -132,8 +132,10 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
         app = create_app(coordinator, Access(open_access=insecure_no_auth,
                                              legacy_admin_token=legacy,
                                              max_body_bytes=settings.max_body_bytes))
+    # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
+    extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
-                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
+                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5, **extra)
     if coordinator.fatal is not None:
         fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 

@@ -39,7 +39,7 @@ def priority_band(priority: int, bounds: tuple[int, ...] = PRIORITY_BANDS) -> st
         if priority < bound:
             return f"<{bound}" if lower is None else f"{lower}-{bound - 1}"
         lower = bound
-    return f">={lower}"
+    return "any" if lower is None else f">={lower}"
 
 
 @dataclass(frozen=True, slots=True)
