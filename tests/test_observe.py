@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import run_herder
 from support.fleet import WEIGHTS, bookable
-from support.waits import wait_for
 
 from herder.log_records import JsonFormatter
 from herder.model import JobStatus, Outcome
@@ -123,22 +121,15 @@ def test_metrics_public_serves_a_scraper_without_a_token(make_fleet, tmp_path, s
     assert fleet.api("GET", "/api/v1/jobs", token="").status_code == 401
 
 
-def test_up_logs_json_with_the_seeds_events(tmp_path, monkeypatch):
+def test_up_logs_json_with_the_seeds_events(tmp_path, store_url):
     """`herder up` (no HTTP surface) has the same option: spawn_ok and dispatch_failed."""
-    import subprocess
-
-    monkeypatch.chdir(tmp_path)
-    env = {**{key: value for key, value in os.environ.items() if not key.startswith("HERDER_")},
-           "HERDER_DB": f"sqlite:///{tmp_path / 'h.db'}"}
-    herder = [sys.executable, "-m", "herder.cli"]
     for command in (["true"], ["false"]):
-        subprocess.run([*herder, "submit", "--max-attempts", "1", "--", *command], env=env,
-                       check=True, capture_output=True, timeout=60)
-    done = subprocess.run([*herder, "up", "--exit-when-idle", "--log-format", "json"],
-                          env=env, capture_output=True, text=True, timeout=120)
+        run_herder("submit", "--max-attempts", "1", "--", *command, cwd=tmp_path,
+                   db=store_url, check=True)
+    done = run_herder("up", "--exit-when-idle", "--log-format", "json", cwd=tmp_path,
+                      db=store_url, timeout=120)
     assert done.returncode == 0, done.stderr
-    lines = json_lines(done.stderr)
-    events = [line.get("event") for line in lines]
+    events = [line.get("event") for line in json_lines(done.stderr)]
     assert events.count("spawn_ok") == 2 and events.count("dispatch_failed") == 1
 
 
