@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import run_herder
 from support.fleet import WEIGHTS, bookable
 
+from herder.config import Settings
 from herder.log_records import JsonFormatter
-from herder.model import JobStatus, Outcome
+from herder.model import HostRecord, HostUsage, JobStatus, Outcome, Transport
+from herder.runtime.coordinator import host_sample
 from herder.runtime.metrics import FleetSample, families, priority_band
+from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import ending_event
+from herder.scheduling.health import HostHealth
 
 RUNNING = ["/bin/sh", "-c", "sleep 120"]
 
@@ -108,6 +113,7 @@ def test_queue_metrics_and_json_logs_through_a_real_server(make_fleet, tmp_path,
     started = {line["job_id"] for line in agent_lines if line.get("event") == "spawn_ok"}
     assert started == {running, done, failed}
     assert fleet.tokens["alpha"] not in fleet.stderr_of(fleet.agents["alpha"])
+    assert fleet.admin_token not in fleet.stderr_of(fleet.server)
 
 
 def test_metrics_public_serves_a_scraper_without_a_token(make_fleet, tmp_path, store_url):
@@ -176,3 +182,23 @@ def test_json_formatter_carries_the_event_and_its_fields():
         "x", logging.WARNING, __file__, 1, "no event", None, None)))
     assert plain["event"] is None
 
+
+
+def test_a_host_sample_says_what_its_agent_measured_and_whether_it_is_up():
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    fleet = Fleet.from_settings(Settings())
+    live = HostRecord(label="a", ram_total_gb=16.0, last_heartbeat=now - timedelta(seconds=1),
+                      agent_info={"worker": "a/1/1", "mem_available_gb": 9.5})
+    sample = host_sample(fleet, live, HostUsage("a", 1, 3.0, 1.0), now)
+    assert (sample.bookable_gb, sample.booked_gb, sample.measured_available_gb) == (
+        12.8, 4.0, 9.5)
+    assert sample.agent_up and sample.health is HostHealth.HEALTHY
+    stopped = HostRecord(label="a", ram_total_gb=16.0, last_heartbeat=now,
+                         agent_info={"worker": "a/1/1", "stopped": True,
+                                     "mem_available_gb": True})
+    sample = host_sample(fleet, stopped, None, now)
+    assert not sample.agent_up and sample.measured_available_gb is None
+    assert sample.booked_gb == 0.0
+    ssh = HostRecord(label="s", ram_total_gb=16.0, last_heartbeat=now,
+                     transport=Transport.SSH)
+    assert not host_sample(fleet, ssh, None, now).agent_up

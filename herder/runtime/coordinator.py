@@ -576,22 +576,11 @@ class Coordinator:
         """What `/metrics` reads from the store: GROUP BY counts and one row per host."""
         now = utcnow()
         usage = self.store.host_usage(now)
-        hosts = []
-        for host in self.store.host_list():
-            info = host.agent_info if isinstance(host.agent_info, dict) else {}
-            measured = info.get("mem_available_gb")
-            booked = usage[host.label].booked_gb if host.label in usage else 0.0
-            hosts.append(HostSample(
-                label=host.label, bookable_gb=self.fleet.bookable(host), booked_gb=booked,
-                measured_available_gb=float(measured)
-                if isinstance(measured, int | float) and not isinstance(measured, bool)
-                else None,
-                health=self.fleet.health(host, now), enabled=host.enabled,
-                agent_up=host.transport is Transport.AGENT and "worker" in info
-                and agent_state(host) != "stopped" and self.fleet.agent_down(host, now) is None))
+        hosts = tuple(host_sample(self.fleet, host, usage.get(host.label), now)
+                      for host in self.store.host_list())
         return FleetSample(statuses=self.store.job_status_counts(),
                            queue_depth=self.store.job_queue_depth(),
-                           failures=self.store.job_failure_counts(), hosts=tuple(hosts),
+                           failures=self.store.job_failure_counts(), hosts=hosts,
                            leader=self.is_leader)
 
     def queue_view(self, recent: int) -> QueueView:
@@ -719,6 +708,22 @@ def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: date
               breakers: Mapping[tuple[str, str], Breaker] | None = None) -> dict[str, Any]:
     """`host_status` as JSON-ready data, for `herder hosts --json`."""
     return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
+
+
+def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
+                now: datetime) -> HostSample:
+    """A host as `/metrics` shows it: its RAM (bookable, booked, measured by its agent),
+    health, drain and whether a live agent heartbeats for it."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    measured = info.get("mem_available_gb")
+    return HostSample(
+        label=host.label, bookable_gb=fleet.bookable(host),
+        booked_gb=usage.booked_gb if usage else 0.0,
+        measured_available_gb=float(measured)
+        if isinstance(measured, int | float) and not isinstance(measured, bool) else None,
+        health=fleet.health(host, now), enabled=host.enabled,
+        agent_up=host.transport is Transport.AGENT and "worker" in info
+        and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
 
 
 def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
