@@ -16,7 +16,7 @@ router = APIRouter(tags=["queue"])
 @router.get("/queue", response_model=QueueView)
 async def queue(_caller: Reader, service: Service,
                 recent: Annotated[int | None, Query(ge=0, le=1000)] = None) -> QueueView:
-    """Counts by GROUP BY and the newest `recent` jobs ([server] queue_recent): no
-    full-table reads, however long the history."""
+    """Counts by GROUP BY (only the counts come back) and the newest `recent` jobs
+    ([server] queue_recent) by LIMIT: no job rows read into the server but those."""
     limit = service.settings.server.queue_recent if recent is None else recent
     return await call(service.queue_view, limit)
