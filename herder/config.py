@@ -524,6 +524,11 @@ class ServerSection:
     """How remote hosts reach this server (ssh push); default http(s)://listen."""
     max_body_bytes: int = field(default=1024 * 1024, metadata=rules(ge=1024, le=1024**3))
     """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
+    metrics_public: bool = False
+    """`GET /metrics` without a token (a scraper on a trusted network); by default it
+    needs a read token, as every operator read does."""
+    queue_recent: int = field(default=20, metadata=rules(ge=0, le=1000))
+    """How many of the newest jobs `GET /queue` lists."""
 
 
 def _hook_template(value: str | None) -> str | None:

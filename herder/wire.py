@@ -634,3 +634,69 @@ class HookReply(Reply):
     delivery: str | None = None
     jobs: list[int] = []
     created: list[int] = []
+
+
+# -- operators: the queue at a glance (`GET /queue`) -------------------------------------------
+
+
+class QueueJob(Reply):
+    """A recent job, short: what a glance at the queue needs (`/api/v1/jobs/{id}` has all)."""
+
+    id: int
+    status: JobStatus
+    job_type: str
+    host: str | None
+    attempt: int
+    priority: int
+    weight: str
+    failure_reason: str | None
+    actionable: bool
+    created_at: Timestamp
+    updated_at: Timestamp
+
+    @classmethod
+    def of(cls, job: Job) -> QueueJob:
+        return cls(id=job.id, status=job.status, job_type=job.job_type,
+                   priority=job.priority, weight=job.weight, attempt=job.attempt,
+                   host=job.host, failure_reason=job.failure_reason,
+                   actionable=job.actionable, created_at=job.created_at,
+                   updated_at=job.updated_at)
+
+
+class QueueAccount(Reply):
+    host: str
+    name: str
+    state: str
+    detail: str
+    sessions: int
+    max_sessions: int
+
+
+class QueueAlert(Reply):
+    key: str
+    message: str
+    opened_at: Timestamp
+
+
+class Resilience(Reply):
+    """Seed 002's `/queue.resilience`: what holds work back besides capacity."""
+
+    breakers: dict[str, dict[str, str]]
+    """Host -> job type -> its circuit breaker, where it is not closed."""
+    preflight_failed: dict[str, dict[str, str]]
+    """Host -> job type -> why its preflight failed there."""
+
+
+class QueueView(Reply):
+    """`GET /queue`: counts by status, the newest jobs, each host's slots and RAM, what
+    holds work back (breakers, preflight, accounts) and the open alerts."""
+
+    counts: dict[str, int]
+    """Every status, zero included."""
+    recent: list[QueueJob]
+    hosts: list[HostView]
+    resilience: Resilience
+    accounts: list[QueueAccount]
+    alerts: list[QueueAlert]
+    leader: bool
+    """Whether the replica that answered is the scheduler's leader."""

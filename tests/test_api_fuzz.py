@@ -35,6 +35,7 @@ from herder.config import (
 )
 from herder.model import HostRecord, Scope
 from herder.runtime.coordinator import Coordinator
+from herder.runtime.metrics import CONTENT_TYPE
 from herder.store import open_store
 from herder.webhooks import signature
 
@@ -112,6 +113,11 @@ def fuzz(target: Target, role: str, data: st.DataObject) -> None:
     assert target.tokens[role] not in response.text
 
 
+def test_the_fuzz_covers_the_operator_overview(target):
+    paths = {(operation.method.upper(), operation.path) for operation in target.operations}
+    assert {("GET", "/queue"), ("GET", "/metrics")} <= paths
+
+
 def test_no_server_error_with_an_admin_token(target):
     @fuzz_settings(target)
     @given(st.data())
@@ -149,10 +155,14 @@ def test_the_openapi_document_describes_every_response(tmp_path, monkeypatch):
         for method, operation in operations.items():
             success = next(answer for code, answer in operation["responses"].items()
                            if code.startswith("2"))
-            schema = success.get("content", {}).get("application/json", {}).get("schema", {})
-            raw = success.get("content", {}).get("application/octet-stream", {})
+            content = success.get("content", {})
+            if f"{method.upper()} {path}" == "GET /metrics":
+                assert list(content) == [CONTENT_TYPE]  # Prometheus text, not JSON
+                continue
+            raw = content.get("application/octet-stream", {})
             if raw.get("schema") == {"type": "string", "format": "binary"}:
                 continue  # bytes (an attempt's log), and said so
+            schema = content.get("application/json", {}).get("schema", {})
             if not schema.get("$ref") and not schema.get("items", {}).get("$ref"):
                 untyped.append(f"{method.upper()} {path}")
     assert untyped == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -285,3 +286,32 @@ def test_a_lost_attempt_spends_the_lost_budget_once_a_runner_took_it():
                                     ("a/1/2", None, True), ("a/1/2", NOW, True)]:
         decision = lost_result(live(worker, started), later, max_lost=5).decision
         assert (decision.status, decision.spend_lost) == (JobStatus.QUEUED, spends), worker
+
+
+def test_the_cycle_heartbeat_is_info_when_work_is_placed_and_once_a_minute_idle(store, caplog):
+    """Seed 004's `dispatch_cycle`: a log-based "dispatcher silent" alert needs a line at
+    INFO at least once a minute, and the placements at once; idle cycles between are DEBUG."""
+    fleet = Fleet.from_settings(Settings())
+    store.host_insert(HostRecord("cron1", 20, prime_max_workers=2), NOW)
+    store.host_heartbeat("cron1", NOW, {"via": "heartbeat"})
+    scheduler = Scheduler(store, fleet)
+
+    def levels(at: datetime) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="herder.scheduler"):
+            scheduler.run_once(at)
+        return [record.levelname for record in caplog.records
+                if getattr(record, "event", None) == "dispatch_cycle"]
+
+    assert levels(NOW) == ["INFO"]  # the first cycle
+    assert levels(NOW + timedelta(seconds=1)) == ["DEBUG"]
+    store.job_insert([JobSpec(command=("true",))], NOW)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="herder.scheduler"):
+        scheduler.run_once(NOW + timedelta(seconds=2))
+    cycle = [r for r in caplog.records if getattr(r, "event", None) == "dispatch_cycle"]
+    scheduled = [r for r in caplog.records if getattr(r, "event", None) == "dispatch_scheduled"]
+    assert [(r.levelname, r.placed) for r in cycle] == [("INFO", 1)]
+    assert [(r.host, r.attempt) for r in scheduled] == [("cron1", 1)]
+    assert levels(NOW + timedelta(seconds=3)) == ["DEBUG"]
+    assert levels(NOW + timedelta(seconds=62)) == ["INFO"]  # a minute after the last

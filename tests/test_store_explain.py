@@ -158,6 +158,30 @@ def test_sqlite_heartbeat_and_cancel_reads_find_jobs_by_key(sqlite_url):
             assert not any(re.fullmatch(r"SCAN herder_jobs\b.*", step) for step in plan), plan
 
 
+
+# -- /queue and /metrics: queue depth reads the queued jobs only --------------------------------
+
+
+@pytest.mark.postgres
+def test_postgres_queue_depth_reads_the_queued_index(postgres_url):
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        _pg_fill(conn, 100)
+        [(plan,)] = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + load_queries("postgres")["job_queue_depth"]).fetchall()
+        nodes = list(_plan_nodes(plan[0]["Plan"]))
+        assert any(n.get("Index Name") == INDEX for n in nodes), json.dumps(plan, indent=1)
+        assert not any(n["Node Type"] == "Seq Scan" for n in nodes), json.dumps(plan, indent=1)
+
+
+@pytest.mark.parametrize("analyze", [True, False], ids=["analyzed", "no-statistics"])
+def test_sqlite_queue_depth_reads_the_queued_index(sqlite_url, analyze):
+    path, _ = parse_sqlite_url(sqlite_url)
+    with sqlite3.connect(path) as conn:
+        _sqlite_fill(conn, 100, analyze)
+        plan = _sqlite_plan(conn, load_queries("sqlite")["job_queue_depth"])
+        assert any(INDEX in step for step in plan), plan
+        assert not any(re.fullmatch(r"SCAN herder_jobs\b(?! USING).*", s) for s in plan), plan
+
 # -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
 
 _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",

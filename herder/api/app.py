@@ -21,7 +21,18 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from herder.api import accounts, agents, alerts, health, hooks, hosts, jobs, reservations
+from herder.api import (
+    accounts,
+    agents,
+    alerts,
+    health,
+    hooks,
+    hosts,
+    jobs,
+    metrics,
+    queue,
+    reservations,
+)
 from herder.api.board import AssignmentBoard
 from herder.api.depends import Access, route_scope
 from herder.api.tokens import Denied
@@ -34,7 +45,7 @@ log = logging.getLogger("herder.api")
 RETRY_AFTER_SECONDS = 5
 ROUTERS: tuple[APIRouter, ...] = (health.router, jobs.router, hosts.router, agents.router,
                                   reservations.router, hooks.router, accounts.router,
-                                  alerts.router)
+                                  alerts.router, queue.router, metrics.router)
 # What `herder.store.as_unavailable` counts as the database failing (psycopg_pool's
 # PoolTimeout is a psycopg.OperationalError too).
 DATABASE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError,

@@ -10,7 +10,17 @@ from typing import Any
 
 import click
 
-from herder.cli.root import State, duration, edge, fail, log_to_stderr, names, pass_state, utcnow
+from herder.cli.root import (
+    LOG_FORMAT_OPTION,
+    State,
+    duration,
+    edge,
+    fail,
+    log_to_stderr,
+    names,
+    pass_state,
+    utcnow,
+)
 from herder.errors import InputError
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
@@ -97,11 +107,12 @@ def heartbeat(state: State, label: str, server: str | None, token: str | None,
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Local attempt logs.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
+@LOG_FORMAT_OPTION
 @click.pass_context
 def agent(ctx: click.Context, server_url: str | None, token: str | None, token_file: str,
           label: str | None, concurrency: int, job_types: str | None, weights: str | None,
           priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
-          log_dir: str | None, log_level: str) -> None:
+          log_dir: str | None, log_level: str, log_format: str) -> None:
     """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -111,7 +122,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.runner import Runner, RunnerOptions
 
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format)
     state: State = ctx.obj
     with edge():
         if not label:

@@ -235,12 +235,20 @@ def labelled(label: str, value: object) -> str:
     return f"{click.style(f'{label:>18}', bold=True)}  {value}"
 
 
-def log_to_stderr(level: str) -> None:
+def log_to_stderr(level: str, log_format: str = "text") -> None:
     import logging
 
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from herder.log_records import formatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+LOG_FORMAT_OPTION = click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="json: one JSON object a line, with the seeds' event names (README: Watching it).")
 
 
 class LazyCommands(MutableMapping[str, click.Command]):

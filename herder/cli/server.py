@@ -6,11 +6,11 @@ import ipaddress
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import State, edge, fail, log_to_stderr, pass_state
+from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
 from herder.errors import InputError
 
 if TYPE_CHECKING:
@@ -26,14 +26,15 @@ if TYPE_CHECKING:
               help="Exit 0 once nothing is queued, claimed or running.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
+@LOG_FORMAT_OPTION
 @pass_state
 def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
-       log_level: str) -> None:
+       log_level: str, log_format: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
     from herder.runtime.guardian import start_guardian
     from herder.runtime.runner import Runner, RunnerOptions, default_host
 
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format)
     with edge():
         config = state.config
         # Before the store's threads: the watchdog that stops this runner's jobs if it dies
@@ -80,9 +81,10 @@ def loopback(bind: str) -> bool:
               help="Loopback only: operator routes need no token (agents still need theirs).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
+@LOG_FORMAT_OPTION
 @pass_state
 def server(state: State, listen: str | None, label: str | None, tls_cert: str | None,
-           tls_key: str | None, insecure_no_auth: bool, log_level: str) -> None:
+           tls_key: str | None, insecure_no_auth: bool, log_level: str, log_format: str) -> None:
     """The fleet coordinator: store, scheduler (one leader among replicas), HTTP API."""
     import uvicorn
 
@@ -91,7 +93,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.guardian import start_guardian
 
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format)
     log = logging.getLogger("herder.server")
     with edge():
         settings = state.config.settings.server
@@ -132,8 +134,10 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
                                              legacy_admin_token=legacy,
                                              max_body_bytes=settings.max_body_bytes,
                                              hook_secrets=hook_secrets))
+    # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
+    extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
-                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5)
+                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5, **extra)
     if coordinator.fatal is not None:
         fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 

@@ -46,6 +46,7 @@ from herder.runtime.accounts import (
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import DeliverySweep, PickupWatch, Rescuer, lost_result
+from herder.runtime.metrics import FleetSample, HostSample, Metrics
 from herder.runtime.preflight import default_check
 from herder.runtime.runner import Runner, RunnerOptions, default_host
 from herder.runtime.scheduler import (
@@ -66,6 +67,7 @@ from herder.runtime.sources import (
     record_ending,
 )
 from herder.runtime.ssh import SshLauncher
+from herder.scheduling.accounts import state_of
 from herder.scheduling.breaker import Breaker
 from herder.scheduling.placement import explain, place
 from herder.store import Store, Waker, as_unavailable
@@ -79,6 +81,11 @@ from herder.wire import (
     HostGate,
     HostView,
     PreflightCheck,
+    QueueAccount,
+    QueueAlert,
+    QueueJob,
+    QueueView,
+    Resilience,
     SubmitBody,
     WindowView,
     pairs,
@@ -173,6 +180,8 @@ class Coordinator:
         self.operations = Client.over(store, config)
         """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
         them against the database, for the API's routes."""
+        self.metrics = Metrics()
+        self.metrics.watch(self.fleet_sample)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -220,6 +229,7 @@ class Coordinator:
                               runtime.max_lost)
             source = AssignmentSource(self.store, host.label, self.limits, rescuer)
             source.guardian = self.guardian
+            source.on_started = self._observe_start
             runner = Runner(None, options, source=source)
             self._runners.append(runner)
             self._spawn(functools.partial(runner.run, install_signals=False),
@@ -343,7 +353,9 @@ class Coordinator:
                                     runtime.kill_grace, runtime.max_lost)
             cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
             cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
+        began = time.perf_counter()
         self.scheduler.run_once(now)
+        self.metrics.cycle_seconds.observe(time.perf_counter() - began)
         if time.monotonic() >= cycle.next_maintenance:
             cycle.next_maintenance = time.monotonic() + 1.0
             # A new leader (a restart, a takeover) has heard from no agent yet: give them
@@ -469,11 +481,19 @@ class Coordinator:
 
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
                       _agent_log_path: str | None) -> None:
-        self._job_on_host(label, token)
+        job = self._job_on_host(label, token)
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
-        if not self.store.attempt_start(token, pid, str(path), utcnow()):
+        now = utcnow()
+        if not self.store.attempt_start(token, pid, str(path), now):
             raise Conflict(f"attempt {token} cannot start: it is no longer claimed "
                            "(cancelled or declared lost)")
+        self.metrics.started(token.attempt, job.created_at, now)
+
+    def _observe_start(self, token: AttemptToken, now: datetime) -> None:
+        """An attempt of a local host started (the HTTP path observes in `start_attempt`)."""
+        job = self.store.job_get(token.job_id) if token.attempt == 1 else None
+        if job is not None:
+            self.metrics.started(token.attempt, job.created_at, now)
 
     def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
                        exit_code: int | None, retry_after: float | None,
@@ -561,6 +581,43 @@ class Coordinator:
         breakers = self.fleet.breakers(self.store, now)
         return [host_status(self.fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
+
+    def fleet_sample(self) -> FleetSample:
+        """What `/metrics` reads from the store: GROUP BY counts and one row per host."""
+        now = utcnow()
+        usage = self.store.host_usage(now)
+        hosts = tuple(host_sample(self.fleet, host, usage.get(host.label), now)
+                      for host in self.store.host_list())
+        return FleetSample(statuses=self.store.job_status_counts(),
+                           queue_depth=self.store.job_queue_depth(),
+                           failures=self.store.job_failure_counts(), hosts=hosts,
+                           leader=self.is_leader)
+
+    def queue_view(self, recent: int) -> QueueView:
+        """`/queue`: counts, the newest jobs, hosts, what holds work back, open alerts."""
+        counts = self.store.job_status_counts()
+        hosts = self.host_views()
+        now = utcnow()
+        cooldown = self.settings.fleet.auth_revoked_cooldown
+        accounts = []
+        for record in self.store.account_list():
+            state, detail = state_of(record.health, now, cooldown)
+            accounts.append(QueueAccount(
+                host=record.account.host, name=record.account.name, state=str(state),
+                detail=detail, sessions=record.sessions,
+                max_sessions=record.account.max_sessions))
+        return QueueView(
+            counts={str(status): counts.get(status, 0) for status in JobStatus},
+            recent=[QueueJob.of(job) for job in self.store.job_list(None, recent)],
+            hosts=hosts,
+            resilience=Resilience(
+                breakers={h.label: h.breakers for h in hosts if h.breakers},
+                preflight_failed={h.label: h.preflight_failed for h in hosts
+                                  if h.preflight_failed}),
+            accounts=accounts,
+            alerts=[QueueAlert(key=alert.key, message=alert.message, opened_at=alert.opened_at)
+                    for alert in self.store.alert_list(open_only=True)],
+            leader=self.is_leader)
 
     # -- operators' jobs ------------------------------------------------------------------------
 
@@ -674,6 +731,22 @@ def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: date
               breakers: Mapping[tuple[str, str], Breaker] | None = None) -> dict[str, Any]:
     """`host_status` as JSON-ready data, for `herder hosts --json`."""
     return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
+
+
+def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
+                now: datetime) -> HostSample:
+    """A host as `/metrics` shows it: its RAM (bookable, booked, measured by its agent),
+    health, drain and whether a live agent heartbeats for it."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    measured = info.get("mem_available_gb")
+    return HostSample(
+        label=host.label, bookable_gb=fleet.bookable(host),
+        booked_gb=usage.booked_gb if usage else 0.0,
+        measured_available_gb=float(measured)
+        if isinstance(measured, int | float) and not isinstance(measured, bool) else None,
+        health=fleet.health(host, now), enabled=host.enabled,
+        agent_up=host.transport is Transport.AGENT and "worker" in info
+        and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
 
 
 def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:

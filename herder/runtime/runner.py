@@ -451,7 +451,9 @@ class Runner:
                             self.options.workspaces,
                             self.memory.begin(job, self.options.outcome_rules.weights))
         except (LaunchError, OSError) as exc:
-            log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc)
+            log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc,
+                      extra={"event": "spawn_failed", "job_id": job.id,
+                             "attempt": job.attempt, "host": self.options.host})
             self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
             self._report(time.monotonic())
             return
@@ -459,7 +461,10 @@ class Runner:
         attempt.renewed = asked
         self.running[job.token] = attempt
         self.started += 1
-        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid)
+        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid,
+                 extra={"event": "spawn_ok", "job_id": job.id, "attempt": job.attempt,
+                        "host": self.options.host, "job_type": job.job_type,
+                        "weight": job.weight, "pid": attempt.process.pid})
         self._report_start(attempt, time.monotonic())
 
     def _report_start(self, attempt: RunningAttempt, mono: float) -> None:

@@ -57,6 +57,9 @@ from herder.store import Store
 log = logging.getLogger("herder.scheduler")
 
 BREAKER_HISTORY = timedelta(days=1)
+CYCLE_HEARTBEAT = timedelta(minutes=1)
+"""An idle scheduler still logs `dispatch_cycle` at INFO this often: the heartbeat a
+"dispatcher silent" alert on the logs watches (seed 004)."""
 """How far back a run of transient outcomes counts towards opening a breaker."""
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
 
@@ -228,6 +231,7 @@ class Scheduler:
     fleet: Fleet
     on_assigned: Callable[[set[str]], None] = lambda hosts: None
     last_plan: Plan | None = field(default=None, init=False)
+    last_heartbeat: datetime | None = field(default=None, init=False)
 
     def run_once(self, now: datetime) -> dict[str, int]:
         breakers = self.fleet.breakers(self.store, now)
@@ -252,12 +256,25 @@ class Scheduler:
             if tokens:
                 placed += len(tokens)
                 hosts_with_work.add(label)
+                for token in tokens:
+                    log.info("job %d attempt %d placed on %s", token.job_id, token.attempt,
+                             label, extra={"event": "dispatch_scheduled", "job_id": token.job_id,
+                                           "attempt": token.attempt, "host": label,
+                                           "weight": weights[token.job_id]})
         if hosts_with_work:
             self.on_assigned(hosts_with_work)
         healthy = self._alert(snapshot, now)
         self._alert_stopped(plan, now, healthy > 0)
-        return {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
-                "healthy_hosts": healthy}
+        summary = {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
+                   "healthy_hosts": healthy}
+        # The dispatcher's heartbeat (seed 004): INFO when it placed work or a minute passed.
+        beat = placed > 0 or self.last_heartbeat is None or (
+            now - self.last_heartbeat >= CYCLE_HEARTBEAT)
+        if beat:
+            self.last_heartbeat = now
+        log.log(logging.INFO if beat else logging.DEBUG, "placement cycle: %s", summary,
+                extra={"event": "dispatch_cycle", **summary})
+        return summary
 
     def _alert(self, snapshot: Snapshot, now: datetime) -> int:
         """Raise one deduplicated alert while no enabled host can take work."""

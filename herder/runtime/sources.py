@@ -10,7 +10,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -39,6 +40,8 @@ from herder.scheduling.classification import (
 )
 from herder.scheduling.policy import DEFAULT_RULES, RetryState, Rule, decide
 from herder.store import Store, Waker
+
+log = logging.getLogger("herder.sources")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +175,42 @@ def record_ending(
     if not applied:
         return None
     decision = result.decision
+    status = applied[0][1]
+    event = ending_event(result.outcome, status)
+    if event is not None:
+        level, name = event
+        log.log(level, "job %d attempt %d on %s: %s -> %s%s", job.id, job.attempt, job.host,
+                result.outcome, status,
+                f" ({decision.failure_reason})" if decision.failure_reason else "",
+                extra={"event": name, "job_id": job.id, "attempt": job.attempt,
+                       "host": job.host, "job_type": job.job_type,
+                       "outcome": str(result.outcome), "status": str(status),
+                       "failure_reason": decision.failure_reason,
+                       "actionable": decision.actionable})
     # Waiting for someone to read `herder jobs` is how such a fleet stops for a day.
     if decision.human_action and decision.status is JobStatus.FAILED:
         store.alert_open(f"job:{job.id}:human_action",
                          f"job {job.id} ({job.job_type}) failed with {decision.failure_reason} "
                          f"on {job.host or 'its host'}: a human must act (e.g. log in again), "
                          "then `herder retry`", now)
-    return applied[0][1]
+    return status
+
+
+ENDING_EVENTS: Mapping[Outcome, tuple[int, str]] = {
+    Outcome.OOM: (logging.ERROR, "spawn_oom"),
+    Outcome.RAM_CONTENTION: (logging.WARNING, "spawn_ram_contention"),
+    Outcome.NEEDS_HEAVIER: (logging.WARNING, "dispatch_exit4"),
+}
+"""Seed 004's log events for an attempt's end, by outcome (a failed job says
+`dispatch_failed` whatever its outcome)."""
+
+
+def ending_event(outcome: Outcome, status: JobStatus) -> tuple[int, str] | None:
+    """The log level and the seeds' event name of an ended attempt; None for the rest
+    (a job done, a retry of weather), which the runner's own lines already tell."""
+    if status is JobStatus.FAILED:
+        return logging.ERROR, "dispatch_failed"
+    return ENDING_EVENTS.get(outcome)
 
 
 def bind_jobs(store: Store, host: str, jobs: list[Job], now: datetime,
@@ -268,8 +300,18 @@ class StoreSource(WorkSource):
         self.limits = limits
         self.rescuer = rescuer
 
+    on_started: Callable[[AttemptToken, datetime], None] | None = None
+    """Told each attempt that started (the server's metrics); its failure is only logged."""
+
     def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
-        return self.store.attempt_start(token, pid, log_path, now)
+        if not self.store.attempt_start(token, pid, log_path, now):
+            return False
+        if self.on_started is not None:
+            try:
+                self.on_started(token, now)
+            except Exception as exc:  # a metric must never undo a recorded start
+                log.warning("attempt %s: start not observed (%s)", token, type(exc).__name__)
+        return True
 
     def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
         return self.store.attempt_heartbeat(tokens, now)

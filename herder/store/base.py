@@ -336,6 +336,24 @@ class Store(abc.ABC):
         return {JobStatus(row["status"]): int(row["count"])
                 for row in self.driver.read("job_counts")}
 
+    def job_status_counts(self) -> dict[JobStatus, int]:
+        """Counts of jobs in every status, ended ones too (`/queue`, `/metrics`)."""
+        return {JobStatus(row["status"]): int(row["count"])
+                for row in self.driver.read("job_status_counts")}
+
+    def job_queue_depth(self) -> dict[tuple[str, int], int]:
+        """(weight, priority) -> how many jobs are queued with them."""
+        return {(row["weight"], int(row["priority"])): int(row["count"])
+                for row in self.driver.read("job_queue_depth")}
+
+    def job_failure_counts(self) -> dict[tuple[str, bool], int]:
+        """(failure reason, actionable) -> how many jobs ended failed with them."""
+        counts: dict[tuple[str, bool], int] = {}
+        for row in self.driver.read("job_failure_counts"):
+            key = (str(row["reason"]), bool(row["actionable"]))
+            counts[key] = counts.get(key, 0) + int(row["count"])
+        return counts
+
     def attempt_list(self, job_id: int) -> list[Attempt]:
         return [attempt_from_row(row)
                 for row in self.driver.read("attempt_list", {"job_id": job_id})]

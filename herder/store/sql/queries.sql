@@ -278,3 +278,18 @@ SELECT * FROM herder_deliveries WHERE source = :source AND delivery_id = :delive
 
 -- name: delivery_expire
 DELETE FROM herder_deliveries WHERE received_at < :before RETURNING source;
+
+-- name: job_status_counts
+-- Every status, ended ones too (`/queue`, `/metrics`): one pass, no rows read back.
+SELECT status, count(*) AS count FROM herder_jobs GROUP BY status;
+
+-- name: job_queue_depth
+-- Queued jobs by weight and priority (the partial queued index holds them all).
+SELECT weight, priority, count(*) AS count FROM herder_jobs
+WHERE status = 'queued'
+GROUP BY weight, priority;
+
+-- name: job_failure_counts
+SELECT coalesce(failure_reason, 'unknown') AS reason, actionable, count(*) AS count
+FROM herder_jobs WHERE status = 'failed'
+GROUP BY coalesce(failure_reason, 'unknown'), actionable;
