@@ -45,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "why": "herder.cli.hosts:why_command",
     "accounts": "herder.cli.accounts:accounts",
     "account": "herder.cli.accounts:account",
+    "alerts": "herder.cli.alerts:alerts",
     "token": "herder.cli.tokens:token",
     "heartbeat": "herder.cli.agent:heartbeat",
     "slots": "herder.cli.slots:slots",

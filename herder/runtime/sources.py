@@ -12,9 +12,9 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from herder.config import RuleSection, Settings
+from herder.config import AlertsSection, RuleSection, Settings
 from herder.errors import ConfigError
 from herder.model import (
     Action,
@@ -30,6 +30,7 @@ from herder.model import (
 from herder.runtime.accounts import AccountRules, bind_accounts, learn_from_outcome
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
+from herder.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
 from herder.scheduling.capacity import WeightTable
 from herder.scheduling.classification import (
     DEFAULT_PATTERNS,
@@ -100,11 +101,14 @@ class PolicyLimits:
     max_spawn_failures: int
     spawn_backoff_seconds: float
     rules: OutcomeRules = field(default_factory=OutcomeRules)
+    alerts: AlertsSection = field(default_factory=AlertsSection)
+    """The OOM-loop alert's count and window."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyLimits:
         return cls(settings.runtime.max_lost, settings.fleet.max_spawn_failures,
-                   settings.fleet.spawn_backoff, OutcomeRules.from_settings(settings))
+                   settings.fleet.spawn_backoff, OutcomeRules.from_settings(settings),
+                   settings.alerts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,14 +175,37 @@ def record_ending(
         store.job_clear_account(job.id)
     if not applied:
         return None
+    alert_on_ending(store, job, result, now, limits)
+    return applied[0][1]
+
+
+def alert_on_ending(store: Store, job: Job, result: AttemptResult, now: datetime,
+                    limits: PolicyLimits) -> None:
+    """The alerts an ended attempt opens or clears (delivered by herder.runtime.delivery).
+    Waiting for someone to read `herder jobs` is how such a fleet stops for a day."""
     decision = result.decision
-    # Waiting for someone to read `herder jobs` is how such a fleet stops for a day.
+    where = job.host or "its host"
     if decision.human_action and decision.status is JobStatus.FAILED:
         store.alert_open(f"job:{job.id}:human_action",
                          f"job {job.id} ({job.job_type}) failed with {decision.failure_reason} "
-                         f"on {job.host or 'its host'}: a human must act (e.g. log in again), "
+                         f"on {where}: a human must act (e.g. log in again), "
                          "then `herder retry`", now)
-    return applied[0][1]
+    elif decision.actionable and decision.status is JobStatus.FAILED:
+        store.alert_open(f"job:{job.id}:failed",
+                         f"job {job.id} ({job.job_type}) failed on {where}: "
+                         f"{decision.failure_reason or result.outcome} (see `herder show "
+                         f"{job.id}`; `herder retry {job.id}` once fixed)", now)
+    loop_key = f"job:{job.id}:oom_loop"
+    if result.outcome in HEAVY_OUTCOMES:
+        section = limits.alerts
+        window = timedelta(seconds=section.oom_loop_window)
+        if in_memory_loop(store.attempt_list(job.id), now, section.oom_loop_count, window):
+            store.alert_open(loop_key, f"job {job.id} ({job.job_type}) ran out of memory "
+                             f"{section.oom_loop_count} times within "
+                             f"{section.oom_loop_window:g}s (last on {where}, weight "
+                             f"{job.weight}): a heavier weight or more RAM is needed", now)
+    elif result.outcome is Outcome.OK:  # a failure leaves it open until `herder retry`
+        store.alert_clear(loop_key, now)
 
 
 def bind_jobs(store: Store, host: str, jobs: list[Job], now: datetime,
