@@ -79,9 +79,9 @@ def check_urls(section: AlertsSection, environ: dict[str, str] | None = None) ->
 
 
 def _quiet_apprise() -> None:
-    """Apprise logs request URLs at debug: keep its logger at warnings whatever herder's
-    level is, since a URL may carry a token."""
-    logging.getLogger("apprise").setLevel(logging.WARNING)
+    """Apprise logs whole URLs (at debug, and an unparseable one at error), and a URL may
+    carry a token: its logger is silenced; herder logs each failure itself, scheme only."""
+    logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)
 
 
 @dataclass
