@@ -467,3 +467,30 @@ def test_herder_up_delivers_a_failed_job_and_a_hung_receiver_delays_no_job(
         assert [(a["key"], a["open"]) for a in cleared] == [(f"job:{failed}:failed", False)]
     finally:
         harness.close()
+
+
+# -- end to end: herder server --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_server_places_work_while_the_alert_receiver_hangs(make_fleet, tmp_path: Path,
+                                                               sqlite_url: str,
+                                                               receiver: Receiver):
+    receiver.hang()
+    fleet = make_fleet(tmp_path, sqlite_url, extra=(
+        f'[alerts]\nurls = ["{receiver.url}"]\ninterval = "0.1s"\ntimeout = "60s"\n'
+        "retries = 0\n"))
+    fleet.add_host("alpha", "--ram", "16", "--prime-workers", "2", "--night-workers", "2")
+    fleet.start_server(wait=False)
+    fleet.start_agent("alpha")
+    failed = fleet.submit(["/bin/sh", "-c", "exit 1"], max_attempts=1)
+    fleet.wait_status(failed, JobStatus.FAILED)
+    # The first alert (the agent-less start's no healthy host, or the failure) hangs.
+    wait_for(receiver.hung.is_set, 60, "the leader to send an alert", fleet.describe)
+    later = fleet.submit(["/bin/sh", "-c", "true"])
+    done = fleet.wait_status(later, JobStatus.DONE, timeout=60)
+    assert done.host == "alpha"  # placed and run while the receiver held the alert
+    assert receiver.messages == [] and not receiver.released.is_set()
+    receiver.release()
+    wait_for(lambda: f"herder ALERT: job:{failed}:failed" in receiver.titles(), 60,
+             "the failure's alert to be delivered", fleet.describe)
