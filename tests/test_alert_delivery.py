@@ -494,3 +494,37 @@ def test_the_server_places_work_while_the_alert_receiver_hangs(make_fleet, tmp_p
     receiver.release()
     wait_for(lambda: f"herder ALERT: job:{failed}:failed" in receiver.titles(), 60,
              "the failure's alert to be delivered", fleet.describe)
+
+
+# -- the OOM-loop alert, from the ended attempts in the store ------------------------------------
+
+
+def test_three_memory_endings_of_one_job_open_an_oom_loop_alert(store_url: str):
+    from herder.client import Client
+    from herder.config import Settings
+    from herder.runtime.sources import PolicyLimits, record_ending
+
+    limits = PolicyLimits.from_settings(Settings())
+    client = Client(store_url)
+    try:
+        store = client.store
+        job_id = client.submit(command=["/bin/true"], weight="light").job_id
+        key = f"job:{job_id}:oom_loop"
+        now = datetime.now(UTC)
+        for ending in range(3):
+            assert key not in {a.key for a in store.alert_list()}, ending
+            now += timedelta(seconds=30)
+            [job] = store.job_claim("h1", "w1", 1, now)
+            assert store.attempt_start(job.token, 1, None, now)
+            record_ending(store, job, Outcome.NEEDS_HEAVIER, now, limits, exit_code=4)
+        [alert] = [a for a in store.alert_list() if a.key == key]
+        assert "ran out of memory 3 times within 300s" in alert.message
+        # Escalated to a weight that fits, it succeeds: the loop is over.
+        now += timedelta(seconds=30)
+        [job] = store.job_claim("h1", "w1", 1, now)
+        assert store.attempt_start(job.token, 1, None, now)
+        assert record_ending(store, job, Outcome.OK, now, limits) is JobStatus.DONE
+        assert key not in {a.key for a in store.alert_list()}
+        assert key in {a.key for a in store.alert_list(open_only=False)}
+    finally:
+        client.close()
