@@ -51,7 +51,8 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         runner.source.guardian = guardian
         start_accounts(store, config.settings, options.host)
         alerts = start_alerts(store, config.settings.alerts, threading.Event(), utcnow,
-                              lambda: True, lambda: time.monotonic() - runner.last_turn)
+                              lambda: True, lambda: time.monotonic() - runner.last_turn,
+                              silence_key=f"runner:{options.host}:silent")
     code = runner.run()
     if alerts is not None:
         alerts.close(flush_seconds=config.settings.alerts.timeout)

@@ -65,10 +65,12 @@ def alert_urls(section: AlertsSection, environ: dict[str, str] | None = None) ->
 def check_urls(section: AlertsSection, environ: dict[str, str] | None = None) -> list[str]:
     """The URLs, each one Apprise knows; a ConfigError naming the key otherwise. Checked where
     alerts are sent (server, up), not at every config load: Apprise takes ~150 ms to import."""
+    urls = alert_urls(section, environ)
+    if not urls:
+        return urls
     import apprise
 
     _quiet_apprise()
-    urls = alert_urls(section, environ)
     for index, url in enumerate(urls):
         if apprise.Apprise.instantiate(url) is None:
             where = (f"alerts.urls.{index}" if index < len(section.urls)
@@ -218,10 +220,13 @@ class AlertService:
     """Leader only: opens or clears the scheduler-silent alert and hands the due notices to
     delivery, marking each row first so that no other process sends it too."""
 
-    def __init__(self, store: Store, delivery: Delivery, section: AlertsSection) -> None:
+    def __init__(self, store: Store, delivery: Delivery, section: AlertsSection,
+                 silence_key: str = SCHEDULER_SILENT) -> None:
         self.store = store
         self.delivery = delivery
         self.section = section
+        self.silence_key = silence_key
+        """`scheduler:silent` for the leader; each `herder up` watches its own loop."""
         self.rules = AlertRules.from_settings(section)
         self._held = 0
         self._silence_sent_directly = False
@@ -255,14 +260,14 @@ class AlertService:
             if silent:
                 message = (f"the scheduler has completed no cycle for {age:.0f}s "
                            f"(alerts.scheduler_silence {self.section.scheduler_silence:g}s)")
-                if self.store.alert_open(SCHEDULER_SILENT, message, now):
+                if self.store.alert_open(self.silence_key, message, now):
                     log.error("ALERT: %s", message)
-            elif self.store.alert_clear(SCHEDULER_SILENT, now):
+            elif self.store.alert_clear(self.silence_key, now):
                 log.warning("alert cleared: the scheduler completes cycles again")
         except Exception:
             if silent and not self._silence_sent_directly:
                 self._silence_sent_directly = True
-                self.delivery.submit(Notice(0, SCHEDULER_SILENT, NoticeKind.OPENED,
+                self.delivery.submit(Notice(0, self.silence_key, NoticeKind.OPENED,
                                             f"the scheduler has completed no cycle for "
                                             f"{age:.0f}s and the store fails", now))
             raise
@@ -312,14 +317,15 @@ class Alerts:
 
 def start_alerts(store: Store, section: AlertsSection, stop: threading.Event,
                  clock: Callable[[], datetime], active: Callable[[], bool],
-                 scheduler_age: Callable[[], float | None]) -> Alerts | None:
+                 scheduler_age: Callable[[], float | None],
+                 silence_key: str = SCHEDULER_SILENT) -> Alerts | None:
     """Start delivery and its service in threads of their own; None without URLs (alerts
     stay rows and log lines, listed by `herder alerts`)."""
     urls = check_urls(section)
     if not urls:
         return None
     delivery = Delivery(urls, section).start()
-    service = AlertService(store, delivery, section)
+    service = AlertService(store, delivery, section, silence_key)
     threading.Thread(target=alert_loop, args=(service, stop, clock, active, scheduler_age),
                      name="herder-alerts", daemon=True).start()
     return Alerts(service, delivery, clock)
