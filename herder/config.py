@@ -531,7 +531,7 @@ _ALERT_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
 
 def _env_name(value: str | None) -> str | None:
     if value is not None and not _ENV_NAME.match(value):
-        raise ValueError(f"{value!r} is not an environment variable name")
+        raise ValueError(f"{value!r} is not a valid environment variable name")
     return value
 
 
