@@ -189,8 +189,9 @@ class Client:
         self.get(job_id)
         now = datetime.now(UTC)
         retried = self.store.job_retry(job_id, now)
-        if retried:  # whoever retries it has acted on a failure that needed a human
-            self.store.alert_clear(f"job:{job_id}:human_action", now)
+        if retried:  # whoever retries it has acted on its failure
+            for cause in ("human_action", "failed", "oom_loop"):
+                self.store.alert_clear(f"job:{job_id}:{cause}", now)
         return retried
 
     def should_dispatch(self, dedup_key: str) -> tuple[int, JobStatus] | None:

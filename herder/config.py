@@ -613,6 +613,51 @@ class HooksSection:
         check=_names(_NAME, "{name!r} is not a valid source name")))
 
 
+_ALERT_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
+
+
+def _alert_url(value: str) -> str:
+    """A URL's shape only: Apprise knows its schemes, and importing it (~150 ms) at every
+    command's config load would slow scripts' `herder submit` loops, so the scheme is checked
+    where alerts are sent (`herder.runtime.delivery.check_urls`). The error never echoes the
+    URL: it may hold a token."""
+    if not _ALERT_URL.match(value):
+        raise ValueError("expected an Apprise URL like json://host/path or "
+                         "discord://webhook_id/webhook_token")
+    return value
+
+
+@dataclass(frozen=True)
+class AlertsSection:
+    """[alerts]: where alerts are sent (Apprise URLs) and how often."""
+
+    urls: list[str] = field(default_factory=list, repr=False, metadata=rules(each=_alert_url))
+    """Apprise URLs (Discord, Slack, Telegram, mailto, json:// ...); they may hold secrets."""
+    urls_env: str | None = field(default=None, metadata=rules(check=_env_name))
+    """An environment variable holding more URLs, separated by spaces or commas (keeps
+    tokens out of herder.toml)."""
+    window: Duration = field(default=900.0, metadata=rules(gt=0))
+    """One message per alert key per window: a flapping cause sends one, and one when it
+    clears."""
+    max_per_hour: int = field(default=30, metadata=rules(ge=1))
+    """Messages past this in an hour wait (across keys): a storm cannot flood a channel."""
+    queue_size: int = field(default=200, metadata=rules(ge=1))
+    """Messages waiting for delivery; past it the oldest is dropped (logged and counted)."""
+    retries: int = field(default=3, metadata=rules(ge=0))
+    """Tries after the first for a URL that fails (a 5xx, a timeout)."""
+    retry_backoff: Duration = field(default=2.0, metadata=rules(gt=0))
+    """The first wait before a retry; doubled each time, up to a minute."""
+    timeout: Duration = field(default=10.0, metadata=rules(gt=0))
+    """A URL's connect and read timeout (a slow endpoint only delays the sender thread)."""
+    interval: Duration = field(default=2.0, metadata=rules(gt=0))
+    """How often the leader looks for alerts to send."""
+    scheduler_silence: Duration = field(default=300.0, metadata=rules(gt=0))
+    """Alert when the scheduler has completed no cycle for this long."""
+    oom_loop_count: int = field(default=3, metadata=rules(ge=2))
+    oom_loop_window: Duration = field(default=300.0, metadata=rules(gt=0))
+    """An OOM loop: this many needs_heavier/oom endings of one job within this window."""
+
+
 def _weights(value: dict[str, float]) -> dict[str, float]:
     if not value:
         raise ValueError("at least one weight is needed")
@@ -638,6 +683,7 @@ class Settings:
         check=_names(_NAME, "{name!r} is not a valid job type name")))
     fleet: FleetSection = FleetSection()
     server: ServerSection = ServerSection()
+    alerts: AlertsSection = AlertsSection()
     hosts: dict[str, HostSection] = field(default_factory=dict, metadata=rules(
         check=_names(_NAME, "{name!r} is not a valid host label")))
     hooks: HooksSection = HooksSection()

@@ -37,4 +37,6 @@ def account_view(record: AccountRecord, now: datetime, cooldown: float) -> Accou
 
 def alert_view(alert: Alert) -> AlertView:
     return AlertView(id=alert.id, key=alert.key, message=alert.message,
-                     opened_at=alert.opened_at, cleared_at=alert.cleared_at)
+                     opened_at=alert.opened_at, cleared_at=alert.cleared_at,
+                     sent_at=alert.sent_at, resolved_sent_at=alert.resolved_sent_at,
+                     sent_count=alert.sent_count)

@@ -282,6 +282,10 @@ class AlertView(Reply):
     message: str
     opened_at: Timestamp
     cleared_at: Timestamp | None
+    sent_at: Timestamp | None = None
+    """When its opening went to the delivery queue (None: not sent, or held back)."""
+    resolved_sent_at: Timestamp | None = None
+    sent_count: int = 0
 
 
 # -- operators: hosts and health -------------------------------------------------------------

@@ -25,8 +25,9 @@ HEAVY = (*SERVER_SIDE, "rich", "pydantic", "herder.wire", "herder.views", "impor
 """...nor a table library (their tables are plain text), the API's pydantic shapes (only
 `--json` prints them), nor `importlib.resources` (the store reads its SQL by path)."""
 
-OTHER_COMMANDS = ("herder.cli.agent", "herder.cli.hosts", "herder.cli.project",
-                  "herder.cli.server", "herder.cli.slots", "herder.cli.tokens")
+OTHER_COMMANDS = ("herder.cli.agent", "herder.cli.alerts", "herder.cli.hosts",
+                  "herder.cli.project", "herder.cli.server", "herder.cli.slots",
+                  "herder.cli.tokens")
 """The command modules besides `herder.cli.jobs`, where the queue commands live."""
 
 PROBE = """

@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
        log_level: str, log_format: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
+    import threading
+    import time
+
+    from herder.runtime.delivery import start_alerts
     from herder.runtime.guardian import start_guardian
-    from herder.runtime.runner import Runner, RunnerOptions, default_host
+    from herder.runtime.runner import Runner, RunnerOptions, default_host, utcnow
 
     log_to_stderr(log_level, log_format)
     with edge():
@@ -47,7 +51,13 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         runner = Runner(store, options)
         runner.source.guardian = guardian
         start_accounts(store, config.settings, options.host)
-        sys.exit(runner.run())
+        alerts = start_alerts(store, config.settings.alerts, threading.Event(), utcnow,
+                              lambda: True, lambda: time.monotonic() - runner.last_turn,
+                              silence_key=f"runner:{options.host}:silent")
+    code = runner.run()
+    if alerts is not None:
+        alerts.close(flush_seconds=config.settings.alerts.timeout)
+    sys.exit(code)
 
 
 def start_accounts(store: Store, settings: Settings, host: str) -> None:
@@ -91,6 +101,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
     from herder.api.app import Access, create_app
     from herder.api.tokens import active_admins
     from herder.runtime.coordinator import Coordinator
+    from herder.runtime.delivery import check_urls
     from herder.runtime.guardian import start_guardian
 
     log_to_stderr(log_level, log_format)
@@ -126,6 +137,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
                         "with `herder token create` and unset it", settings.api_token_env)
         if insecure_no_auth:
             log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
+        check_urls(state.config.settings.alerts)  # exit 2 naming the key, before listening
         coordinator = Coordinator(state.client.store, state.config, label, guardian=guardian)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"

@@ -43,6 +43,7 @@ from herder.runtime.accounts import (
     record_probes,
     sync_accounts,
 )
+from herder.runtime.delivery import Alerts, start_alerts
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import DeliverySweep, PickupWatch, Rescuer, lost_result
@@ -182,6 +183,7 @@ class Coordinator:
         them against the database, for the API's routes."""
         self.metrics = Metrics()
         self.metrics.watch(self.fleet_sample)
+        self.alerts: Alerts | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -215,6 +217,8 @@ class Coordinator:
         self.sync_hosts()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._spawn(self._scheduler_loop, "herder-scheduler")
+        self.alerts = start_alerts(self.store, self.settings.alerts, self._stop, utcnow,
+                                   lambda: self.is_leader, self._scheduler_age)
         if any(h.transport is Transport.SSH for h in self.store.host_list()):
             self._spawn(self._ssh_loop, "herder-ssh")
         runtime = self.settings.runtime
@@ -265,11 +269,20 @@ class Coordinator:
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
         self._poke.set()
+        if self.alerts is not None:
+            self.alerts.close()
         for runner in self._runners:
             runner.request_shutdown()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _scheduler_age(self) -> float | None:
+        """Seconds since the scheduler loop's last completed cycle (for the silence alert)."""
+        try:
+            return self.loops.report("scheduler").age_seconds
+        except KeyError:
+            return None
 
     def _assigned(self, hosts: set[str]) -> None:
         for listener in list(self.assignment_listeners):

@@ -237,6 +237,8 @@ class Runner:
         self._start_retries: dict[AttemptToken, Retry] = {}
         self.started = 0
         self.finished = 0
+        self.last_turn = time.monotonic()
+        """When the loop last completed a turn (the silent-scheduler alert of `herder up`)."""
         margin = fence_margin(options.attempt_lease, options.fence_margin)
         if options.kill_grace > margin * FENCE_KILL_SHARE:
             log.warning("runtime.kill_grace (%gs) does not fit in %.0f%% of the fence margin "
@@ -277,7 +279,7 @@ class Runner:
                         return 0
                 except Exception as exc:  # a bug, not the store: keep supervising
                     log.exception("runner turn failed (%s: %s)", type(exc).__name__, exc)
-                mono = time.monotonic()
+                mono = self.last_turn = time.monotonic()
                 timeout = self._wait_time(mono)
                 if waker is None:
                     waker = self._step("waker", self.source.waker, mono)

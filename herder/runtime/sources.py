@@ -13,9 +13,9 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from herder.config import RuleSection, Settings
+from herder.config import AlertsSection, RuleSection, Settings
 from herder.errors import ConfigError
 from herder.model import (
     Action,
@@ -31,6 +31,7 @@ from herder.model import (
 from herder.runtime.accounts import AccountRules, bind_accounts, learn_from_outcome
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
+from herder.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
 from herder.scheduling.capacity import WeightTable
 from herder.scheduling.classification import (
     DEFAULT_PATTERNS,
@@ -103,11 +104,14 @@ class PolicyLimits:
     max_spawn_failures: int
     spawn_backoff_seconds: float
     rules: OutcomeRules = field(default_factory=OutcomeRules)
+    alerts: AlertsSection = field(default_factory=AlertsSection)
+    """The OOM-loop alert's count and window."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyLimits:
         return cls(settings.runtime.max_lost, settings.fleet.max_spawn_failures,
-                   settings.fleet.spawn_backoff, OutcomeRules.from_settings(settings))
+                   settings.fleet.spawn_backoff, OutcomeRules.from_settings(settings),
+                   settings.alerts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,26 +178,27 @@ def record_ending(
         store.job_clear_account(job.id)
     if not applied:
         return None
-    decision = result.decision
     status = applied[0][1]
-    event = ending_event(result.outcome, status)
-    if event is not None:
-        level, name = event
-        log.log(level, "job %d attempt %d on %s: %s -> %s%s", job.id, job.attempt, job.host,
-                result.outcome, status,
-                f" ({decision.failure_reason})" if decision.failure_reason else "",
-                extra={"event": name, "job_id": job.id, "attempt": job.attempt,
-                       "host": job.host, "job_type": job.job_type,
-                       "outcome": str(result.outcome), "status": str(status),
-                       "failure_reason": decision.failure_reason,
-                       "actionable": decision.actionable})
-    # Waiting for someone to read `herder jobs` is how such a fleet stops for a day.
-    if decision.human_action and decision.status is JobStatus.FAILED:
-        store.alert_open(f"job:{job.id}:human_action",
-                         f"job {job.id} ({job.job_type}) failed with {decision.failure_reason} "
-                         f"on {job.host or 'its host'}: a human must act (e.g. log in again), "
-                         "then `herder retry`", now)
+    log_ending(job, result, status)
+    alert_on_ending(store, job, result, now, limits)
     return status
+
+
+def log_ending(job: Job, result: AttemptResult, status: JobStatus) -> None:
+    """The seeds' log event of an ended attempt (`--log-format json` carries its name)."""
+    event = ending_event(result.outcome, status)
+    if event is None:
+        return
+    decision = result.decision
+    level, name = event
+    log.log(level, "job %d attempt %d on %s: %s -> %s%s", job.id, job.attempt, job.host,
+            result.outcome, status,
+            f" ({decision.failure_reason})" if decision.failure_reason else "",
+            extra={"event": name, "job_id": job.id, "attempt": job.attempt,
+                   "host": job.host, "job_type": job.job_type,
+                   "outcome": str(result.outcome), "status": str(status),
+                   "failure_reason": decision.failure_reason,
+                   "actionable": decision.actionable})
 
 
 ENDING_EVENTS: Mapping[Outcome, tuple[int, str]] = {
@@ -211,6 +216,35 @@ def ending_event(outcome: Outcome, status: JobStatus) -> tuple[int, str] | None:
     if status is JobStatus.FAILED:
         return logging.ERROR, "dispatch_failed"
     return ENDING_EVENTS.get(outcome)
+
+
+def alert_on_ending(store: Store, job: Job, result: AttemptResult, now: datetime,
+                    limits: PolicyLimits) -> None:
+    """The alerts an ended attempt opens or clears (delivered by herder.runtime.delivery).
+    Waiting for someone to read `herder jobs` is how such a fleet stops for a day."""
+    decision = result.decision
+    where = job.host or "its host"
+    if decision.human_action and decision.status is JobStatus.FAILED:
+        store.alert_open(f"job:{job.id}:human_action",
+                         f"job {job.id} ({job.job_type}) failed with {decision.failure_reason} "
+                         f"on {where}: a human must act (e.g. log in again), "
+                         "then `herder retry`", now)
+    elif decision.actionable and decision.status is JobStatus.FAILED:
+        store.alert_open(f"job:{job.id}:failed",
+                         f"job {job.id} ({job.job_type}) failed on {where}: "
+                         f"{decision.failure_reason or result.outcome} (see `herder show "
+                         f"{job.id}`; `herder retry {job.id}` once fixed)", now)
+    loop_key = f"job:{job.id}:oom_loop"
+    if result.outcome in HEAVY_OUTCOMES:
+        section = limits.alerts
+        window = timedelta(seconds=section.oom_loop_window)
+        if in_memory_loop(store.attempt_list(job.id), now, section.oom_loop_count, window):
+            store.alert_open(loop_key, f"job {job.id} ({job.job_type}) ran out of memory "
+                             f"{section.oom_loop_count} times within "
+                             f"{section.oom_loop_window:g}s (last on {where}, weight "
+                             f"{job.weight}): a heavier weight or more RAM is needed", now)
+    elif result.outcome is Outcome.OK:  # a failure leaves it open until `herder retry`
+        store.alert_clear(loop_key, now)
 
 
 def bind_jobs(store: Store, host: str, jobs: list[Job], now: datetime,

@@ -102,6 +102,11 @@ class Alert:
     message: str
     opened_at: datetime
     cleared_at: datetime | None
+    sent_at: datetime | None = None
+    """When its opening was handed to the delivery queue (None: not sent, or held back)."""
+    resolved_sent_at: datetime | None = None
+    """When its clearing was handed to the delivery queue."""
+    sent_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,6 +528,22 @@ class Store(abc.ABC):
         return [alert_from_row(row) for row in self.driver.read(
             "alert_list", {"open_only": open_only, "limit": limit})]
 
+    def alert_list_since(self, since: datetime) -> list[Alert]:
+        """The open alerts and those opened or cleared since `since`, oldest first: what
+        alert delivery weighs (herder.alerting)."""
+        return [alert_from_row(row) for row in self.driver.read(
+            "alert_list_since", {"since": since})]
+
+    def alert_mark_sent(self, alert_id: int, now: datetime) -> bool:
+        """Record that the opening was handed to delivery; False when another process did
+        it first (so only one of them sends it)."""
+        return bool(self.driver.write("alert_mark_sent", {"id": alert_id, "now": now}))
+
+    def alert_mark_resolved_sent(self, alert_id: int, now: datetime) -> bool:
+        """Record that the clearing was handed to delivery; False when already recorded."""
+        return bool(self.driver.write("alert_mark_resolved_sent",
+                                      {"id": alert_id, "now": now}))
+
     # -- accounts (herder.scheduling.accounts) ----------------------------------------------
 
     def account_upsert(self, account: Account, now: datetime) -> None:
@@ -889,7 +910,8 @@ def account_from_row(row: Mapping[str, Any]) -> AccountRecord:
 
 def alert_from_row(row: Mapping[str, Any]) -> Alert:
     return Alert(int(row["id"]), row["key"], row["message"], row["opened_at"],
-                 row["cleared_at"])
+                 row["cleared_at"], row.get("sent_at"), row.get("resolved_sent_at"),
+                 int(row.get("sent_count") or 0))
 
 
 def due_job_from_row(row: Mapping[str, Any]) -> DueJob:

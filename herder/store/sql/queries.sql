@@ -196,6 +196,21 @@ SELECT * FROM herder_alerts
 WHERE (NOT :open_only OR cleared_at IS NULL)
 ORDER BY id DESC LIMIT :limit;
 
+-- name: alert_list_since
+SELECT * FROM herder_alerts
+WHERE cleared_at IS NULL OR cleared_at >= :since OR opened_at >= :since
+ORDER BY id;
+
+-- name: alert_mark_sent
+UPDATE herder_alerts SET sent_at = :now, sent_count = sent_count + 1
+WHERE id = :id AND sent_at IS NULL
+RETURNING id;
+
+-- name: alert_mark_resolved_sent
+UPDATE herder_alerts SET resolved_sent_at = :now, sent_count = sent_count + 1
+WHERE id = :id AND resolved_sent_at IS NULL AND cleared_at IS NOT NULL
+RETURNING id;
+
 -- name: schema_version
 SELECT max(version) AS version FROM herder_schema;
 

@@ -1,0 +1,144 @@
+"""Which alerts to send now: deduplication, a window per key, a rate limit. Pure.
+
+The store's `herder_alerts` rows are the input (opened, cleared, and when each was sent);
+the answer is the notices to hand to delivery. The rules:
+
+- an open alert is sent once; a new opening of a key whose last opening was sent less than
+  `window` ago waits until the window has passed (a flapping cause sends one per window),
+  and is never sent if it clears before then;
+- a cleared alert whose opening was sent gets one "resolved" notice;
+- at most `max_per_hour` notices in any hour, across keys; the rest wait, oldest first.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from herder.config import AlertsSection
+from herder.model import Attempt, Outcome
+
+HOUR = timedelta(hours=1)
+
+
+class AlertRow(Protocol):
+    """What the decision reads of an alert (`herder.store.Alert` has it)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def opened_at(self) -> datetime: ...
+    @property
+    def cleared_at(self) -> datetime | None: ...
+    @property
+    def sent_at(self) -> datetime | None: ...
+    @property
+    def resolved_sent_at(self) -> datetime | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRules:
+    window: timedelta
+    max_per_hour: int
+
+    @classmethod
+    def from_settings(cls, section: AlertsSection) -> AlertRules:
+        return cls(timedelta(seconds=section.window), section.max_per_hour)
+
+
+class NoticeKind(enum.StrEnum):
+    OPENED = "opened"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One message to send about one alert row."""
+
+    alert_id: int
+    key: str
+    kind: NoticeKind
+    message: str
+    opened_at: datetime
+    cleared_at: datetime | None = None
+
+    @property
+    def title(self) -> str:
+        state = "ALERT" if self.kind is NoticeKind.OPENED else "RESOLVED"
+        return f"herder {state}: {self.key}"
+
+    @property
+    def body(self) -> str:
+        if self.kind is NoticeKind.OPENED:
+            return f"{self.message} (since {self.opened_at:%Y-%m-%d %H:%M:%S} UTC)"
+        cleared = f" at {self.cleared_at:%Y-%m-%d %H:%M:%S} UTC" if self.cleared_at else ""
+        return f"cleared{cleared}: {self.message}"
+
+
+def sent_times(alerts: Iterable[AlertRow]) -> list[datetime]:
+    return [stamp for alert in alerts for stamp in (alert.sent_at, alert.resolved_sent_at)
+            if stamp is not None]
+
+
+def pending_notices(alerts: Sequence[AlertRow], now: datetime,
+                    window: timedelta) -> list[Notice]:
+    """Every notice the dedup rules allow at `now`, oldest first, the hour's budget aside."""
+    last_opening: dict[str, datetime] = {}
+    for alert in alerts:
+        if alert.sent_at is not None:
+            last_opening[alert.key] = max(alert.sent_at,
+                                          last_opening.get(alert.key, alert.sent_at))
+    due: list[tuple[datetime, Notice]] = []
+    for alert in alerts:
+        if alert.cleared_at is None and alert.sent_at is None:
+            last = last_opening.get(alert.key)
+            if last is None or now - last >= window:
+                due.append((alert.opened_at, Notice(alert.id, alert.key, NoticeKind.OPENED,
+                                                    alert.message, alert.opened_at)))
+        elif (alert.cleared_at is not None and alert.sent_at is not None
+              and alert.resolved_sent_at is None):
+            due.append((alert.cleared_at, Notice(alert.id, alert.key, NoticeKind.RESOLVED,
+                                                 alert.message, alert.opened_at,
+                                                 alert.cleared_at)))
+    due.sort(key=lambda item: (item[0], item[1].alert_id))
+    return [notice for _, notice in due]
+
+
+def hour_budget(alerts: Iterable[AlertRow], now: datetime, max_per_hour: int) -> int:
+    """How many more notices may go out now: sends in the last hour count against it."""
+    spent = sum(1 for stamp in sent_times(alerts) if now - stamp < HOUR)
+    return max(0, max_per_hour - spent)
+
+
+def due_notices(alerts: Sequence[AlertRow], now: datetime, rules: AlertRules) -> list[Notice]:
+    """The notices to send at `now`: the pending ones, oldest first, within the hour's
+    budget. `alerts` must hold every open alert and every one opened or cleared in the last
+    window and hour (`Store.alert_list_since`)."""
+    return pending_notices(alerts, now, rules.window)[
+        :hour_budget(alerts, now, rules.max_per_hour)]
+
+
+HEAVY_OUTCOMES = frozenset({Outcome.NEEDS_HEAVIER, Outcome.OOM})
+
+
+def in_memory_loop(attempts: Iterable[Attempt], now: datetime, count: int,
+                   window: timedelta) -> bool:
+    """An exit-4 / OOM loop: at least `count` attempts of one job ended needing more memory
+    within `window` of `now` (escalation is not helping, or the heaviest weight is not
+    enough)."""
+    recent = [attempt for attempt in attempts
+              if attempt.outcome in HEAVY_OUTCOMES and attempt.ended_at is not None
+              and now - attempt.ended_at <= window]
+    return len(recent) >= count
+
+
+def silent_for(last_cycle_age: float | None, limit: float) -> bool:
+    """The scheduler is silent: no completed cycle for longer than `limit` seconds."""
+    return last_cycle_age is not None and last_cycle_age > limit
