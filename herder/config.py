@@ -498,6 +498,9 @@ class FleetSection:
     breaker_pause: Duration = field(default=300.0, metadata=rules(gt=0))
     """How long an open breaker launches nothing of that type there."""
     scheduler_interval: Duration = 1.0
+    alert_grace: Duration = field(default=60.0, metadata=rules(ge=0))
+    """A new leader waits this long for agents to check in before it alerts that no host
+    is healthy: a server that just started has heard from nobody yet."""
     auth_revoked_cooldown: Duration = 1800.0
     """An account whose login was revoked is skipped this long (seed 004 #7667)."""
     missed_heartbeats: int = field(default=3, metadata=rules(ge=1))

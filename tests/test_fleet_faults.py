@@ -498,7 +498,8 @@ def test_silent_host_goes_degraded_then_down_and_alerts_once(make_fleet, tmp_pat
     `fleet:no_healthy_host` alert is open (raised once per outage, not once per cycle) and
     a heartbeat clears it."""
     fleet = make_fleet(tmp_path, sqlite_url,
-                       fleet={"healthy_within": "1s", "degraded_within": "2s"})
+                       fleet={"healthy_within": "1s", "degraded_within": "2s",
+                              "alert_grace": "0s"})
     token = fleet.add_host("cron1", "--ram", "16")
     fleet.start_server()
 

@@ -315,3 +315,29 @@ def test_the_cycle_heartbeat_is_info_when_work_is_placed_and_once_a_minute_idle(
     assert [(r.host, r.attempt) for r in scheduled] == [("cron1", 1)]
     assert levels(NOW + timedelta(seconds=3)) == ["DEBUG"]
     assert levels(NOW + timedelta(seconds=62)) == ["INFO"]  # a minute after the last
+
+
+def test_a_new_leader_gives_agents_the_grace_before_alerting_no_healthy_host(store):
+    """A server that just started has heard from no agent: it does not page before
+    `alert_grace`, and does once the grace has passed with no host healthy."""
+    from dataclasses import replace
+
+    from herder.runtime.scheduler import NO_HEALTHY_HOST
+
+    fleet = replace(Fleet.from_settings(Settings()), alert_grace=60.0)
+    store.host_insert(HostRecord("agent1", 20, prime_max_workers=2), NOW)  # never seen
+    scheduler = Scheduler(store, fleet)
+
+    def open_alerts() -> list[str]:
+        return [a.key for a in store.alert_list() if a.key == NO_HEALTHY_HOST]
+
+    scheduler.run_once(NOW)
+    scheduler.run_once(NOW + timedelta(seconds=59))
+    assert open_alerts() == []
+    scheduler.run_once(NOW + timedelta(seconds=61))
+    assert open_alerts() == [NO_HEALTHY_HOST]
+    # A heartbeat clears it at the next cycle.
+    later = NOW + timedelta(seconds=62)
+    store.host_heartbeat("agent1", later, {"via": "heartbeat"})
+    scheduler.run_once(later)
+    assert open_alerts() == []

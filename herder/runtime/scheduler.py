@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
 
-from herder.config import Settings
+from herder.config import FleetSection, Settings
 from herder.model import HostRecord, Transport
 from herder.runtime.accounts import FLEET_STOPPED, AccountRules
 from herder.scheduling.breaker import (
@@ -75,6 +75,7 @@ class Fleet:
     max_due: int = 100_000
     breaker_threshold: int = THRESHOLD
     breaker_pause: float = PAUSE_SECONDS
+    alert_grace: float = FleetSection.alert_grace
     accounts: AccountRules = field(default_factory=lambda: AccountRules({}))
 
     @classmethod
@@ -102,7 +103,7 @@ class Fleet:
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
             breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
-            accounts=AccountRules.from_settings(settings),
+            alert_grace=fleet.alert_grace, accounts=AccountRules.from_settings(settings),
         )
 
     def breakers(self, store: Store, now: datetime) -> dict[tuple[str, str], Breaker]:
@@ -232,6 +233,9 @@ class Scheduler:
     on_assigned: Callable[[set[str]], None] = lambda hosts: None
     last_plan: Plan | None = field(default=None, init=False)
     last_heartbeat: datetime | None = field(default=None, init=False)
+    first_cycle: datetime | None = field(default=None, init=False)
+    """When this scheduler first ran (as leader): the no-healthy-host alert waits
+    `alert_grace` after it for agents to check in."""
 
     def run_once(self, now: datetime) -> dict[str, int]:
         breakers = self.fleet.breakers(self.store, now)
@@ -277,19 +281,24 @@ class Scheduler:
         return summary
 
     def _alert(self, snapshot: Snapshot, now: datetime) -> int:
-        """Raise one deduplicated alert while no enabled host can take work."""
+        """Raise one deduplicated alert while no enabled host can take work, once a new leader
+        has given agents `alert_grace` to check in."""
         enabled = [h for h in snapshot.hosts if h.enabled]
         loads = snapshot.loads
         healthy = [h for h in enabled if accepts_work(loads[h.label].health)
                    and loads[h.label].agent_down is None]
-        if enabled and not healthy:
+        if self.first_cycle is None:
+            self.first_cycle = now
+        waiting = (now - self.first_cycle).total_seconds() < self.fleet.alert_grace
+        stopped = bool(enabled) and not healthy
+        if stopped and not waiting:
             stale = ", ".join(
                 f"{h.label} ({loads[h.label].agent_down or loads[h.label].health})"
                 for h in enabled)
             if self.store.alert_open(NO_HEALTHY_HOST,
                                      f"no healthy host can take work: {stale}", now):
                 log.error("ALERT: no healthy host can take work: %s", stale)
-        elif self.store.alert_clear(NO_HEALTHY_HOST, now):
+        elif not stopped and self.store.alert_clear(NO_HEALTHY_HOST, now):
             log.warning("alert cleared: %d healthy host(s)", len(healthy))
         return len(healthy)
 
