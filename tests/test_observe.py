@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import run_herder
 from support.fleet import WEIGHTS, bookable
+from support.waits import wait_for
 
 from herder.config import Settings
 from herder.log_records import JsonFormatter
@@ -61,7 +62,9 @@ def test_queue_metrics_and_json_logs_through_a_real_server(make_fleet, tmp_path,
     assert fleet.api("GET", "/queue", token="hdr_not-a-token").status_code == 401
     answer = fleet.api("GET", "/queue")
     assert answer.status_code == 200, answer.text
-    view = answer.json()
+    # The failed job's alert is opened just after its status is committed: wait for it.
+    view = wait_for(lambda: (found := fleet.api("GET", "/queue").json())["alerts"] and found,
+                    30, "the failed job's alert in /queue", fleet.describe)
     assert view["counts"] == {"queued": 1, "claimed": 0, "running": 1, "done": 1,
                               "failed": 1, "cancelled": 1}
     assert [job["id"] for job in view["recent"]] == [cancelled, queued, failed, done, running]
@@ -73,7 +76,8 @@ def test_queue_metrics_and_json_logs_through_a_real_server(make_fleet, tmp_path,
     assert host["label"] == "alpha" and host["workers"] == 1 and host["max_workers"] == 2
     assert host["bookable_gb"] == bookable(16) and host["booked_gb"] == WEIGHTS["light"]
     assert view["resilience"] == {"breakers": {}, "preflight_failed": {}}
-    assert view["accounts"] == [] and view["alerts"] == []
+    assert view["accounts"] == []
+    assert [alert["key"] for alert in view["alerts"]] == [f"job:{failed}:failed"]
     assert view["leader"] is True
     limited = fleet.api("GET", "/queue", params={"recent": 2}).json()
     assert [job["id"] for job in limited["recent"]] == [cancelled, queued]

@@ -29,5 +29,5 @@ def init(directory: str, force: bool) -> None:
 def migrate(state: State) -> None:
     """Apply pending schema migrations (also done on every start)."""
     with edge():
-        store = state.client.store
+        store = state.database.store
         click.echo(f"schema version {store.schema_version()} ({store.dialect})")

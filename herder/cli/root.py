@@ -109,6 +109,7 @@ class State:
         self.ca = ca
         self._config: Config | None = None
         self._client: Client | RemoteClient | None = None
+        self._extra: list[Client] = []
 
     @property
     def config(self) -> Config:
@@ -131,6 +132,23 @@ class State:
         return self._client
 
     @property
+    def database(self) -> Client:
+        """The database's client whatever --server / HERDER_SERVER say: for the commands
+        that run work or set up a store (`up`, `server`, `init`), where a HERDER_SERVER
+        meant for the operator commands (or an agent) in the same environment is beside
+        the point."""
+        from herder.client import Client
+
+        if isinstance(self._client, Client):
+            return self._client
+        client = Client(self.db, self.config)
+        if self._client is None and self.server is None:
+            self._client = client
+        else:
+            self._extra.append(client)
+        return client
+
+    @property
     def reader(self) -> Client | RemoteClient:
         """The client of a command that only reads: a SQLite file that does not exist yet
         would be created empty (so its jobs never run), and the note says so."""
@@ -144,6 +162,8 @@ class State:
         return client
 
     def close(self) -> None:
+        for client in self._extra:
+            client.close()
         if self._client is not None:
             self._client.close()
 

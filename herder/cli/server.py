@@ -44,7 +44,7 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         # Before the store's threads: the watchdog that stops this runner's jobs if it dies
         # or freezes, before another runner may take them over.
         guardian = start_guardian(config.settings.runtime.kill_grace)
-        store = state.client.store
+        store = state.database.store
         options = RunnerOptions.from_settings(
             config.settings, host or config.settings.herder.host or default_host(),
             config.log_dir, concurrency=concurrency, exit_when_idle=exit_when_idle)
@@ -124,7 +124,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
-        admins = active_admins(state.client.store.token_list())
+        admins = active_admins(state.database.store.token_list())
         if not admins and not legacy and not insecure_no_auth:
             if not loopback(bind):
                 raise InputError(
@@ -138,7 +138,7 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
         if insecure_no_auth:
             log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
         check_urls(state.config.settings.alerts)  # exit 2 naming the key, before listening
-        coordinator = Coordinator(state.client.store, state.config, label, guardian=guardian)
+        coordinator = Coordinator(state.database.store, state.config, label, guardian=guardian)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
             coordinator.public_url = f"{scheme}://{bind}:{port_text}"
