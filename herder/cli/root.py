@@ -141,6 +141,8 @@ class State:
 
         if isinstance(self._client, Client):
             return self._client
+        if self._extra:
+            return self._extra[0]
         client = Client(self.db, self.config)
         if self._client is None and self.server is None:
             self._client = client
