@@ -5,32 +5,18 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from herder.cli.root import State, edge, pass_state
 
+if TYPE_CHECKING:
+    from herder.store.base import Alert
+    from herder.wire import AlertView
 
-class AlertLike(Protocol):
-    """The store's Alert and the API's AlertView alike."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def key(self) -> str: ...
-    @property
-    def message(self) -> str: ...
-    @property
-    def opened_at(self) -> datetime: ...
-    @property
-    def cleared_at(self) -> datetime | None: ...
-    @property
-    def sent_at(self) -> datetime | None: ...
-    @property
-    def resolved_sent_at(self) -> datetime | None: ...
-    @property
-    def sent_count(self) -> int: ...
+    AlertLike = Alert | AlertView
+    """The store's Alert (against the database) or the API's AlertView (with --server)."""
 
 
 def _stamp(value: datetime | None) -> str | None:
