@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from herder.config import Config
     from herder.model import HostRecord
     from herder.remote import RemoteClient
-    from herder.runtime.scheduler import Fleet
     from herder.store import Store
 
 EXIT_USAGE = 2
@@ -233,12 +232,6 @@ def names(value: str | None) -> frozenset[str] | None:
         return None
     found = frozenset(part.strip() for part in value.split(",") if part.strip())
     return found or None
-
-
-def fleet_of(state: State) -> Fleet:
-    from herder.runtime.scheduler import Fleet
-
-    return Fleet.from_settings(state.config.settings)
 
 
 def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
