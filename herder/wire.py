@@ -292,7 +292,8 @@ class HostSettingsBody(Body):
         sets = {key: None if value is None else frozenset(value)
                 for key, value in (("job_types", self.job_types), ("weights", self.weights),
                                    ("labels", self.labels))}
-        return HostSettings(**{**self.model_dump(exclude=set(sets)), **sets})
+        scalars = set(HostSettingsBody.model_fields) - set(sets)  # not HostAddBody's own
+        return HostSettings(**{**self.model_dump(include=scalars), **sets})
 
     @classmethod
     def body_of(cls, settings: HostSettings) -> dict[str, Any]:

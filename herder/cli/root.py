@@ -8,6 +8,7 @@ module (see COMMANDS) and each module imports its heavy dependencies where they 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -232,6 +233,14 @@ def names(value: str | None) -> frozenset[str] | None:
         return None
     found = frozenset(part.strip() for part in value.split(",") if part.strip())
     return found or None
+
+
+def installed_herder() -> list[str]:
+    """How a systemd unit starts this herder: the `herder` on PATH, else this Python."""
+    import shutil
+
+    found = shutil.which("herder")
+    return [os.path.abspath(found)] if found else [sys.executable, "-m", "herder.cli"]
 
 
 def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
