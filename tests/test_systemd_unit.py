@@ -207,3 +207,15 @@ def test_systemd_analyze_verifies_the_written_unit(tmp_path, sqlite_url):
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if "herder-server.service" in line]
     assert problems == [], result.stdout + result.stderr
+
+
+def test_the_agent_unit_names_the_ca_it_was_given(tmp_path):
+    ca = tmp_path / "server.crt"
+    ca.write_text("not checked here\n")
+    result = run_herder("agent", "install-systemd", "--server", "https://coordinator:8470",
+                        "--host", "bms-4", "--user", "worker", "--ca", "server.crt",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = exec_argv(unit_values(result.stdout)["ExecStart"][0])
+    assert argv[-2:] == ["--ca", str(ca)]
+    assert unit_values(result.stdout)["Restart"] == ["always"]
