@@ -8,6 +8,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from herder.errors import InputError
+
 
 @dataclass(frozen=True, slots=True)
 class Unit:
@@ -52,7 +54,8 @@ def render(unit: Unit) -> str:
 def environment_line(name: str, value: str) -> str:
     """One `NAME="value"` line of an EnvironmentFile (quotes and backslashes escaped)."""
     if "\n" in value or "\r" in value:
-        raise ValueError(f"{name} holds a line break; an environment file cannot")
+        raise InputError(name, "holds a line break", "an environment file holds one line "
+                         "per variable")
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'{name}="{escaped}"'
 

@@ -20,6 +20,7 @@ from support.processes import StartedProcesses
 from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
+from herder.errors import InputError
 from herder.model import Scope
 from herder.store import open_store
 from herder.systemd_unit import (
@@ -73,7 +74,7 @@ def test_an_environment_line_escapes_quotes_and_refuses_a_line_break():
     line = environment_line("HERDER_DB", 'postgresql://u:a"b\\c$d@h/db')
     assert line == 'HERDER_DB="postgresql://u:a\\"b\\\\c$d@h/db"'
     assert environment_of(line) == {"HERDER_DB": 'postgresql://u:a"b\\c$d@h/db'}
-    with pytest.raises(ValueError, match="line break"):
+    with pytest.raises(InputError, match="HERDER_DB: holds a line break"):
         environment_line("HERDER_DB", "a\nb")
 
 
@@ -219,3 +220,15 @@ def test_the_agent_unit_names_the_ca_it_was_given(tmp_path):
     argv = exec_argv(unit_values(result.stdout)["ExecStart"][0])
     assert argv[-2:] == ["--ca", str(ca)]
     assert unit_values(result.stdout)["Restart"] == ["always"]
+
+
+def test_a_file_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "plain-file").write_text("")
+    result = run_herder("server", "install-systemd", "--unit-file",
+                        str(tmp_path / "herder-server.service"), "--env-file",
+                        str(tmp_path / "plain-file" / "server.env"), cwd=tmp_path,
+                        env={"HERDER_DB": SECRET_URL})
+    assert result.returncode == 2
+    assert result.stderr.startswith("herder: error: --env-file: cannot write ")
+    assert len(result.stderr.splitlines()) == 1 and SECRET_URL not in result.stderr
+    assert not (tmp_path / "herder-server.service").exists()

@@ -219,9 +219,16 @@ def install_systemd(state: State, listen: str | None, tls_cert: str | None,
             return
         variables = server_variables(state)
         lines = [environment_line(name, value) for name, value in variables.items()]
-        write_private(environment_file, "".join(line + "\n" for line in lines))
-        with open(unit_file, "w", encoding="utf-8") as out:
-            out.write(unit)
+        for option, path in (("--env-file", environment_file), ("--unit-file", unit_file)):
+            try:
+                if option == "--env-file":
+                    write_private(path, "".join(line + "\n" for line in lines))
+                else:
+                    with open(path, "w", encoding="utf-8") as out:
+                        out.write(unit)
+            except OSError as exc:
+                raise InputError(option, f"cannot write {path}: {exc.strerror or exc}",
+                                 "run it as root, or pass --print") from None
     click.echo(f"wrote {unit_file} and {environment_file} (mode 0600: "
                f"{', '.join(variables)})", err=True)
     click.echo(f"next: systemctl daemon-reload && systemctl enable --now "
