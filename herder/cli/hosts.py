@@ -9,7 +9,7 @@ import click
 
 from herder.cli.root import State, edge, names, pass_state
 from herder.errors import NotFound
-from herder.model import Transport
+from herder.model import INT_MAX, INT_MIN, Transport
 
 if TYPE_CHECKING:
     from herder.host_settings import HostSettings
@@ -49,20 +49,21 @@ def hosts(state: State, as_json: bool) -> None:
 
 def host_options(function: Any) -> Any:
     options = [
-        click.option("--ram", "ram_total_gb", type=click.FloatRange(min=0),
+        click.option("--ram", "ram_total_gb", type=click.FloatRange(0, 1_000_000),
                      help="Total RAM in GB."),
-        click.option("--reserved", "ram_reserved_gb", type=click.FloatRange(min=0),
+        click.option("--reserved", "ram_reserved_gb", type=click.FloatRange(0, 1_000_000),
                      help="RAM kept for the OS and services, GB."),
-        click.option("--cpus", type=click.IntRange(min=1)),
+        click.option("--cpus", type=click.IntRange(1, INT_MAX)),
         click.option("--transport", type=click.Choice(["agent", "local", "ssh"])),
         click.option("--ssh-target", help="user@host for transport ssh."),
-        click.option("--prime-workers", type=click.IntRange(min=0)),
+        click.option("--prime-workers", type=click.IntRange(0, INT_MAX)),
         click.option("--prime-max-weight"),
-        click.option("--night-workers", type=click.IntRange(min=0)),
+        click.option("--night-workers", type=click.IntRange(0, INT_MAX)),
         click.option("--night-max-weight"),
         click.option("--job-types", help="Allowed job types, comma-separated ('' = any)."),
         click.option("--weights", help="Allowed weights, comma-separated ('' = any)."),
-        click.option("--priority-floor", type=int, help="Refuse jobs with a lower priority."),
+        click.option("--priority-floor", type=click.IntRange(INT_MIN, INT_MAX),
+                     help="Refuse jobs with a lower priority."),
         click.option("--label", "labels", multiple=True, help="A free-form label (repeatable)."),
     ]
     for option in reversed(options):
