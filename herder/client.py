@@ -20,11 +20,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from herder.config import Config, load_config
-from herder.errors import NotFound
-from herder.model import Attempt, Event, Job, JobStatus, Transport
+from herder.errors import Conflict, InputError, NotFound
+from herder.model import (
+    Account,
+    Attempt,
+    Event,
+    HostRecord,
+    Job,
+    JobStatus,
+    ReservationStatus,
+    Scope,
+    Transport,
+)
 from herder.store import Store, open_store
 
 if TYPE_CHECKING:
+    from herder.host_settings import HostSettings
+    from herder.runtime.scheduler import Fleet
     from herder.store.base import Alert
     from herder.submission import SubmitRequest
     from herder.wire import AccountView, HostView
@@ -58,6 +70,17 @@ def submit_request_of(job_type: str | None, command: Sequence[str] | None,
         fields["delay_seconds"] = (available_at - now).total_seconds()
     return submit_request(job_type=job_type, command=None if command is None
                           else list(command), payload=dict(payload or {}), **fields)
+
+
+def check_account_names(host: str, name: str) -> None:
+    """InputError naming HOST or NAME when either is not a valid name."""
+    from herder.config import _NAME
+
+    for field, value in (("HOST", host), ("NAME", name)):
+        if not _NAME.match(value):
+            what = "host label" if field == "HOST" else "account name"
+            raise InputError(field, f"{value!r} is not a valid {what}",
+                             "use letters, digits, '.', '_' and '-'")
 
 
 class Client:
@@ -197,6 +220,118 @@ class Client:
     def should_dispatch(self, dedup_key: str) -> tuple[int, JobStatus] | None:
         """None when no job holds the key; otherwise the holder."""
         return self.store.job_dedup_holder(dedup_key)
+
+    # -- hosts, accounts and reservations (`herder host`, `account`, `slots`, `reserve`) -------
+
+    def _fleet(self) -> Fleet:
+        from herder.runtime.scheduler import Fleet
+
+        return Fleet.from_settings(self.config.settings)
+
+    def _host(self, label: str) -> HostRecord:
+        record = self.store.host_get(label)
+        if record is None:
+            raise NotFound(f"no host {label!r} (see `herder hosts`)")
+        return record
+
+    def host_add(self, label: str, settings: HostSettings, enabled: bool = True) -> str:
+        """Register a host; its first agent token (only the hash is stored)."""
+        from herder.config import _NAME
+        from herder.host_settings import apply_settings
+
+        if not _NAME.match(label):
+            raise InputError("LABEL", f"{label!r} is not a valid host label",
+                             "use letters, digits, '.', '_' and '-'")
+        if settings.ram_total_gb is None:
+            raise InputError("--ram", "is required", "pass the host's total RAM in GB")
+        record = apply_settings(HostRecord(label=label, ram_total_gb=0.0, enabled=enabled),
+                                settings, self.config)
+        if not self.store.host_insert(record, datetime.now(UTC)):
+            raise Conflict(f"host {label!r} exists already (use `herder host set`)")
+        return self._agent_token(label)
+
+    def host_set(self, label: str, settings: HostSettings) -> None:
+        from herder.host_settings import apply_settings
+
+        self.store.host_update(apply_settings(self._host(label), settings, self.config),
+                               datetime.now(UTC))
+
+    def host_remove(self, label: str) -> None:
+        """Forget a host (Conflict while jobs are claimed or running on it)."""
+        self._host(label)
+        if not self.store.host_remove(label):
+            raise Conflict(f"host {label!r} still has claimed or running jobs; drain it first")
+        # A host added again later under this label must not accept the old tokens.
+        self.store.token_revoke_host(label, datetime.now(UTC))
+
+    def host_token(self, label: str) -> str:
+        """A new agent token for the host; its old ones stop working."""
+        self._host(label)
+        self.store.token_revoke_host(label, datetime.now(UTC))
+        return self._agent_token(label)
+
+    def _agent_token(self, label: str) -> str:
+        from herder.api.tokens import new_token, token_hash  # pure: hashlib and secrets
+
+        token = new_token()
+        self.store.token_insert(f"host:{label}", Scope.AGENT, token_hash(token),
+                                datetime.now(UTC), host=label)
+        return token
+
+    def account_add(self, account: Account) -> None:
+        """Add or update an account; InputError naming the CLI option when it is invalid."""
+        from herder.config import _ENV_NAME
+
+        check_account_names(account.host, account.name)
+        for key in account.env:
+            if not _ENV_NAME.match(key):
+                raise InputError("--env", f"{key!r} is not NAME=VALUE with a variable name",
+                                 "e.g. --env CLAUDE_CONFIG_DIR=/home/me/.claude-2")
+        if not 1 <= account.max_sessions <= 10_000:
+            raise InputError("--max-sessions", f"{account.max_sessions} is out of range",
+                             "use 1 to 10000")
+        if account.probe is not None and not account.probe:
+            raise InputError("--probe", "is empty", "give a command, or leave it out")
+        known = self.config.settings.job_types
+        unknown = sorted(set(account.job_types or ()) - set(known))
+        if unknown:
+            raise InputError("--job-type", f"unknown job type {unknown[0]!r}",
+                             f"use one of {sorted(known)}")
+        self.store.account_upsert(account, datetime.now(UTC))
+
+    def account_remove(self, host: str, name: str) -> None:
+        if not self.store.account_delete(host, name):
+            raise NotFound(f"no account {name!r} on {host!r} (see `herder accounts`)")
+
+    def account_clear(self, host: str, name: str) -> bool:
+        """Clear `depleted` and `auth_revoked`; False when it was healthy already."""
+        if not [r for r in self.store.account_list(host) if r.account.name == name]:
+            raise NotFound(f"no account {name!r} on {host!r} (see `herder accounts`)")
+        return self.store.account_clear(host, name, datetime.now(UTC))
+
+    def claim_slot(self, run_id: str, label: str, weight: str) -> int:
+        """A CI run's slot id; claiming again returns the same slot."""
+        from herder.runtime.coordinator import claim_slot
+
+        return claim_slot(self.store, self.config, self._fleet(), run_id, label, weight,
+                          datetime.now(UTC)).id
+
+    def release_slot(self, run_id: str) -> bool:
+        return self.store.reservation_release_ci(run_id, datetime.now(UTC)) is not None
+
+    def reserve(self, owner: str, label: str, weight: str, count: int) -> builtins.list[int]:
+        """Subagent slots for `owner`: the ids of those that fit (maybe fewer than count)."""
+        from herder.runtime.coordinator import reserve
+
+        return [r.id for r in reserve(self.store, self.config, self._fleet(), owner, label,
+                                      weight, count, datetime.now(UTC))]
+
+    def complete_reservation(self, reservation_id: int,
+                             status: ReservationStatus) -> ReservationStatus:
+        from herder.runtime.coordinator import complete_reservation
+
+        return complete_reservation(self.store, reservation_id, status,
+                                    datetime.now(UTC)).status
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
         """Block until the job is done, failed or cancelled (TimeoutError after timeout)."""

@@ -33,4 +33,5 @@ class NotFound(HerderError):
 
 
 class Conflict(HerderError):
-    """A report about an attempt that is no longer live (fenced out, ended, moved on)."""
+    """A request the current state refuses (HTTP 409): a report about an attempt that is no
+    longer live (fenced out, ended, moved on), a host label taken, a host with running jobs."""

@@ -18,19 +18,30 @@ from typing import Any
 
 import httpx
 
-from herder.client import Submitted, submit_request_of, wait_for_end
+from herder.client import Submitted, check_account_names, submit_request_of, wait_for_end
+from herder.config import _NAME
 from herder.errors import HerderError, InputError, NotFound
-from herder.model import Attempt, Event, Job, JobStatus, MemoryUse
+from herder.host_settings import HostSettings
+from herder.model import Account, Attempt, Event, Job, JobStatus, MemoryUse, ReservationStatus
 from herder.wire import (
+    AccountBody,
+    AccountChanged,
     AccountView,
     AlertView,
     AttemptView,
     Cancelled,
+    DedupHolder,
     EventView,
+    HostSettingsBody,
+    HostToken,
     HostView,
     JobDetail,
     JobView,
+    ReservationEnded,
+    Reserved,
     Retried,
+    SlotClaimed,
+    SlotReleased,
     Why,
 )
 from herder.wire import Submitted as SubmittedReply
@@ -51,6 +62,11 @@ class ServerFailed(HerderError):
 
 class NotOverServer(HerderError):
     """A command that works against the database only."""
+
+
+class Refused(HerderError):
+    """409: the server refuses it as things stand (a host with running jobs, a label taken);
+    its words, as the same command against the database says them."""
 
 
 def loopback(url: str) -> bool:
@@ -104,6 +120,20 @@ def event_of(job_id: int, view: EventView) -> Event:
     return Event(id=view.id, job_id=job_id, at=view.at, kind=view.kind,
                  from_status=view.from_status, to_status=view.to_status,
                  attempt=view.attempt, detail=view.detail)
+
+
+def host_path(label: str) -> str:
+    """The host's path; a label no host can have is NotFound here, as in the database
+    (and a `/` or `?` in it never reaches another route)."""
+    if not _NAME.match(label):
+        raise NotFound(f"no host {label!r} (see `herder hosts`)")
+    return f"/api/v1/hosts/{label}"
+
+
+def account_path(host: str, name: str) -> str:
+    if not (_NAME.match(host) and _NAME.match(name)):
+        raise NotFound(f"no account {name!r} on {host!r} (see `herder accounts`)")
+    return f"/api/v1/accounts/{host}/{name}"
 
 
 def refusal(response: httpx.Response) -> str:
@@ -164,7 +194,9 @@ class RemoteClient:
                                "(check --token-file / HERDER_TOKEN_FILE / HERDER_TOKEN)")
         if status == 404:
             raise NotFound(refusal(response))
-        if status in (400, 409, 413, 422):
+        if status == 409:
+            raise Refused(refusal(response))
+        if status in (400, 413, 422):
             body = response.json() if "json" in response.headers.get("content-type", "") else {}
             field = body.get("field") if isinstance(body, dict) else None
             message = refusal(response)
@@ -245,9 +277,11 @@ class RemoteClient:
             self.json("POST", f"/api/v1/jobs/{job_id}/retry")).retried
 
     def should_dispatch(self, dedup_key: str) -> tuple[int, JobStatus] | None:
-        raise NotOverServer("should-dispatch works against the database only; run it "
-                            "without --server, or submit with --dedup-key (a held key is "
-                            "reported, not submitted again)")
+        holder = DedupHolder.model_validate(self.json(
+            "GET", "/api/v1/jobs/dedup-holder", params={"key": dedup_key}))
+        if holder.job_id is None or holder.status is None:
+            return None
+        return holder.job_id, holder.status
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
         return wait_for_end(self.get, time.sleep, job_id, timeout, FOLLOW_INTERVAL)
@@ -258,7 +292,58 @@ class RemoteClient:
         return [HostView.model_validate(item) for item in self.json("GET", "/api/v1/hosts")]
 
     def host_enable(self, label: str, enabled: bool) -> None:
-        self.request("POST", f"/api/v1/hosts/{label}/{'enable' if enabled else 'drain'}")
+        self.request("POST", f"{host_path(label)}/{'enable' if enabled else 'drain'}")
+
+    def host_add(self, label: str, settings: HostSettings, enabled: bool = True) -> str:
+        body = {"label": label, "enabled": enabled, **HostSettingsBody.body_of(settings)}
+        return HostToken.model_validate(self.json("POST", "/api/v1/hosts", json=body)).token
+
+    def host_set(self, label: str, settings: HostSettings) -> None:
+        self.request("PATCH", host_path(label), json=HostSettingsBody.body_of(settings))
+
+    def host_remove(self, label: str) -> None:
+        self.request("DELETE", host_path(label))
+
+    def host_token(self, label: str) -> str:
+        return HostToken.model_validate(self.json("POST", f"{host_path(label)}/token")).token
+
+    def account_add(self, account: Account) -> None:
+        check_account_names(account.host, account.name)
+        body = AccountBody(
+            env=dict(account.env), max_sessions=account.max_sessions,
+            job_types=None if account.job_types is None else sorted(account.job_types),
+            probe=None if account.probe is None else list(account.probe))
+        self.request("PUT", account_path(account.host, account.name),
+                     json=body.model_dump(exclude_none=True))
+
+    def account_remove(self, host: str, name: str) -> None:
+        self.request("DELETE", account_path(host, name))
+
+    def account_clear(self, host: str, name: str) -> bool:
+        return AccountChanged.model_validate(
+            self.json("POST", f"{account_path(host, name)}/clear")).changed
+
+    # -- reservations and CI slots -------------------------------------------------------------
+
+    def claim_slot(self, run_id: str, label: str, weight: str) -> int:
+        return SlotClaimed.model_validate(self.json(
+            "POST", "/api/v1/slots/claim",
+            json={"run_id": run_id, "host": label, "weight": weight})).id
+
+    def release_slot(self, run_id: str) -> bool:
+        return SlotReleased.model_validate(self.json(
+            "POST", "/api/v1/slots/release", json={"run_id": run_id})).released
+
+    def reserve(self, owner: str, label: str, weight: str, count: int) -> builtins.list[int]:
+        return Reserved.model_validate(self.json(
+            "POST", "/api/v1/reservations",
+            json={"owner": owner, "host": label, "weight": weight, "count": count})).reserved
+
+    def complete_reservation(self, reservation_id: int,
+                             status: ReservationStatus) -> ReservationStatus:
+        return ReservationEnded.model_validate(self.json(
+            "POST", f"/api/v1/reservations/{reservation_id}/complete",
+            json={"status": str(status)})).status
 
     def accounts(self, host: str | None = None) -> builtins.list[AccountView]:
         params = {} if host is None else {"host": host}

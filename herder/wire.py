@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
@@ -33,6 +33,7 @@ from herder.model import (
     MemoryUse,
     Outcome,
     ReservationStatus,
+    Transport,
 )
 from herder.submission import (
     DEDUP_KEY_LENGTH,
@@ -40,6 +41,9 @@ from herder.submission import (
     WORKDIR_LENGTH,
     storable,
 )
+
+if TYPE_CHECKING:
+    from herder.host_settings import HostSettings
 
 Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str,
                                                        when_used="json")]
@@ -258,6 +262,88 @@ class HostSwitched(Reply):
 
     label: str
     enabled: bool
+
+
+Name = Annotated[str, Field(max_length=NAME_LENGTH)]
+Gigabytes = Annotated[float, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
+
+
+class HostSettingsBody(Body):
+    """`herder host set`'s options (`herder.host_settings.HostSettings`); a field left out
+    is left as it is. `job_types` / `weights` empty: any."""
+
+    ram_total_gb: Gigabytes | None = None
+    ram_reserved_gb: Gigabytes | None = None
+    cpus: int | None = Field(default=None, ge=1, le=INT_MAX)
+    transport: Transport | None = None
+    ssh_target: Name | None = None
+    prime_workers: int | None = Field(default=None, ge=0, le=INT_MAX)
+    prime_max_weight: Name | None = None
+    night_workers: int | None = Field(default=None, ge=0, le=INT_MAX)
+    night_max_weight: Name | None = None
+    job_types: list[Name] | None = Field(default=None, max_length=1000)
+    weights: list[Name] | None = Field(default=None, max_length=1000)
+    priority_floor: Int32 | None = None
+    labels: list[Name] | None = Field(default=None, max_length=1000)
+
+    def settings(self) -> HostSettings:
+        from herder.host_settings import HostSettings
+
+        sets = {key: None if value is None else frozenset(value)
+                for key, value in (("job_types", self.job_types), ("weights", self.weights),
+                                   ("labels", self.labels))}
+        scalars = set(HostSettingsBody.model_fields) - set(sets)  # not HostAddBody's own
+        return HostSettings(**{**self.model_dump(include=scalars), **sets})
+
+    @classmethod
+    def body_of(cls, settings: HostSettings) -> dict[str, Any]:
+        """The JSON body for `settings`: only the fields given."""
+        from dataclasses import asdict
+
+        return {key: sorted(value) if isinstance(value, frozenset) else value
+                for key, value in asdict(settings).items() if value is not None}
+
+
+class HostAddBody(HostSettingsBody):
+    label: str = Field(max_length=NAME_LENGTH)
+    enabled: bool = True
+
+
+class HostToken(Reply):
+    """A host's new agent token: shown in this answer only (the server keeps its hash)."""
+
+    label: str
+    token: str
+
+
+class HostChanged(Reply):
+    label: str
+
+
+class AccountBody(Body):
+    """`herder account add`'s options; the server validates them as the CLI does."""
+
+    env: dict[Name, Annotated[str, Field(max_length=10_000)]] = Field(default_factory=dict,
+                                                                      max_length=1000)
+    max_sessions: Int32 = 1
+    job_types: list[Name] | None = Field(default=None, max_length=1000)
+    probe: list[Annotated[str, Field(max_length=10_000)]] | None = Field(default=None,
+                                                                         max_length=1000)
+
+
+class AccountChanged(Reply):
+    host: str
+    name: str
+    changed: bool
+    """add: always; clear: False when it was healthy already."""
+
+
+class DedupHolder(Reply):
+    """`herder should-dispatch`: the job holding a dedup key, or none (dispatch)."""
+
+    key: str
+    job_id: int | None = None
+    status: JobStatus | None = None
 
 
 class AccountView(Reply):

@@ -20,8 +20,15 @@ from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
 from herder.errors import InputError, NotFound
-from herder.model import JobStatus, Scope
-from herder.remote import RemoteClient, ServerFailed, TokenRefused, plain_http_warning
+from herder.host_settings import HostSettings
+from herder.model import Account, JobStatus, ReservationStatus, Scope
+from herder.remote import (
+    Refused,
+    RemoteClient,
+    ServerFailed,
+    TokenRefused,
+    plain_http_warning,
+)
 
 # -- the client's answers to each kind of reply (httpx.MockTransport) ---------------------------
 
@@ -84,8 +91,9 @@ def test_422_from_the_body_model_names_where_the_problem_is():
 
 
 def test_409_is_the_servers_words():
-    with pytest.raises(InputError, match=r"attempt 7\.1 never ran"):
+    with pytest.raises(Refused) as raised:
         client_answering(409, {"detail": "attempt 7.1 never ran on host a"}).cancel(7)
+    assert str(raised.value) == "attempt 7.1 never ran on host a"
 
 
 @pytest.mark.parametrize("status", [500, 502, 503])
@@ -122,6 +130,101 @@ def test_submit_sends_only_what_was_given():
         command=["make", "test"], priority=5, workdir="/srv/repo", check_command=True)
     assert json.loads(seen[0].content) == {"command": ["make", "test"], "priority": 5,
                                            "workdir": "/srv/repo", "force": False}
+
+
+# The calls of the commands that once needed the database: (call, method, path, JSON body
+# sent, 2xx answer, what the call returns).
+ADMIN_CALLS: list[tuple[Any, str, str, Any, int, Any, Any]] = [
+    (lambda c: c.host_add("lap-2", HostSettings(ram_total_gb=8.0, job_types=frozenset()),
+                          enabled=False),
+     "POST", "/api/v1/hosts", {"label": "lap-2", "enabled": False, "ram_total_gb": 8.0,
+                               "job_types": []},
+     201, {"label": "lap-2", "token": "hdr_agent"}, "hdr_agent"),
+    (lambda c: c.host_set("lap-2", HostSettings(cpus=4, weights=frozenset({"light"}))),
+     "PATCH", "/api/v1/hosts/lap-2", {"cpus": 4, "weights": ["light"]},
+     200, {"label": "lap-2"}, None),
+    (lambda c: c.host_remove("lap-2"), "DELETE", "/api/v1/hosts/lap-2", None,
+     200, {"label": "lap-2"}, None),
+    (lambda c: c.host_token("lap-2"), "POST", "/api/v1/hosts/lap-2/token", None,
+     200, {"label": "lap-2", "token": "hdr_new"}, "hdr_new"),
+    (lambda c: c.account_add(Account("lap-2", "main", {"A": "1"}, 2, frozenset({"t"}),
+                                     ("probe", "x"), "cli")),
+     "PUT", "/api/v1/accounts/lap-2/main",
+     {"env": {"A": "1"}, "max_sessions": 2, "job_types": ["t"], "probe": ["probe", "x"]},
+     200, {"host": "lap-2", "name": "main", "changed": True}, None),
+    (lambda c: c.account_remove("lap-2", "main"), "DELETE", "/api/v1/accounts/lap-2/main",
+     None, 200, {"host": "lap-2", "name": "main", "changed": True}, None),
+    (lambda c: c.account_clear("lap-2", "main"), "POST", "/api/v1/accounts/lap-2/main/clear",
+     None, 200, {"host": "lap-2", "name": "main", "changed": False}, False),
+    (lambda c: c.claim_slot("run-1", "lap-2", "light"), "POST", "/api/v1/slots/claim",
+     {"run_id": "run-1", "host": "lap-2", "weight": "light"},
+     201, {"id": 5, "run_id": "run-1", "host": "lap-2"}, 5),
+    (lambda c: c.release_slot("run-1"), "POST", "/api/v1/slots/release", {"run_id": "run-1"},
+     200, {"released": True}, True),
+    (lambda c: c.reserve("job-3", "lap-2", "subagent", 2), "POST", "/api/v1/reservations",
+     {"owner": "job-3", "host": "lap-2", "weight": "subagent", "count": 2},
+     201, {"reserved": [8], "requested": 2}, [8]),
+    (lambda c: c.complete_reservation(8, ReservationStatus.DONE), "POST",
+     "/api/v1/reservations/8/complete", {"status": "done"},
+     200, {"id": 8, "status": "done"}, ReservationStatus.DONE),
+    (lambda c: c.should_dispatch("repo#1"), "GET", "/api/v1/jobs/dedup-holder", None,
+     200, {"key": "repo#1", "job_id": 4, "status": "running"}, (4, JobStatus.RUNNING)),
+]
+CALL_IDS = [f"{method} {path}" for _c, method, path, *_rest in ADMIN_CALLS]
+
+
+@pytest.mark.parametrize(("call", "method", "path", "sent", "status", "answer", "returned"),
+                         ADMIN_CALLS, ids=CALL_IDS)
+def test_each_call_sends_its_request_and_reads_the_answer(call, method, path, sent, status,
+                                                         answer, returned):
+    seen: list[httpx.Request] = []
+    assert call(client_answering(status, answer, seen)) == returned
+    assert (seen[0].method, seen[0].url.path) == (method, path)
+    assert (json.loads(seen[0].content) if seen[0].content else None) == sent
+
+
+def test_a_free_dedup_key_is_none_and_the_key_is_a_query_parameter():
+    seen: list[httpx.Request] = []
+    assert client_answering(200, {"key": "a/b?c"}, seen).should_dispatch("a/b?c") is None
+    assert seen[0].url.params["key"] == "a/b?c"
+
+
+@pytest.mark.parametrize(("status", "body", "error", "message"), [
+    (403, {"detail": "this route needs a admin token; this one is submit"}, TokenRefused,
+     "needs a admin token"),
+    (404, {"detail": "no host 'lap-2' (see `herder hosts`)"}, NotFound, "no host 'lap-2'"),
+    (409, {"detail": "host 'lap-2' still has claimed or running jobs; drain it first"},
+     Refused, "drain it first"),
+    (422, {"error": "--weights: unknown weight 'x' (use one of: light)", "field": "--weights"},
+     InputError, "--weights: unknown weight 'x'"),
+    (500, {"detail": "Internal Server Error"}, ServerFailed, "HTTP 500"),
+    (503, {"detail": "the database is unavailable; retry later"}, ServerFailed, "HTTP 503"),
+])
+@pytest.mark.parametrize("call", [entry[0] for entry in ADMIN_CALLS], ids=CALL_IDS)
+def test_each_call_turns_a_refusal_or_failure_into_one_error(call, status, body, error,
+                                                             message):
+    with pytest.raises(error) as raised:
+        call(client_answering(status, body))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert "hdr_secret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("call", [entry[0] for entry in ADMIN_CALLS], ids=CALL_IDS)
+def test_each_call_turns_a_timeout_into_one_line(call):
+    with pytest.raises(ServerFailed, match="did not answer within"):
+        call(client_answering(200, {}, error=httpx.ReadTimeout("timed out")))
+
+
+def test_a_label_no_host_can_have_never_reaches_another_route():
+    seen: list[httpx.Request] = []
+    client = client_answering(200, {}, seen)
+    with pytest.raises(NotFound, match=r"no host '\.\./jobs'"):
+        client.host_remove("../jobs")
+    with pytest.raises(NotFound, match="no account"):
+        client.account_clear("lap-1", "a/b")
+    with pytest.raises(InputError, match="NAME: 'a b' is not a valid account name"):
+        client.account_add(Account("lap-1", "a b"))
+    assert seen == []
 
 
 def test_plain_http_is_warned_about_only_off_loopback():
@@ -260,7 +363,7 @@ def test_every_operator_command_works_over_the_server_as_against_the_database(
     # refusals: one line, exit 2
     assert operator.error("show", "999999") == "herder: error: no job 999999"
     assert "job_type" in operator.error("submit", "no-such-type")
-    assert "database only" in operator.error("host", "add", "lap-2", "--ram", "8")
+    assert "database only" in operator.error("token", "list")
     assert not (operator.folder / "herder.db").exists()  # no store made on this machine
 
     wrong = tmp_path / "wrong-token"
@@ -318,3 +421,154 @@ def test_a_submit_to_a_database_with_fleet_hosts_leaves_the_command_check_to_the
     accepted = run_herder(*missing, cwd=tmp_path, env=env)
     assert accepted.returncode == 0, accepted.stderr
     assert accepted.stdout.strip().isdigit()
+
+
+def same_but(server_out: str, database_out: str, *pairs: tuple[str, str]) -> None:
+    """The server's output is the database's, once the database side's names are swapped
+    for the server side's (two hosts or accounts changed the same way)."""
+    for server_name, database_name in pairs:
+        database_out = database_out.replace(database_name, server_name)
+    assert server_out == database_out
+
+
+def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
+        make_fleet, tmp_path, store_url):
+    fleet = make_fleet(tmp_path, store_url)
+    fleet.add_host("lap-1", "--ram", "16")
+    fleet.start_server()
+    admin = Operator(tmp_path / "operator", fleet.url, token_file(tmp_path, fleet, Scope.ADMIN))
+    ci = Operator(tmp_path / "ci", fleet.url, token_file(tmp_path, fleet, Scope.SUBMIT))
+
+    # host add: the token on stdout once, the same lines as against the database
+    options = ("--ram", "8", "--reserved", "1", "--cpus", "4", "--job-types", "adhoc",
+               "--weights", "light,heavy", "--night-workers", "3", "--label", "gpu")
+    over = admin.run("host", "add", "lap-2", *options)
+    local = fleet.cli("host", "add", "lap-3", *options)
+    assert over.returncode == local.returncode == 0, over.stderr
+    token, local_token = over.stdout.strip(), local.stdout.strip()
+    assert token.startswith("hdr_") and over.stdout == token + "\n"
+    same_but(over.stderr, local.stderr, ("lap-2", "lap-3"), (token, local_token))
+    record = fleet.store.token_get(token_hash(token))
+    assert record is not None and (record.scope, record.host) == (Scope.AGENT, "lap-2")
+    assert token not in fleet.cli("hosts", "--json").stdout  # never shown again
+
+    # host set and the views of the two hosts: the same but for the label
+    for server_args, local_args in [
+            (("host", "set", "lap-2", "--prime-max-weight", "light", "--priority-floor", "5"),
+             ("host", "set", "lap-3", "--prime-max-weight", "light", "--priority-floor", "5")),
+            (("host", "set", "lap-2", "--job-types", ""), ("host", "set", "lap-3",
+                                                           "--job-types", ""))]:
+        same_but(admin.ok(*server_args), fleet.cli(*local_args).stdout, ("lap-2", "lap-3"))
+    views = {view["label"]: view for view in json.loads(admin.ok("hosts", "--json"))}
+    assert {**views["lap-3"], "label": "lap-2"} == views["lap-2"]
+    assert views["lap-2"]["allowed_job_types"] is None
+    assert views["lap-2"]["allowed_weights"] == ["heavy", "light"]
+    assert views["lap-2"]["priority_floor"] == 5
+    for args in (("ram", "lap-2"), ("hosts", "--json")):
+        assert admin.ok(*args) == fleet.cli(*args).stdout, args
+
+    # host token: a new one, the old one refused from now on
+    new_token_ = admin.ok("host", "token", "lap-2").strip()
+    assert new_token_.startswith("hdr_") and new_token_ != token
+    old = fleet.store.token_get(token_hash(token))
+    assert old is not None and old.revoked_at is not None
+
+    # refusals read the same whichever way they went
+    for args in (("host", "set", "nope", "--cpus", "2"), ("host", "add", "lap-2", "--ram", "8"),
+                 ("host", "add", "bad label", "--ram", "8"), ("host", "add", "lap-9"),
+                 ("host", "set", "lap-2", "--weights", "no-such-weight"),
+                 ("host", "set", "lap-2", "--transport", "ssh"), ("ram", "nope"),
+                 ("host", "token", "nope"), ("host", "remove", "nope")):
+        line = admin.error(*args)
+        assert fleet.cli(*args, check=False).stderr == line + "\n", args
+    assert fleet.store.host_get("lap-9") is None
+
+    # accounts: add, clear, remove; the table drawn the same, never an env value
+    over_saved = admin.ok("account", "add", "lap-1", "acct-a", "--env", "SECRET_DIR=/s/a",
+                          "--max-sessions", "2", "--probe", "true")
+    local_saved = fleet.cli("account", "add", "lap-1", "acct-b", "--env", "SECRET_DIR=/s/a",
+                            "--max-sessions", "2", "--probe", "true").stdout
+    same_but(over_saved, local_saved, ("acct-a", "acct-b"))
+    assert fleet.store.account_env("lap-1", "acct-a") == {"SECRET_DIR": "/s/a"}
+    for args in (("accounts",), ("accounts", "--json"), ("accounts", "--host", "lap-1")):
+        assert admin.ok(*args) == fleet.cli(*args).stdout, args
+    assert "/s/a" not in admin.ok("accounts", "--json")
+    table = admin.ok("accounts").splitlines()
+    assert table[0].split() == ["HOST", "ACCOUNT", "STATE", "SESSIONS", "JOB", "TYPES",
+                                "SOURCE"]
+    assert table[1].split()[:2] == ["lap-1", "acct-a"] and "0/2" in table[1]
+    same_but(admin.ok("account", "clear", "lap-1", "acct-a"),
+             fleet.cli("account", "clear", "lap-1", "acct-b").stdout, ("acct-a", "acct-b"))
+    for args in (("account", "add", "lap-1", "x", "--job-type", "no-such-type"),
+                 ("account", "add", "lap-1", "x", "--env", "1BAD=v"),
+                 ("account", "add", "lap-1", "x", "--max-sessions", "0"),
+                 ("account", "add", "lap-1", "bad name"),
+                 ("account", "clear", "lap-1", "nope"), ("account", "remove", "lap-1", "nope")):
+        line = admin.error(*args)
+        assert fleet.cli(*args, check=False).stderr == line + "\n", args
+    same_but(admin.ok("account", "remove", "lap-1", "acct-a"),
+             fleet.cli("account", "remove", "lap-1", "acct-b").stdout, ("acct-a", "acct-b"))
+    assert fleet.store.account_list("lap-1") == []
+
+    # CI slots and subagent reservations with a submit token (a CI runner's)
+    slot = ci.ok("slots", "claim", "run-1", "--host", "lap-1", "--weight", "heavy")
+    assert slot.strip().isdigit()
+    assert ci.ok("slots", "claim", "run-1", "--host", "lap-1", "--weight", "heavy") == slot
+    assert fleet.cli("slots", "claim", "run-1", "--host", "lap-1", "--weight",
+                     "heavy").stdout == slot
+    assert admin.ok("ram", "lap-1") == fleet.cli("ram", "lap-1").stdout
+    assert ci.ok("slots", "release", "run-1") == "released\n"
+    assert ci.ok("slots", "release", "run-1") == fleet.cli("slots", "release",
+                                                           "run-1").stdout
+    assert fleet.cli("slots", "release", "run-1").stdout == "nothing to release\n"
+    for args in (("slots", "claim", "run-2", "--host", "nope", "--weight", "heavy"),
+                 ("slots", "claim", "run-2", "--host", "lap-1", "--weight", "huge"),
+                 ("reserve", "job-1", "--host", "nope", "--count", "1"),
+                 ("complete", "999999", "--status", "done")):
+        line = ci.error(*args)
+        assert fleet.cli(*args, check=False).stderr == line + "\n", args
+    reserved = ci.run("reserve", "job-1", "--host", "lap-1", "--count", "2")
+    assert reserved.returncode == 0 and reserved.stderr == "", reserved.stderr
+    first, second = reserved.stdout.split()
+    done_first = ci.ok("complete", first, "--status", "done")
+    assert done_first == f"reservation {first}: done\n"
+    same_but(done_first, fleet.cli("complete", second, "--status", "done").stdout,
+             (first, second))
+    # ended once: completing again says how it ended, whichever way it is asked
+    assert fleet.cli("complete", first, "--status", "failed").stdout == done_first
+    assert ci.ok("complete", first, "--status", "failed") == done_first
+    assert "token refused" in ci.error("host", "remove", "lap-3")  # admin only
+
+    # should-dispatch: exit 0 (free) or 10 (held), the same line both ways
+    held = int(ci.ok("submit", "--dedup-key", "repo#7", "--delay", "1h", "--", "true"))
+    for key, code in (("repo#7", 10), ("repo#8", 0)):
+        over = ci.run("should-dispatch", key)
+        local = fleet.cli("should-dispatch", key, check=False)
+        assert over.returncode == local.returncode == code, (over.stdout, over.stderr)
+        assert over.stdout == local.stdout, key
+    assert ci.ok("should-dispatch", "repo#8") == "dispatch: no job holds 'repo#8'\n"
+    assert ci.run("should-dispatch", "repo#7").stdout == (
+        f"skip: job {held} is queued with dedup key 'repo#7'\n")
+
+    # host remove: refused while a job runs there (the same line both ways), then done
+    fleet.start_agent("lap-1")
+    gate = tmp_path / "gate"
+    running = int(ci.ok("submit", "--host", "lap-1", "--", "sh", "-c",
+                        f"while [ ! -e '{gate}' ]; do sleep 0.05; done"))
+    fleet.wait_status(running, JobStatus.RUNNING, 60)
+    line = admin.error("host", "remove", "lap-1")
+    assert "drain it first" in line
+    assert fleet.cli("host", "remove", "lap-1", check=False).stderr == line + "\n"
+    assert fleet.store.host_get("lap-1") is not None
+    gate.touch()
+    fleet.wait_status(running, JobStatus.DONE, 60)
+    same_but(admin.ok("host", "remove", "lap-2"), fleet.cli("host", "remove", "lap-3").stdout,
+             ("lap-2", "lap-3"))
+    assert fleet.store.host_get("lap-2") is None
+    revoked = fleet.store.token_get(token_hash(new_token_))
+    assert revoked is not None and revoked.revoked_at is not None
+
+    # tokens come from the database only: one line, exit 2, naming it
+    line = admin.error("token", "create", "--scope", "read")
+    assert "--db / HERDER_DB" in line and "first admin token" in line
+    assert admin.error("token", "list") == line

@@ -77,3 +77,24 @@ def test_the_api_submit_body_has_the_fields_and_defaults_of_the_submit_request()
               for item in dataclasses.fields(SubmitRequest)}
     body = SubmitBody()
     assert fields == {name: getattr(body, name) for name in SubmitBody.model_fields}
+
+
+def test_host_settings_cross_the_wire_unchanged_and_a_field_left_out_stays_out():
+    from herder.host_settings import HostSettings
+    from herder.model import Transport
+    from herder.wire import HostAddBody, HostSettingsBody
+
+    given = HostSettings(ram_total_gb=32.0, ram_reserved_gb=4.0, cpus=8,
+                         transport=Transport.SSH, ssh_target="u@h", prime_workers=3,
+                         prime_max_weight="any", night_workers=0, night_max_weight="light",
+                         job_types=frozenset(), weights=frozenset({"heavy", "light"}),
+                         priority_floor=-5, labels=frozenset({"gpu"}))
+    body = json.loads(json.dumps(HostSettingsBody.body_of(given)))
+    assert body["job_types"] == [] and body["weights"] == ["heavy", "light"]
+    assert HostSettingsBody.model_validate(body).settings() == given
+    only = HostSettings(cpus=2)
+    assert HostSettingsBody.body_of(only) == {"cpus": 2}
+    added = HostAddBody.model_validate({"label": "lap-1", "enabled": False, "cpus": 2})
+    assert added.settings() == only and (added.label, added.enabled) == ("lap-1", False)
+    with pytest.raises(ValidationError):
+        HostSettingsBody.model_validate({"cpus": 2, "label": "x"})  # add's field, not set's

@@ -1,11 +1,18 @@
-"""Operators' host routes: list, drain, enable."""
+"""Operators' host routes: list, add, set, remove, a new agent token, drain, enable."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from herder.api.depends import Admin, HostLabel, Reader, Service, call
-from herder.wire import HostSwitched, HostView
+from herder.wire import (
+    HostAddBody,
+    HostChanged,
+    HostSettingsBody,
+    HostSwitched,
+    HostToken,
+    HostView,
+)
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
 
@@ -13,6 +20,33 @@ router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
 @router.get("", response_model=list[HostView])
 async def hosts(_caller: Reader, service: Service) -> list[HostView]:
     return await call(service.host_views)
+
+
+@router.post("", status_code=201, response_model=HostToken)
+async def add(body: HostAddBody, _caller: Admin, service: Service) -> HostToken:
+    """The answer holds the host's agent token, once (only its hash is kept)."""
+    token = await call(service.operations.host_add, body.label, body.settings(), body.enabled)
+    return HostToken(label=body.label, token=token)
+
+
+@router.patch("/{label}", response_model=HostChanged)
+async def change(label: HostLabel, body: HostSettingsBody, _caller: Admin,
+                 service: Service) -> HostChanged:
+    await call(service.operations.host_set, label, body.settings())
+    return HostChanged(label=label)
+
+
+@router.delete("/{label}", response_model=HostChanged)
+async def remove(label: HostLabel, _caller: Admin, service: Service) -> HostChanged:
+    """409 while jobs are claimed or running on it; its agent tokens are revoked."""
+    await call(service.operations.host_remove, label)
+    return HostChanged(label=label)
+
+
+@router.post("/{label}/token", response_model=HostToken)
+async def new_agent_token(label: HostLabel, _caller: Admin, service: Service) -> HostToken:
+    """A new agent token, once; the host's old ones stop working."""
+    return HostToken(label=label, token=await call(service.operations.host_token, label))
 
 
 @router.post("/{label}/drain", response_model=HostSwitched)

@@ -10,8 +10,10 @@ from herder.api.depends import JobId, Reader, Service, Submitter, call
 from herder.api.tokens import authorize_job_type, authorize_submit
 from herder.errors import NotFound
 from herder.model import BIGINT_MAX, INT_MAX, JobStatus
+from herder.submission import DEDUP_KEY_LENGTH
 from herder.wire import (
     Cancelled,
+    DedupHolder,
     JobDetail,
     JobView,
     Retried,
@@ -36,6 +38,18 @@ async def list_jobs(_caller: Reader, service: Service,
                     status: Annotated[list[JobStatus] | None, Query()] = None,
                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[JobView]:
     return [JobView.of(job) for job in await call(service.jobs, status, limit)]
+
+
+@router.get("/dedup-holder", response_model=DedupHolder)
+async def dedup_holder(_caller: Reader, service: Service,
+                       key: Annotated[str, Query(min_length=1, max_length=DEDUP_KEY_LENGTH,
+                                                  pattern=r"^[^\x00]*$")]
+                       ) -> DedupHolder:
+    """`herder should-dispatch`: which live or done job holds the key, if any."""
+    holder = await call(service.operations.should_dispatch, key)
+    if holder is None:
+        return DedupHolder(key=key)
+    return DedupHolder(key=key, job_id=holder[0], status=holder[1])
 
 
 @router.get("/{job_id}", response_model=JobDetail)

@@ -7,7 +7,7 @@ import shlex
 
 import click
 
-from herder.cli.root import State, edge, fail, pass_state, utcnow
+from herder.cli.root import State, columns, edge, pass_state
 from herder.errors import InputError
 
 
@@ -22,18 +22,13 @@ def accounts(state: State, host: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(views, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("HOST", "ACCOUNT", "STATE", "SESSIONS", "JOB TYPES", "SOURCE"):
-        table.add_column(column)
-    for view in views:
-        types = view["job_types"]
-        table.add_row(view["host"], view["name"], view["detail"],
-                      f"{view['sessions']}/{view['max_sessions']}",
-                      "any" if types is None else ",".join(types), view["source"])
-    Console().print(table)
+    header = ("HOST", "ACCOUNT", "STATE", "SESSIONS", "JOB TYPES", "SOURCE")
+    rows = [(view["host"], view["name"], view["detail"],
+             f"{view['sessions']}/{view['max_sessions']}",
+             "any" if view["job_types"] is None else ",".join(view["job_types"]),
+             view["source"]) for view in views]
+    for line in columns(header, rows):
+        click.echo(line)
 
 
 @click.group()
@@ -56,41 +51,24 @@ def account() -> None:
 def account_add(state: State, host: str, name: str, env: tuple[str, ...], max_sessions: int,
                 job_types: tuple[str, ...], probe: str | None) -> None:
     """Add or update an account on HOST."""
-    from herder.config import _ENV_NAME, _NAME
     from herder.model import Account
 
     with edge():
-        if not _NAME.match(host):
-            raise InputError("HOST", f"{host!r} is not a valid host label",
-                             "use letters, digits, '.', '_' and '-'")
-        if not _NAME.match(name):
-            raise InputError("NAME", f"{name!r} is not a valid account name",
-                             "use letters, digits, '.', '_' and '-'")
         variables = {}
         for entry in env:
             key, sep, value = entry.partition("=")
-            if not sep or not _ENV_NAME.match(key):
+            if not sep:
                 raise InputError("--env", f"{key!r} is not NAME=VALUE with a variable name",
                                  "e.g. --env CLAUDE_CONFIG_DIR=/home/me/.claude-2")
             variables[key] = value
-        if not 1 <= max_sessions <= 10_000:
-            raise InputError("--max-sessions", f"{max_sessions} is out of range",
-                             "use 1 to 10000")
         argv = None
         if probe is not None:
             try:
                 argv = tuple(shlex.split(probe))
             except ValueError as exc:
                 raise InputError("--probe", f"cannot split it: {exc}", "quote it") from None
-            if not argv:
-                raise InputError("--probe", "is empty", "give a command, or leave it out")
-        unknown = sorted(set(job_types) - set(state.config.settings.job_types))
-        if unknown:
-            raise InputError("--job-type", f"unknown job type {unknown[0]!r}",
-                             f"use one of {sorted(state.config.settings.job_types)}")
-        state.client.store.account_upsert(Account(
-            host, name, variables, max_sessions, frozenset(job_types) or None, argv, "cli"),
-            utcnow())
+        state.client.account_add(Account(host, name, variables, max_sessions,
+                                         frozenset(job_types) or None, argv, "cli"))
     click.echo(f"account {name} on {host}: saved ({len(variables)} variable(s))")
 
 
@@ -101,9 +79,7 @@ def account_add(state: State, host: str, name: str, env: tuple[str, ...], max_se
 def account_remove(state: State, host: str, name: str) -> None:
     """Forget an account (its running jobs keep running)."""
     with edge():
-        removed = state.client.store.account_delete(host, name)
-    if not removed:
-        fail(f"no account {name!r} on {host!r} (see `herder accounts`)")
+        state.client.account_remove(host, name)
     click.echo(f"account {name} on {host}: removed")
 
 
@@ -115,8 +91,5 @@ def account_clear(state: State, host: str, name: str) -> None:
     """Mark an account usable again once a human re-logged it in or its quota came back
     early: clears `depleted` and `auth_revoked` (a dead token waits for the next probe)."""
     with edge():
-        store = state.client.store
-        if not [r for r in store.account_list(host) if r.account.name == name]:
-            fail(f"no account {name!r} on {host!r} (see `herder accounts`)")
-        cleared = store.account_clear(host, name, utcnow())
+        cleared = state.client.account_clear(host, name)
     click.echo(f"account {name} on {host}: " + ("cleared" if cleared else "already healthy"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ from herder.cli.root import (
     duration,
     edge,
     fail,
+    installed_herder,
     log_to_stderr,
     names,
     pass_state,
@@ -175,24 +175,22 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
 @click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
               help="Where the unit's agent reads the host token (mode 0600, owned by --user).")
 @click.option("--drain-seconds", type=int, default=600, show_default=True)
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
+              help="The CA that signed the server's certificate (its absolute path is written).")
 def install_systemd(server_url: str, label: str, user: str, token_file: str,
-                    drain_seconds: int) -> None:
+                    drain_seconds: int, ca: str | None) -> None:
     """Print a systemd unit (Restart=always) for this host's agent."""
-    from herder.runtime.agent import SYSTEMD_UNIT
     from herder.runtime.agent_client import check_server_url
+    from herder.systemd_unit import agent_unit, render
 
     with edge():
         server_url = check_server_url(server_url)
         if not os.path.isabs(token_file):
             raise InputError("--token-file", f"{token_file!r} is not an absolute path",
                              "systemd needs one, e.g. /etc/herder/agent-token")
-    herder_path = shutil.which("herder") or f"{sys.executable} -m herder.cli"
-    click.echo(SYSTEMD_UNIT.format(label=label, user=user, workdir=os.getcwd(),
-                                   token_file=token_file,
-                                   token_dir=os.path.dirname(token_file) or "/",
-                                   herder=herder_path, server=server_url,
-                                   stop_seconds=drain_seconds + 30))
-
+    click.echo(render(agent_unit(installed_herder(), server_url, label, user, os.getcwd(),
+                                 token_file, drain_seconds,
+                                 os.path.abspath(ca) if ca else None)), nl=False)
 
 
 RUN_ATTEMPT_PATIENCE = 30.0

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import (
-    State,
-    edge,
-    fail,
-    fleet_of,
-    known_host,
-    names,
-    pass_state,
-    utcnow,
-)
-from herder.errors import InputError
-from herder.model import HostRecord, Scope, Transport
+from herder.cli.root import State, edge, names, pass_state
+from herder.errors import NotFound
+from herder.model import INT_MAX, INT_MIN, Transport
 
 if TYPE_CHECKING:
-    from herder.store import Store
+    from herder.host_settings import HostSettings
 
 
 @click.command()
@@ -59,20 +49,21 @@ def hosts(state: State, as_json: bool) -> None:
 
 def host_options(function: Any) -> Any:
     options = [
-        click.option("--ram", "ram_total_gb", type=click.FloatRange(min=0),
+        click.option("--ram", "ram_total_gb", type=click.FloatRange(0, 1_000_000),
                      help="Total RAM in GB."),
-        click.option("--reserved", "ram_reserved_gb", type=click.FloatRange(min=0),
+        click.option("--reserved", "ram_reserved_gb", type=click.FloatRange(0, 1_000_000),
                      help="RAM kept for the OS and services, GB."),
-        click.option("--cpus", type=click.IntRange(min=1)),
+        click.option("--cpus", type=click.IntRange(1, INT_MAX)),
         click.option("--transport", type=click.Choice(["agent", "local", "ssh"])),
         click.option("--ssh-target", help="user@host for transport ssh."),
-        click.option("--prime-workers", type=click.IntRange(min=0)),
+        click.option("--prime-workers", type=click.IntRange(0, INT_MAX)),
         click.option("--prime-max-weight"),
-        click.option("--night-workers", type=click.IntRange(min=0)),
+        click.option("--night-workers", type=click.IntRange(0, INT_MAX)),
         click.option("--night-max-weight"),
         click.option("--job-types", help="Allowed job types, comma-separated ('' = any)."),
         click.option("--weights", help="Allowed weights, comma-separated ('' = any)."),
-        click.option("--priority-floor", type=int, help="Refuse jobs with a lower priority."),
+        click.option("--priority-floor", type=click.IntRange(INT_MIN, INT_MAX),
+                     help="Refuse jobs with a lower priority."),
         click.option("--label", "labels", multiple=True, help="A free-form label (repeatable)."),
     ]
     for option in reversed(options):
@@ -80,36 +71,25 @@ def host_options(function: Any) -> Any:
     return function
 
 
-def _apply(state: State, host: HostRecord, options: dict[str, Any]) -> HostRecord:
-    changes: dict[str, Any] = {}
-    for key in ("ram_total_gb", "ram_reserved_gb", "cpus", "ssh_target", "priority_floor"):
-        if options.get(key) is not None:
-            changes[key] = options[key]
-    if options.get("transport"):
-        changes["transport"] = Transport(options["transport"])
-    for window in ("prime", "night"):
-        if options.get(f"{window}_workers") is not None:
-            changes[f"{window}_max_workers"] = options[f"{window}_workers"]
-        weight = options.get(f"{window}_max_weight")
-        if weight is not None:
-            if weight in ("", "any"):
-                changes[f"{window}_max_weight"] = None
-            else:
-                state.config.check_weight(weight, f"--{window}-max-weight")
-                changes[f"{window}_max_weight"] = weight
-    if options.get("job_types") is not None:
-        changes["allowed_job_types"] = names(options["job_types"])
-    if options.get("weights") is not None:
-        allowed = names(options["weights"])
-        for weight in allowed or ():
-            state.config.check_weight(weight, "--weights")
-        changes["allowed_weights"] = allowed
-    if options.get("labels"):
-        changes["labels"] = frozenset(options["labels"])
-    updated = replace(host, **changes)
-    if updated.transport is Transport.SSH and not updated.ssh_target:
-        raise InputError("--ssh-target", "an ssh host needs a target", "pass --ssh-target u@h")
-    return updated
+def settings_of(options: dict[str, Any]) -> HostSettings:
+    """`host add/set`'s options as the settings the database or the server applies."""
+    from herder.host_settings import HostSettings
+
+    def names_given(key: str) -> frozenset[str] | None:
+        value = options.get(key)
+        return None if value is None else names(value) or frozenset()
+
+    transport = options.get("transport")
+    return HostSettings(
+        ram_total_gb=options.get("ram_total_gb"), ram_reserved_gb=options.get("ram_reserved_gb"),
+        cpus=options.get("cpus"), transport=Transport(transport) if transport else None,
+        ssh_target=options.get("ssh_target"), prime_workers=options.get("prime_workers"),
+        prime_max_weight=options.get("prime_max_weight"),
+        night_workers=options.get("night_workers"),
+        night_max_weight=options.get("night_max_weight"),
+        job_types=names_given("job_types"), weights=names_given("weights"),
+        priority_floor=options.get("priority_floor"),
+        labels=frozenset(options["labels"]) if options.get("labels") else None)
 
 
 @click.group()
@@ -124,21 +104,8 @@ def host() -> None:
 @pass_state
 def host_add(state: State, /, label: str, disabled: bool, **options: Any) -> None:
     """Register a host; prints its agent token once (store it; only its hash is kept)."""
-    from herder.config import _NAME
-
     with edge():
-        if not _NAME.match(label):
-            raise InputError("LABEL", f"{label!r} is not a valid host label",
-                             "use letters, digits, '.', '_' and '-'")
-        if options.get("ram_total_gb") is None:
-            raise InputError("--ram", "is required", "pass the host's total RAM in GB")
-        record = _apply(state, HostRecord(label=label, ram_total_gb=0.0,
-                                          enabled=not disabled), options)
-        store = state.client.store
-        now = utcnow()
-        if not store.host_insert(record, now):
-            fail(f"host {label!r} exists already (use `herder host set`)")
-        token = _agent_token(store, label)
+        token = state.client.host_add(label, settings_of(options), enabled=not disabled)
     click.echo(f"added host {label}", err=True)
     click.echo(f"agent token (shown once): {token}", err=True)
     click.echo(token)
@@ -151,9 +118,7 @@ def host_add(state: State, /, label: str, disabled: bool, **options: Any) -> Non
 def host_set(state: State, /, label: str, **options: Any) -> None:
     """Change a host's configuration."""
     with edge():
-        store = state.client.store
-        record = known_host(store, label)
-        store.host_update(_apply(state, record, options), utcnow())
+        state.client.host_set(label, settings_of(options))
     click.echo(f"updated host {label}")
 
 
@@ -189,12 +154,7 @@ host.add_command(host_drain, name="disable")
 def host_remove(state: State, label: str) -> None:
     """Forget a host (refused while jobs are claimed or running on it)."""
     with edge():
-        store = state.client.store
-        known_host(store, label)
-        if not store.host_remove(label):
-            fail(f"host {label!r} still has claimed or running jobs; drain it first")
-        # A host added again later under this label must not accept the old tokens.
-        store.token_revoke_host(label, utcnow())
+        state.client.host_remove(label)
     click.echo(f"removed host {label}")
 
 
@@ -204,20 +164,8 @@ def host_remove(state: State, label: str) -> None:
 def host_token(state: State, label: str) -> None:
     """Issue a new agent token for a host (the old ones stop working)."""
     with edge():
-        store = state.client.store
-        known_host(store, label)
-        store.token_revoke_host(label, utcnow())
-        token = _agent_token(store, label)
+        token = state.client.host_token(label)
     click.echo(token)
-
-
-def _agent_token(store: Store, label: str) -> str:
-    from herder.api.tokens import new_token, token_hash
-
-    token = new_token()
-    store.token_insert(f"host:{label}", Scope.AGENT, token_hash(token), utcnow(), host=label)
-    return token
-
 
 
 @click.command()
@@ -226,11 +174,10 @@ def _agent_token(store: Store, label: str) -> str:
 def ram(state: State, label: str) -> None:
     """Bookable RAM headroom of a host in GB (negative when overbooked)."""
     with edge():
-        store = state.client.store
-        record = known_host(store, label)
-        usage = store.host_usage(utcnow()).get(label)
-        booked = usage.booked_gb if usage else 0.0
-    click.echo(f"{fleet_of(state).bookable(record) - booked:.1f}")
+        view = next((view for view in state.reader.hosts() if view.label == label), None)
+        if view is None:
+            raise NotFound(f"no host {label!r} (see `herder hosts`)")
+    click.echo(f"{view.free_gb:.1f}")
 
 
 @click.command("why")

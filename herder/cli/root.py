@@ -8,6 +8,7 @@ module (see COMMANDS) and each module imports its heavy dependencies where they 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from herder.config import Config
     from herder.model import HostRecord
     from herder.remote import RemoteClient
-    from herder.runtime.scheduler import Fleet
     from herder.store import Store
 
 EXIT_USAGE = 2
@@ -235,10 +235,12 @@ def names(value: str | None) -> frozenset[str] | None:
     return found or None
 
 
-def fleet_of(state: State) -> Fleet:
-    from herder.runtime.scheduler import Fleet
+def installed_herder() -> list[str]:
+    """How a systemd unit starts this herder: the `herder` on PATH, else this Python."""
+    import shutil
 
-    return Fleet.from_settings(state.config.settings)
+    found = shutil.which("herder")
+    return [os.path.abspath(found)] if found else [sys.executable, "-m", "herder.cli"]
 
 
 def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:

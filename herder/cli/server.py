@@ -82,7 +82,7 @@ def loopback(bind: str) -> bool:
         return False
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--listen", help="HOST:PORT [default: server.listen, 127.0.0.1:8470].")
 @click.option("--host", "label", help="This machine's label [default: hostname].")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False))
@@ -92,10 +92,13 @@ def loopback(bind: str) -> bool:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @LOG_FORMAT_OPTION
-@pass_state
-def server(state: State, listen: str | None, label: str | None, tls_cert: str | None,
+@click.pass_context
+def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: str | None,
            tls_key: str | None, insecure_no_auth: bool, log_level: str, log_format: str) -> None:
     """The fleet coordinator: store, scheduler (one leader among replicas), HTTP API."""
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
     import uvicorn
 
     from herder.api.app import Access, create_app
@@ -153,6 +156,111 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
     if coordinator.fatal is not None:
         fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 
+
+
+ENVIRONMENT_FILE = "/etc/herder/server.env"
+UNIT_FILE = "/etc/systemd/system/herder-server.service"
+
+
+@server.command("install-systemd")
+@click.option("--listen", help="HOST:PORT for the unit's server [default: server.listen].")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
+              help="The certificate the unit's server serves (an absolute path is written).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
+@click.option("--user", default="herder", show_default=True,
+              help="The dedicated user the server runs as (create it: useradd --system herder).")
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help="Its working directory [default: the config's folder, else here].")
+@click.option("--unit-file", default=UNIT_FILE, show_default=True, type=click.Path())
+@click.option("--env-file", "environment_file", default=ENVIRONMENT_FILE, show_default=True,
+              type=click.Path(), help="Written mode 0600: HERDER_DB and the secrets "
+              "herder.toml names by variable, from this environment.")
+@click.option("--print", "print_only", is_flag=True,
+              help="Print the unit instead; write nothing (the environment file neither).")
+@pass_state
+def install_systemd(state: State, listen: str | None, tls_cert: str | None,
+                    tls_key: str | None, user: str, workdir: str | None, unit_file: str,
+                    environment_file: str, print_only: bool) -> None:
+    """Write a systemd unit (Restart=on-failure) for `herder server`, and its environment
+    file with the database URL (never on the command line or in the unit)."""
+    from herder.cli.root import installed_herder
+    from herder.systemd_unit import environment_line, render, server_unit
+
+    with edge():
+        for option, path in (("--unit-file", unit_file), ("--env-file", environment_file)):
+            if not os.path.isabs(path):
+                raise InputError(option, f"{path!r} is not an absolute path",
+                                 "systemd needs one, e.g. " + (UNIT_FILE if option ==
+                                                               "--unit-file" else
+                                                               ENVIRONMENT_FILE))
+        if bool(tls_cert) != bool(tls_key):
+            raise InputError("--tls-cert", "TLS needs both a certificate and a key",
+                             "pass --tls-cert and --tls-key together")
+        if listen is not None:
+            bind, _, port = listen.rpartition(":")
+            if not bind or not port.isdigit() or not 0 < int(port) < 65536:
+                raise InputError("--listen", f"{listen!r} is not HOST:PORT",
+                                 "e.g. 0.0.0.0:8470")
+        config = state.config  # a broken herder.toml ends here, not at the unit's start
+        options: list[str] = []
+        if listen:
+            options += ["--listen", listen]
+        if tls_cert and tls_key:
+            options += ["--tls-cert", os.path.abspath(tls_cert),
+                        "--tls-key", os.path.abspath(tls_key)]
+        folder = workdir or (str(config.path.resolve().parent) if config.path else os.getcwd())
+        config_file = str(config.path.resolve()) if config.path is not None else None
+        unit = render(server_unit(installed_herder(), config_file, options, user,
+                                  os.path.abspath(folder), environment_file))
+        if print_only:
+            click.echo(unit, nl=False)
+            click.echo(f"herder: put HERDER_DB=<database URL> in {environment_file} (owned by "
+                       "root, mode 0600)", err=True)
+            return
+        variables = server_variables(state)
+        lines = [environment_line(name, value) for name, value in variables.items()]
+        for option, path in (("--env-file", environment_file), ("--unit-file", unit_file)):
+            try:
+                if option == "--env-file":
+                    write_private(path, "".join(line + "\n" for line in lines))
+                else:
+                    with open(path, "w", encoding="utf-8") as out:
+                        out.write(unit)
+            except OSError as exc:
+                raise InputError(option, f"cannot write {path}: {exc.strerror or exc}",
+                                 "run it as root, or pass --print") from None
+    click.echo(f"wrote {unit_file} and {environment_file} (mode 0600: "
+               f"{', '.join(variables)})", err=True)
+    click.echo(f"next: systemctl daemon-reload && systemctl enable --now "
+               f"{os.path.basename(unit_file)}", err=True)
+
+
+def server_variables(state: State) -> dict[str, str]:
+    """What the unit's server reads from its environment: HERDER_DB, and each secret
+    variable herder.toml names (webhook secrets, alert URLs), as this shell has them."""
+    if not state.db:
+        raise InputError("--db", "no database URL to write into the environment file",
+                         "set HERDER_DB (or pass --db) to the server's database URL")
+    settings = state.config.settings
+    names = [source.secret_env for source in settings.hooks.sources.values()
+             if source.secret_env is not None]
+    if settings.alerts.urls_env:
+        names.append(settings.alerts.urls_env)
+    missing = [name for name in names if not os.environ.get(name)]
+    if missing:
+        raise InputError(missing[0], "is not set here; herder.toml names it and the server "
+                         "needs it", f"export {missing[0]} and run this again")
+    return {"HERDER_DB": state.db, **{name: os.environ[name] for name in names}}
+
+
+def write_private(path: str, text: str) -> None:
+    """Write a file only its owner may read (mode 0600 from the start, no moment where
+    others could)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
 
 
 @click.command()

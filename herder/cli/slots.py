@@ -1,11 +1,12 @@
-"""Reservation commands: CI slots (claim, release) and subagent slots (reserve, complete)."""
+"""Reservation commands: CI slots (claim, release) and subagent slots (reserve, complete),
+against the database or, with --server, through the API (a CI runner holds a submit token)."""
 
 from __future__ import annotations
 
 import click
 
-from herder.cli.root import State, edge, fleet_of, known_host, pass_state, utcnow
-from herder.model import ReservationKind, ReservationStatus
+from herder.cli.root import State, edge, pass_state
+from herder.model import ReservationStatus
 
 
 @click.group()
@@ -20,12 +21,9 @@ def slots() -> None:
 @pass_state
 def slots_claim(state: State, run_id: str, label: str, weight: str) -> None:
     """Book a CI run's RAM on a host; claiming again returns the same slot."""
-    from herder.runtime.coordinator import claim_slot
-
     with edge():
-        slot = claim_slot(state.client.store, state.config, fleet_of(state), run_id, label,
-                          weight, utcnow())
-    click.echo(slot.id)
+        slot_id = state.client.claim_slot(run_id, label, weight)
+    click.echo(slot_id)
 
 
 @slots.command("release")
@@ -34,7 +32,7 @@ def slots_claim(state: State, run_id: str, label: str, weight: str) -> None:
 def slots_release(state: State, run_id: str) -> None:
     """Release a CI run's slot (idempotent: releasing twice is fine)."""
     with edge():
-        released = state.client.store.reservation_release_ci(run_id, utcnow())
+        released = state.client.release_slot(run_id)
     click.echo("released" if released else "nothing to release")
 
 
@@ -46,36 +44,21 @@ def slots_release(state: State, run_id: str) -> None:
 @pass_state
 def reserve(state: State, owner: str, label: str, count: int, weight: str) -> None:
     """Reserve subagent slots for OWNER (e.g. a parent job); prints the ids that fit."""
-    from herder.runtime.scheduler import expires
-
     with edge():
-        store = state.client.store
-        record = known_host(store, label)
-        state.config.check_weight(weight)
-        fleet = fleet_of(state)
-        now = utcnow()
-        created = store.reservation_create(
-            ReservationKind.SUBAGENT, owner, label, weight, fleet.weights.budget(weight), count,
-            expires(now, state.config.settings.fleet.reservation_ttl), fleet.bookable(record),
-            now)
-    for reservation in created:
-        click.echo(reservation.id)
+        created = state.client.reserve(owner, label, weight, count)
+    for reservation_id in created:
+        click.echo(reservation_id)
     if len(created) < count:
         click.echo(f"herder: only {len(created)} of {count} slot(s) fit on {label}", err=True)
 
 
 @click.command()
-@click.argument("reservation_id", type=int)
+@click.argument("reservation_id", type=click.IntRange(1, 2**63 - 1))
 @click.option("--status", required=True,
               type=click.Choice(["done", "failed", "cancelled"]))
 @pass_state
 def complete(state: State, reservation_id: int, status: str) -> None:
     """Mark a subagent slot done, failed or cancelled."""
-    from herder.runtime.coordinator import complete_reservation
-
     with edge():
-        ended = complete_reservation(state.client.store, reservation_id,
-                                     ReservationStatus(status), utcnow())
-    click.echo(f"reservation {reservation_id}: {ended.status}")
-
-
+        ended = state.client.complete_reservation(reservation_id, ReservationStatus(status))
+    click.echo(f"reservation {reservation_id}: {ended}")

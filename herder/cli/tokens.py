@@ -13,8 +13,13 @@ from herder.model import Scope, TokenRecord
 
 
 @click.group()
-def token() -> None:
-    """API tokens: create (printed once), list, revoke."""
+@pass_state
+def token(state: State) -> None:
+    """API tokens: create (printed once), list, revoke. Against the database only."""
+    if state.server is not None:
+        fail("`herder token` works against the database only (--db / HERDER_DB), not "
+             "--server / HERDER_SERVER: the first admin token can only come from there, and "
+             "no API route hands out operator tokens")
 
 
 @token.command("create")

@@ -481,31 +481,3 @@ def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:
 def job_from_assignment(view: dict[str, Any]) -> Job:
     """An assignment as the server sends it, as the job the agent runs."""
     return wire.Assignment.model_validate(view).job(datetime.now().astimezone())
-
-
-SYSTEMD_UNIT = """\
-[Unit]
-Description=herder agent for host {label}
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-User={user}
-WorkingDirectory={workdir}
-# The host token is read from {token_file}: owned by {user}, mode 0600 (the agent refuses a
-# file that group or others can read); never on a command line or in the environment.
-# Write it once, as root, pasting the token `herder host add` (or `herder host token
-# {label}`) printed, then Ctrl-D:
-#   install -d -m 755 {token_dir} && install -m 600 -o {user} /dev/null {token_file}
-#   cat > {token_file}
-ExecStart={herder} agent --server {server} --host {label} --token-file {token_file}
-# SIGTERM drains: no new work, running jobs finish or are handed back after the deadline.
-KillMode=mixed
-TimeoutStopSec={stop_seconds}
-Restart=always
-RestartSec=15
-
-[Install]
-WantedBy=multi-user.target
-"""

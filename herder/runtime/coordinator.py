@@ -678,29 +678,8 @@ class Coordinator:
     def token(self, token_hash: str) -> TokenRecord | None:
         return self.store.token_get(token_hash)
 
-    def release_slot(self, run_id: str) -> bool:
-        return self.store.reservation_release_ci(run_id, utcnow()) is not None
-
     def why(self, job_id: int) -> str:
         return why(self.store, self.fleet, job_id, utcnow())
-
-    def reserve(self, owner: str, label: str, weight: str, count: int) -> list[Reservation]:
-        host = self.store.host_get(label)
-        if host is None:
-            raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
-        self.config.check_weight(weight)
-        budget = self.fleet.weights.budget(weight)
-        now = utcnow()
-        return self.store.reservation_create(
-            ReservationKind.SUBAGENT, owner, label, weight, budget, count,
-            expires(now, self.settings.fleet.reservation_ttl), self.fleet.bookable(host), now)
-
-    def complete_reservation(self, reservation_id: int,
-                             status: ReservationStatus) -> Reservation:
-        return complete_reservation(self.store, reservation_id, status, utcnow())
-
-    def claim_slot(self, run_id: str, label: str, weight: str) -> Reservation:
-        return claim_slot(self.store, self.config, self.fleet, run_id, label, weight, utcnow())
 
 
 # -- shared by the CLI (direct store access) and the server ---------------------------------------
@@ -801,6 +780,18 @@ def complete_reservation(store: Store, reservation_id: int, status: ReservationS
     if existing is None:
         raise NotFound(f"no reservation {reservation_id}")
     return existing
+
+
+def reserve(store: Store, config: Config, fleet: Fleet, owner: str, label: str, weight: str,
+            count: int, now: datetime) -> list[Reservation]:
+    """Up to `count` subagent slots for `owner` on a host, as many as fit its bookable RAM."""
+    host = store.host_get(label)
+    if host is None:
+        raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
+    config.check_weight(weight)
+    return store.reservation_create(
+        ReservationKind.SUBAGENT, owner, label, weight, fleet.weights.budget(weight), count,
+        expires(now, config.settings.fleet.reservation_ttl), fleet.bookable(host), now)
 
 
 def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: str,

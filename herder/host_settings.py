@@ -1,0 +1,69 @@
+"""What `herder host add` and `host set` change on a host, as one value: the CLI parses its
+options into it, the HTTP API's body is the same fields, and `apply_settings` (run where the
+store and its config are) turns it into the stored record, so both paths refuse alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from herder.errors import InputError
+from herder.model import HostRecord, Transport
+
+if TYPE_CHECKING:
+    from herder.config import Config
+
+ANY_WEIGHT = ("", "any")
+"""A window's max weight that lifts the cap."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostSettings:
+    """The options given; None leaves a field as it is. `job_types` and `weights` empty
+    mean any; a window's max weight "" or "any" means no cap."""
+
+    ram_total_gb: float | None = None
+    ram_reserved_gb: float | None = None
+    cpus: int | None = None
+    transport: Transport | None = None
+    ssh_target: str | None = None
+    prime_workers: int | None = None
+    prime_max_weight: str | None = None
+    night_workers: int | None = None
+    night_max_weight: str | None = None
+    job_types: frozenset[str] | None = None
+    weights: frozenset[str] | None = None
+    priority_floor: int | None = None
+    labels: frozenset[str] | None = None
+
+
+def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> HostRecord:
+    """The host with `settings` applied; InputError naming the CLI option when one cannot be."""
+    changes: dict[str, Any] = {}
+    for key in ("ram_total_gb", "ram_reserved_gb", "cpus", "ssh_target", "priority_floor",
+                "transport"):
+        if getattr(settings, key) is not None:
+            changes[key] = getattr(settings, key)
+    for window in ("prime", "night"):
+        workers = getattr(settings, f"{window}_workers")
+        if workers is not None:
+            changes[f"{window}_max_workers"] = workers
+        weight = getattr(settings, f"{window}_max_weight")
+        if weight is not None:
+            if weight in ANY_WEIGHT:
+                changes[f"{window}_max_weight"] = None
+            else:
+                config.check_weight(weight, f"--{window}-max-weight")
+                changes[f"{window}_max_weight"] = weight
+    if settings.job_types is not None:
+        changes["allowed_job_types"] = settings.job_types or None
+    if settings.weights is not None:
+        for weight in sorted(settings.weights):
+            config.check_weight(weight, "--weights")
+        changes["allowed_weights"] = settings.weights or None
+    if settings.labels:
+        changes["labels"] = settings.labels
+    updated = replace(host, **changes)
+    if updated.transport is Transport.SSH and not updated.ssh_target:
+        raise InputError("--ssh-target", "an ssh host needs a target", "pass --ssh-target u@h")
+    return updated

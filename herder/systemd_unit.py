@@ -1,0 +1,97 @@
+"""systemd units for `herder agent install-systemd` and `herder server install-systemd`: one
+renderer, so both services start, stop and restart the same way. Pure text; the commands
+decide where it goes."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from herder.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    description: str
+    user: str
+    workdir: str
+    command: Sequence[str]
+    """ExecStart's argv; each part quoted for systemd (never a secret: units are world-readable)."""
+    restart: str
+    notes: Sequence[str] = ()
+    """Comment lines above ExecStart: what the operator writes once, and why."""
+    environment_file: str | None = None
+    stop_seconds: int | None = None
+    """TimeoutStopSec: how long SIGTERM may take (the agent drains running jobs)."""
+    kill_mode: str | None = None
+    restart_seconds: int = 15
+
+
+def exec_line(argv: Sequence[str]) -> str:
+    """argv as ExecStart reads it: quoted like a shell word, `%` doubled (a specifier
+    otherwise) and `$` doubled (systemd would expand a variable)."""
+    return " ".join(shlex.quote(part).replace("%", "%%").replace("$", "$$") for part in argv)
+
+
+def render(unit: Unit) -> str:
+    service = ["Type=simple", f"User={unit.user}", f"WorkingDirectory={unit.workdir}"]
+    if unit.environment_file is not None:
+        service.append(f"EnvironmentFile={unit.environment_file}")
+    service += [f"# {line}".rstrip() for line in unit.notes]
+    service.append(f"ExecStart={exec_line(unit.command)}")
+    if unit.kill_mode is not None:
+        service.append(f"KillMode={unit.kill_mode}")
+    if unit.stop_seconds is not None:
+        service.append(f"TimeoutStopSec={unit.stop_seconds}")
+    service += [f"Restart={unit.restart}", f"RestartSec={unit.restart_seconds}"]
+    return "\n".join([
+        "[Unit]", f"Description={unit.description}", "After=network-online.target",
+        "Wants=network-online.target", "", "[Service]", *service, "", "[Install]",
+        "WantedBy=multi-user.target", ""])
+
+
+def environment_line(name: str, value: str) -> str:
+    """One `NAME="value"` line of an EnvironmentFile (quotes and backslashes escaped)."""
+    if "\n" in value or "\r" in value:
+        raise InputError(name, "holds a line break", "an environment file holds one line "
+                         "per variable")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{name}="{escaped}"'
+
+
+def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdir: str,
+               token_file: str, drain_seconds: int, ca: str | None = None) -> Unit:
+    """`herder agent` for one host: Restart=always (an agent has no reason to stay down)."""
+    token_dir = token_file.rpartition("/")[0] or "/"
+    return Unit(
+        description=f"herder agent for host {label}", user=user, workdir=workdir,
+        command=[*herder, "agent", "--server", server, "--host", label,
+                 "--token-file", token_file, *(["--ca", ca] if ca else [])],
+        restart="always", kill_mode="mixed", stop_seconds=drain_seconds + 30, notes=[
+            f"The host token is read from {token_file}: owned by {user}, mode 0600 (the agent",
+            "refuses a file that group or others can read); never on a command line or in the",
+            "environment. Write it once, as root, pasting the token `herder host add` (or",
+            f"`herder host token {label}`) printed, then Ctrl-D:",
+            f"  install -d -m 755 {token_dir} && install -m 600 -o {user} /dev/null "
+            f"{token_file}",
+            f"  cat > {token_file}",
+            "SIGTERM drains: no new work, running jobs finish or are handed back after the",
+            "deadline (TimeoutStopSec).",
+        ])
+
+
+def server_unit(herder: Sequence[str], config: str | None, options: Sequence[str], user: str,
+                workdir: str, environment_file: str) -> Unit:
+    """`herder [--config FILE] server` with its options (--listen, TLS): Restart=on-failure, so a
+    server that exits 1 (its database lost for good, a fatal thread) is started again, and
+    one stopped on purpose stays stopped."""
+    return Unit(
+        description="herder server (fleet coordinator and HTTP API)", user=user,
+        workdir=workdir, restart="on-failure",
+        command=[*herder, *(["--config", config] if config else []), "server", *options],
+        environment_file=environment_file, stop_seconds=30, notes=[
+            "HERDER_DB (the database URL, with its password) and the secrets herder.toml",
+            f"names by variable are in {environment_file}: owned by root, mode 0600; never",
+            "on the command line or in this unit, which anyone on the machine may read.",
+        ])
