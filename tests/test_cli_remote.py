@@ -18,7 +18,7 @@ from support.cli import herder_argv, run_herder
 from support.environment import clean_environment
 from support.waits import wait_for
 
-from herder.api.tokens import new_token, token_hash
+from herder.api.tokens import new_token
 from herder.errors import InputError, NotFound
 from herder.model import JobStatus, Scope
 from herder.remote import RemoteClient, ServerFailed, TokenRefused, plain_http_warning
@@ -141,12 +141,7 @@ def without_age(table: str) -> list[list[str]]:
 
 
 def token_file(folder: Path, fleet: Any, scope: Scope) -> Path:
-    secret = new_token()
-    fleet.store.token_insert(f"cli-{scope}", scope, token_hash(secret), datetime.now(UTC))
-    path = folder / f"{scope}-token"
-    path.write_text(secret + "\n")
-    path.chmod(0o600)
-    return path
+    return Path(fleet.token_file(folder, scope))
 
 
 class Operator:

@@ -14,6 +14,10 @@ from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr,
 from herder.errors import InputError
 
 if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
+
     from herder.config import Settings
     from herder.store import Store
 
@@ -148,11 +152,35 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
                                              hook_secrets=hook_secrets))
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
-    uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
-                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5, **extra)
+    announcing_server(uvicorn.Config(
+        app, host=bind, port=int(port_text), log_level="warning", ssl_certfile=cert,
+        ssl_keyfile=key, timeout_graceful_shutdown=5, **extra), "https" if cert else "http",
+        log).run()
     if coordinator.fatal is not None:
         fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 
+
+
+def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger
+                      ) -> uvicorn.Server:
+    """A uvicorn server that logs "listening on URL" once its sockets are bound, with the
+    address and port they really have (uvicorn's own line is off at log level warning)."""
+    import uvicorn
+
+    from herder.urls import listen_url
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if not self.started:
+                return
+            for server in self.servers:
+                for bound in server.sockets:
+                    url = listen_url(scheme, bound.getsockname())
+                    log.info("listening on %s", url,
+                             extra={"event": "server_listening", "url": url})
+
+    return Announcing(config)
 
 
 @click.command()

@@ -21,8 +21,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from herder.model import AttemptResult, AttemptToken, Job, JobStatus, Outcome, Transport
-from herder.runtime.sources import PolicyLimits, decide_for
+from herder.model import (
+    LAUNCH_ERROR_CHARS,
+    AttemptResult,
+    AttemptToken,
+    Job,
+    JobStatus,
+    Outcome,
+    Transport,
+)
+from herder.runtime.sources import Ending, PolicyLimits, decide_for
 from herder.store import Store
 
 log = logging.getLogger("herder.ssh")
@@ -45,6 +53,18 @@ def outcome_for_exit(code: int) -> Outcome:
     if code == EXIT_UNREACHABLE:
         return Outcome.UNREACHABLE  # ssh's own failure: refused, denied, no route
     return Outcome.SPAWN_FAILED
+
+
+def last_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of an ssh session's output (its error, when it failed)."""
+    try:
+        with open(path, "rb") as output:
+            output.seek(max(0, output.seek(0, 2) - limit))
+            tail = output.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def remote_command(remote_herder: str, server_url: str, label: str,
@@ -120,19 +140,22 @@ class SshLauncher:
             return
         if job.status is JobStatus.QUEUED:
             return
+        ending = None
         if job.status is JobStatus.RUNNING:
-            if code == 0:
-                outcome = Outcome.LOST  # the remote side exited without reporting
-            else:
+            if code != 0:
                 log.warning("job %d: ssh exited %d while the attempt runs; the lease decides",
                             job.id, code)
                 return
-        else:
+            outcome = Outcome.LOST  # the remote side exited without reporting
+        else:  # it never started: what ssh or the remote herder said last is why
             outcome = outcome_for_exit(code)
+            said = last_line(launch.log_path)
+            ending = Ending(launch_error=f"ssh exited {code}{f': {said}' if said else ''}"
+                            [:LAUNCH_ERROR_CHARS])
         now = utcnow()
-        result = decide_for(job, outcome, now, self.limits)
+        result = decide_for(job, outcome, now, self.limits, ending=ending)
         applied = self.store.attempt_finish(
-            [AttemptResult(job.token, outcome, code, result.decision)], now)
+            [AttemptResult(job.token, outcome, code, result.decision, result.report)], now)
         if applied:
             log.warning("job %d attempt %d: ssh exit %d -> %s (%s)", job.id, job.attempt, code,
                         outcome, applied[0][1])
