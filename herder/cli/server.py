@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -12,6 +13,9 @@ import click
 
 from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
 from herder.errors import InputError
+
+STARTUP_FAILURE = 3
+"""uvicorn's exit status when its server never started."""
 
 if TYPE_CHECKING:
     import socket
@@ -152,10 +156,14 @@ def server(state: State, listen: str | None, label: str | None, tls_cert: str | 
                                              hook_secrets=hook_secrets))
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
-    announcing_server(uvicorn.Config(
+    served = announcing_server(uvicorn.Config(
         app, host=bind, port=int(port_text), log_level="warning", ssl_certfile=cert,
         ssl_keyfile=key, timeout_graceful_shutdown=5, **extra), "https" if cert else "http",
-        log).run()
+        log)
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+        served.run()
+    if not served.started:
+        sys.exit(STARTUP_FAILURE)
     if coordinator.fatal is not None:
         fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 
