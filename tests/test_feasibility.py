@@ -14,8 +14,9 @@ BMS4 = HostSpec("bms-4", ram_total_gb=32, ram_reserved_gb=4, prime=WindowCaps(3)
                 night=WindowCaps(4))  # books 22.4 GB
 LAP1 = HostSpec("lap-1", ram_total_gb=8, ram_reserved_gb=3, prime=WindowCaps(2, "heavy"),
                 night=WindowCaps(0), allowed_job_types=frozenset({"dev-issue", "review-pr"}),
-                allowed_weights=frozenset({"light", "heavy"}), priority_floor=5)  # 4 GB
-HOSTS = [BMS4, LAP1]
+                allowed_weights=frozenset({"light", "subagent"}), priority_floor=5)  # 4 GB
+SMALL = HostSpec("small", ram_total_gb=5)  # books 4 GB
+HOSTS = [BMS4, LAP1, SMALL]
 JOB_TYPES = {"dev-issue", "review-pr", "infra-task", "adhoc"}
 
 
@@ -34,7 +35,8 @@ def judge(job_type: str = "dev-issue", weight: str = "light", priority: int = 10
      "host lap-1 refuses job type infra-task (it takes dev-issue, review-pr)"),
     ({"affinity": "lap-1", "weight": "playwright"}, "weight", "host lap-1 refuses weight"),
     ({"affinity": "lap-1", "priority": 1}, "priority", "refuses priorities below 5"),
-    ({"affinity": "lap-1", "weight": "heavy"}, "weight", "host lap-1 can book 4.0 GB"),
+    ({"affinity": "small", "weight": "heavy"}, "weight",
+     "heavy books 8 GB of RAM; host small can book 4.0 GB"),
 ])
 def test_a_job_no_host_can_take_is_refused_naming_the_field(job, field, words):
     error = judge(**job)

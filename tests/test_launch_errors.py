@@ -42,7 +42,7 @@ def test_the_finish_route_keeps_the_detail_of_a_launch_failure_and_old_agents_st
     without (an older agent) is accepted as before, with no cause recorded."""
     fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": "60s"},
                        fleet={"pickup_timeout": "60s"})
-    fleet.add_host("cron1", "--ram", "16")
+    fleet.add_host("cron1", "--ram", "16", "--prime-workers", "2", "--night-workers", "2")
     fleet.cli("heartbeat", "--host", "cron1")  # healthy: placement uses it
     fleet.start_server()
     old, new = (fleet.submit(["claud"], max_attempts=1) for _ in range(2))
@@ -75,7 +75,8 @@ def test_herder_up_records_the_os_error_of_each_launch_that_failed(harness: Harn
         str(not_executable): (str(h.dir), "spawn failed: [Errno 13] Permission denied: "
                                           f"'{not_executable}'"),
         str(garbage): (str(h.dir), f"spawn failed: [Errno 8] Exec format error: '{garbage}'"),
-        "true": (str(gone), f"spawn failed: [Errno 2] No such file or directory: '{gone}'"),
+        "true": (str(gone), "spawn failed: [Errno 2] No such file or directory: "
+                            f"'{gone.resolve()}'"),
     }
     ids = {}
     for program, (workdir, _) in cases.items():
