@@ -137,3 +137,27 @@ def test_the_listening_url_is_the_address_and_port_the_socket_has():
 
     assert listen_url("http", ("127.0.0.1", 8470)) == "http://127.0.0.1:8470"
     assert listen_url("https", ("::1", 8471, 0, 0)) == "https://[::1]:8471"
+
+
+def test_a_host_row_reads_a_new_view_and_one_from_a_server_older_than_its_fields():
+    from herder.cli.hosts import HOST_COLUMNS, host_row
+    from herder.wire import HostView
+
+    older = {  # what a server before `condition` and `liveness` sent
+        "label": "alpha", "enabled": True, "agent": None, "transport": "agent",
+        "health": "healthy", "last_heartbeat": "2026-06-01T12:00:00+00:00",
+        "agent_down": "agent down: no heartbeat for 31.0s (3 missed)", "ram_total_gb": 16.0,
+        "ram_reserved_gb": 0.0, "bookable_gb": 12.8, "booked_gb": 0.0, "free_gb": 12.8,
+        "cpus": 4, "workers": 0, "window": "prime", "max_workers": 2, "max_weight": None,
+        "prime": {"max_workers": 2, "max_weight": None},
+        "night": {"max_workers": 2, "max_weight": None}, "allowed_job_types": None,
+        "allowed_weights": ["light"], "priority_floor": 5, "labels": [], "ssh_target": None}
+    view = HostView.model_validate(older).model_dump(mode="json")
+    row = dict(zip(HOST_COLUMNS, host_row(view), strict=True))
+    assert (row["STATE"], row["LIVENESS"], row["HEARTBEAT"], row["JOB TYPES"], row["WEIGHTS"],
+            row["FLOOR"]) == ("enabled", "down", "-", "any", "light", "5"), row
+    newer = {**view, "enabled": False, "condition": "drained", "liveness": "late",
+             "missed_heartbeats": 2, "heartbeat_age_seconds": 754.0}
+    row = dict(zip(HOST_COLUMNS, host_row(newer), strict=True))
+    assert (row["STATE"], row["LIVENESS"], row["HEARTBEAT"]) == (
+        "drained", "missed 2 heartbeats", "12m ago"), row

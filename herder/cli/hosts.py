@@ -38,20 +38,26 @@ def hosts(state: State, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(views, indent=2))
         return
-    header = ("HOST", "STATE", "LIVENESS", "HEARTBEAT", "HEALTH", "TRANSPORT", "WINDOW",
-              "WORKERS", "MAX WEIGHT", "JOB TYPES", "WEIGHTS", "FLOOR", "RAM FREE/BOOKABLE")
-    rows = [(view["label"], _condition(view), _liveness(view),
-             ago(view.get("heartbeat_age_seconds"), view["last_heartbeat"]), view["health"],
-             view["transport"], view["window"], f"{view['workers']}/{view['max_workers']}",
-             view["max_weight"] or "any", ",".join(view["allowed_job_types"] or ["any"]),
-             ",".join(view["allowed_weights"] or ["any"]),
-             "-" if view["priority_floor"] is None else str(view["priority_floor"]),
-             f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB") for view in views]
-    for line in columns(header, rows):
+    for line in columns(HOST_COLUMNS, [host_row(view) for view in views]):
         click.echo(line)
     for view in views:  # what keeps a job type off a host for now
         for job_type, why in {**view["preflight_failed"], **view["breakers"]}.items():
             click.echo(f"{view['label']} {job_type}: {why}")
+
+
+HOST_COLUMNS = ("HOST", "STATE", "LIVENESS", "HEARTBEAT", "HEALTH", "TRANSPORT", "WINDOW",
+                "WORKERS", "MAX WEIGHT", "JOB TYPES", "WEIGHTS", "FLOOR", "RAM FREE/BOOKABLE")
+
+
+def host_row(view: dict[str, Any]) -> tuple[str, ...]:
+    """One host's cells of `herder hosts` from its JSON view (a server's or our own)."""
+    return (view["label"], _condition(view), _liveness(view),
+            ago(view.get("heartbeat_age_seconds"), view["last_heartbeat"]), view["health"],
+            view["transport"], view["window"], f"{view['workers']}/{view['max_workers']}",
+            view["max_weight"] or "any", ",".join(view["allowed_job_types"] or ["any"]),
+            ",".join(view["allowed_weights"] or ["any"]),
+            "-" if view["priority_floor"] is None else str(view["priority_floor"]),
+            f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
 
 
 def _condition(view: dict[str, Any]) -> str:
