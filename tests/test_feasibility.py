@@ -81,6 +81,11 @@ def test_a_bound_job_whose_weight_no_window_admits_is_refused():
      "--job-types", "no job type named dev-isue"),
     (HostSpec("h", ram_total_gb=8, ram_reserved_gb=3,
               allowed_weights=frozenset({"light", "heavy"})), "--weights", "heavy can never fit"),
+    (HostSpec("h", ram_total_gb=16, prime=WindowCaps(0), night=WindowCaps(0)),
+     "--prime-workers", "0 workers in prime time and at night"),
+    (HostSpec("h", ram_total_gb=64, prime=WindowCaps(2, "light"), night=WindowCaps(0, None),
+              allowed_weights=frozenset({"heavy", "orchestrator"})), "--weights",
+     "no open window admits heavy, orchestrator (prime max light)"),
 ])
 def test_a_host_configured_against_itself_is_refused_naming_the_option(host, field, words):
     with pytest.raises(InputError) as caught:

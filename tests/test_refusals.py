@@ -71,6 +71,8 @@ def test_a_submit_some_host_can_take_is_accepted(project):
     (("set", "lap-1", "--reserved", "9"), "--reserved", "9 GB reserved of 8 GB"),
     (("set", "tiny", "--weights", "light,heavy"), "--weights", "heavy can never fit"),
     (("set", "tiny", "--job-types", "review-pr,infra"), "--job-types", "no job type named infra"),
+    (("set", "tiny", "--prime-workers", "0", "--night-workers", "0"), "--prime-workers",
+     "would never take work"),
 ])
 def test_a_host_setting_that_contradicts_itself_is_refused(project, args, field, words):
     with open_store(project[1]) as store:

@@ -4,7 +4,8 @@ Placement explains a job that waits; a job that would wait forever is better ref
 it is submitted: bound (`--host`) to a host that does not exist or that refuses its type,
 weight or priority, or whose weight books more RAM than any host can. So is a host whose
 own settings contradict each other: reserved RAM at or above its RAM, a job-type
-allow-list naming a type that does not exist (a typo), an allowed weight it can never fit.
+allow-list naming a type that does not exist (a typo), no window with workers, allowed
+weights no open window admits or that can never fit its RAM.
 """
 
 from __future__ import annotations
@@ -84,6 +85,19 @@ def check_host(host: HostSpec, job_types: Collection[str], weights: WeightTable,
     if unknown:
         raise InputError("--job-types", f"no job type named {', '.join(unknown)}",
                          f"use names from herder.toml: {', '.join(sorted(job_types))}")
+    windows = [(name, caps) for name, caps in (("prime", host.prime), ("night", host.night))
+               if caps.max_workers > 0]
+    if not windows:
+        raise InputError("--prime-workers", "0 workers in prime time and at night: the host "
+                         "would never take work", "give a window workers, or add it with "
+                         "--disabled to park it")
+    allowed = sorted(host.allowed_weights or ())
+    if allowed and not any(weights.allows(caps.max_weight, weight)
+                           for _, caps in windows for weight in allowed):
+        caps_text = ", ".join(f"{name} max {caps.max_weight}" for name, caps in windows)
+        raise InputError("--weights", f"no open window admits {', '.join(allowed)} "
+                         f"({caps_text})", "allow a lighter weight, or raise a window's "
+                         "--prime-max-weight / --night-max-weight")
     room = _bookable(host, bookable_fraction)
     too_big = sorted(weight for weight in host.allowed_weights or ()
                      if weights.known(weight) and weights.budget(weight) > room)
