@@ -250,3 +250,28 @@ def test_a_frozen_run_attempt_s_job_is_stopped_by_its_guardian_before_the_rerun(
         wait_for(lambda: remote not in run_attempt_processes(tmp / "remote.toml", job_id), 30,
               "the thawed run-attempt to exit")
     store.close()
+
+
+def test_an_ssh_client_that_cannot_start_is_a_spawn_failure_with_its_os_error(
+    tmp_path: Path, fleet: tuple[Path, str]
+) -> None:
+    tmp, url = fleet
+    config = tmp / "herder.toml"
+    missing = tmp / "no-ssh-here"
+    config.write_text(config.read_text().replace('ssh_command = ["ssh",',
+                                                 f'ssh_command = ["{missing}",'))
+    add_ssh_host(tmp, "s3", "nowhere")
+    job_id = int(herder(tmp, "submit", "--", "true").stdout)
+    store = open_store(url)
+    try:
+        with running_server(tmp):
+            job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j,
+                           60, "the job to fail")
+        assert (job.status, job.failure_reason, job.failures) == (
+            JobStatus.FAILED, "spawn_failed", 0), job
+        error = f"spawn failed: [Errno 2] No such file or directory: '{missing}'"
+        assert launch_errors(store.event_list(job_id)) == {1: error, 2: error}
+        assert herder(tmp, "why", str(job_id)).stdout.endswith(
+            f"its last attempt on s3 could not start: {error}\n")
+    finally:
+        store.close()

@@ -127,9 +127,16 @@ class SshLauncher:
                    remote_command(self.remote_herder, self.server_url, label, job.token)]
         path = self.log_dir / str(job.id) / f"{job.attempt}.ssh.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as output:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with open(path, "ab") as output:
+                process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:  # no ssh client here (`[fleet] ssh_command`): the server's
+            log.error("job %d attempt %d: ssh could not start: %s", job.id, job.attempt, exc,
+                      extra={"event": "spawn_failed", "job_id": job.id,
+                             "attempt": job.attempt, "host": label})
+            self._unstarted(job, Outcome.SPAWN_FAILED, None, f"spawn failed: {exc}")
+            return
         log.info("job %d attempt %d: ssh %s (pid %d)", job.id, job.attempt, target,
                  process.pid)
         self.running[job.token] = _Launch(label, job, process, path)
@@ -140,24 +147,30 @@ class SshLauncher:
             return
         if job.status is JobStatus.QUEUED:
             return
-        ending = None
         if job.status is JobStatus.RUNNING:
             if code != 0:
                 log.warning("job %d: ssh exited %d while the attempt runs; the lease decides",
                             job.id, code)
-                return
-            outcome = Outcome.LOST  # the remote side exited without reporting
-        else:  # it never started: what ssh or the remote herder said last is why
-            outcome = outcome_for_exit(code)
-            said = last_line(launch.log_path)
-            ending = Ending(launch_error=f"ssh exited {code}{f': {said}' if said else ''}"
-                            [:LAUNCH_ERROR_CHARS])
+            else:  # the remote side exited without reporting
+                self._record(job, Outcome.LOST, code, None)
+            return
+        # It never started: what ssh or the remote herder said last is why.
+        said = last_line(launch.log_path)
+        self._unstarted(job, outcome_for_exit(code), code,
+                        f"ssh exited {code}{f': {said}' if said else ''}")
+
+    def _unstarted(self, job: Job, outcome: Outcome, code: int | None, error: str) -> None:
+        """An attempt that never started, with why (`herder show`, `herder why`)."""
+        self._record(job, outcome, code, Ending(launch_error=error[:LAUNCH_ERROR_CHARS]))
+
+    def _record(self, job: Job, outcome: Outcome, code: int | None,
+                ending: Ending | None) -> None:
         now = utcnow()
         result = decide_for(job, outcome, now, self.limits, ending=ending)
         applied = self.store.attempt_finish(
             [AttemptResult(job.token, outcome, code, result.decision, result.report)], now)
         if applied:
-            log.warning("job %d attempt %d: ssh exit %d -> %s (%s)", job.id, job.attempt, code,
+            log.warning("job %d attempt %d: ssh exit %s -> %s (%s)", job.id, job.attempt, code,
                         outcome, applied[0][1])
 
     def stop(self) -> None:
