@@ -3,7 +3,7 @@
 The target is one `place()` under a second for 10k hosts × 100k queued jobs in CPython.
 Fleets mix five host kinds (big bare-metal boxes, small VPSes, laptops closed at night,
 light-only WSL boxes with a priority floor and a job-type allow-list, CI boxes), a few
-hosts disabled, down or never seen, and existing load. Queues mix the seed weights, job
+hosts drained, down or never seen, and existing load. Queues mix the seed weights, job
 types and priorities; 2 % of jobs are bound to a host, 10 % prefer one, and waiting times
 up to an hour make most of a deep backlog starving (so reservations are exercised).
 

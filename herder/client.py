@@ -27,6 +27,7 @@ from herder.model import (
     Event,
     HostRecord,
     Job,
+    JobSpec,
     JobStatus,
     ReservationStatus,
     Scope,
@@ -126,16 +127,28 @@ class Client:
         from herder.intake import resolve  # only submit renders commands (string, shlex)
 
         request = submit_request_of(job_type, command, payload, available_at, now, fields)
-        if check_command and self._fleet_runs_it():
-            check_command = False  # another host runs it: its preflight checks the command
+        hosts = self.store.host_list()
+        if check_command and any(host.transport is not Transport.LOCAL for host in hosts):
+            # Another host (an agent or ssh host) may run it: the command and workdir need
+            # not exist here; that host's preflight checks them.
+            check_command = False
         spec = resolve(self.config, request, now, check_command=check_command)
+        if hosts:
+            self.check_feasible(spec, hosts)
         result = self.store.job_insert([spec], now, force=request.force)[0]
         return Submitted(result.job_id, result.created, result.status)
 
-    def _fleet_runs_it(self) -> bool:
-        """Whether a registered host other than this machine (an agent or ssh host) may
-        run the job, so the command and workdir need not exist here."""
-        return any(host.transport is not Transport.LOCAL for host in self.store.host_list())
+    def check_feasible(self, spec: JobSpec, hosts: Sequence[HostRecord]) -> None:
+        """Refuse (InputError naming the field) a job none of these hosts can ever take:
+        bound to a host that does not exist or refuses it, or heavier than any host."""
+        from herder.runtime.scheduler import Fleet
+        from herder.scheduling.feasibility import check_job
+        from herder.scheduling.placement import HostSpec
+
+        fleet = Fleet.from_settings(self.config.settings)
+        check_job(spec.job_type, spec.weight, spec.priority, spec.affinity,
+                  [HostSpec.configured(host) for host in hosts], fleet.weights,
+                  fleet.policy.bookable_fraction)
 
     def get(self, job_id: int) -> Job:
         job = self.store.job_get(job_id)

@@ -66,4 +66,14 @@ def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> 
     updated = replace(host, **changes)
     if updated.transport is Transport.SSH and not updated.ssh_target:
         raise InputError("--ssh-target", "an ssh host needs a target", "pass --ssh-target u@h")
+    # A host that could never take a job is refused here, on both paths, not found later
+    # in `herder why`.
+    from herder.intake import ADHOC
+    from herder.runtime.scheduler import Fleet
+    from herder.scheduling.feasibility import check_host
+    from herder.scheduling.placement import HostSpec
+
+    fleet = Fleet.from_settings(config.settings)
+    check_host(HostSpec.configured(updated), {*config.settings.job_types, ADHOC},
+               fleet.weights, fleet.policy.bookable_fraction)
     return updated

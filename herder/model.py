@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,6 +14,8 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 BIGINT_MAX = 2**63 - 1
 """The store's ids."""
 MAX_DURATION = 366 * 86400.0
+LAUNCH_ERROR_CHARS = 1000
+"""The longest launch error (an OS error's text) an attempt keeps."""
 """Longer is surely a typo, and would overflow datetime arithmetic downstream."""
 
 
@@ -233,6 +235,25 @@ class Event:
     to_status: JobStatus | None
     attempt: int | None
     detail: JSONObject
+
+
+def launch_errors(events: Sequence[Event]) -> dict[int, str]:
+    """Attempt number -> why it could not start (the OS error its runner recorded on its
+    `finished` event), for the attempts that never started."""
+    return {event.attempt: str(event.detail["launch_error"]) for event in events
+            if event.kind == "finished" and event.attempt is not None
+            and event.detail.get("launch_error")}
+
+
+def launch_failure(attempts: Sequence[Attempt], events: Sequence[Event]) -> str | None:
+    """"its last attempt on H could not start: ERROR" when the job's last ended attempt
+    never started; None otherwise (`herder why`)."""
+    ended = [attempt for attempt in attempts if attempt.ended_at is not None]
+    if not ended:
+        return None
+    last = max(ended, key=lambda attempt: attempt.attempt)
+    error = launch_errors(events).get(last.attempt)
+    return None if error is None else f"its last attempt on {last.host} could not start: {error}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,3 +15,11 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)
     user = (parts.username or "") + ":***"
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def listen_url(scheme: str, sockname: tuple[object, ...] | str) -> str:
+    """The URL a bound socket answers on (`getsockname()`): an IPv6 address in brackets."""
+    if isinstance(sockname, str):  # a Unix socket's path
+        return f"{scheme}+unix://{sockname}"
+    host, port = str(sockname[0]), sockname[1]
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"

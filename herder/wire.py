@@ -218,6 +218,8 @@ class JobDetail(JobView):
     outcome: Outcome | None = None
     result: dict[str, Any] | None = None
     cost_usd: float | None = None
+    launch_error: str | None = None
+    """Why its last ended attempt could not start (the OS error), if it could not."""
     attempts: list[AttemptView]
     events: list[EventView]
 
@@ -229,10 +231,12 @@ class JobDetail(JobView):
         ended = [a for a in attempts if a.outcome is not None]
         result = last.get("result")
         cost = last.get("cost_usd")
+        launch = last.get("launch_error")
         return cls(**dict(JobView.of(job)),
                    outcome=ended[-1].outcome if ended else None,
                    result=result if isinstance(result, dict) else None,
                    cost_usd=cost if isinstance(cost, int | float) else None,
+                   launch_error=launch if isinstance(launch, str) else None,
                    attempts=[AttemptView.of(attempt) for attempt in attempts],
                    events=[EventView.of(event) for event in events])
 
@@ -392,6 +396,14 @@ class HostView(Reply):
     last_heartbeat: Timestamp | None
     agent_down: str | None
     """Why its agent is not live for placement (missed heartbeats); None when it is."""
+    condition: str | None = None
+    """"enabled", "drained" (`herder host drain`), "agent draining" or "agent stopped":
+    the words `herder why` uses. None from a server older than the field."""
+    liveness: str | None = None
+    """By placement's rule: live, late (missed a heartbeat), down, stopped or unknown."""
+    missed_heartbeats: int = 0
+    heartbeat_age_seconds: float | None = None
+    """Seconds since its last heartbeat when the view was made."""
     ram_total_gb: float
     ram_reserved_gb: float
     bookable_gb: float
@@ -631,6 +643,8 @@ class FinishBody(Body):
     exit_code: Int32 | None = None
     retry_after: Seconds | None = None
     detail: str | None = Field(default=None, max_length=10_000)
+    """What the agent says of the ending: why it refused the job, and for `launch_failed`
+    the OS error that kept it from starting (recorded as the attempt's `launch_error`)."""
     log_tail: str | None = Field(default=None, max_length=LOG_TAIL_CHARS)
     """The end of the attempt's log, for the server to classify the ending."""
     result: str | None = Field(default=None, max_length=RESULT_CHARS + 1)

@@ -170,7 +170,8 @@ def test_a_server_places_jobs_on_accounts_an_agent_probes(make_fleet, tmp_path: 
     depleted the job is not placed at all (attempt 0), `why` and the fleet-stopped alert say
     so, and it runs under first once an operator clears first (the test under `herder up`
     waits for a reset to pass instead)."""
-    fleet = make_fleet(tmp_path, store_url, extra=job_type(tmp_path))
+    fleet = make_fleet(tmp_path, store_url, fleet={"alert_grace": "0s"},
+                       extra=job_type(tmp_path))
     fleet.add_hosts({"alpha": ("--ram", "16")})
     garbage = tmp_path / "garbage-probe"
     garbage.write_text("#!/bin/sh\necho '{\"credentials_present\": true}'\n")

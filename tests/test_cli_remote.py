@@ -244,12 +244,7 @@ def without_age(table: str) -> list[list[str]]:
 
 
 def token_file(folder: Path, fleet: Any, scope: Scope) -> Path:
-    secret = new_token()
-    fleet.store.token_insert(f"cli-{scope}", scope, token_hash(secret), datetime.now(UTC))
-    path = folder / f"{scope}-token"
-    path.write_text(secret + "\n")
-    path.chmod(0o600)
-    return path
+    return Path(fleet.token_file(folder, scope))
 
 
 class Operator:
@@ -440,7 +435,7 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
     ci = Operator(tmp_path / "ci", fleet.url, token_file(tmp_path, fleet, Scope.SUBMIT))
 
     # host add: the token on stdout once, the same lines as against the database
-    options = ("--ram", "8", "--reserved", "1", "--cpus", "4", "--job-types", "adhoc",
+    options = ("--ram", "16", "--reserved", "1", "--cpus", "4", "--job-types", "adhoc",
                "--weights", "light,heavy", "--night-workers", "3", "--label", "gpu")
     over = admin.run("host", "add", "lap-2", *options)
     local = fleet.cli("host", "add", "lap-3", *options)
@@ -478,7 +473,10 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
                  ("host", "add", "bad label", "--ram", "8"), ("host", "add", "lap-9"),
                  ("host", "set", "lap-2", "--weights", "no-such-weight"),
                  ("host", "set", "lap-2", "--transport", "ssh"), ("ram", "nope"),
-                 ("host", "token", "nope"), ("host", "remove", "nope")):
+                 ("host", "token", "nope"), ("host", "remove", "nope"),
+                 # a host that could never take a job (feasibility), refused on both paths
+                 ("host", "add", "lap-9", "--ram", "8", "--reserved", "8"),
+                 ("host", "set", "lap-2", "--job-types", "no-such-type")):
         line = admin.error(*args)
         assert fleet.cli(*args, check=False).stderr == line + "\n", args
     assert fleet.store.host_get("lap-9") is None

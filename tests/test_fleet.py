@@ -128,9 +128,9 @@ def test_drain_lets_running_job_finish_and_places_nothing_new(make_fleet, tmp_pa
     fleet.cli("host", "drain", "alpha")
     assert fleet.hosts()["alpha"]["enabled"] is False
     second = fleet.submit(recorder(events, body="true"))
-    wait_for(lambda: "alpha disabled" in fleet.why_api(second), 20,
-             "why to say alpha is disabled", fleet.describe)
-    assert "alpha disabled" in fleet.why(second)
+    wait_for(lambda: "alpha drained" in fleet.why_api(second), 20,
+             "why to say alpha is drained", fleet.describe)
+    assert "alpha drained" in fleet.why(second)
     holds_for(lambda: fleet.job(second).attempt == 0, 1.0,
               "the new job to stay off the drained host", fleet.describe)
 
@@ -154,10 +154,10 @@ WSL1_TYPES = "dev-issue,continue-issue,review-pr,review-plan"
 
 
 def job_types(ran: Path) -> str:
-    """dev-issue and infra-task: both record that they ran (and where) in `ran`."""
+    """wsl1's job types and infra-task: each records that it ran (and where) in `ran`."""
     command = f'echo "$HERDER_JOB_ID $HERDER_HOST $HERDER_JOB_TYPE" >> {ran}'
     return "".join(f"[job_types.{name}]\ncommand = ['/bin/sh', '-c', '{command}']\n"
-                   f"priority = 10\n\n" for name in ("dev-issue", "infra-task"))
+                   f"priority = 10\n\n" for name in (*WSL1_TYPES.split(","), "infra-task"))
 
 
 @pytest.mark.slow

@@ -11,10 +11,16 @@ from hypothesis import strategies as st
 from herder.scheduling.health import (
     HealthThresholds,
     HostHealth,
+    HostLiveness,
     Liveness,
+    LivenessChange,
+    LivenessState,
     accepts_work,
     agent_down,
+    down_reason,
     host_health,
+    host_liveness,
+    liveness_changes,
 )
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
@@ -103,3 +109,82 @@ def test_liveness_only_worsens_with_age(first, second):
     young = agent_down(NOW - timedelta(seconds=younger), {}, NOW, LIVENESS)
     old = agent_down(NOW - timedelta(seconds=older), {}, NOW, LIVENESS)
     assert young is None or old is not None
+
+
+# -- liveness as `herder hosts` shows it ------------------------------------------------------
+
+AGENT = {"worker": "alpha/10/20"}
+TEN_BY_THREE = Liveness(heartbeat_interval_seconds=10, missed_heartbeats=3)
+
+
+@pytest.mark.parametrize(
+    ("age_seconds", "state", "missed"),
+    [
+        (0, LivenessState.LIVE, 0),
+        (9.9, LivenessState.LIVE, 0),
+        (10, LivenessState.LATE, 1),
+        (29.9, LivenessState.LATE, 2),
+        (30, LivenessState.DOWN, 3),  # the very age at which placement stops using it
+        (600, LivenessState.DOWN, 60),
+        (-5, LivenessState.LIVE, 0),
+    ],
+)
+def test_an_agent_host_is_late_after_one_missed_beat_and_down_by_placements_rule(
+        age_seconds, state, missed):
+    beat = NOW - timedelta(seconds=age_seconds)
+    liveness = host_liveness(beat, AGENT, HostHealth.HEALTHY, NOW, TEN_BY_THREE)
+    assert liveness == HostLiveness(state, missed)
+    # the same boundary as placement's: down exactly when agent_down says why
+    assert (state is LivenessState.DOWN) == (agent_down(beat, AGENT, NOW, TEN_BY_THREE)
+                                             is not None)
+
+
+def test_liveness_words_name_the_missed_heartbeats():
+    assert HostLiveness(LivenessState.LIVE).describe() == "live"
+    assert HostLiveness(LivenessState.LATE, 1).describe() == "missed 1 heartbeat"
+    assert HostLiveness(LivenessState.LATE, 2).describe() == "missed 2 heartbeats"
+    assert HostLiveness(LivenessState.DOWN, 7).describe() == "down"
+    assert HostLiveness(LivenessState.UNKNOWN).describe() == "never seen"
+
+
+def test_a_stopped_agent_is_stopped_a_dead_one_down_and_a_slower_one_has_its_interval():
+    fresh = NOW - timedelta(seconds=1)
+    stopped = host_liveness(fresh, {**AGENT, "stopped": True}, HostHealth.HEALTHY, NOW,
+                            TEN_BY_THREE)
+    assert stopped.state is LivenessState.STOPPED
+    gone = host_liveness(fresh, {**AGENT, "stopped": True, "gone": True}, HostHealth.HEALTHY,
+                         NOW, TEN_BY_THREE)
+    assert gone.state is LivenessState.DOWN  # its guardian reported it dead
+    slow = {**AGENT, "heartbeat_interval": 60}
+    assert host_liveness(NOW - timedelta(seconds=100), slow, HostHealth.HEALTHY, NOW,
+                         TEN_BY_THREE) == HostLiveness(LivenessState.LATE, 1)
+
+
+def test_hosts_without_an_agent_go_by_their_health():
+    beat = NOW - timedelta(seconds=100)
+    assert host_liveness(beat, None, HostHealth.DEGRADED, NOW,
+                         TEN_BY_THREE).state is LivenessState.LIVE
+    assert host_liveness(beat, None, HostHealth.DOWN, NOW,
+                         TEN_BY_THREE).state is LivenessState.DOWN
+    assert host_liveness(None, None, HostHealth.UNKNOWN, NOW,
+                         TEN_BY_THREE).state is LivenessState.UNKNOWN
+
+
+def test_down_reason_is_the_agents_word_or_the_silence():
+    assert down_reason(NOW, HostHealth.HEALTHY, None, NOW) is None
+    assert down_reason(NOW, HostHealth.HEALTHY,
+                       "agent down: no heartbeat for 35.0s (3 missed)", NOW) == (
+        "no heartbeat for 35.0s (3 missed)")
+    assert down_reason(NOW, HostHealth.HEALTHY, "agent stopped", NOW) == "agent stopped"
+    assert down_reason(NOW - timedelta(seconds=1000), HostHealth.DOWN, None, NOW) == (
+        "no heartbeat for 1000s")
+    assert down_reason(None, HostHealth.UNKNOWN, None, NOW) == "never heartbeated"
+
+
+def test_liveness_changes_are_transitions_between_cycles_only():
+    assert liveness_changes({}, {"a": "no heartbeat for 40s", "b": None}) == []  # baseline
+    previous = {"a": None, "b": "agent stopped", "c": None, "d": "x"}
+    current = {"a": "no heartbeat for 31s", "b": None, "c": None, "d": "y", "e": "never"}
+    assert liveness_changes(previous, current) == [
+        LivenessChange("a", "no heartbeat for 31s"), LivenessChange("b", None)]
+    assert liveness_changes(current, current) == []

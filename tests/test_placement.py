@@ -89,9 +89,9 @@ def test_an_idle_healthy_host_takes_a_light_job():
     assert dict(plan.reservations) == {}
 
 
-def test_disabled_host_is_drained():
+def test_a_drained_host_takes_nothing():
     plan = place(snap([job(1)], [replace(BMS4, enabled=False)]))
-    assert only_rejection(plan, 1) == Rejection("bms-4", Reason.DISABLED, "disabled")
+    assert only_rejection(plan, 1) == Rejection("bms-4", Reason.DRAINED, "drained")
 
 
 @pytest.mark.parametrize(
@@ -254,7 +254,7 @@ def test_filters_run_in_order():
     host = replace(WSL1, enabled=False, prime=WindowCaps(0, "light"))
     plan = place(snap([job(1, "heavy", priority=1, job_type="infra-task")], [host],
                       idle(host, health=HostHealth.DOWN)))
-    assert only_rejection(plan, 1).reason is Reason.DISABLED
+    assert only_rejection(plan, 1).reason is Reason.DRAINED
     plan = place(snap([job(1, "heavy", priority=1, job_type="infra-task")],
                       [replace(host, enabled=True)], idle(host, health=HostHealth.DOWN)))
     assert only_rejection(plan, 1).reason is Reason.HEALTH
@@ -652,7 +652,7 @@ class Reference:
     def static_reason(self, job: PendingJob, host: HostSpec) -> Reason | None:
         caps = host.caps(self.window)
         checks = [
-            (Reason.DISABLED, not host.enabled),
+            (Reason.DRAINED, not host.enabled),
             (Reason.HEALTH, not accepts_work(self.health[host.label])),
             (Reason.AGENT_DOWN, self.agent_down[host.label]),
             (Reason.WINDOW_CLOSED, caps.max_workers <= 0),

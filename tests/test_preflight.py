@@ -138,7 +138,7 @@ def test_a_host_whose_preflight_fails_is_passed_over_and_another_runs_the_job(
     tools.mkdir()
     (tools / "agentcli").write_text(AGENTCLI)
     (tools / "agentcli").chmod(0o755)
-    fleet = make_fleet(tmp_path, sqlite_url,
+    fleet = make_fleet(tmp_path, sqlite_url, fleet={"alert_grace": "0s"},
                        extra='[job_types.agentic]\ncommand = ["agentcli", "work"]\n')
     fleet.add_hosts({"alpha": ("--ram", "16"), "beta": ("--ram", "16")})
     fleet.start_server()

@@ -20,6 +20,7 @@ from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch
 from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
+from herder.scheduling.alerting import in_start_grace
 from herder.scheduling.health import HostHealth
 from herder.store import open_store
 
@@ -341,3 +342,56 @@ def test_a_new_leader_gives_agents_the_grace_before_alerting_no_healthy_host(sto
     store.host_heartbeat("agent1", later, {"via": "heartbeat"})
     scheduler.run_once(later)
     assert open_alerts() == []
+
+
+def test_the_start_grace_is_a_new_leaders_first_alert_grace_seconds():
+    assert in_start_grace(None, NOW, 60.0)  # not leading yet
+    assert in_start_grace(NOW, NOW + timedelta(seconds=59.9), 60.0)
+    assert not in_start_grace(NOW, NOW + timedelta(seconds=60), 60.0)
+    assert not in_start_grace(NOW, NOW, 0.0)
+
+
+def test_a_new_leader_gives_agents_the_grace_before_alerting_fleet_stopped(store):
+    """Work queued for a host that is healthy but closed now: `fleet:stopped`, but not in
+    a new leader's first `alert_grace`."""
+    from dataclasses import replace
+
+    fleet = replace(Fleet.from_settings(Settings()), alert_grace=60.0)
+    store.host_insert(HostRecord("cron1", 20, prime_max_workers=0), NOW)  # closed by day
+    store.host_heartbeat("cron1", NOW, {"via": "heartbeat"})
+    store.job_insert([JobSpec(command=("true",))], NOW)
+    scheduler = Scheduler(store, fleet)
+
+    def stopped_alerts() -> list[str]:
+        return [a.message for a in store.alert_list() if a.key == "fleet:stopped"]
+
+    scheduler.run_once(NOW)
+    scheduler.run_once(NOW + timedelta(seconds=59))
+    assert stopped_alerts() == []
+    scheduler.run_once(NOW + timedelta(seconds=61))
+    [message] = stopped_alerts()
+    assert "cron1: closed in prime time" in message, message
+
+
+def test_the_leader_logs_a_host_going_down_and_coming_back(store, caplog):
+    fleet = Fleet.from_settings(Settings())  # an agent is down after 3 missed 10 s beats
+    store.host_insert(HostRecord("agent1", 20), NOW)
+    store.host_heartbeat("agent1", NOW, {"worker": "agent1/10/20"})
+    scheduler = Scheduler(store, fleet)
+
+    def lines(at: datetime) -> list[tuple[str, str, str | None]]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="herder.scheduler"):
+            scheduler.run_once(at)
+        return [(r.levelname, r.getMessage(), getattr(r, "event", None))
+                for r in caplog.records if getattr(r, "host", None) == "agent1"
+                and getattr(r, "event", None) in ("host_down", "host_back")]
+
+    assert lines(NOW) == []  # the first cycle is the baseline
+    assert lines(NOW + timedelta(seconds=29)) == []
+    assert lines(NOW + timedelta(seconds=31)) == [
+        ("WARNING", "host agent1 down: no heartbeat for 31.0s (3 missed)", "host_down")]
+    assert lines(NOW + timedelta(seconds=40)) == []  # still down: said once
+    back = NOW + timedelta(seconds=41)
+    store.host_heartbeat("agent1", back, {"worker": "agent1/11/21"})
+    assert lines(back) == [("INFO", "host agent1 back", "host_back")]

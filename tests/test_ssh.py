@@ -18,7 +18,7 @@ from support.ports import free_port
 from support.processes import process_argv, process_ids, process_parent
 from support.waits import wait_for
 
-from herder.model import JobStatus, Outcome
+from herder.model import JobStatus, Outcome, launch_errors
 from herder.store import open_store
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -159,6 +159,12 @@ def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
         attempts = store.attempt_list(job_id)
         assert [a.exit_code for a in attempts] == [255, 255]
         assert all(a.started_at is None for a in attempts)
+        # what ssh said is kept on each attempt, and `why` repeats the last
+        errors = launch_errors(store.event_list(job_id))
+        assert sorted(errors) == [1, 2] and all(
+            text.startswith("ssh exited 255: ") for text in errors.values()), errors
+        why = herder(tmp, "why", str(job_id)).stdout
+        assert f"its last attempt on dead could not start: {errors[2]}" in why, why
     finally:
         store.close()
 
@@ -180,6 +186,9 @@ def test_remote_side_without_a_token_exits_1_and_the_job_is_retried_then_failed(
         # run-attempt reported (declared lost, nothing spent), which is no failure.
         ran = [a for a in attempts if a.outcome is not Outcome.LOST]
         assert [a.exit_code for a in ran] == [1, 1], attempts
+        errors = launch_errors(store.event_list(job_id))
+        for attempt in ran:  # the remote herder's one-line error, through ssh
+            assert errors[attempt.attempt].startswith("ssh exited 1: herder: error: "), errors
     finally:
         store.close()
 
@@ -241,3 +250,28 @@ def test_a_frozen_run_attempt_s_job_is_stopped_by_its_guardian_before_the_rerun(
         wait_for(lambda: remote not in run_attempt_processes(tmp / "remote.toml", job_id), 30,
               "the thawed run-attempt to exit")
     store.close()
+
+
+def test_an_ssh_client_that_cannot_start_is_a_spawn_failure_with_its_os_error(
+    tmp_path: Path, fleet: tuple[Path, str]
+) -> None:
+    tmp, url = fleet
+    config = tmp / "herder.toml"
+    missing = tmp / "no-ssh-here"
+    config.write_text(config.read_text().replace('ssh_command = ["ssh",',
+                                                 f'ssh_command = ["{missing}",'))
+    add_ssh_host(tmp, "s3", "nowhere")
+    job_id = int(herder(tmp, "submit", "--", "true").stdout)
+    store = open_store(url)
+    try:
+        with running_server(tmp):
+            job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j,
+                           60, "the job to fail")
+        assert (job.status, job.failure_reason, job.failures) == (
+            JobStatus.FAILED, "spawn_failed", 0), job
+        error = f"spawn failed: [Errno 2] No such file or directory: '{missing}'"
+        assert launch_errors(store.event_list(job_id)) == {1: error, 2: error}
+        assert herder(tmp, "why", str(job_id)).stdout.endswith(
+            f"its last attempt on s3 could not start: {error}\n")
+    finally:
+        store.close()

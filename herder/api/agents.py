@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, call, check_worker
-from herder.model import BIGINT_MAX, AttemptToken
+from herder.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
 from herder.runtime.sources import Ending
 from herder.wire import (
     Assignment,
@@ -94,8 +94,11 @@ async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
 async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                          body: FinishBody, service: Service) -> Finished:
     memory = body.memory()
+    launch_error = (body.detail[:LAUNCH_ERROR_CHARS] if body.detail
+                    and body.outcome is Outcome.LAUNCH_FAILED else None)
     ending = (None if body.log_tail is None and body.result is None and memory is None
-              else Ending(body.log_tail or "", body.result, memory))
+              and launch_error is None
+              else Ending(body.log_tail or "", body.result, memory, launch_error))
     status = await call(service.finish_attempt, label, AttemptToken(job_id, attempt),
                         body.outcome, body.exit_code, body.retry_after, ending)
     return Finished(accepted=True, status=status)

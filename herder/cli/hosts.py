@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import State, edge, names, pass_state
+from herder.cli.root import State, columns, edge, elapsed, names, pass_state
 from herder.errors import NotFound
 from herder.model import INT_MAX, INT_MIN, Transport
 
@@ -19,32 +19,62 @@ if TYPE_CHECKING:
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of host objects.")
 @pass_state
 def hosts(state: State, as_json: bool) -> None:
-    """List hosts with health, window caps and RAM headroom."""
+    """List hosts: drain state, liveness, last heartbeat, health, window caps, allow-lists
+    and RAM headroom."""
     with edge():
         views = [view.model_dump(mode="json") for view in state.reader.hosts()]
     if as_json:
         click.echo(json.dumps(views, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("HOST", "STATE", "HEALTH", "TRANSPORT", "WINDOW", "WORKERS", "MAX WEIGHT",
-                   "RAM FREE/BOOKABLE"):
-        table.add_column(column)
-    for view in views:
-        condition = "drained" if not view["enabled"] else (
-            f"agent {view['agent']}" if view["agent"] else "enabled")
-        health = f"{view['health']}, not live" if view.get("agent_down") else view["health"]
-        table.add_row(view["label"], condition,
-                      health, view["transport"], view["window"],
-                      f"{view['workers']}/{view['max_workers']}", view["max_weight"] or "any",
-                      f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
-    console = Console()
-    console.print(table)
+    for line in columns(HOST_COLUMNS, [host_row(view) for view in views]):
+        click.echo(line)
     for view in views:  # what keeps a job type off a host for now
         for job_type, why in {**view["preflight_failed"], **view["breakers"]}.items():
-            console.print(f"{view['label']} {job_type}: {why}", highlight=False)
+            click.echo(f"{view['label']} {job_type}: {why}")
+
+
+HOST_COLUMNS = ("HOST", "STATE", "LIVENESS", "HEARTBEAT", "HEALTH", "TRANSPORT", "WINDOW",
+                "WORKERS", "MAX WEIGHT", "JOB TYPES", "WEIGHTS", "FLOOR", "RAM FREE/BOOKABLE")
+
+
+def host_row(view: dict[str, Any]) -> tuple[str, ...]:
+    """One host's cells of `herder hosts` from its JSON view (a server's or our own)."""
+    return (view["label"], _condition(view), _liveness(view),
+            ago(view.get("heartbeat_age_seconds"), view["last_heartbeat"]), view["health"],
+            view["transport"], view["window"], f"{view['workers']}/{view['max_workers']}",
+            view["max_weight"] or "any", ",".join(view["allowed_job_types"] or ["any"]),
+            ",".join(view["allowed_weights"] or ["any"]),
+            "-" if view["priority_floor"] is None else str(view["priority_floor"]),
+            f"{view['free_gb']:.1f}/{view['bookable_gb']:.1f} GB")
+
+
+def _condition(view: dict[str, Any]) -> str:
+    """The view's own word; worked out for a server older than it."""
+    if view.get("condition"):
+        return str(view["condition"])
+    if not view["enabled"]:
+        return "drained"
+    return f"agent {view['agent']}" if view["agent"] else "enabled"
+
+
+def _liveness(view: dict[str, Any]) -> str:
+    from herder.scheduling.health import HostLiveness, LivenessState
+
+    state = view.get("liveness")
+    if state is None:  # a server older than the field
+        return "down" if view.get("agent_down") else "-"
+    try:
+        liveness = HostLiveness(LivenessState(state), int(view.get("missed_heartbeats") or 0))
+    except ValueError:  # a word of a newer server
+        return str(state)
+    return liveness.describe()
+
+
+def ago(seconds: float | None, stamp: str | None = None) -> str:
+    """A heartbeat's age as `herder hosts` shows it: 12s ago, 3m ago, 2h ago, never."""
+    if seconds is None:
+        return "never" if stamp is None else "-"
+    return f"{elapsed(seconds)} ago"
 
 
 def host_options(function: Any) -> Any:

@@ -11,9 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from herder.cli.root import EXIT_SKIP, State, columns, duration, edge, fail, labelled, pass_state
+from herder.cli.root import (
+    EXIT_SKIP,
+    State,
+    columns,
+    duration,
+    edge,
+    elapsed,
+    fail,
+    labelled,
+    pass_state,
+)
 from herder.errors import InputError
-from herder.model import JobStatus
+from herder.model import JobStatus, launch_errors
 
 if TYPE_CHECKING:
     from herder.client import Client
@@ -106,11 +116,7 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
 def _age(value: datetime | None) -> str:
     if value is None:
         return "-"
-    seconds = (datetime.now(UTC) - value).total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{max(int(seconds), 0)}s"
+    return elapsed((datetime.now(UTC) - value).total_seconds())
 
 
 @click.command()
@@ -175,16 +181,20 @@ def show(state: State, job_id: int, as_json: bool) -> None:
     result = last.get("result") if isinstance(last.get("result"), dict) else None
     for label, value in (("result", (result or {}).get("summary")),
                          ("cost_usd", last.get("cost_usd")),
-                         ("result_error", last.get("result_error"))):
+                         ("result_error", last.get("result_error")),
+                         ("launch_error", last.get("launch_error"))):
         if value is not None:
             click.echo(labelled(label, value))
     if attempts:
         click.echo("\n" + click.style("attempts", bold=True))
         under = {e.attempt: f" account={e.detail.get('account')}" for e in events
                  if e.kind == "account"}
+        unstarted = launch_errors(events)
         for a in attempts:
             click.echo(f"  #{a.attempt} {a.host} pid={a.pid} {a.outcome or 'live'} "
                        f"exit={a.exit_code}{under.get(a.attempt, '')} log={a.log_path}")
+            if a.attempt in unstarted:
+                click.echo(f"     could not start on {a.host}: {unstarted[a.attempt]}")
             if a.memory is not None:
                 click.echo(f"     {a.memory.describe()}")
     click.echo("\n" + click.style("events", bold=True))

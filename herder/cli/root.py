@@ -254,6 +254,14 @@ def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return [click.style(lines[0], bold=True), *lines[1:]]
 
 
+def elapsed(seconds: float) -> str:
+    """An age as the tables show it: 12s, 3m, 2h, 1d (whole units, rounded down)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(int(seconds), 0)}s"
+
+
 def labelled(label: str, value: object) -> str:
     """One `label  value` line of `show`, the label right-aligned in bold."""
     return f"{click.style(f'{label:>18}', bold=True)}  {value}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -13,7 +14,14 @@ import click
 from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
 from herder.errors import InputError
 
+STARTUP_FAILURE = 3
+"""uvicorn's exit status when its server never started."""
+
 if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
+
     from herder.config import Settings
     from herder.store import Store
 
@@ -151,8 +159,14 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
                                              hook_secrets=hook_secrets))
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
-    uvicorn.run(app, host=bind, port=int(port_text), log_level="warning",
-                ssl_certfile=cert, ssl_keyfile=key, timeout_graceful_shutdown=5, **extra)
+    served = announcing_server(uvicorn.Config(
+        app, host=bind, port=int(port_text), log_level="warning", ssl_certfile=cert,
+        ssl_keyfile=key, timeout_graceful_shutdown=5, **extra), "https" if cert else "http",
+        log)
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+        served.run()
+    if not served.started:
+        sys.exit(STARTUP_FAILURE)
     if coordinator.fatal is not None:
         fail(f"{coordinator.fatal} (exiting so a supervisor restarts the server)", 1)
 
@@ -261,6 +275,28 @@ def write_private(path: str, text: str) -> None:
     with os.fdopen(descriptor, "w", encoding="utf-8") as out:
         os.fchmod(out.fileno(), 0o600)
         out.write(text)
+
+
+def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger
+                      ) -> uvicorn.Server:
+    """A uvicorn server that logs "listening on URL" once its sockets are bound, with the
+    address and port they really have (uvicorn's own line is off at log level warning)."""
+    import uvicorn
+
+    from herder.urls import listen_url
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if not self.started:
+                return
+            for server in self.servers:
+                for bound in server.sockets:
+                    url = listen_url(scheme, bound.getsockname())
+                    log.info("listening on %s", url,
+                             extra={"event": "server_listening", "url": url})
+
+    return Announcing(config)
 
 
 @click.command()

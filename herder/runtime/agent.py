@@ -258,7 +258,11 @@ class HttpSource(WorkSource):
         self._logs.finish(job.token)
         fields: dict[str, Any] = {"outcome": outcome, "exit_code": exit_code,
                                   "retry_after": retry_after}
-        if ending is not None:  # the fields only when there is an ending to judge
+        if ending is not None and ending.launch_error:
+            # In `detail`, which every server accepts (and older ones ignore): a new field
+            # would be refused with 422 by them, and the finish dropped.
+            fields["detail"] = storable_text(ending.launch_error)
+        elif ending is not None:  # the fields only when there is an ending to judge
             fields["log_tail"] = storable_text(ending.log_tail)
             if ending.result is not None:
                 fields["result"] = storable_text(ending.result)

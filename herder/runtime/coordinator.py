@@ -36,6 +36,7 @@ from herder.model import (
     ReservationStatus,
     TokenRecord,
     Transport,
+    launch_failure,
 )
 from herder.runtime.accounts import (
     probe_commands,
@@ -55,6 +56,7 @@ from herder.runtime.scheduler import (
     Scheduler,
     agent_state,
     blocked_job_types,
+    condition,
     expires,
     lease_seconds,
     pickup_timeout_seconds,
@@ -640,6 +642,10 @@ class Coordinator:
         return resolve(self.config, body, utcnow(), local=False, check_command=False)
 
     def submit(self, spec: JobSpec, force: bool) -> InsertResult:
+        """Enqueue a resolved job; InputError (422) when no host can ever take it."""
+        hosts = self.store.host_list()
+        if hosts:
+            self.operations.check_feasible(spec, hosts)
         result = self.store.job_insert([spec], utcnow(), force)[0]
         self.poke()
         return result
@@ -695,10 +701,15 @@ def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
     bookable = fleet.bookable(host)
     booked = usage.booked_gb if usage else 0.0
     caps = fleet.caps(host, now)
+    liveness = fleet.liveness_of(host, now)
     return HostView(
         label=host.label, enabled=host.enabled, agent=agent_state(host),
         transport=str(host.transport), health=str(fleet.health(host, now)),
         last_heartbeat=host.last_heartbeat, agent_down=fleet.agent_down(host, now),
+        condition=condition(host),
+        liveness=str(liveness.state), missed_heartbeats=liveness.missed,
+        heartbeat_age_seconds=None if host.last_heartbeat is None
+        else round(max(0.0, (now - host.last_heartbeat).total_seconds()), 1),
         ram_total_gb=host.ram_total_gb, ram_reserved_gb=host.ram_reserved_gb,
         bookable_gb=round(bookable, 3), booked_gb=round(booked, 3),
         free_gb=round(bookable - booked, 3), cpus=host.cpus,
@@ -750,6 +761,13 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
         return f"running on {job.host} (attempt {job.attempt})"
     if job.status is JobStatus.CLAIMED:
         return f"placed on {job.host}, waiting for it to start (attempt {job.attempt})"
+    # A job that waits or failed because its last attempt could not start says why.
+    launch = launch_failure(store.attempt_list(job_id), store.event_list(job_id)) if (
+        job.attempt and job.status is not JobStatus.DONE) else None
+    return _why_not_running(store, fleet, job, now) + (f"; {launch}" if launch else "")
+
+
+def _why_not_running(store: Store, fleet: Fleet, job: Job, now: datetime) -> str:
     if job.status.terminal:
         reason = f" ({job.failure_reason})" if job.failure_reason else ""
         return f"{job.status}{reason}; exit code {job.exit_code}"
@@ -764,7 +782,7 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
         return (f"queued; no hosts are registered, so `herder up` runs it "
                 f"({ahead} job(s) ahead of it)")
     snapshot = take_snapshot(store, fleet, now)
-    return explain(job_id, place(snapshot), snapshot)
+    return explain(job.id, place(snapshot), snapshot)
 
 
 def complete_reservation(store: Store, reservation_id: int, status: ReservationStatus,

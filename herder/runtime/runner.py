@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from herder.backoff import Backoff
 from herder.config import FleetSection, RuntimeSection, Settings
-from herder.model import AttemptToken, Job, Outcome
+from herder.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
 from herder.runtime.executor import (
     LaunchError,
     RunningAttempt,
@@ -119,6 +119,12 @@ class Result:
     retry: Retry = field(default_factory=Retry)
     ending: Ending | None = None
     """The log's tail and $HERDER_RESULT, for an attempt that ran."""
+
+
+def launch_failed(job: Job, error: str) -> Result:
+    """An attempt that never started, with why in the OS's words."""
+    return Result(job, Outcome.LAUNCH_FAILED, None,
+                  ending=Ending(launch_error=error[:LAUNCH_ERROR_CHARS]))
 
 
 def utcnow() -> datetime:
@@ -419,11 +425,12 @@ class Runner:
             came = self.source.asked_at(job.token)
             try:
                 self._start(job, asked if came is None else min(asked, came))
-            except Exception:
+            except Exception as exc:
                 # Claimed, so never dropped: record it as not launched (retried by policy).
                 log.exception("job %d attempt %d: start failed", job.id, job.attempt)
                 if job.token not in self.running:
-                    self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
+                    self.unreported[job.token] = launch_failed(
+                        job, f"start failed: {type(exc).__name__}: {exc}")
         return jobs
 
     def _start(self, job: Job, asked: float) -> None:
@@ -456,7 +463,7 @@ class Runner:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc,
                       extra={"event": "spawn_failed", "job_id": job.id,
                              "attempt": job.attempt, "host": self.options.host})
-            self.unreported[job.token] = Result(job, Outcome.LAUNCH_FAILED, None)
+            self.unreported[job.token] = launch_failed(job, f"spawn failed: {exc}")
             self._report(time.monotonic())
             return
         # Supervised from here on, whatever the store answers next.

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, time, timedelta
 from typing import Any
 
 from herder.config import FleetSection, Settings
 from herder.model import HostRecord, Transport
 from herder.runtime.accounts import FLEET_STOPPED, AccountRules
+from herder.scheduling.alerting import in_start_grace
 from herder.scheduling.breaker import (
     PAUSE_SECONDS,
     THRESHOLD,
@@ -36,10 +37,14 @@ from herder.scheduling.health import (
     DEFAULT_LIVENESS,
     HealthThresholds,
     HostHealth,
+    HostLiveness,
     Liveness,
     accepts_work,
     agent_down,
+    down_reason,
     host_health,
+    host_liveness,
+    liveness_changes,
 )
 from herder.scheduling.placement import (
     HostLoad,
@@ -135,10 +140,29 @@ class Fleet:
         """Why a host whose agent heartbeats is not live for placement; None when it is,
         and for hosts no agent heartbeats for (ssh and local hosts, cron's `herder
         heartbeat`), which go by the health thresholds alone."""
-        info = host.agent_info if isinstance(host.agent_info, dict) else {}
-        if host.transport is not Transport.AGENT or "worker" not in info:
+        info = _agent_info(host)
+        if info is None:
             return None
         return agent_down(host.last_heartbeat, info, now, self.liveness)
+
+    def liveness_of(self, host: HostRecord, now: datetime) -> HostLiveness:
+        """Live, late, down or stopped by the rule placement uses (`agent_down`)."""
+        return host_liveness(host.last_heartbeat, _agent_info(host), self.health(host, now),
+                             now, self.liveness)
+
+    def down(self, host: HostRecord, now: datetime) -> str | None:
+        """Why placement counts the host as down now; None while it is live."""
+        return down_reason(host.last_heartbeat, self.health(host, now),
+                           self.agent_down(host, now), now)
+
+
+def _agent_info(host: HostRecord) -> dict[str, Any] | None:
+    """The heartbeat info of a host an agent heartbeats for; None for the others (ssh and
+    local hosts, cron's `herder heartbeat`), which go by the health thresholds alone."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    if host.transport is not Transport.AGENT or "worker" not in info:
+        return None
+    return info
 
 
 def _narrow(server: frozenset[str] | None, agent: Any) -> frozenset[str] | None:
@@ -175,20 +199,24 @@ def host_spec(host: HostRecord) -> HostSpec:
     # a stopped agent's host is refused by liveness, which names it (agent_down).
     state = agent_state(host)
     available = state is None or (state == "stopped" and host.transport is Transport.AGENT)
-    return HostSpec(
-        label=host.label,
-        ram_total_gb=host.ram_total_gb,
-        ram_reserved_gb=host.ram_reserved_gb,
-        cpus=host.cpus,
+    return replace(
+        HostSpec.configured(host),
         enabled=host.enabled and available,
-        transport=str(host.transport),
-        prime=WindowCaps(host.prime_max_workers, host.prime_max_weight),
-        night=WindowCaps(host.night_max_workers, host.night_max_weight),
         allowed_job_types=_narrow(host.allowed_job_types, gate.get("job_types")),
         allowed_weights=_narrow(host.allowed_weights, gate.get("weights")),
         priority_floor=max(floors) if floors else None,
-        labels=host.labels,
+        drained=condition(host),
     )
+
+
+def condition(host: HostRecord) -> str:
+    """One word for what `herder why`, `herder hosts` and `/queue` say of a host's drain:
+    "drained" (the operator's `herder host drain`), "agent draining", "agent stopped", or
+    "enabled"."""
+    if not host.enabled:
+        return "drained"
+    state = agent_state(host)
+    return f"agent {state}" if state else "enabled"
 
 
 def take_snapshot(store: Store, fleet: Fleet, now: datetime,
@@ -234,10 +262,14 @@ class Scheduler:
     last_plan: Plan | None = field(default=None, init=False)
     last_heartbeat: datetime | None = field(default=None, init=False)
     first_cycle: datetime | None = field(default=None, init=False)
-    """When this scheduler first ran (as leader): the no-healthy-host alert waits
-    `alert_grace` after it for agents to check in."""
+    """When this scheduler first ran (as leader): the no-healthy-host and fleet-stopped
+    alerts wait `alert_grace` after it for agents to check in."""
+    down: dict[str, str | None] = field(default_factory=dict, init=False)
+    """Each host's reason to be down at the last cycle (None: live), to log changes."""
 
     def run_once(self, now: datetime) -> dict[str, int]:
+        records = {host.label: host for host in self.store.host_list()}
+        self._log_liveness(records, now)
         breakers = self.fleet.breakers(self.store, now)
         self._alert_breakers(breakers, now)
         snapshot = take_snapshot(self.store, self.fleet, now, breakers)
@@ -248,7 +280,6 @@ class Scheduler:
         for assignment in plan.assignments:
             budget = self.fleet.weights.budget(weights[assignment.job_id])
             by_host[assignment.host].append((assignment.job_id, budget))
-        records = {host.label: host for host in self.store.host_list()}
         placed = 0
         hosts_with_work: set[str] = set()
         for label, items in by_host.items():
@@ -280,6 +311,19 @@ class Scheduler:
                 extra={"event": "dispatch_cycle", **summary})
         return summary
 
+    def _log_liveness(self, records: Mapping[str, HostRecord], now: datetime) -> None:
+        """Log each host that went down or came back since the last cycle."""
+        current = {label: self.fleet.down(host, now) for label, host in records.items()}
+        for change in liveness_changes(self.down, current):
+            if change.down is not None:
+                log.warning("host %s down: %s", change.host, change.down,
+                            extra={"event": "host_down", "host": change.host,
+                                   "reason": change.down})
+            else:
+                log.info("host %s back", change.host,
+                         extra={"event": "host_back", "host": change.host})
+        self.down = current
+
     def _alert(self, snapshot: Snapshot, now: datetime) -> int:
         """Raise one deduplicated alert while no enabled host can take work, once a new leader
         has given agents `alert_grace` to check in."""
@@ -289,7 +333,7 @@ class Scheduler:
                    and loads[h.label].agent_down is None]
         if self.first_cycle is None:
             self.first_cycle = now
-        waiting = (now - self.first_cycle).total_seconds() < self.fleet.alert_grace
+        waiting = in_start_grace(self.first_cycle, now, self.fleet.alert_grace)
         stopped = bool(enabled) and not healthy
         if stopped and not waiting:
             stale = ", ".join(
@@ -319,8 +363,11 @@ class Scheduler:
 
     def _alert_stopped(self, plan: Plan, now: datetime, any_healthy: bool) -> None:
         """One deduplicated alert while work is queued and no host is able to run any of it
-        (the no-healthy-host alert already says so when every host is down)."""
+        (the no-healthy-host alert already says so when every host is down); not in a new
+        leader's `alert_grace`, while agents check in."""
         hosts = stopped(plan) if any_healthy else None
+        if hosts and in_start_grace(self.first_cycle, now, self.fleet.alert_grace):
+            return
         if hosts:
             text = "; ".join(f"{host}: {why}" for host, why in hosts.items())
             if self.store.alert_open(FLEET_STOPPED, f"work is queued and no host can run "

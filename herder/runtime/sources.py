@@ -122,6 +122,9 @@ class Ending:
     result: str | None = None
     memory: MemoryUse | None = None
     """Its process tree's peak RSS against its budget."""
+    launch_error: str | None = None
+    """Why it could not start, in the OS's words ("spawn failed: [Errno 2] No such file or
+    directory: 'claud'"): recorded on its `finished` event for `herder show` and `why`."""
 
 
 def decide_for(
@@ -134,7 +137,9 @@ def decide_for(
     wait ends unless the ending says."""
     report: dict[str, object] = {}
     reason = None
-    if ending is not None:
+    if ending is not None and ending.launch_error:
+        report["launch_error"] = ending.launch_error  # nothing ran: nothing to classify
+    elif ending is not None:
         found = verdict(outcome, exit_code, ending.log_tail, now, ending.result,
                         limits.rules.exit_codes.get(job.job_type, {}),
                         limits.rules.patterns.get(job.job_type, DEFAULT_PATTERNS))
@@ -180,7 +185,8 @@ def record_ending(
         return None
     status = applied[0][1]
     log_ending(job, result, status)
-    alert_on_ending(store, job, result, now, limits)
+    alert_on_ending(store, job, result, now, limits,
+                    ending.launch_error if ending is not None else None)
     return status
 
 
@@ -219,7 +225,7 @@ def ending_event(outcome: Outcome, status: JobStatus) -> tuple[int, str] | None:
 
 
 def alert_on_ending(store: Store, job: Job, result: AttemptResult, now: datetime,
-                    limits: PolicyLimits) -> None:
+                    limits: PolicyLimits, launch_error: str | None = None) -> None:
     """The alerts an ended attempt opens or clears (delivered by herder.runtime.delivery).
     Waiting for someone to read `herder jobs` is how such a fleet stops for a day."""
     decision = result.decision
@@ -232,7 +238,8 @@ def alert_on_ending(store: Store, job: Job, result: AttemptResult, now: datetime
     elif decision.actionable and decision.status is JobStatus.FAILED:
         store.alert_open(f"job:{job.id}:failed",
                          f"job {job.id} ({job.job_type}) failed on {where}: "
-                         f"{decision.failure_reason or result.outcome} (see `herder show "
+                         f"{decision.failure_reason or result.outcome}"
+                         f"{f' ({launch_error})' if launch_error else ''} (see `herder show "
                          f"{job.id}`; `herder retry {job.id}` once fixed)", now)
     loop_key = f"job:{job.id}:oom_loop"
     if result.outcome in HEAVY_OUTCOMES:

@@ -21,8 +21,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from herder.model import AttemptResult, AttemptToken, Job, JobStatus, Outcome, Transport
-from herder.runtime.sources import PolicyLimits, decide_for
+from herder.model import (
+    LAUNCH_ERROR_CHARS,
+    AttemptResult,
+    AttemptToken,
+    Job,
+    JobStatus,
+    Outcome,
+    Transport,
+)
+from herder.runtime.sources import Ending, PolicyLimits, decide_for
 from herder.store import Store
 
 log = logging.getLogger("herder.ssh")
@@ -45,6 +53,18 @@ def outcome_for_exit(code: int) -> Outcome:
     if code == EXIT_UNREACHABLE:
         return Outcome.UNREACHABLE  # ssh's own failure: refused, denied, no route
     return Outcome.SPAWN_FAILED
+
+
+def last_line(path: Path, limit: int = 4096) -> str:
+    """The last non-empty line of an ssh session's output (its error, when it failed)."""
+    try:
+        with open(path, "rb") as output:
+            output.seek(max(0, output.seek(0, 2) - limit))
+            tail = output.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def remote_command(remote_herder: str, server_url: str, label: str,
@@ -107,9 +127,16 @@ class SshLauncher:
                    remote_command(self.remote_herder, self.server_url, label, job.token)]
         path = self.log_dir / str(job.id) / f"{job.attempt}.ssh.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as output:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with open(path, "ab") as output:
+                process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:  # no ssh client here (`[fleet] ssh_command`): the server's
+            log.error("job %d attempt %d: ssh could not start: %s", job.id, job.attempt, exc,
+                      extra={"event": "spawn_failed", "job_id": job.id,
+                             "attempt": job.attempt, "host": label})
+            self._unstarted(job, Outcome.SPAWN_FAILED, None, f"spawn failed: {exc}")
+            return
         log.info("job %d attempt %d: ssh %s (pid %d)", job.id, job.attempt, target,
                  process.pid)
         self.running[job.token] = _Launch(label, job, process, path)
@@ -121,20 +148,29 @@ class SshLauncher:
         if job.status is JobStatus.QUEUED:
             return
         if job.status is JobStatus.RUNNING:
-            if code == 0:
-                outcome = Outcome.LOST  # the remote side exited without reporting
-            else:
+            if code != 0:
                 log.warning("job %d: ssh exited %d while the attempt runs; the lease decides",
                             job.id, code)
-                return
-        else:
-            outcome = outcome_for_exit(code)
+            else:  # the remote side exited without reporting
+                self._record(job, Outcome.LOST, code, None)
+            return
+        # It never started: what ssh or the remote herder said last is why.
+        said = last_line(launch.log_path)
+        self._unstarted(job, outcome_for_exit(code), code,
+                        f"ssh exited {code}{f': {said}' if said else ''}")
+
+    def _unstarted(self, job: Job, outcome: Outcome, code: int | None, error: str) -> None:
+        """An attempt that never started, with why (`herder show`, `herder why`)."""
+        self._record(job, outcome, code, Ending(launch_error=error[:LAUNCH_ERROR_CHARS]))
+
+    def _record(self, job: Job, outcome: Outcome, code: int | None,
+                ending: Ending | None) -> None:
         now = utcnow()
-        result = decide_for(job, outcome, now, self.limits)
+        result = decide_for(job, outcome, now, self.limits, ending=ending)
         applied = self.store.attempt_finish(
-            [AttemptResult(job.token, outcome, code, result.decision)], now)
+            [AttemptResult(job.token, outcome, code, result.decision, result.report)], now)
         if applied:
-            log.warning("job %d attempt %d: ssh exit %d -> %s (%s)", job.id, job.attempt, code,
+            log.warning("job %d attempt %d: ssh exit %s -> %s (%s)", job.id, job.attempt, code,
                         outcome, applied[0][1])
 
     def stop(self) -> None:

@@ -142,3 +142,10 @@ def in_memory_loop(attempts: Iterable[Attempt], now: datetime, count: int,
 def silent_for(last_cycle_age: float | None, limit: float) -> bool:
     """The scheduler is silent: no completed cycle for longer than `limit` seconds."""
     return last_cycle_age is not None and last_cycle_age > limit
+
+
+def in_start_grace(leader_since: datetime | None, now: datetime, grace_seconds: float) -> bool:
+    """A new leader's first `grace_seconds` (`[fleet] alert_grace`): agents have had no
+    chance to check in yet, so "no healthy host" and "fleet stopped" would be false alarms.
+    None (not leading yet) is within it."""
+    return leader_since is None or (now - leader_since).total_seconds() < grace_seconds

@@ -139,7 +139,7 @@ def capacity_ratio(healthy_slots: int, enabled_slots: int) -> float:
     """Share of the enabled slots that sit on hosts accepting work.
 
     With no enabled slots at all the ratio is 1.0: nothing was lost, and every host is
-    already refused for being disabled or closed, so shedding would only blur the reason.
+    already refused for being drained or closed, so shedding would only blur the reason.
     """
     if enabled_slots <= 0:
         return 1.0

@@ -99,3 +99,91 @@ def agent_down(
 
 
 DEFAULT_LIVENESS = Liveness()
+
+
+class LivenessState(enum.StrEnum):
+    LIVE = "live"
+    LATE = "late"
+    """Live for placement, but it has missed a heartbeat or more."""
+    DOWN = "down"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+    """Never heard from."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostLiveness:
+    """Whether placement counts a host as live, and how many heartbeats it has missed."""
+
+    state: LivenessState
+    missed: int = 0
+
+    def describe(self) -> str:
+        """The word `herder hosts` shows: live, missed N heartbeats, down, stopped."""
+        if self.state is LivenessState.LATE:
+            return f"missed {self.missed} heartbeat{'' if self.missed == 1 else 's'}"
+        if self.state is LivenessState.UNKNOWN:
+            return "never seen"
+        return str(self.state)
+
+
+def host_liveness(last_heartbeat: datetime | None, agent_info: Mapping[str, Any] | None,
+                  health: HostHealth, now: datetime, liveness: Liveness) -> HostLiveness:
+    """A host's liveness by the rule placement uses. Pure.
+
+    `agent_info` is the agent's last heartbeat info for a host an agent heartbeats for
+    (None for ssh, local and cron hosts, which go by the health thresholds): live until
+    it has missed `missed_heartbeats` beats, late once it has missed one."""
+    if last_heartbeat is None:
+        return HostLiveness(LivenessState.UNKNOWN)
+    if agent_info is None:
+        return HostLiveness(LivenessState.LIVE if accepts_work(health) else LivenessState.DOWN)
+    age = max(0.0, (now - last_heartbeat).total_seconds())
+    interval = liveness.window_seconds(agent_info.get("heartbeat_interval")) / max(
+        liveness.missed_heartbeats, 1)
+    missed = int(age // interval) if interval > 0 else 0
+    if agent_down(last_heartbeat, agent_info, now, liveness) is not None:
+        # Stopped cleanly is the agent's word; one its guardian reported dead is down.
+        stopped = bool(agent_info.get("stopped")) and not agent_info.get("gone")
+        return HostLiveness(LivenessState.STOPPED if stopped else LivenessState.DOWN, missed)
+    return HostLiveness(LivenessState.LATE if missed else LivenessState.LIVE, missed)
+
+
+def down_reason(last_heartbeat: datetime | None, health: HostHealth,
+                agent_reason: str | None, now: datetime) -> str | None:
+    """Why placement counts a host as down now (its agent's reason, or no heartbeat within
+    the health thresholds); None while it is live. Pure."""
+    if agent_reason is not None:
+        return agent_reason.removeprefix("agent down: ")
+    if accepts_work(health):
+        return None
+    if last_heartbeat is None:
+        return "never heartbeated"
+    return f"no heartbeat for {(now - last_heartbeat).total_seconds():.0f}s"
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessChange:
+    """A host that went down (`down` says why) or came back (`down` is None)."""
+
+    host: str
+    down: str | None
+
+
+def liveness_changes(previous: Mapping[str, str | None],
+                     current: Mapping[str, str | None]) -> list[LivenessChange]:
+    """The hosts that went down or came back between two scheduler cycles, by label. Pure.
+
+    Each maps a label to why it is down (None: live). A host seen for the first time (a
+    new leader's first cycle, a host just added) is only a baseline: a fresh server must
+    not report every host it has not heard from yet."""
+    changes = []
+    for label in sorted(current):
+        if label not in previous:
+            continue
+        before, after = previous[label], current[label]
+        if before is None and after is not None:
+            changes.append(LivenessChange(label, after))
+        elif before is not None and after is None:
+            changes.append(LivenessChange(label, None))
+    return changes

@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 
 from herder.config import FleetSection
+from herder.model import HostRecord
 from herder.scheduling.capacity import (
     DEFAULT_SCHEDULE,
     DEFAULT_WEIGHTS,
@@ -63,7 +64,8 @@ POOL_AFTER = 8
 class Reason(enum.StrEnum):
     """Why a host refused a job, in the order the filters run."""
 
-    DISABLED = "disabled"
+    DRAINED = "drained"
+    """The operator drained it (`herder host drain`), or its agent is draining."""
     HEALTH = "health"
     AGENT_DOWN = "agent_down"
     WINDOW_CLOSED = "window_closed"
@@ -101,9 +103,25 @@ class HostSpec:
     allowed_weights: frozenset[str] | None = None
     priority_floor: int | None = None
     labels: frozenset[str] = frozenset()
+    drained: str = "drained"
+    """What `herder why` and `herder hosts` call it while it is not enabled: "drained" by
+    the operator, or "agent draining"."""
 
     def caps(self, window: str) -> WindowCaps:
         return self.night if window == NIGHT else self.prime
+
+    @classmethod
+    def configured(cls, host: HostRecord) -> HostSpec:
+        """The host as its operator configured it (`herder host add/set`, herder.toml),
+        with nothing its agent says."""
+        return cls(
+            label=host.label, ram_total_gb=host.ram_total_gb,
+            ram_reserved_gb=host.ram_reserved_gb, cpus=host.cpus, enabled=host.enabled,
+            transport=str(host.transport),
+            prime=WindowCaps(host.prime_max_workers, host.prime_max_weight),
+            night=WindowCaps(host.night_max_workers, host.night_max_weight),
+            allowed_job_types=host.allowed_job_types, allowed_weights=host.allowed_weights,
+            priority_floor=host.priority_floor, labels=host.labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +412,7 @@ class _Cycle:
         """The host-side filters that ignore where the job is bound, in `Reason` order."""
         spec = host.spec
         if not spec.enabled:
-            return Reason.DISABLED, "disabled"
+            return Reason.DRAINED, spec.drained
         if not accepts_work(host.health):
             return Reason.HEALTH, ("down" if host.health is HostHealth.DOWN
                                    else f"health {host.health}")
@@ -720,7 +738,7 @@ class _Waiting(Mapping[int, tuple[Rejection, ...]]):
         return f"<{len(self._shapes)} waiting jobs>"
 
 
-HOST_UNABLE = frozenset({Reason.DISABLED, Reason.HEALTH, Reason.AGENT_DOWN,
+HOST_UNABLE = frozenset({Reason.DRAINED, Reason.HEALTH, Reason.AGENT_DOWN,
                          Reason.WINDOW_CLOSED, Reason.PREFLIGHT_FAILED, Reason.BREAKER_OPEN,
                          Reason.NO_HEALTHY_ACCOUNT})
 """Refusals that say the host cannot run work now, not that this job does not suit it or
@@ -729,7 +747,7 @@ that the host is busy."""
 
 def stopped(plan: Plan) -> dict[str, str] | None:
     """When work is queued and nothing could be placed because no host is able to run any
-    of it (down, closed, disabled, failing its preflight, breaker open), each host and why;
+    of it (down, closed, drained, failing its preflight, breaker open), each host and why;
     None otherwise (work was placed, or waits only for capacity or a suitable host)."""
     if plan.assignments or not plan.waiting:
         return None
@@ -778,7 +796,7 @@ _EXPLAIN_ORDER = (
     Reason.NO_HEALTHY_ACCOUNT,
     Reason.PREFLIGHT_FAILED,
     Reason.JOB_TYPE_NOT_ALLOWED,
-    Reason.DISABLED,
+    Reason.DRAINED,
     Reason.UNKNOWN_WEIGHT,
     Reason.AFFINITY,
 )
@@ -797,7 +815,7 @@ _MORE = {
     Reason.PREFLIGHT_FAILED: "hosts whose preflight for the job type failed",
     Reason.BREAKER_OPEN: "hosts whose breaker for the job type is open",
     Reason.NO_HEALTHY_ACCOUNT: "hosts without a healthy account for the job type",
-    Reason.DISABLED: "hosts disabled",
+    Reason.DRAINED: "hosts drained",
     Reason.UNKNOWN_WEIGHT: "hosts",
     Reason.AFFINITY: "hosts bound elsewhere",
 }

@@ -378,6 +378,22 @@ class FleetHarness(HarnessBase):
             self._admin_token = secret
         return self._admin_token
 
+    def token_file(self, folder: Path, scope: Scope) -> Path:
+        """A new API token of `scope` in a mode-0600 file in `folder`."""
+        secret = new_token()
+        self.store.token_insert(f"cli-{scope}", scope, token_hash(secret), datetime.now(UTC))
+        path = folder / f"{scope}-token"
+        path.write_text(secret + "\n")
+        path.chmod(0o600)
+        return path
+
+    def operator(self, folder: Path, scope: Scope = Scope.READ) -> dict[str, str]:
+        """The environment of an operator's `herder` with no database: this server and a
+        new token of `scope` (the folder is made for it to run in)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        return {"HERDER_SERVER": self.url,
+                "HERDER_TOKEN_FILE": str(self.token_file(folder, scope))}
+
     def api(self, method: str, path: str, token: str | None = None,
             **kwargs: Any) -> httpx.Response:
         """An HTTP call with `token` (default: the admin token; "" sends none)."""
