@@ -70,7 +70,7 @@ from herder.runtime.sources import (
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.accounts import state_of
 from herder.scheduling.breaker import Breaker
-from herder.scheduling.placement import explain, place
+from herder.scheduling.placement import Plan, Snapshot, explain, place
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import DeliveryRecord, Lease
 from herder.submission import SubmitRequest
@@ -81,6 +81,8 @@ from herder.wire import (
     HeartbeatReply,
     HostGate,
     HostView,
+    JobPage,
+    JobRow,
     PreflightCheck,
     QueueAccount,
     QueueAlert,
@@ -666,6 +668,20 @@ class Coordinator:
     def jobs(self, status: list[JobStatus] | None, limit: int) -> list[Job]:
         return self.store.job_list(status, limit)
 
+    def job_page(self, status: JobStatus | None, job_type: str | None, host: str | None,
+                 dedup_key: str | None, before: int | None, limit: int) -> JobPage:
+        """A page of the dashboard's jobs view; the queued rows on it say why they wait."""
+        jobs = self.store.job_list_page(status, job_type, host, dedup_key, before, limit + 1)
+        shown = jobs[:limit]
+        queued = [job for job in shown if job.status is JobStatus.QUEUED]
+        reasons = why_of(self.store, self.fleet, queued, utcnow()) if queued else {}
+        return JobPage(jobs=[JobRow.of_row(job, reasons.get(job.id)) for job in shown],
+                       next_before=shown[-1].id if len(jobs) > limit else None)
+
+    def latest_change(self) -> int:
+        """The newest event's id: the dashboard's live view refreshes when it moves."""
+        return self.store.event_latest_id()
+
     def job_history(self, job_id: int) -> tuple[Job, list[Attempt], list[Event]]:
         return (self.job(job_id), self.store.attempt_list(job_id),
                 self.store.event_list(job_id))
@@ -733,7 +749,7 @@ def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
         allowed_job_types=_sorted(host.allowed_job_types),
         allowed_weights=_sorted(host.allowed_weights),
         priority_floor=host.priority_floor, labels=sorted(host.labels),
-        ssh_target=host.ssh_target,
+        ssh_target=host.ssh_target, measured_available_gb=measured_available_gb(host),
         breakers={job_type: state.describe() for (label, job_type), state
                   in sorted((breakers or {}).items()) if label == host.label},
         preflight_failed={job_type: detail for job_type, (_, detail)
@@ -746,17 +762,24 @@ def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: date
     return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
 
 
+def measured_available_gb(host: HostRecord) -> float | None:
+    """The RAM the host's agent last measured available; None when none said."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    measured = info.get("mem_available_gb")
+    if isinstance(measured, int | float) and not isinstance(measured, bool):
+        return float(measured)
+    return None
+
+
 def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
                 now: datetime) -> HostSample:
     """A host as `/metrics` shows it: its RAM (bookable, booked, measured by its agent),
     health, drain and whether a live agent heartbeats for it."""
     info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    measured = info.get("mem_available_gb")
     return HostSample(
         label=host.label, bookable_gb=fleet.bookable(host),
         booked_gb=usage.booked_gb if usage else 0.0,
-        measured_available_gb=float(measured)
-        if isinstance(measured, int | float) and not isinstance(measured, bool) else None,
+        measured_available_gb=measured_available_gb(host),
         health=fleet.health(host, now), enabled=host.enabled,
         agent_up=host.transport is Transport.AGENT and "worker" in info
         and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
@@ -767,6 +790,37 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
     job = store.job_get(job_id)
     if job is None:
         raise NotFound(f"no job {job_id}")
+    return why_of(store, fleet, [job], now)[job.id]
+
+
+def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime) -> dict[int, str]:
+    """`why` for several jobs (a page of the dashboard): the placement they wait on is
+    computed once, and only when one of them is due."""
+    found: dict[int, str] = {}
+    planned: tuple[Plan, Snapshot] | None = None
+    hosts: list[HostRecord] | None = None
+    for job in jobs:
+        settled = _settled_why(job, now)
+        if settled is not None:
+            found[job.id] = settled
+            continue
+        if hosts is None:
+            hosts = store.host_list()
+        if not hosts:
+            ahead = sum(1 for other in store.job_list_due(now, 100_000)
+                        if (other.priority, other.id) < (job.priority, job.id))
+            found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
+                             f"({ahead} job(s) ahead of it)")
+            continue
+        if planned is None:
+            snapshot = take_snapshot(store, fleet, now)
+            planned = (place(snapshot), snapshot)
+        found[job.id] = explain(job.id, *planned)
+    return found
+
+
+def _settled_why(job: Job, now: datetime) -> str | None:
+    """Why, for a job whose answer needs no placement (running, ended, backing off)."""
     if job.status is JobStatus.RUNNING:
         return f"running on {job.host} (attempt {job.attempt})"
     if job.status is JobStatus.CLAIMED:
@@ -778,14 +832,7 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
         wait = (job.available_at - now).total_seconds()
         after = f" after {job.failure_reason}" if job.failure_reason else ""
         return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(job.available_at)})"
-    hosts = store.host_list()
-    if not hosts:
-        ahead = sum(1 for other in store.job_list_due(now, 100_000)
-                    if (other.priority, other.id) < (job.priority, job.id))
-        return (f"queued; no hosts are registered, so `herder up` runs it "
-                f"({ahead} job(s) ahead of it)")
-    snapshot = take_snapshot(store, fleet, now)
-    return explain(job_id, place(snapshot), snapshot)
+    return None
 
 
 def complete_reservation(store: Store, reservation_id: int, status: ReservationStatus,
