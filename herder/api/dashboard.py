@@ -228,7 +228,10 @@ async def login(request: Request) -> Response:
     refusal = foreign_origin(request.headers.get("origin"), request.headers.get("host"))
     if refusal is not None:
         return login_form(403, refusal)
-    form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=5)
+    try:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=5)
+    except ValueError:  # more fields than a sign-in form has
+        form = {}
     token = (form.get("token") or [""])[0].strip()
     if not token:
         return login_form(401, "paste a read, submit or admin token")
