@@ -328,6 +328,10 @@ def test_the_live_stream_signals_a_change_since_the_last_event_it_sent(dashboard
     [seen] = events(first.text)
     quiet = client.get("/api/v1/dashboard/changes", headers={"Last-Event-ID": seen})
     assert events(quiet.text) == []
+    for odd in ("\u00b2", "-1", "x" * 20, ""):  # not an id: the stream starts afresh
+        fresh = client.get("/api/v1/dashboard/changes",
+                           headers={"Last-Event-ID": odd.encode("latin-1")})
+        assert events(fresh.text) == [seen]
     dashboard.store.job_cancel(job_id, NOW)
     moved = client.get("/api/v1/dashboard/changes", headers={"Last-Event-ID": seen})
     assert [int(event) for event in events(moved.text)] == [dashboard.store.event_latest_id()]
@@ -388,3 +392,16 @@ def test_up_refuses_a_dashboard_address_it_cannot_use(tmp_path, sqlite_url):
         result = local.cli("up", "--ui", "--ui-listen", "nowhere", "--exit-when-idle",
                            check=False)
         assert result.returncode == 2 and "is not HOST:PORT" in result.stderr
+
+
+def test_the_deprecated_admin_variable_signs_in_as_admin(store_url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    legacy = "legacy-operator-token-1234"
+    with open_store(store_url) as store:
+        app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
+                         Access(legacy_admin_token=legacy))
+        client = TestClient(app)
+        assert client.post("/ui/login", data={"token": legacy},
+                           follow_redirects=False).status_code == 303
+        view = client.get("/api/v1/dashboard/session").json()
+        assert view["can_admin"] is True and legacy not in str(client.cookies)

@@ -38,9 +38,7 @@ from herder.api.sessions import (
     foreign_origin,
 )
 from herder.api.tokens import (
-    LEGACY_ADMIN,
     OPERATOR_RANK,
-    Caller,
     Denied,
     authorize,
     identify,
@@ -109,7 +107,8 @@ async def changes(_caller: Reader, service: Service, request: Request,
     """Server-sent events: a `changed` event (its id the store's newest event id) when a
     job changed since `Last-Event-ID`, checked once a second, for `wait` seconds at most
     ([server] long_poll); the browser reconnects on its own when the stream ends."""
-    seen = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+    seen = (int(last_event_id) if last_event_id and last_event_id.isascii()
+            and last_event_id.isdigit() else None)
     seconds = min(wait, service.settings.server.long_poll)
 
     async def stream() -> AsyncIterator[bytes]:
@@ -209,18 +208,18 @@ async def login_page() -> Response:
     return login_form()
 
 
-async def token_caller(request: Request, token: str) -> tuple[Caller, str]:
-    """The operator a pasted token stands for, checked as the API checks a bearer token,
-    and the key its session keeps (never the token)."""
+async def session_key(request: Request, token: str) -> str:
+    """What a session keeps of a pasted token (its hash, never the token), once the token
+    is checked as the API checks a bearer token: Denied (401/403) otherwise."""
     if not plausible_token(token):
         raise Denied(401, "unknown token")
     access: Access = request.app.state.access
     if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
-        return LEGACY_ADMIN, LEGACY
+        return LEGACY
     digest = token_hash(token)
     caller = identify(await call(coordinator(request).token, digest))
     authorize(caller, Scope.READ)  # an agent token signs in nowhere
-    return caller, digest
+    return digest
 
 
 @pages.post("/login")
@@ -236,7 +235,7 @@ async def login(request: Request) -> Response:
     if not token:
         return login_form(401, "paste a read, submit or admin token")
     try:
-        _caller, key = await token_caller(request, token)
+        key = await session_key(request, token)
     except Denied as refused:
         return login_form(refused.status, refused.reason)
     opened = sessions_of(request).open(key)
