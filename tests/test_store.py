@@ -746,6 +746,8 @@ def test_job_list_filters_by_status_and_limits(store):
 
 def test_job_list_page_filters_and_pages_by_id_newest_first(store):
     by_status = _mixed_statuses(store)
+    for status, ids in by_status.items():
+        assert [job.id for job in store.job_list_page(status=status)] == sorted(ids, reverse=True)
     keyed = submit(store, spec(job_type="review", dedup_key="repo#7"))
     everything = [job.id for job in store.job_list(None, 100)]
     pages: list[int] = []
@@ -757,8 +759,6 @@ def test_job_list_page_filters_and_pages_by_id_newest_first(store):
             break
         before = page[-1].id
     assert pages == everything
-    for status, ids in by_status.items():
-        assert [job.id for job in store.job_list_page(status=status)] == sorted(ids, reverse=True)
     queued = by_status[JobStatus.QUEUED]
     assert [job.id for job in store.job_list_page(status=JobStatus.QUEUED,
                                                   before=max(queued))] == sorted(queued)[:-1][::-1]
