@@ -64,7 +64,7 @@ ASSETS = {"dashboard.css": "text/css; charset=utf-8",
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # no-referrer makes a form post say Origin: null
     "Cache-Control": "no-store",
 }
 

@@ -129,10 +129,12 @@ function ramCell(host) {
   bar.append(booked, bookable);
   const parts = [`booked ${gb(host.booked_gb)} / bookable ${gb(host.bookable_gb)} of ${gb(host.ram_total_gb)}`];
   if (host.measured_available_gb !== null && host.measured_available_gb !== undefined) {
-    const used = Math.max(0, host.ram_total_gb - host.measured_available_gb);
-    const measured = el("div", { class: "measured", title: `measured in use ${gb(used)} GB` });
-    measured.style.left = `${Math.min(99, (100 * used) / total)}%`;
-    bar.append(measured);
+    const used = host.ram_total_gb - host.measured_available_gb;
+    if (used > 0) { // an agent on a bigger machine than declared measures more than the total
+      const measured = el("div", { class: "measured", title: `measured in use ${gb(used)} GB` });
+      measured.style.left = `${Math.min(99, (100 * used) / total)}%`;
+      bar.append(measured);
+    }
     parts.push(`measured free ${gb(host.measured_available_gb)}`);
   }
   return el("td", { class: "ram" }, bar, el("div", { class: "bar-label", text: parts.join(" · ") }));
