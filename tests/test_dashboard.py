@@ -297,6 +297,12 @@ def test_the_jobs_view_pages_newest_first_and_says_why_queued_jobs_wait(dashboar
     for row in queued[:2]:
         why = client.get(f"/api/v1/jobs/{row['id']}/why").json()["why"]
         assert row["why"] == why and row["why"]
+    # a job newer than the placement the page reused is explained too (a fresh placement)
+    [newer] = submit(dashboard.store)
+    first = client.get("/api/v1/dashboard/jobs", params={"limit": 1}).json()["jobs"][0]
+    assert first["id"] == newer
+    assert first["why"] == client.get(f"/api/v1/jobs/{newer}/why").json()["why"]
+    assert "not queued" not in first["why"]
     cancelled = client.get("/api/v1/dashboard/jobs", params={"status": "cancelled"}).json()
     assert [(row["id"], row["why"]) for row in cancelled["jobs"]] == [(ids[0], None)]
     for params in ({"job_type": "review"}, {"dedup_key": "repo#9"}):

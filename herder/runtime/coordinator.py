@@ -95,6 +95,8 @@ from herder.wire import (
 )
 
 log = logging.getLogger("herder.coordinator")
+PLACEMENT_REUSE = 2.0
+"""Seconds a placement made for the dashboard's `why` texts serves later pages."""
 SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
@@ -186,6 +188,7 @@ class Coordinator:
         self.metrics = Metrics()
         self.metrics.watch(self.fleet_sample)
         self.alerts: Alerts | None = None
+        self._placement: tuple[Plan, Snapshot] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -674,9 +677,24 @@ class Coordinator:
         jobs = self.store.job_list_page(status, job_type, host, dedup_key, before, limit + 1)
         shown = jobs[:limit]
         queued = [job for job in shown if job.status is JobStatus.QUEUED]
-        reasons = why_of(self.store, self.fleet, queued, utcnow()) if queued else {}
+        reasons = why_of(self.store, self.fleet, queued, utcnow(),
+                         self.recent_placement) if queued else {}
         return JobPage(jobs=[JobRow.of_row(job, reasons.get(job.id)) for job in shown],
                        next_before=shown[-1].id if len(jobs) > limit else None)
+
+    def recent_placement(self, job_ids: set[int]) -> tuple[Plan, Snapshot]:
+        """A placement at most PLACEMENT_REUSE seconds old that saw these jobs: the
+        scheduler's own latest cycle on the leader, else one made here and reused, so a
+        dashboard refreshing its jobs view does not place the whole queue each time."""
+        now = utcnow()
+        for candidate in (self.scheduler.last_placement if self.is_leader else None,
+                          self._placement):
+            if (candidate is not None
+                    and abs((now - candidate[1].now).total_seconds()) <= PLACEMENT_REUSE
+                    and job_ids <= {job.id for job in candidate[1].jobs}):
+                return candidate
+        self._placement = placed(self.store, self.fleet, now)
+        return self._placement
 
     def latest_change(self) -> int:
         """The newest event's id: the dashboard's live view refreshes when it moves."""
@@ -793,30 +811,31 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
     return why_of(store, fleet, [job], now)[job.id]
 
 
-def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime) -> dict[int, str]:
-    """`why` for several jobs (a page of the dashboard): the placement they wait on is
-    computed once, and only when one of them is due."""
-    found: dict[int, str] = {}
-    planned: tuple[Plan, Snapshot] | None = None
-    hosts: list[HostRecord] | None = None
-    for job in jobs:
-        settled = _settled_why(job, now)
-        if settled is not None:
-            found[job.id] = settled
-            continue
-        if hosts is None:
-            hosts = store.host_list()
-        if not hosts:
+def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
+           placement: Callable[[set[int]], tuple[Plan, Snapshot]] | None = None
+           ) -> dict[int, str]:
+    """`why` for several jobs (a page of the dashboard): the placement the due ones wait on
+    is computed once (or taken from `placement`, given their ids), and only if one is due."""
+    found = {job.id: text for job in jobs if (text := _settled_why(job, now)) is not None}
+    due = [job for job in jobs if job.id not in found]
+    if not due:
+        return found
+    if not store.host_list():
+        for job in due:
             ahead = sum(1 for other in store.job_list_due(now, 100_000)
                         if (other.priority, other.id) < (job.priority, job.id))
             found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
                              f"({ahead} job(s) ahead of it)")
-            continue
-        if planned is None:
-            snapshot = take_snapshot(store, fleet, now)
-            planned = (place(snapshot), snapshot)
-        found[job.id] = explain(job.id, *planned)
+        return found
+    plan, snapshot = (placement({job.id for job in due}) if placement is not None
+                      else placed(store, fleet, now))
+    found.update((job.id, explain(job.id, plan, snapshot)) for job in due)
     return found
+
+
+def placed(store: Store, fleet: Fleet, now: datetime) -> tuple[Plan, Snapshot]:
+    snapshot = take_snapshot(store, fleet, now)
+    return place(snapshot), snapshot
 
 
 def _settled_why(job: Job, now: datetime) -> str | None:
