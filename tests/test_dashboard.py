@@ -399,15 +399,3 @@ def test_up_refuses_a_dashboard_address_it_cannot_use(tmp_path, sqlite_url):
                            check=False)
         assert result.returncode == 2 and "is not HOST:PORT" in result.stderr
 
-
-def test_the_deprecated_admin_variable_signs_in_as_admin(store_url, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    legacy = "legacy-operator-token-1234"
-    with open_store(store_url) as store:
-        app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
-                         Access(legacy_admin_token=legacy))
-        client = TestClient(app)
-        assert client.post("/ui/login", data={"token": legacy},
-                           follow_redirects=False).status_code == 303
-        view = client.get("/api/v1/dashboard/session").json()
-        assert view["can_admin"] is True and legacy not in str(client.cookies)

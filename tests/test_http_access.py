@@ -203,6 +203,11 @@ def test_the_deprecated_api_token_variable_is_an_admin_token(store_url, tmp_path
         assert ok.status_code == 201
         wrong = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {legacy}x"})
         assert wrong.status_code == 401
+        # the dashboard's sign-in takes it too, and keeps no trace of it in the cookie
+        assert client.post("/ui/login", data={"token": legacy},
+                           follow_redirects=False).status_code == 303
+        assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
+        assert legacy not in str(client.cookies)
 
 
 @pytest.mark.parametrize("value", ["Basic dXNlcjpwYXNz", "Bearer", "Bearer   ", "token abc",
