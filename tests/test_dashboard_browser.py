@@ -187,4 +187,14 @@ def test_the_fleet_view_shows_each_host_and_its_ram(make_fleet, tmp_path, sqlite
     page.set_viewport_size({"width": 1360, "height": 400})  # the page's own height
     page.screenshot(path=str(shot), full_page=True)
     assert shot.read_bytes().startswith(b"\x89PNG")
+
+    # a count links to the jobs view; the filter form narrows it, pages of 50 on the server
+    page.click('.count[data-status="running"]')
+    expect(page.locator("#jobs tbody tr")).to_have_count(3)
+    page.select_option("#f-status", "failed")
+    page.click('#filters button[type="submit"]')
+    expect(page).to_have_url(f"{fleet.url}/ui/jobs?status=failed")
+    expect(page.locator("#jobs tbody tr")).to_have_count(1)
+    expect(page.locator("#jobs tbody")).to_contain_text("failed")
+    expect(page.locator("#older")).to_be_disabled()
     hold.touch()

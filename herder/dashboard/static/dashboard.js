@@ -269,9 +269,14 @@ function field(name, value) {
   return el("div", {}, el("dt", { text: name }), el("dd", { text: value === null || value === undefined || value === "" ? "–" : value }));
 }
 
+function bytes(value) {
+  if (value === null || value === undefined) return null;
+  return value >= 2 ** 30 ? `${(value / 2 ** 30).toFixed(2)} GB` : `${Math.round(value / 2 ** 20)} MB`;
+}
+
 function peak(attempts) {
   const peaks = attempts.map((a) => a.peak_rss_bytes).filter((v) => v !== null && v !== undefined);
-  return peaks.length ? `${(Math.max(...peaks) / 2 ** 30).toFixed(2)} GB` : null;
+  return peaks.length ? bytes(Math.max(...peaks)) : null;
 }
 
 async function job() {
@@ -303,7 +308,7 @@ async function job() {
       el("td", { text: when(a.ended_at) }),
       el("td", {}, a.outcome ? a.outcome : badge("live", "s-running")),
       el("td", { class: "num", text: a.exit_code === null ? "" : a.exit_code }),
-      el("td", { class: "num", text: a.peak_rss_bytes ? `${(a.peak_rss_bytes / 2 ** 30).toFixed(2)} GB` : "" }))));
+      el("td", { class: "num", text: bytes(a.peak_rss_bytes) || "" }))));
   document.getElementById("events").replaceChildren(...detail.events.map((event) =>
     el("li", {}, el("time", { text: when(event.at) }), el("span", { class: "kind", text: event.kind }),
       el("span", { class: "muted", text: [event.from_status && `${event.from_status} → ${event.to_status}`,
