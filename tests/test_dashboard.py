@@ -20,7 +20,8 @@ from herder.api.sessions import COOKIE, CSRF_HEADER, SessionBook, csrf_refusal
 from herder.api.tokens import new_token, token_hash
 from herder.config import Config, ServerSection, Settings
 from herder.model import HostRecord, JobSpec, JobStatus, Scope
-from herder.runtime.coordinator import Coordinator
+from herder.runtime.coordinator import Coordinator, why, why_of
+from herder.runtime.scheduler import Fleet
 from herder.store import Store, open_store
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -399,3 +400,13 @@ def test_up_refuses_a_dashboard_address_it_cannot_use(tmp_path, sqlite_url):
                            check=False)
         assert result.returncode == 2 and "is not HOST:PORT" in result.stderr
 
+
+
+def test_a_page_without_hosts_counts_the_jobs_ahead_as_why_does(store):
+    ids = [result.job_id for result in store.job_insert(
+        [JobSpec(command=("true",), priority=priority) for priority in (50, 10, 50)], NOW)]
+    fleet = Fleet.from_settings(Settings())
+    texts = why_of(store, fleet, [store.job_get(job_id) for job_id in ids], NOW)
+    assert [texts[job_id].split("herder up` runs it (")[1] for job_id in ids] == [
+        "1 job(s) ahead of it)", "0 job(s) ahead of it)", "2 job(s) ahead of it)"]
+    assert all(texts[job_id] == why(store, fleet, job_id, NOW) for job_id in ids)

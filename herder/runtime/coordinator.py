@@ -3,6 +3,7 @@ what the HTTP API asks of them. The API module stays a thin translation layer.""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import logging
@@ -821,9 +822,9 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
     if not due:
         return found
     if not store.host_list():
+        order = sorted((other.priority, other.id) for other in store.job_list_due(now, 100_000))
         for job in due:
-            ahead = sum(1 for other in store.job_list_due(now, 100_000)
-                        if (other.priority, other.id) < (job.priority, job.id))
+            ahead = bisect.bisect_left(order, (job.priority, job.id))
             found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
                              f"({ahead} job(s) ahead of it)")
         return found
@@ -834,6 +835,7 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
 
 
 def placed(store: Store, fleet: Fleet, now: datetime) -> tuple[Plan, Snapshot]:
+    """A placement of the queue as it is now, and what it was made from."""
     snapshot = take_snapshot(store, fleet, now)
     return place(snapshot), snapshot
 
