@@ -20,6 +20,7 @@ from herder.api.sessions import COOKIE, CSRF_HEADER, SessionBook, csrf_refusal
 from herder.api.tokens import new_token, token_hash
 from herder.config import Config, ServerSection, Settings
 from herder.model import HostRecord, JobSpec, JobStatus, Scope
+from herder.runtime import coordinator as coordinator_module
 from herder.runtime.coordinator import Coordinator, why, why_of
 from herder.runtime.scheduler import Fleet
 from herder.store import Store, open_store
@@ -410,3 +411,24 @@ def test_a_page_without_hosts_counts_the_jobs_ahead_as_why_does(store):
     assert [texts[job_id].split("herder up` runs it (")[1] for job_id in ids] == [
         "1 job(s) ahead of it)", "0 job(s) ahead of it)", "2 job(s) ahead of it)"]
     assert all(texts[job_id] == why(store, fleet, job_id, NOW) for job_id in ids)
+
+
+def test_the_leader_explains_a_page_from_its_own_latest_cycle(dashboard, monkeypatch):
+    ids = submit(dashboard.store, 3)
+    coordinator = dashboard.app.state.coordinator
+    coordinator.scheduler.run_once(datetime.now(UTC))
+    coordinator.is_leader = True
+    fleet = Fleet.from_settings(coordinator.settings)
+    expected = [why(dashboard.store, fleet, job_id, datetime.now(UTC))
+                for job_id in sorted(ids, reverse=True)]
+
+    def no_placement(*_args):
+        raise AssertionError("placed the queue again")
+
+    monkeypatch.setattr(coordinator_module, "placed", no_placement)
+    page = coordinator.job_page(JobStatus.QUEUED, None, None, None, None, 50)
+    assert [row.id for row in page.jobs] == sorted(ids, reverse=True)
+    assert [row.why for row in page.jobs] == expected
+    submit(dashboard.store)  # newer than the cycle: the page needs a placement of its own
+    with pytest.raises(AssertionError, match="placed the queue again"):
+        coordinator.job_page(JobStatus.QUEUED, None, None, None, None, 50)
