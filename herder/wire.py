@@ -421,6 +421,8 @@ class HostView(Reply):
     priority_floor: int | None
     labels: list[str]
     ssh_target: str | None
+    measured_available_gb: float | None = None
+    """RAM its agent last measured available (`MemAvailable`); None with no agent."""
     breakers: dict[str, str] = Field(default_factory=dict)
     """Job type -> its circuit breaker on this host, where it is not closed."""
     preflight_failed: dict[str, str] = Field(default_factory=dict)
@@ -804,3 +806,39 @@ class QueueView(Reply):
     alerts: list[QueueAlert]
     leader: bool
     """Whether the replica that answered is the scheduler's leader."""
+
+
+# -- the dashboard ----------------------------------------------------------------------------
+
+
+class JobRow(QueueJob):
+    """A row of the dashboard's jobs view: a queued job says why it waits (`herder why`)."""
+
+    dedup_key: str | None
+    max_attempts: int
+    why: str | None = None
+
+    @classmethod
+    def of_row(cls, job: Job, why: str | None) -> JobRow:
+        return cls(**QueueJob.of(job).model_dump(), dedup_key=job.dedup_key,
+                   max_attempts=job.max_attempts, why=why)
+
+
+class JobPage(Reply):
+    """`GET /api/v1/dashboard/jobs`: one page, newest first; `next_before` asks for the
+    next (older) page, None on the last."""
+
+    jobs: list[JobRow]
+    next_before: int | None
+
+
+class SessionView(Reply):
+    """`GET /api/v1/dashboard/session`: who the dashboard's caller is and what it may do;
+    `csrf` is the value a state-changing request sends in `X-Herder-CSRF` (signed in with a
+    cookie only)."""
+
+    name: str
+    scope: str
+    can_submit: bool
+    can_admin: bool
+    csrf: str | None

@@ -112,3 +112,9 @@ def test_every_named_command_loads_from_its_module_under_its_name():
         command = main.commands[name]
         assert command.name == name, where
         assert command.callback is not None and command.callback.__module__ == where.split(":")[0]
+
+
+def test_up_loads_no_web_server_unless_asked_for_the_dashboard(tmp_path):
+    # `herder up --ui` starts uvicorn and the app in a thread; plain `up` must not pay for it.
+    assert set(imported(tmp_path, "up", "--exit-when-idle")) & {
+        "uvicorn", "fastapi", "starlette", "herder.api"} == set()

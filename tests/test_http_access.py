@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from fastapi.testclient import TestClient
 
-from herder.api.app import Access, api_routes, create_app, route_scope
+from herder.api.app import Access, api_routes, create_app, page_routes, route_scope
+from herder.api.sessions import CSRF_HEADER
 from herder.api.tokens import (
     Caller,
     Denied,
@@ -121,6 +122,48 @@ def test_every_route_answers_every_role_as_its_scope_says(api):
     assert wrong == []
 
 
+def test_every_route_answers_a_dashboard_session_as_its_scope_says(api):
+    """The same matrix with the dashboard's session cookie (and its CSRF value) instead of a
+    bearer token: operator routes by the token's scope, agent routes never."""
+    wrong = []
+    for role in ("read", "submit", "admin"):
+        client = TestClient(api.client.app, raise_server_exceptions=False)
+        signed = client.post("/ui/login", data={"token": api.tokens[role]},
+                             follow_redirects=False)
+        assert signed.status_code == 303, signed.text
+        csrf = client.get("/api/v1/dashboard/session").json()["csrf"]
+        for method, path, scope in routes():
+            response = client.request(method, concrete(path), headers={CSRF_HEADER: csrf},
+                                      json={}, params={"worker": "alpha/1/1"})
+            denied = response.status_code in (401, 403)
+            expected = allowed(scope, role) and scope is not Scope.AGENT
+            if scope is None:
+                continue  # public and signed routes take no token, so no cookie either
+            if expected == denied or response.status_code >= 500:
+                wrong.append(f"{method} {path} as a {role} session: {response.status_code} "
+                             f"{response.text[:120]}")
+            assert api.tokens[role] not in response.text
+    assert wrong == []
+
+
+def test_every_page_declares_a_scope_and_sends_strangers_to_sign_in(api):
+    pages = page_routes()
+    assert {route.path for route in pages} >= {"/ui/", "/ui/login", "/ui/jobs/{job_id}"}
+    for route in pages:
+        declared, scope = route_scope(route)
+        assert declared and scope is None, route.path  # pages hold no data; the API does
+        for method in route.methods:
+            path = re.sub(r"\{(\w+)\}", lambda m: {"job_id": "1", "name": "dashboard.css"}[
+                m.group(1)], route.path)
+            for role in ("none", "bogus", "read"):
+                response = api.client.request(method, path, headers=headers(api, role),
+                                              follow_redirects=False)
+                assert response.status_code < 500, (method, path, role)
+                if method == "GET" and path in ("/ui/", "/ui/jobs", "/ui/jobs/1"):
+                    # a bearer header is no session: pages want the cookie
+                    assert response.headers["location"] == "/ui/login"
+
+
 def test_a_route_without_a_scope_is_refused_at_startup(store_url, tmp_path, monkeypatch):
     from fastapi import APIRouter
 
@@ -164,6 +207,11 @@ def test_the_deprecated_api_token_variable_is_an_admin_token(store_url, tmp_path
         assert ok.status_code == 201
         wrong = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {legacy}x"})
         assert wrong.status_code == 401
+        # the dashboard's sign-in takes it too, and keeps no trace of it in the cookie
+        assert client.post("/ui/login", data={"token": legacy},
+                           follow_redirects=False).status_code == 303
+        assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
+        assert legacy not in str(client.cookies)
 
 
 @pytest.mark.parametrize("value", ["Basic dXNlcjpwYXNz", "Bearer", "Bearer   ", "token abc",

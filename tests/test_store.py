@@ -744,6 +744,42 @@ def test_job_list_filters_by_status_and_limits(store):
     assert store.job_list([]) == []
 
 
+def test_job_list_page_filters_and_pages_by_id_newest_first(store):
+    by_status = _mixed_statuses(store)
+    for status, ids in by_status.items():
+        assert [job.id for job in store.job_list_page(status=status)] == sorted(ids, reverse=True)
+    keyed = submit(store, spec(job_type="review", dedup_key="repo#7"))
+    everything = [job.id for job in store.job_list(None, 100)]
+    pages: list[int] = []
+    before = None
+    while True:  # pages of 3 walk every job once, newest first
+        page = store.job_list_page(before=before, limit=3)
+        pages += [job.id for job in page]
+        if len(page) < 3:
+            break
+        before = page[-1].id
+    assert pages == everything
+    queued = by_status[JobStatus.QUEUED]
+    assert [job.id for job in store.job_list_page(status=JobStatus.QUEUED,
+                                                  before=max(queued))] == sorted(queued)[:-1][::-1]
+    assert [job.id for job in store.job_list_page(job_type="review")] == keyed
+    assert [job.id for job in store.job_list_page(dedup_key="repo#7")] == keyed
+    assert [job.id for job in store.job_list_page(host="h1")] == sorted(
+        by_status[JobStatus.CLAIMED] + by_status[JobStatus.RUNNING] + by_status[JobStatus.DONE],
+        reverse=True)
+    assert store.job_list_page(host="nowhere") == []
+    assert store.job_list_page(status=JobStatus.FAILED, job_type="review") == []
+
+
+def test_the_latest_event_id_moves_with_every_change(store):
+    assert store.event_latest_id() == 0
+    [job_id] = submit(store)
+    first = store.event_latest_id()
+    assert first > 0
+    store.job_cancel(job_id, at(1))
+    assert store.event_latest_id() > first
+
+
 # -- events ---------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from herder.api import (
     accounts,
     agents,
     alerts,
+    dashboard,
     health,
     hooks,
     hosts,
@@ -35,17 +36,22 @@ from herder.api import (
 )
 from herder.api.board import AssignmentBoard
 from herder.api.depends import Access, route_scope
+from herder.api.sessions import SessionBook
 from herder.api.tokens import Denied
 from herder.errors import Conflict, HerderError, InputError, NotFound
 from herder.runtime.coordinator import Coordinator
 
-__all__ = ["ROUTERS", "Access", "api_routes", "create_app", "route_scope"]
+__all__ = ["PAGES", "ROUTERS", "Access", "api_routes", "create_app", "page_routes",
+           "route_scope"]
 
 log = logging.getLogger("herder.api")
 RETRY_AFTER_SECONDS = 5
 ROUTERS: tuple[APIRouter, ...] = (health.router, jobs.router, hosts.router, agents.router,
                                   reservations.router, hooks.router, accounts.router,
-                                  alerts.router, queue.router, metrics.router)
+                                  alerts.router, queue.router, metrics.router,
+                                  dashboard.router)
+PAGES: tuple[APIRouter, ...] = (dashboard.pages,)
+"""The dashboard's pages: HTML, outside the OpenAPI document, each declaring its scope too."""
 # What `herder.store.as_unavailable` counts as the database failing (psycopg_pool's
 # PoolTimeout is a psycopg.OperationalError too).
 DATABASE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError,
@@ -147,7 +153,11 @@ def _map_errors(app: FastAPI) -> None:
         return JSONResponse({"detail": details}, status_code=422)
 
 
-def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAPI:
+def create_app(coordinator: Coordinator, access: Access | None = None,
+               run_coordinator: bool = True) -> FastAPI:
+    """The API over `coordinator`, which the app starts and stops with itself unless
+    `run_coordinator` is False (`herder up --ui`: the dashboard beside a runner that does
+    the scheduling)."""
     board = AssignmentBoard()
     # The scheduler tells the board which hosts got work; their agents' long-polls wake.
     coordinator.assignment_listeners.append(board.notify)
@@ -155,6 +165,9 @@ def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAP
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         board.bind(asyncio.get_running_loop())
+        if not run_coordinator:
+            yield
+            return
         coordinator.start()
         try:
             yield
@@ -165,12 +178,13 @@ def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAP
     app.state.coordinator = coordinator
     app.state.board = board
     app.state.access = access = access or Access()
+    app.state.sessions = SessionBook()
     app.add_middleware(BodyLimit, max_bytes=access.max_body_bytes)
     _map_errors(app)
-    for route in api_routes():
+    for route in [*api_routes(), *page_routes()]:
         if not route_scope(route)[0]:
             raise RuntimeError(f"route {route.path} declares no scope")
-    for router in ROUTERS:
+    for router in (*ROUTERS, *PAGES):
         app.include_router(router)
     return app
 
@@ -178,4 +192,10 @@ def create_app(coordinator: Coordinator, access: Access | None = None) -> FastAP
 def api_routes() -> list[APIRoute]:
     """Every route of the API (the app's own list holds the routers, not their routes)."""
     return [route for router in ROUTERS for route in router.routes
+            if isinstance(route, APIRoute)]
+
+
+def page_routes() -> list[APIRoute]:
+    """Every page of the dashboard (not in the OpenAPI document)."""
+    return [route for router in PAGES for route in router.routes
             if isinstance(route, APIRoute)]

@@ -15,6 +15,14 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from herder.api.board import AssignmentBoard
+from herder.api.sessions import (
+    COOKIE,
+    CSRF_HEADER,
+    LEGACY,
+    Session,
+    SessionBook,
+    csrf_refusal,
+)
 from herder.api.tokens import (
     ANONYMOUS_ADMIN,
     LEGACY_ADMIN,
@@ -93,12 +101,40 @@ async def caller_of(request: Request, authorization: str | None) -> Caller | Non
     return identify(await call(coordinator(request).token, token_hash(token)))
 
 
+async def session_caller(request: Request) -> Caller | None:
+    """The caller a dashboard session cookie stands for (None without one); a state change
+    made with it must pass the CSRF check (herder.api.sessions)."""
+    book: SessionBook | None = getattr(request.app.state, "sessions", None)
+    session = None if book is None else book.get(request.cookies.get(COOKIE))
+    if session is None:
+        return None
+    refusal = csrf_refusal(session, request.method, request.headers.get(CSRF_HEADER),
+                           request.headers.get("origin"), request.headers.get("host"))
+    if refusal is not None:
+        raise Denied(403, refusal)
+    request.state.session = session
+    return await session_identity(request, session)
+
+
+async def session_identity(request: Request, session: Session) -> Caller:
+    """Who a session's token is now: a token revoked since sign-in is refused (401)."""
+    if session.key == LEGACY:
+        access: Access = request.app.state.access
+        if access.legacy_admin_token:
+            return LEGACY_ADMIN
+        raise Denied(401, "unknown token")
+    return identify(await call(coordinator(request).token, session.key))
+
+
 def operator(scope: Scope) -> Any:
-    """An operator route needing `scope` (admin > submit > read)."""
+    """An operator route needing `scope` (admin > submit > read): a bearer token, or the
+    dashboard's session cookie."""
 
     async def dependency(request: Request,
                          authorization: Annotated[str | None, Header()] = None) -> Caller:
         caller = await caller_of(request, authorization)
+        if caller is None:
+            caller = await session_caller(request)
         if caller is None:
             if not request.app.state.access.open_access:
                 raise Denied(401, f"a {scope} token is required "

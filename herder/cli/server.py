@@ -34,10 +34,14 @@ if TYPE_CHECKING:
               help="Exit 0 once nothing is queued, claimed or running.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
+@click.option("--ui", is_flag=True,
+              help="Serve the dashboard too (sign in with a token: herder token create).")
+@click.option("--ui-listen", metavar="HOST:PORT", default="127.0.0.1:8471", show_default=True,
+              help="Where --ui serves the dashboard.")
 @LOG_FORMAT_OPTION
 @pass_state
 def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
-       log_level: str, log_format: str) -> None:
+       ui: bool, ui_listen: str, log_level: str, log_format: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
     import threading
     import time
@@ -59,13 +63,71 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         runner = Runner(store, options)
         runner.source.guardian = guardian
         start_accounts(store, config.settings, options.host)
+        dashboard = serve_dashboard(state, ui_listen, options.host) if ui else None
         alerts = start_alerts(store, config.settings.alerts, threading.Event(), utcnow,
                               lambda: True, lambda: time.monotonic() - runner.last_turn,
                               silence_key=f"runner:{options.host}:silent")
     code = runner.run()
+    if dashboard is not None:
+        dashboard.should_exit = True
     if alerts is not None:
         alerts.close(flush_seconds=config.settings.alerts.timeout)
     sys.exit(code)
+
+
+def listen_address(option: str, address: str) -> tuple[str, int]:
+    """HOST:PORT of a listen option; exit 2 naming the option otherwise."""
+    bind, _, port_text = address.rpartition(":")
+    if not bind or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InputError(option, f"{address!r} is not HOST:PORT", "e.g. 127.0.0.1:8470")
+    return bind, int(port_text)
+
+
+def require_admin_or_loopback(store: Store, bind: str, option: str, legacy: str | None,
+                              open_access: bool) -> None:
+    """Off loopback, a server needs an admin token first (or anyone could sign in to
+    nothing, and an operator could not either); on loopback, say that sign-in needs one."""
+    from herder.api.tokens import active_admins
+
+    if active_admins(store.token_list()) or legacy or open_access:
+        return
+    if not loopback(bind):
+        raise InputError(option, f"{bind} is reachable from the network and no admin token "
+                         "exists", "create one first: herder token create --scope admin "
+                         "--name ops")
+    logging.getLogger("herder.server").warning(
+        "no admin token exists: operator routes answer 401 until one is created "
+        "(herder token create --scope admin)")
+
+
+def serve_dashboard(state: State, address: str, label: str) -> Any:
+    """`up --ui`: the dashboard (and the API's read routes, cancel, retry, drain) over the
+    same store, on a thread of its own; the runner keeps doing the scheduling. Returns the
+    uvicorn server, whose `should_exit` stops it."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from herder.api.app import Access, create_app
+    from herder.runtime.coordinator import Coordinator
+
+    bind, port = listen_address("--ui-listen", address)
+    store = state.database.store
+    require_admin_or_loopback(store, bind, "--ui-listen", None, False)
+    coordinator = Coordinator(store, state.config, label)
+    app = create_app(coordinator, Access(), run_coordinator=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
+                                           log_config=None, timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, name="herder-dashboard", daemon=True)
+    thread.start()
+    while not server.started:  # listening, or failed to (the port is taken)
+        if not thread.is_alive():
+            raise InputError("--ui-listen", f"cannot listen on {address}",
+                             "pick a free port, e.g. --ui-listen 127.0.0.1:8472")
+        time.sleep(0.02)
+    logging.getLogger("herder.server").info("dashboard on http://%s:%d/ui/", bind, port)
+    return server
 
 
 def start_accounts(store: Store, settings: Settings, host: str) -> None:
@@ -110,7 +172,6 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     import uvicorn
 
     from herder.api.app import Access, create_app
-    from herder.api.tokens import active_admins
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
     from herder.runtime.guardian import start_guardian
@@ -120,9 +181,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     with edge():
         settings = state.config.settings.server
         address = listen or settings.listen
-        bind, _, port_text = address.rpartition(":")
-        if not bind or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise InputError("--listen", f"{address!r} is not HOST:PORT", "e.g. 127.0.0.1:8470")
+        bind, port = listen_address("--listen", address)
         cert = tls_cert or settings.tls_cert
         key = tls_key or settings.tls_key
         if bool(cert) != bool(key):
@@ -135,14 +194,8 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
-        admins = active_admins(state.database.store.token_list())
-        if not admins and not legacy and not insecure_no_auth:
-            if not loopback(bind):
-                raise InputError(
-                    "--listen", f"{bind} is reachable from the network and no admin token "
-                    "exists", "create one first: herder token create --scope admin --name ops")
-            log.warning("no admin token exists: operator routes answer 401 until one is "
-                        "created (herder token create --scope admin)")
+        require_admin_or_loopback(state.database.store, bind, "--listen", legacy,
+                                  insecure_no_auth)
         if legacy:
             log.warning("%s is deprecated: it works as an admin token; create a scoped token "
                         "with `herder token create` and unset it", settings.api_token_env)
@@ -152,7 +205,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         coordinator = Coordinator(state.database.store, state.config, label, guardian=guardian)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
-            coordinator.public_url = f"{scheme}://{bind}:{port_text}"
+            coordinator.public_url = f"{scheme}://{bind}:{port}"
         app = create_app(coordinator, Access(open_access=insecure_no_auth,
                                              legacy_admin_token=legacy,
                                              max_body_bytes=settings.max_body_bytes,
@@ -160,7 +213,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     served = announcing_server(uvicorn.Config(
-        app, host=bind, port=int(port_text), log_level="warning", ssl_certfile=cert,
+        app, host=bind, port=port, log_level="warning", ssl_certfile=cert,
         ssl_keyfile=key, timeout_graceful_shutdown=5, **extra), "https" if cert else "http",
         log)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run

@@ -3,6 +3,7 @@ what the HTTP API asks of them. The API module stays a thin translation layer.""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import logging
@@ -72,7 +73,7 @@ from herder.runtime.sources import (
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.accounts import state_of
 from herder.scheduling.breaker import Breaker
-from herder.scheduling.placement import explain, place
+from herder.scheduling.placement import Plan, Snapshot, explain, place
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import DeliveryRecord, Lease
 from herder.submission import SubmitRequest
@@ -83,6 +84,8 @@ from herder.wire import (
     HeartbeatReply,
     HostGate,
     HostView,
+    JobPage,
+    JobRow,
     PreflightCheck,
     QueueAccount,
     QueueAlert,
@@ -95,6 +98,8 @@ from herder.wire import (
 )
 
 log = logging.getLogger("herder.coordinator")
+PLACEMENT_REUSE = 2.0
+"""Seconds a placement made for the dashboard's `why` texts serves later pages."""
 SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
@@ -186,6 +191,7 @@ class Coordinator:
         self.metrics = Metrics()
         self.metrics.watch(self.fleet_sample)
         self.alerts: Alerts | None = None
+        self._placement: tuple[Plan, Snapshot] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -672,6 +678,35 @@ class Coordinator:
     def jobs(self, status: list[JobStatus] | None, limit: int) -> list[Job]:
         return self.store.job_list(status, limit)
 
+    def job_page(self, status: JobStatus | None, job_type: str | None, host: str | None,
+                 dedup_key: str | None, before: int | None, limit: int) -> JobPage:
+        """A page of the dashboard's jobs view; the queued rows on it say why they wait."""
+        jobs = self.store.job_list_page(status, job_type, host, dedup_key, before, limit + 1)
+        shown = jobs[:limit]
+        queued = [job for job in shown if job.status is JobStatus.QUEUED]
+        reasons = why_of(self.store, self.fleet, queued, utcnow(),
+                         self.recent_placement) if queued else {}
+        return JobPage(jobs=[JobRow.of_row(job, reasons.get(job.id)) for job in shown],
+                       next_before=shown[-1].id if len(jobs) > limit else None)
+
+    def recent_placement(self, job_ids: set[int]) -> tuple[Plan, Snapshot]:
+        """A placement at most PLACEMENT_REUSE seconds old that saw these jobs: the
+        scheduler's own latest cycle on the leader, else one made here and reused, so a
+        dashboard refreshing its jobs view does not place the whole queue each time."""
+        now = utcnow()
+        for candidate in (self.scheduler.last_placement if self.is_leader else None,
+                          self._placement):
+            if (candidate is not None
+                    and abs((now - candidate[1].now).total_seconds()) <= PLACEMENT_REUSE
+                    and job_ids <= {job.id for job in candidate[1].jobs}):
+                return candidate
+        self._placement = placed(self.store, self.fleet, now)
+        return self._placement
+
+    def latest_change(self) -> int:
+        """The newest event's id: the dashboard's live view refreshes when it moves."""
+        return self.store.event_latest_id()
+
     def job_history(self, job_id: int) -> tuple[Job, list[Attempt], list[Event]]:
         return (self.job(job_id), self.store.attempt_list(job_id),
                 self.store.event_list(job_id))
@@ -723,7 +758,7 @@ def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
         allowed_job_types=_sorted(host.allowed_job_types),
         allowed_weights=_sorted(host.allowed_weights),
         priority_floor=host.priority_floor, labels=sorted(host.labels),
-        ssh_target=host.ssh_target,
+        ssh_target=host.ssh_target, measured_available_gb=measured_available_gb(host),
         breakers={job_type: state.describe() for (label, job_type), state
                   in sorted((breakers or {}).items()) if label == host.label},
         preflight_failed={job_type: detail for job_type, (_, detail)
@@ -736,17 +771,24 @@ def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: date
     return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
 
 
+def measured_available_gb(host: HostRecord) -> float | None:
+    """The RAM the host's agent last measured available; None when none said."""
+    info = host.agent_info if isinstance(host.agent_info, dict) else {}
+    measured = info.get("mem_available_gb")
+    if isinstance(measured, int | float) and not isinstance(measured, bool):
+        return float(measured)
+    return None
+
+
 def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
                 now: datetime) -> HostSample:
     """A host as `/metrics` shows it: its RAM (bookable, booked, measured by its agent),
     health, drain and whether a live agent heartbeats for it."""
     info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    measured = info.get("mem_available_gb")
     return HostSample(
         label=host.label, bookable_gb=fleet.bookable(host),
         booked_gb=usage.booked_gb if usage else 0.0,
-        measured_available_gb=float(measured)
-        if isinstance(measured, int | float) and not isinstance(measured, bool) else None,
+        measured_available_gb=measured_available_gb(host),
         health=fleet.health(host, now), enabled=host.enabled,
         agent_up=host.transport is Transport.AGENT and "worker" in info
         and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
@@ -757,17 +799,48 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
     job = store.job_get(job_id)
     if job is None:
         raise NotFound(f"no job {job_id}")
+    text = why_of(store, fleet, [job], now)[job.id]
+    if job.status in (JobStatus.RUNNING, JobStatus.CLAIMED, JobStatus.DONE) or not job.attempt:
+        return text
+    # A job that waits or failed because its last attempt could not start says why.
+    launch = launch_failure(store.attempt_list(job_id), store.event_list(job_id))
+    return text + (f"; {launch}" if launch else "")
+
+
+def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
+           placement: Callable[[set[int]], tuple[Plan, Snapshot]] | None = None
+           ) -> dict[int, str]:
+    """`why` for several jobs (a page of the dashboard): the placement the due ones wait on
+    is computed once (or taken from `placement`, given their ids), and only if one is due."""
+    found = {job.id: text for job in jobs if (text := _settled_why(job, now)) is not None}
+    due = [job for job in jobs if job.id not in found]
+    if not due:
+        return found
+    if not store.host_list():
+        order = sorted((other.priority, other.id) for other in store.job_list_due(now, 100_000))
+        for job in due:
+            ahead = bisect.bisect_left(order, (job.priority, job.id))
+            found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
+                             f"({ahead} job(s) ahead of it)")
+        return found
+    plan, snapshot = (placement({job.id for job in due}) if placement is not None
+                      else placed(store, fleet, now))
+    found.update((job.id, explain(job.id, plan, snapshot)) for job in due)
+    return found
+
+
+def placed(store: Store, fleet: Fleet, now: datetime) -> tuple[Plan, Snapshot]:
+    """A placement of the queue as it is now, and what it was made from."""
+    snapshot = take_snapshot(store, fleet, now)
+    return place(snapshot), snapshot
+
+
+def _settled_why(job: Job, now: datetime) -> str | None:
+    """Why, for a job whose answer needs no placement (running, ended, backing off)."""
     if job.status is JobStatus.RUNNING:
         return f"running on {job.host} (attempt {job.attempt})"
     if job.status is JobStatus.CLAIMED:
         return f"placed on {job.host}, waiting for it to start (attempt {job.attempt})"
-    # A job that waits or failed because its last attempt could not start says why.
-    launch = launch_failure(store.attempt_list(job_id), store.event_list(job_id)) if (
-        job.attempt and job.status is not JobStatus.DONE) else None
-    return _why_not_running(store, fleet, job, now) + (f"; {launch}" if launch else "")
-
-
-def _why_not_running(store: Store, fleet: Fleet, job: Job, now: datetime) -> str:
     if job.status.terminal:
         reason = f" ({job.failure_reason})" if job.failure_reason else ""
         return f"{job.status}{reason}; exit code {job.exit_code}"
@@ -775,14 +848,7 @@ def _why_not_running(store: Store, fleet: Fleet, job: Job, now: datetime) -> str
         wait = (job.available_at - now).total_seconds()
         after = f" after {job.failure_reason}" if job.failure_reason else ""
         return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(job.available_at)})"
-    hosts = store.host_list()
-    if not hosts:
-        ahead = sum(1 for other in store.job_list_due(now, 100_000)
-                    if (other.priority, other.id) < (job.priority, job.id))
-        return (f"queued; no hosts are registered, so `herder up` runs it "
-                f"({ahead} job(s) ahead of it)")
-    snapshot = take_snapshot(store, fleet, now)
-    return explain(job.id, place(snapshot), snapshot)
+    return None
 
 
 def complete_reservation(store: Store, reservation_id: int, status: ReservationStatus,

@@ -260,6 +260,9 @@ class Scheduler:
     fleet: Fleet
     on_assigned: Callable[[set[str]], None] = lambda hosts: None
     last_plan: Plan | None = field(default=None, init=False)
+    last_placement: tuple[Plan, Snapshot] | None = field(default=None, init=False)
+    """The latest cycle's plan with the snapshot it was made from (one reference, set at
+    once: other threads read it), for `why` on the dashboard's pages."""
     last_heartbeat: datetime | None = field(default=None, init=False)
     first_cycle: datetime | None = field(default=None, init=False)
     """When this scheduler first ran (as leader): the no-healthy-host and fleet-stopped
@@ -275,6 +278,7 @@ class Scheduler:
         snapshot = take_snapshot(self.store, self.fleet, now, breakers)
         plan = place(snapshot)
         self.last_plan = plan
+        self.last_placement = (plan, snapshot)
         by_host: dict[str, list[tuple[int, float]]] = defaultdict(list)
         weights = {job.id: job.weight for job in snapshot.jobs}
         for assignment in plan.assignments:

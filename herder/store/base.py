@@ -244,6 +244,15 @@ class Store(abc.ABC):
             "statuses": None if statuses is None else Json([str(s) for s in statuses]),
             "limit": limit})]
 
+    def job_list_page(self, status: JobStatus | None = None, job_type: str | None = None,
+                      host: str | None = None, dedup_key: str | None = None,
+                      before: int | None = None, limit: int = 50) -> list[Job]:
+        """Newest first, ids below `before`: one page of the dashboard's jobs view, its cost
+        the page's size whatever the table's (keyset paging, no OFFSET)."""
+        return [job_from_row(row) for row in self.driver.read("job_list_page", {
+            "status": None if status is None else str(status), "job_type": job_type,
+            "host": host, "dedup_key": dedup_key, "before": before, "limit": limit})]
+
     def job_list_due(self, now: datetime, limit: int) -> list[DueJob]:
         return [due_job_from_row(row)
                 for row in self.driver.read("job_list_due", {"now": now, "limit": limit})]
@@ -362,6 +371,10 @@ class Store(abc.ABC):
     def attempt_list(self, job_id: int) -> list[Attempt]:
         return [attempt_from_row(row)
                 for row in self.driver.read("attempt_list", {"job_id": job_id})]
+
+    def event_latest_id(self) -> int:
+        """The newest event's id (0 with none): it moves whenever a job changes."""
+        return int(self.driver.read("event_latest_id")[0]["id"] or 0)
 
     def event_list(self, job_id: int) -> list[Event]:
         return [event_from_row(row) for row in self.driver.read("event_list", {"job_id": job_id})]

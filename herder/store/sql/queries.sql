@@ -46,6 +46,11 @@ SELECT id, attempt, host, coalesce(worker, ''), pid, log_path, claimed_at, start
 FROM herder_jobs WHERE id = :job_id AND status IN ('claimed', 'running')
 ORDER BY attempt;
 
+-- name: event_latest_id
+-- The newest event's id: the dashboard's live view asks it each second to see whether
+-- anything changed (the primary key's last entry, whatever the table's size).
+SELECT max(id) AS id FROM herder_events;
+
 -- name: event_list
 SELECT id, job_id, at, kind, from_status, to_status, attempt, detail
 FROM herder_events WHERE job_id = :job_id ORDER BY id;

@@ -48,6 +48,17 @@ WHERE (%(statuses)s::jsonb IS NULL
        OR status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb)))
 ORDER BY id DESC LIMIT %(limit)s;
 
+-- name: job_list_page
+-- The dashboard's jobs view: one page, newest first, before a cursor id (keyset paging:
+-- the cost is the page, not the table). A filter left NULL matches every job.
+SELECT * FROM herder_jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+  AND (%(host)s::text IS NULL OR host = %(host)s::text)
+  AND (%(dedup_key)s::text IS NULL OR dedup_key = %(dedup_key)s::text)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC LIMIT %(limit)s;
+
 -- name: job_claim
 -- The store inlines LIMIT as a literal (one prepared statement per batch size): with a
 -- parameter there, a cached generic plan assumes a large limit and sorts the whole queue.

@@ -50,6 +50,17 @@ SELECT * FROM herder_job_records
 WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
 ORDER BY id DESC LIMIT :limit;
 
+-- name: job_list_page
+-- The dashboard's jobs view: one page, newest first, before a cursor id (keyset paging:
+-- the cost is the page, not the table). A filter left NULL matches every job.
+SELECT * FROM herder_job_records
+WHERE (:status IS NULL OR status = :status)
+  AND (:job_type IS NULL OR job_type = :job_type)
+  AND (:host IS NULL OR host = :host)
+  AND (:dedup_key IS NULL OR dedup_key = :dedup_key)
+  AND (:before IS NULL OR id < :before)
+ORDER BY id DESC LIMIT :limit;
+
 -- name: job_claim
 -- INDEXED BY: without statistics SQLite may prefer another index and sort every queued row
 -- on each claim; the partial index gives the order for free.

@@ -1,0 +1,269 @@
+"""The dashboard: its JSON routes under the API (scoped like every other route) and its
+pages under `/ui/` (static HTML, CSS and JS shipped in the package; the pages hold no data,
+their script fetches it with the session cookie).
+
+Sign-in turns a pasted token into a session cookie (herder.api.sessions); the API's own
+routes accept that cookie, so the dashboard's actions are the API's cancel, retry, drain
+and enable with their scopes, plus the CSRF check a cookie needs."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from collections.abc import AsyncIterator
+from functools import cache
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+
+from herder.api.depends import (
+    HOST_LABEL,
+    Access,
+    Reader,
+    Service,
+    call,
+    coordinator,
+    public,
+    session_identity,
+)
+from herder.api.sessions import (
+    COOKIE,
+    LEGACY,
+    LIFETIME_SECONDS,
+    SessionBook,
+    csrf_refusal,
+    foreign_origin,
+)
+from herder.api.tokens import (
+    OPERATOR_RANK,
+    Denied,
+    authorize,
+    identify,
+    plausible_token,
+    same_secret,
+    token_hash,
+)
+from herder.model import BIGINT_MAX, JobStatus, Scope
+from herder.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
+from herder.wire import JobPage, SessionView
+
+router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"])
+pages = APIRouter(prefix="/ui", dependencies=[Depends(public)], include_in_schema=False)
+
+STATIC = Path(__file__).resolve().parent.parent / "dashboard" / "static"
+CHECK_SECONDS = 1.0
+"""How often the live stream looks at the store: at most one change signal a second."""
+RETRY_MILLISECONDS = 1000
+"""How soon a browser reconnects when a stream ends (each lasts at most [server] long_poll)."""
+PRINTABLE = r"^[^\x00-\x1f]*$"  # PostgreSQL refuses NUL in text: a 422, not a 500
+ASSETS = {"dashboard.css": "text/css; charset=utf-8",
+          "dashboard.js": "text/javascript; charset=utf-8"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # no-referrer makes a form post say Origin: null
+    "Cache-Control": "no-store",
+}
+
+
+# -- JSON, for the pages' script ----------------------------------------------------------------
+
+
+@router.get("/session", response_model=SessionView)
+async def session(caller: Reader, request: Request) -> SessionView:
+    signed_in = getattr(request.state, "session", None)
+    rank = OPERATOR_RANK.get(caller.scope, 0)
+    return SessionView(name=caller.name, scope=str(caller.scope),
+                       can_submit=rank >= OPERATOR_RANK[Scope.SUBMIT],
+                       can_admin=rank >= OPERATOR_RANK[Scope.ADMIN],
+                       csrf=None if signed_in is None else signed_in.csrf)
+
+
+@router.get("/jobs", response_model=JobPage)
+async def jobs(_caller: Reader, service: Service,
+               status: JobStatus | None = None,
+               job_type: Annotated[str | None, Query(max_length=NAME_LENGTH,
+                                                     pattern=PRINTABLE)] = None,
+               host: Annotated[str | None, Query(pattern=HOST_LABEL)] = None,
+               dedup_key: Annotated[str | None, Query(max_length=DEDUP_KEY_LENGTH,
+                                                      pattern=PRINTABLE)] = None,
+               before: Annotated[int | None, Query(ge=1, le=BIGINT_MAX)] = None,
+               limit: Annotated[int, Query(ge=1, le=200)] = 50) -> JobPage:
+    """One page of jobs, newest first, ids below `before` (keyset paging: the cost is the
+    page's, whatever the table's size); queued rows say why they wait."""
+    return await call(service.job_page, status, job_type or None, host or None,
+                      dedup_key or None, before, limit)
+
+
+@router.get("/changes", response_class=StreamingResponse, responses={200: {"content": {
+    "text/event-stream": {"schema": {"type": "string"}}}}})
+async def changes(_caller: Reader, service: Service, request: Request,
+                  wait: Annotated[float, Query(ge=0, le=3600, allow_inf_nan=False)] = 0.0,
+                  last_event_id: Annotated[str | None, Header(max_length=20)] = None
+                  ) -> StreamingResponse:
+    """Server-sent events: a `changed` event (its id the store's newest event id) when a
+    job changed since `Last-Event-ID`, checked once a second, for `wait` seconds at most
+    ([server] long_poll); the browser reconnects on its own when the stream ends."""
+    seen = (int(last_event_id) if last_event_id and last_event_id.isascii()
+            and last_event_id.isdigit() else None)
+    seconds = min(wait, service.settings.server.long_poll)
+
+    async def stream() -> AsyncIterator[bytes]:
+        nonlocal seen
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        yield f"retry: {RETRY_MILLISECONDS}\n\n".encode()
+        while True:
+            latest = await call(service.latest_change)
+            if latest != seen:
+                seen = latest
+                yield f"id: {latest}\nevent: changed\ndata: {latest}\n\n".encode()
+            remaining = deadline - loop.time()
+            if remaining <= 0 or await request.is_disconnected():
+                return
+            await asyncio.sleep(min(CHECK_SECONDS, remaining))
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store"})
+
+
+# -- pages ----------------------------------------------------------------------------------------
+
+
+@cache
+def asset(name: str) -> str:
+    return (STATIC / name).read_text()
+
+
+@cache
+def framed(name: str) -> str:
+    """A view of the static folder inside the frame every signed-in page shares."""
+    return (asset("frame.html").replace("{{page}}", name)
+            .replace("{{content}}", asset(f"{name}.html")))
+
+
+def page(text: str, status: int = 200, **values: str) -> HTMLResponse:
+    """A page, its `{{key}}` places filled in (escaped)."""
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", html.escape(value))
+    return HTMLResponse(text, status_code=status, headers=PAGE_HEADERS)
+
+
+def login_form(status: int = 200, error: str = "") -> HTMLResponse:
+    return page(asset("login.html"), status, error=error)
+
+
+def sessions_of(request: Request) -> SessionBook:
+    book: SessionBook = request.app.state.sessions
+    return book
+
+
+async def signed_in(request: Request) -> bool:
+    """A page is shown to a live session (or to anyone under --insecure-no-auth)."""
+    access: Access = request.app.state.access
+    if access.open_access:
+        return True
+    found = sessions_of(request).get(request.cookies.get(COOKIE))
+    if found is None:
+        return False
+    try:
+        await session_identity(request, found)
+    except Denied:
+        sessions_of(request).close(found.id)
+        return False
+    return True
+
+
+async def shown(request: Request, name: str) -> Response:
+    if not await signed_in(request):
+        return RedirectResponse("/ui/login", status_code=303)
+    return page(framed(name))
+
+
+@pages.get("")
+async def root() -> Response:
+    return RedirectResponse("/ui/", status_code=307)
+
+
+@pages.get("/")
+async def fleet_page(request: Request) -> Response:
+    return await shown(request, "fleet")
+
+
+@pages.get("/jobs")
+async def jobs_page(request: Request) -> Response:
+    return await shown(request, "jobs")
+
+
+@pages.get("/jobs/{job_id}")
+async def job_page(request: Request) -> Response:
+    return await shown(request, "job")
+
+
+@pages.get("/login")
+async def login_page() -> Response:
+    return login_form()
+
+
+async def session_key(request: Request, token: str) -> str:
+    """What a session keeps of a pasted token (its hash, never the token), once the token
+    is checked as the API checks a bearer token: Denied (401/403) otherwise."""
+    if not plausible_token(token):
+        raise Denied(401, "unknown token")
+    access: Access = request.app.state.access
+    if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
+        return LEGACY
+    digest = token_hash(token)
+    caller = identify(await call(coordinator(request).token, digest))
+    authorize(caller, Scope.READ)  # an agent token signs in nowhere
+    return digest
+
+
+@pages.post("/login")
+async def login(request: Request) -> Response:
+    refusal = foreign_origin(request.headers.get("origin"), request.headers.get("host"))
+    if refusal is not None:
+        return login_form(403, refusal)
+    try:
+        form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=5)
+    except ValueError:  # more fields than a sign-in form has
+        form = {}
+    token = (form.get("token") or [""])[0].strip()
+    if not token:
+        return login_form(401, "paste a read, submit or admin token")
+    try:
+        key = await session_key(request, token)
+    except Denied as refused:
+        return login_form(refused.status, refused.reason)
+    opened = sessions_of(request).open(key)
+    response = RedirectResponse("/ui/", status_code=303)
+    response.set_cookie(COOKIE, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@pages.post("/logout")
+async def logout(request: Request) -> Response:
+    book = sessions_of(request)
+    found = book.get(request.cookies.get(COOKIE))
+    if found is not None:
+        refusal = csrf_refusal(found, "POST", request.headers.get("x-herder-csrf"),
+                               request.headers.get("origin"), request.headers.get("host"))
+        if refusal is not None:
+            return Response(refusal, status_code=403, media_type="text/plain")
+        book.close(found.id)
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
+                           secure=request.url.scheme == "https")
+    return response
+
+
+@pages.get("/static/{name}")
+async def static(name: str) -> Response:
+    media = ASSETS.get(name)
+    if media is None:
+        return Response("no such file", status_code=404, media_type="text/plain")
+    return Response(asset(name), media_type=media, headers={"Cache-Control": "no-cache"})
