@@ -17,7 +17,7 @@ from support.waits import wait_for
 TYPES = "".join(f"[job_types.{name}]\ncommand = ['true']\n\n"
                 for name in ("dev-issue", "review-pr"))
 MOVING = ("heartbeat_age_seconds", "liveness", "missed_heartbeats", "last_heartbeat",
-          "health", "agent_down")
+          "health", "agent_down", "measured_available_gb")
 """What may change between two reads a moment apart."""
 
 
