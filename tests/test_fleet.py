@@ -214,8 +214,12 @@ def test_agent_refuses_what_its_local_allow_list_forbids(make_fleet, tmp_path, s
     infra = fleet.submit_cli("infra-task")
     wait_for(lambda: fleet.job(infra).status is JobStatus.CLAIMED, 20,
              "the infra-task to be placed on gate", fleet.describe)
-    holds_for(lambda: (fleet.job(infra).status, fleet.job(infra).attempt)
-              == (JobStatus.CLAIMED, 1), 4.0, "the placement to wait past the lease for its agent",
+
+    def first_placement_waits() -> bool:
+        job = fleet.job(infra)
+        return (job.status, job.attempt) == (JobStatus.CLAIMED, 1)
+
+    holds_for(first_placement_waits, 4.0, "the placement to wait past the 2 s lease",
               fleet.describe)
     agent = fleet.start_agent("gate", "--job-types", "dev-issue")
 
