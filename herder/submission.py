@@ -17,14 +17,19 @@ WORKDIR_LENGTH = 4096
 
 
 def storable(value: Any, depth: int = 0) -> str | None:
-    """Why a decoded JSON value cannot be stored (NUL in text, NaN, nesting), or None.
+    """Why a decoded JSON value cannot be stored (NUL in text, a lone surrogate, NaN,
+    nesting), or None.
 
-    PostgreSQL's text and jsonb hold no NUL character and JSON has no NaN; both would
+    PostgreSQL's text and jsonb hold no NUL character and only UTF-8 (JSON's "\\ud800"
+    escape decodes to a surrogate that UTF-8 cannot encode), and JSON has no NaN: each would
     otherwise fail deep in the store as a server error instead of a 422 at the edge."""
     if depth > MAX_JSON_DEPTH:
         return f"nested deeper than {MAX_JSON_DEPTH} levels"
     if isinstance(value, str):
-        return "contains a NUL character" if "\x00" in value else None
+        if "\x00" in value:
+            return "contains a NUL character"
+        return None if value.isascii() or _encodes(value) else (
+            "contains a lone surrogate (\\ud800-\\udfff): send UTF-8 text")
     if isinstance(value, float):
         return None if math.isfinite(value) else "is not a finite number"
     if isinstance(value, dict):
@@ -38,6 +43,14 @@ def storable(value: Any, depth: int = 0) -> str | None:
             if problem:
                 return problem
     return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,8 +25,8 @@ from psycopg import sql
 from support.postgres import (
     BACKENDS,
     DEFAULT_POSTGRES_URL,
-    HERDER_TABLES,
     POSTGRES_ENV,
+    empty_herder_tables,
     postgres_url_for,
 )
 
@@ -90,18 +90,7 @@ def sqlite_url(tmp_path) -> str:
 @pytest.fixture
 def postgres_url(postgres_database: str) -> str:
     """URL of the session database with the herder tables emptied and ids restarted."""
-    with psycopg.connect(postgres_database, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '10s'")
-        # Every herder table but the schema version, so later migrations are covered too.
-        tables = [row[0] for row in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-            " AND tablename LIKE 'herder\\_%' AND tablename <> 'herder_schema'")]
-        assert set(HERDER_TABLES) <= set(tables), tables
-        conn.execute(
-            sql.SQL("TRUNCATE {} RESTART IDENTITY").format(
-                sql.SQL(", ").join(sql.Identifier(t) for t in tables)
-            )
-        )
+    empty_herder_tables(postgres_database)
     return postgres_database
 
 

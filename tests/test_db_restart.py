@@ -74,7 +74,10 @@ def test_up_finishes_a_job_across_a_database_restart(tmp_path, private_postgres,
         up = harness.up("--exit-when-idle")
         harness.wait_ready(up)
         wait_for(started.exists, 30, "the job to start", harness.describe)
-        assert status(url, job_id) == "running"
+        # The runner records the start after the spawn, so the job can run (and touch
+        # `started`) while its row still says claimed: wait for the record, not the file.
+        wait_for(lambda: status(url, job_id) == "running", 30, "the start to be recorded",
+                 harness.describe)
         if mode == "stop-start":
             private_postgres.stop()
             release.touch()  # the job ends while the database is down

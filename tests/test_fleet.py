@@ -204,13 +204,23 @@ def test_agent_refuses_what_its_local_allow_list_forbids(make_fleet, tmp_path, s
     up; the agent's own list says dev-issue only, so it refuses (fail-closed) and never runs
     it. From then on placement knows the agent's list and stops offering it there."""
     ran = tmp_path / "ran"
-    fleet = make_fleet(tmp_path, sqlite_url, extra=job_types(ran))
+    # The placement waits for an agent that is slow to start on a loaded machine: a pickup
+    # timeout far above the 2 s lease, which must not hand the placement back meanwhile.
+    fleet = make_fleet(tmp_path, sqlite_url, extra=job_types(ran),
+                       fleet={"pickup_timeout": "60s"})
     fleet.add_host("gate", "--ram", "16", "--prime-workers", "1", "--night-workers", "1")
     fleet.cli("heartbeat", "--host", "gate")
     fleet.start_server(wait=False)
     infra = fleet.submit_cli("infra-task")
     wait_for(lambda: fleet.job(infra).status is JobStatus.CLAIMED, 20,
              "the infra-task to be placed on gate", fleet.describe)
+
+    def first_placement_waits() -> bool:
+        job = fleet.job(infra)
+        return (job.status, job.attempt) == (JobStatus.CLAIMED, 1)
+
+    holds_for(first_placement_waits, 4.0, "the placement to wait past the 2 s lease",
+              fleet.describe)
     agent = fleet.start_agent("gate", "--job-types", "dev-issue")
 
     def refused() -> bool:

@@ -273,13 +273,16 @@ def test_validation_errors_never_echo_the_input(api):
     ("POST", "/api/v1/jobs", {"command": ["true\x00"]}),
     ("POST", "/api/v1/jobs", b'{"command": ["true"], "delay_seconds": 1.8e308}'),
     ("POST", "/api/v1/jobs", b'{"command": ["true"], "payload": {"x": NaN}}'),
+    # a lone surrogate: valid JSON, but no UTF-8 text (a server error on PostgreSQL once)
+    ("POST", "/api/v1/jobs", b'{"command": ["true\\ud800"]}'),
+    ("POST", "/api/v1/jobs", b'{"command": ["true"], "payload": {"\\udfff": 1}}'),
     ("POST", "/api/v1/jobs", {"command": ["true"], "env": {"A\x00": "b"}}),
     ("POST", "/api/v1/reservations", {"owner": "o\x00", "host": "alpha", "count": 1}),
     ("POST", "/api/v1/slots/release", {"run_id": "r\x00"}),
     ("POST", "/api/v1/slots/claim", {"run_id": "r", "host": "alpha", "weight": "li\x00ght"}),
 ])
 def test_bodies_a_database_cannot_store_are_422(api, method, path, body):
-    if isinstance(body, bytes):  # JSON that Python's encoder will not write (1.8e308, NaN)
+    if isinstance(body, bytes):  # JSON that Python's encoder will not write (1.8e308, NaN, \ud800)
         response = api.client.request(method, path, content=body,
                                       headers={**headers(api, "admin"),
                                                "Content-Type": "application/json"})

@@ -370,6 +370,7 @@ def test_workdir_must_exist(config, tmp_path):
         ({"payload": {"x": [float("inf")]}}, "payload"),
         ({"payload": {"x": "a\x00b"}}, "payload"),
         ({"payload": {"a\x00": 1}}, "payload"),
+        ({"payload": {"x": ["\udc00"]}}, "payload"),
         ({"payload": {"x": object()}}, "payload"),
         ({"payload": {"x": "y" * 1_000_001}}, "payload"),
     ],

@@ -39,6 +39,9 @@ def test_up_survives_dropped_connections_and_reports_the_result(tmp_path, postgr
         up = harness.up("--exit-when-idle")
         harness.wait_ready(up)
         wait_for(marker.exists, 30, "the job to start", harness.describe)
+        # The runner records the start after the spawn: wait for the record, not the file.
+        wait_for(lambda: status(postgres_url, job_id) == "running", 30,
+                 "the start to be recorded", harness.describe)
         # Every connection of `up` dies, twice, while its job runs (this test's own pooled
         # connections too, so it checks through fresh ones).
         assert drop_connections(postgres_url) >= 1

@@ -18,7 +18,7 @@ from support.waits import wait_for
 from herder.config import Config, Settings
 from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.runtime.coordinator import Coordinator, why
-from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch
+from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch, Rescuer
 from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
 from herder.scheduling.alerting import in_start_grace
 from herder.scheduling.health import HostHealth
@@ -267,6 +267,28 @@ def test_handing_a_placement_to_a_runner_starts_its_lease_again(store):
     assert store.attempt_set_worker(AttemptToken(job_id, 1), "a/1/2", handout)
     [live] = store.attempt_list_live("a")
     assert (live.attempt.worker, live.attempt.heartbeat_at) == ("a/1/2", handout)
+
+
+def test_the_lease_rescue_leaves_an_untaken_placement_to_the_pickup_watch(store):
+    """A lease shorter than the pickup timeout (fast test timings) once let the rescuer
+    hand back a placement whose agent was still starting: the agent then refused or ran a
+    later attempt and the first one read `lost`. Without a runner there is nothing to be
+    silent; a taken attempt past its lease is still the rescuer's."""
+    store.host_insert(HostRecord("a", 20, prime_max_workers=2), NOW)
+    untaken, taken = [r.job_id for r in store.job_insert(
+        [JobSpec(command=("true",)), JobSpec(command=("true",))], NOW)]
+    store.job_assign("a", [(untaken, 3.0), (taken, 3.0)], 2, 16.0, NOW)
+    assert store.attempt_set_worker(AttemptToken(taken, 1), "a/1/2", NOW)
+    later = NOW + timedelta(seconds=10)  # past the 2 s lease, within the 25 s pickup timeout
+
+    rescued = Rescuer(store, "server", lease_seconds=2.0, kill_grace=1.0,
+                      max_lost=5).run_once(later)
+    assert (rescued["stale"], rescued["requeued"]) == (1, 1)
+    assert store.job_get(taken).status is JobStatus.QUEUED
+    assert store.job_get(untaken).status is JobStatus.CLAIMED
+    assert PickupWatch(store, timeout_seconds=25).run_once(later)["timed_out"] == 0
+    # the agent, up at last, takes its placement
+    assert store.attempt_set_worker(AttemptToken(untaken, 1), "a/1/2", later)
 
 
 def test_a_lost_attempt_spends_the_lost_budget_once_a_runner_took_it():

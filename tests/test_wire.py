@@ -51,6 +51,7 @@ def test_a_heartbeat_reply_names_attempts_as_pairs():
 
 @pytest.mark.parametrize(("body", "field"), [
     ({"command": ["a\x00"]}, "command"),
+    ({"command": ["true"], "env": {"A": "\ud800"}}, "env"),
     ({"command": ["true"], "payload": {"x": float("nan")}}, "payload"),
     ({"command": ["true"], "priority": 2**31}, "priority"),
     ({"command": ["true"], "delay_seconds": float("inf")}, "delay_seconds"),

@@ -8,7 +8,9 @@ job is requeued, so no two attempts of a job ever run at the same time.
 
 The pickup watch hands back placements that no runner took within the pickup timeout
 (the host's agent died or is not asking for work), so they run elsewhere in seconds
-instead of waiting out the lease on a host that will never start them.
+instead of waiting out the lease on a host that will never start them. Untaken placements
+are the watch's alone: the lease is a runner's, and with a lease shorter than the pickup
+timeout the rescuer would otherwise hand back a placement whose agent is still starting.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ def rescue_plan(
     cutoff = now - timedelta(seconds=lease_seconds)
     for item in live:
         attempt = item.attempt
+        if attempt.worker == "":
+            # No runner has taken this placement, so none can be silent: the pickup watch
+            # judges it (its timeout may be the longer one), and fences before it requeues.
+            continue
         worker = WorkerId.parse(attempt.worker)
         if attempt.host in local and worker is not None and worker.host == attempt.host:
             if not worker_alive(worker):

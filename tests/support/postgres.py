@@ -28,7 +28,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from support.ports import free_port
 
@@ -55,6 +57,20 @@ def postgres_url_for(url: str, database: str, **query: str) -> str:
     extra = "&".join(f"{key}={value}" for key, value in query.items())
     joined = "&".join(part for part in (parts.query, extra) if part)
     return urlunsplit(parts._replace(path=f"/{database}", query=joined))
+
+
+def empty_herder_tables(url: str) -> None:
+    """Empty every herder table but the schema version (so later migrations are covered
+    too) and restart the ids: a test starts from what it writes, not from what the test
+    before it on this xdist worker left in the session database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '10s'")
+        tables = [row[0] for row in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            " AND tablename LIKE 'herder\\_%' AND tablename <> 'herder_schema'")]
+        assert set(HERDER_TABLES) <= set(tables), tables
+        conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY").format(
+            sql.SQL(", ").join(sql.Identifier(t) for t in tables)))
 
 
 def postgres_bin_dir() -> Path | None:
