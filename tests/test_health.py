@@ -21,6 +21,7 @@ from herder.scheduling.health import (
     host_health,
     host_liveness,
     liveness_changes,
+    shown_health,
 )
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
@@ -188,3 +189,16 @@ def test_liveness_changes_are_transitions_between_cycles_only():
     assert liveness_changes(previous, current) == [
         LivenessChange("a", "no heartbeat for 31s"), LivenessChange("b", None)]
     assert liveness_changes(current, current) == []
+
+
+@pytest.mark.parametrize(("health", "liveness", "shown"), [
+    (HostHealth.HEALTHY, HostLiveness(LivenessState.LIVE), HostHealth.HEALTHY),
+    (HostHealth.HEALTHY, HostLiveness(LivenessState.LATE, 1), HostHealth.DEGRADED),
+    (HostHealth.HEALTHY, HostLiveness(LivenessState.DOWN, 7), HostHealth.DOWN),
+    (HostHealth.HEALTHY, HostLiveness(LivenessState.STOPPED), HostHealth.DOWN),
+    (HostHealth.DEGRADED, HostLiveness(LivenessState.LATE, 2), HostHealth.DEGRADED),
+    (HostHealth.DOWN, HostLiveness(LivenessState.DOWN), HostHealth.DOWN),
+    (HostHealth.UNKNOWN, HostLiveness(LivenessState.UNKNOWN), HostHealth.UNKNOWN),
+])
+def test_shown_health_is_never_healthier_than_placements_liveness(health, liveness, shown):
+    assert shown_health(health, liveness) is shown

@@ -129,6 +129,8 @@ def test_hosts_and_the_server_log_say_what_happened_to_each_host(make_fleet, tmp
                         silent["message"]), silent
     view = fleet.hosts_api()["alpha"]
     assert (view["liveness"], view["condition"]) == ("down", "enabled"), view
+    # one word on every screen: a host placement counts as down reads down, not healthy
+    assert view["health"] == "down", view
     assert view["missed_heartbeats"] >= 6, view
 
 

@@ -73,6 +73,7 @@ from herder.runtime.sources import (
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.accounts import state_of
 from herder.scheduling.breaker import Breaker
+from herder.scheduling.health import shown_health
 from herder.scheduling.placement import Plan, Snapshot, explain, place
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import DeliveryRecord, Lease
@@ -739,7 +740,8 @@ def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
     liveness = fleet.liveness_of(host, now)
     return HostView(
         label=host.label, enabled=host.enabled, agent=agent_state(host),
-        transport=str(host.transport), health=str(fleet.health(host, now)),
+        transport=str(host.transport),
+        health=str(shown_health(fleet.health(host, now), liveness)),
         last_heartbeat=host.last_heartbeat, agent_down=fleet.agent_down(host, now),
         condition=condition(host),
         liveness=str(liveness.state), missed_heartbeats=liveness.missed,

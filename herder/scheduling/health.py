@@ -149,6 +149,17 @@ def host_liveness(last_heartbeat: datetime | None, agent_info: Mapping[str, Any]
     return HostLiveness(LivenessState.LATE if missed else LivenessState.LIVE, missed)
 
 
+def shown_health(health: HostHealth, liveness: HostLiveness) -> HostHealth:
+    """The health `herder hosts`, `/queue` and the dashboard show: the heartbeat-age
+    thresholds, but never healthier than placement's liveness says (a SIGKILLed agent's
+    host is down at once, not healthy for the minutes the thresholds allow). Pure."""
+    if liveness.state in (LivenessState.DOWN, LivenessState.STOPPED):
+        return HostHealth.DOWN
+    if liveness.state is LivenessState.LATE and health is HostHealth.HEALTHY:
+        return HostHealth.DEGRADED
+    return health
+
+
 def down_reason(last_heartbeat: datetime | None, health: HostHealth,
                 agent_reason: str | None, now: datetime) -> str | None:
     """Why placement counts a host as down now (its agent's reason, or no heartbeat within
