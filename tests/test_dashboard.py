@@ -361,6 +361,8 @@ def test_assets_ship_in_the_package_and_nothing_else_is_served(dashboard):
     script = client.get("/ui/static/dashboard.js")
     assert script.status_code == 200 and "EventSource" in script.text
     assert client.get("/ui/static/dashboard.css").headers["content-type"].startswith("text/css")
+    icon = client.get("/ui/static/favicon.svg")  # same origin, so the pages' CSP allows it
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
     for name in ("frame.html", "login.html", "..%2Fapp.py", "nothing.js"):
         assert client.get(f"/ui/static/{name}").status_code == 404, name
 

@@ -60,7 +60,8 @@ RETRY_MILLISECONDS = 1000
 """How soon a browser reconnects when a stream ends (each lasts at most [server] long_poll)."""
 PRINTABLE = r"^[^\x00-\x1f]*$"  # PostgreSQL refuses NUL in text: a 422, not a 500
 ASSETS = {"dashboard.css": "text/css; charset=utf-8",
-          "dashboard.js": "text/javascript; charset=utf-8"}
+          "dashboard.js": "text/javascript; charset=utf-8",
+          "favicon.svg": "image/svg+xml"}
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
     "X-Frame-Options": "DENY",
