@@ -37,7 +37,11 @@ def test_create_prints_the_token_once_and_stores_only_its_hash(tmp_path, store_u
         stored = store.token_get(token_hash(secret))
         assert stored is not None and stored.id == view["id"]
     table = ok(run_herder("token", "list", cwd=tmp_path, db=store_url)).stdout
-    assert "ci" in table and secret not in table
+    header, row = table.splitlines()
+    assert header.split() == ["ID", "NAME", "SCOPE", "HOST", "LIMITS", "CREATED", "REVOKED"]
+    assert row.split()[:6] == [str(view["id"]), "ci", "submit", "types",
+                               "dev-issue,review-pr;", "priority"], row
+    assert secret not in table
 
 
 def test_revoke_stops_a_token_and_list_shows_it_only_with_all(tmp_path, store_url):

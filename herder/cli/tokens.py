@@ -7,7 +7,16 @@ from typing import Any
 
 import click
 
-from herder.cli.root import State, edge, fail, known_host, names, pass_state, utcnow
+from herder.cli.root import (
+    State,
+    columns,
+    edge,
+    fail,
+    known_host,
+    names,
+    pass_state,
+    utcnow,
+)
 from herder.errors import InputError
 from herder.model import Scope, TokenRecord
 
@@ -74,12 +83,7 @@ def token_list(state: State, show_all: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([token_view(r) for r in records], indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "SCOPE", "HOST", "LIMITS", "CREATED", "REVOKED"):
-        table.add_column(column)
+    rows = []
     for record in records:
         limits = []
         if record.job_types is not None:
@@ -87,9 +91,10 @@ def token_list(state: State, show_all: bool, as_json: bool) -> None:
         if record.priority_floor is not None:
             limits.append(f"priority >= {record.priority_floor}")
         revoked = "" if record.revoked_at is None else f"{record.revoked_at:%Y-%m-%d %H:%M}"
-        table.add_row(str(record.id), record.name, str(record.scope), record.host or "",
-                      "; ".join(limits), f"{record.created_at:%Y-%m-%d %H:%M}", revoked)
-    Console().print(table)
+        rows.append((str(record.id), record.name, str(record.scope), record.host or "",
+                     "; ".join(limits), f"{record.created_at:%Y-%m-%d %H:%M}", revoked))
+    for line in columns(("ID", "NAME", "SCOPE", "HOST", "LIMITS", "CREATED", "REVOKED"), rows):
+        click.echo(line)
 
 
 def token_view(record: TokenRecord) -> dict[str, Any]:
