@@ -147,6 +147,10 @@ def test_submit_payload_and_params_merge_params_winning(cli):
 def test_submit_delay_sets_available_at_in_the_future(cli):
     job = get_job(cli.db, cli.submit("--delay", "10m", "--", "true"))
     assert 595 <= (job.available_at - job.created_at).total_seconds() <= 605
+    # `why` says it was delayed, not that it backs off from a failure it never had
+    answer = ok(cli("why", str(job.id))).stdout.strip()
+    assert answer.startswith("not before ") and "submitted with a delay" in answer, answer
+    assert "backoff" not in answer
 
 
 # On both backends: the usual mistakes, and a NaN that once reached PostgreSQL and crashed.

@@ -849,7 +849,10 @@ def _settled_why(job: Job, now: datetime) -> str | None:
     if job.available_at > now:
         wait = (job.available_at - now).total_seconds()
         after = f" after {job.failure_reason}" if job.failure_reason else ""
-        return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(job.available_at)})"
+        until = job.available_at.replace(microsecond=0)
+        if job.attempt == 0:  # submitted with a delay (`--delay`, `delay_seconds`)
+            return f"not before {iso(until)}: submitted with a delay ({wait:.0f}s to go)"
+        return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(until)})"
     return None
 
 
