@@ -322,7 +322,7 @@ def test_every_operator_command_works_over_the_server_as_against_the_database(
     held = int(operator.ok("submit", "--host", "lap-1", "--delay", "1h", "--workdir",
                            "/no/such/dir/here", "--", "no-such-program-here").strip())
     assert fleet.job(held).workdir == "/no/such/dir/here"
-    assert operator.ok("why", str(held)).startswith("waiting")
+    assert operator.ok("why", str(held)).startswith("not before")
     assert "only done, failed or cancelled" in operator.error("retry", str(held))
     assert operator.ok("cancel", str(held)) == f"job {held}: cancelled\n"
     assert operator.ok("retry", str(held)) == f"job {held}: queued\n"

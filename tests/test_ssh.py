@@ -98,6 +98,10 @@ def running_server(tmp: Path) -> Iterator[None]:
                         config=tmp / "herder.toml"), cwd=tmp,
             stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     try:
+        # Serving before the test goes on: the hosts a test adds then come after the start,
+        # as for an operator who adds an ssh host to a running server.
+        wait_for(lambda: "listening on" in (tmp / "server.log").read_text(), 60,
+                 "the server to listen", (tmp / "server.log").read_text)
         yield
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -153,7 +157,8 @@ def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
         # A bound, not a pace: under heavy load each ssh round trip may be lost to the 3 s
         # lease a few times (nothing spent) before two attempts run and fail.
         job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 180,
-                    "the job to fail")
+                    "the job to fail", lambda: (store.job_get(job_id), store.event_list(job_id),
+                                                (tmp / "server.log").read_text()[-4000:]))
         assert job.status is JobStatus.FAILED
         assert job.failure_reason == "spawn_ssh_failure"  # exit 255: unreachable
         assert job.spawn_failures == 2  # max_spawn_failures
@@ -182,7 +187,8 @@ def test_remote_side_without_a_token_exits_1_and_the_job_is_retried_then_failed(
         # A bound, not a pace: under heavy load each ssh round trip may be lost to the 3 s
         # lease a few times (nothing spent) before two attempts run and fail.
         job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 180,
-                    "the job to fail")
+                    "the job to fail", lambda: (store.job_get(job_id), store.event_list(job_id),
+                                                (tmp / "server.log").read_text()[-4000:]))
         assert job.status is JobStatus.FAILED
         attempts = store.attempt_list(job_id)
         assert job.failure_reason == "launch_failed", attempts

@@ -228,8 +228,9 @@ class Coordinator:
         self._spawn(self._scheduler_loop, "herder-scheduler")
         self.alerts = start_alerts(self.store, self.settings.alerts, self._stop, utcnow,
                                    lambda: self.is_leader, self._scheduler_age)
-        if any(h.transport is Transport.SSH for h in self.store.host_list()):
-            self._spawn(self._ssh_loop, "herder-ssh")
+        # Always: an ssh host added while the server runs (`herder host add`, the API) is
+        # placed on at once, so its launcher must already be there.
+        self._spawn(self._ssh_loop, "herder-ssh")
         runtime = self.settings.runtime
         for host in self.store.host_list():
             if host.transport is not Transport.LOCAL:
