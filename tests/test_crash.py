@@ -165,6 +165,9 @@ def test_a_frozen_up_s_jobs_are_stopped_by_its_guardian_before_another_up_reruns
     first = h.up("--concurrency", "2")
     wait_for(lambda: len({p.token for p in h.marked()}) == 2, 30, "2 attempts running",
              h.describe)
+    # The runner spawns a job, then records its start: freeze it only once both are recorded.
+    wait_for(lambda: all(h.job(job_id).status is JobStatus.RUNNING for job_id in job_ids), 30,
+             "both starts recorded", h.describe)
     frozen = h.marked()
     os.kill(first.pid, signal.SIGSTOP)
     try:
