@@ -16,6 +16,7 @@ from support.ports import free_port
 from support.waits import wait_for
 
 from herder.config import Config, Settings
+from herder.errors import Conflict
 from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch, Rescuer
@@ -417,3 +418,22 @@ def test_the_leader_logs_a_host_going_down_and_coming_back(store, caplog):
     back = NOW + timedelta(seconds=41)
     store.host_heartbeat("agent1", back, {"worker": "agent1/11/21"})
     assert lines(back) == [("INFO", "host agent1 back", "host_back")]
+
+
+def test_a_start_report_sent_again_after_a_lost_answer_is_accepted_once(store, tmp_path):
+    """An agent retries a start whose answer it never got (the server died after the
+    commit): the same attempt's start again is accepted, not a conflict that makes the
+    agent kill a job that runs fine; another host's report is still refused."""
+    coordinator = Coordinator(store, Config(Settings(), tmp_path / "herder.toml"), "server")
+    store.host_insert(HostRecord("a", 40, prime_max_workers=4), NOW)
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], NOW)]
+    store.job_assign("a", [(job_id, 3.0)], 4, 32.0, NOW)
+    token = AttemptToken(job_id, 1)
+    assert store.attempt_set_worker(token, "a/10/1", NOW)
+    coordinator.start_attempt("a", token, 4242, None)
+    coordinator.start_attempt("a", token, 4242, None)  # the retry: accepted, nothing changes
+    job = store.job_get(job_id)
+    assert job is not None and job.status is JobStatus.RUNNING
+    assert [attempt.pid for attempt in store.attempt_list(job_id)] == [4242]
+    with pytest.raises(Conflict):  # another host's report is still refused
+        coordinator.start_attempt("b", token, 4242, None)

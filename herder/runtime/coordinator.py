@@ -505,6 +505,11 @@ class Coordinator:
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
                       _agent_log_path: str | None) -> None:
         job = self._job_on_host(label, token)
+        if job.status is JobStatus.RUNNING:
+            # The attempt (job, number, host) started already: this is the agent's retry of
+            # a report whose answer it lost (the server restarted mid-call). Accepting it
+            # changes nothing; refusing it would make the agent kill a job that runs fine.
+            return
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
         now = utcnow()
         if not self.store.attempt_start(token, pid, str(path), now):
