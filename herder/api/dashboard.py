@@ -25,9 +25,9 @@ from herder.api.depends import (
     Reader,
     Service,
     call,
-    coordinator,
     public,
     session_identity,
+    token_caller,
 )
 from herder.api.sessions import (
     COOKIE,
@@ -37,15 +37,7 @@ from herder.api.sessions import (
     csrf_refusal,
     foreign_origin,
 )
-from herder.api.tokens import (
-    OPERATOR_RANK,
-    Denied,
-    authorize,
-    identify,
-    plausible_token,
-    same_secret,
-    token_hash,
-)
+from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, Denied, authorize, token_hash
 from herder.model import BIGINT_MAX, JobStatus, Scope
 from herder.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.wire import JobPage, SessionView
@@ -212,15 +204,11 @@ async def login_page() -> Response:
 async def session_key(request: Request, token: str) -> str:
     """What a session keeps of a pasted token (its hash, never the token), once the token
     is checked as the API checks a bearer token: Denied (401/403) otherwise."""
-    if not plausible_token(token):
-        raise Denied(401, "unknown token")
-    access: Access = request.app.state.access
-    if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
+    caller = await token_caller(request, token)
+    if caller is LEGACY_ADMIN:
         return LEGACY
-    digest = token_hash(token)
-    caller = identify(await call(coordinator(request).token, digest))
     authorize(caller, Scope.READ)  # an agent token signs in nowhere
-    return digest
+    return token_hash(token)
 
 
 @pages.post("/login")

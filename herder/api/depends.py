@@ -93,6 +93,12 @@ async def caller_of(request: Request, authorization: str | None) -> Caller | Non
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Denied(401, "use 'Authorization: Bearer <token>'")
+    return await token_caller(request, token)
+
+
+async def token_caller(request: Request, token: str) -> Caller:
+    """Who a token stands for, however it came (a bearer header, the dashboard's sign-in);
+    Denied (401) for one that is unknown or revoked."""
     if not plausible_token(token):
         raise Denied(401, "unknown token")
     access: Access = request.app.state.access
