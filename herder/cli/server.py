@@ -264,10 +264,7 @@ def install_systemd(state: State, listen: str | None, tls_cert: str | None,
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
         if listen is not None:
-            bind, _, port = listen.rpartition(":")
-            if not bind or not port.isdigit() or not 0 < int(port) < 65536:
-                raise InputError("--listen", f"{listen!r} is not HOST:PORT",
-                                 "e.g. 0.0.0.0:8470")
+            listen_address("--listen", listen)
         config = state.config  # a broken herder.toml ends here, not at the unit's start
         options: list[str] = []
         if listen:
