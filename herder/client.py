@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from herder.config import Config, load_config
 from herder.errors import Conflict, InputError, NotFound
@@ -43,8 +43,7 @@ if TYPE_CHECKING:
     from herder.wire import AccountView, HostView
 
 
-@dataclass(frozen=True, slots=True)
-class Submitted:
+class Submitted(msgspec.Struct, frozen=True):
     """`created` is False when a job with the same dedup key already held it."""
 
     job_id: int
@@ -57,7 +56,7 @@ def submit_request(**fields: Any) -> SubmitRequest:
     fix. An unknown field is a TypeError, as a keyword argument would be."""
     from herder.submission import SubmitRequest  # only submit: reading loads one class less
 
-    unknown = sorted(set(fields) - {item.name for item in dataclasses.fields(SubmitRequest)})
+    unknown = sorted(set(fields) - {item.name for item in msgspec.structs.fields(SubmitRequest)})
     if unknown:
         raise TypeError(f"submit() got unexpected keyword arguments: {', '.join(unknown)}")
     return SubmitRequest(**fields)
@@ -201,7 +200,7 @@ class Client:
         record = self.store.host_get(label)
         if record is None:
             raise NotFound(f"no host {label!r} (see `herder hosts`)")
-        self.store.host_update(dataclasses.replace(record, enabled=enabled), datetime.now(UTC))
+        self.store.host_update(msgspec.structs.replace(record, enabled=enabled), datetime.now(UTC))
 
     def accounts(self, host: str | None = None) -> builtins.list[AccountView]:
         from herder.views import account_view

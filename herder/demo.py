@@ -17,9 +17,10 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+import msgspec
 
 from herder.client import Client
 from herder.config import FleetSection
@@ -27,8 +28,7 @@ from herder.model import JobStatus
 from herder.store import Store, open_store
 
 
-@dataclass(frozen=True)
-class DemoHost:
+class DemoHost(msgspec.Struct, frozen=True):
     label: str
     ram_gb: float
     workers: int

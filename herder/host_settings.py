@@ -4,8 +4,10 @@ store and its config are) turns it into the stored record, so both paths refuse 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec.structs import replace
 
 from herder.errors import InputError
 from herder.model import HostRecord, Transport
@@ -17,8 +19,7 @@ ANY_WEIGHT = ("", "any")
 """A window's max weight that lifts the cap."""
 
 
-@dataclass(frozen=True, slots=True)
-class HostSettings:
+class HostSettings(msgspec.Struct, frozen=True):
     """The options given; None leaves a field as it is. `job_types` and `weights` empty
     mean any; a window's max weight "" or "any" means no cap."""
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+import msgspec
 
 JSONObject = Mapping[str, Any]
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -109,8 +110,7 @@ class Enforcement(enum.StrEnum):
     """Measured only."""
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryUse:
+class MemoryUse(msgspec.Struct, frozen=True):
     """What an attempt's process tree used at its peak, against the budget it ran under."""
 
     peak_rss_bytes: int | None
@@ -126,8 +126,7 @@ class MemoryUse:
                 f"{megabytes(self.budget_bytes, 'none')} (enforced by {self.enforcement})")
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptToken:
+class AttemptToken(msgspec.Struct, frozen=True):
     """The fence: every write about an attempt names the job and its attempt number."""
 
     job_id: int
@@ -137,14 +136,13 @@ class AttemptToken:
         return f"{self.job_id}.{self.attempt}"
 
 
-@dataclass(frozen=True, slots=True)
-class JobSpec:
+class JobSpec(msgspec.Struct, frozen=True):
     """A job as submitted: everything resolved, nothing decided by the store yet."""
 
     command: tuple[str, ...]
     job_type: str = "adhoc"
     shell: bool = False
-    payload: JSONObject = field(default_factory=dict)
+    payload: JSONObject = msgspec.field(default_factory=dict)
     priority: int = 100
     weight: str = "light"
     dedup_key: str | None = None
@@ -152,7 +150,7 @@ class JobSpec:
     available_at: datetime | None = None
     max_attempts: int = 3
     timeout_seconds: float | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = msgspec.field(default_factory=dict)
     workdir: str | None = None
     backoff_base_seconds: float = 10.0
     backoff_max_seconds: float = 600.0
@@ -160,8 +158,7 @@ class JobSpec:
     """No new log output for this long: the attempt is stopped as `stuck`."""
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
+class Job(msgspec.Struct, frozen=True):
     id: int
     job_type: str
     command: tuple[str, ...]
@@ -204,8 +201,7 @@ class Job:
         return AttemptToken(self.id, self.attempt)
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(msgspec.Struct, frozen=True):
     job_id: int
     attempt: int
     host: str
@@ -225,8 +221,7 @@ class Attempt:
         return AttemptToken(self.job_id, self.attempt)
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(msgspec.Struct, frozen=True):
     id: int
     job_id: int
     at: datetime
@@ -256,8 +251,7 @@ def launch_failure(attempts: Sequence[Attempt], events: Sequence[Event]) -> str 
     return None if error is None else f"its last attempt on {last.host} could not start: {error}"
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """What the policy decided for a job after an attempt ended."""
 
     status: JobStatus
@@ -278,8 +272,7 @@ class Decision:
     note: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptResult:
+class AttemptResult(msgspec.Struct, frozen=True):
     """An ended attempt and the decision for its job, applied by `attempt_finish`."""
 
     token: AttemptToken
@@ -292,8 +285,7 @@ class AttemptResult:
     memory: MemoryUse | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class InsertResult:
+class InsertResult(msgspec.Struct, frozen=True):
     """`created` is False when the dedup guard kept an existing job instead."""
 
     job_id: int
@@ -301,8 +293,7 @@ class InsertResult:
     status: JobStatus
 
 
-@dataclass(frozen=True, slots=True)
-class HeartbeatReply:
+class HeartbeatReply(msgspec.Struct, frozen=True):
     """Which of the beating attempts are still live, and which were asked to stop."""
 
     live: frozenset[AttemptToken]
@@ -315,8 +306,7 @@ class Transport(enum.StrEnum):
     SSH = "ssh"
 
 
-@dataclass(frozen=True, slots=True)
-class HostRecord:
+class HostRecord(msgspec.Struct, frozen=True):
     """A host as stored: its configuration plus its last heartbeat (never the token)."""
 
     label: str
@@ -335,7 +325,7 @@ class HostRecord:
     priority_floor: int | None = None
     labels: frozenset[str] = frozenset()
     last_heartbeat: datetime | None = None
-    agent_info: JSONObject = field(default_factory=dict)
+    agent_info: JSONObject = msgspec.field(default_factory=dict)
     has_token: bool = False
 
 
@@ -348,8 +338,7 @@ class Scope(enum.StrEnum):
     AGENT = "agent"
 
 
-@dataclass(frozen=True, slots=True)
-class TokenRecord:
+class TokenRecord(msgspec.Struct, frozen=True):
     """An API token as stored: its scope and limits, never the token itself."""
 
     id: int
@@ -376,8 +365,7 @@ class ReservationStatus(enum.StrEnum):
     EXPIRED = "expired"
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(msgspec.Struct, frozen=True):
     """RAM booked on a host outside the job table, with a TTL."""
 
     id: int
@@ -392,8 +380,7 @@ class Reservation:
     ended_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class HostUsage:
+class HostUsage(msgspec.Struct, frozen=True):
     """What is booked on a host now: active attempts and live reservations."""
 
     label: str
@@ -406,15 +393,14 @@ class HostUsage:
         return self.jobs_gb + self.reserved_gb
 
 
-@dataclass(frozen=True, slots=True)
-class Account:
+class Account(msgspec.Struct, frozen=True):
     """An account as declared: on which host, what it gives a job (`env`: empty when read
     back from the store's list, since its values may be secrets), how many sessions it takes
     at once, and which job types it serves (None: every type that asks for one)."""
 
     host: str
     name: str
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = msgspec.field(default_factory=dict)
     max_sessions: int = 1
     job_types: frozenset[str] | None = None
     probe: tuple[str, ...] | None = None
@@ -427,8 +413,7 @@ class Account:
                 and (names is None or self.name in names))
 
 
-@dataclass(frozen=True, slots=True)
-class AccountHealth:
+class AccountHealth(msgspec.Struct, frozen=True):
     """What is known about an account's health; the defaults know nothing (healthy)."""
 
     depleted_until: datetime | None = None
@@ -438,8 +423,7 @@ class AccountHealth:
     probed_at: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AccountRecord:
+class AccountRecord(msgspec.Struct, frozen=True):
     """An account as stored: what it is (never its env's values), its health, and its
     sessions (the live attempts under it)."""
 

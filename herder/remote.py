@@ -9,7 +9,6 @@ failure. Loaded only with --server: the local commands import no HTTP client."""
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import ipaddress
 import time
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import msgspec
 
 from herder.client import Submitted, check_account_names, submit_request_of, wait_for_end
 from herder.config import _NAME
@@ -227,7 +227,7 @@ class RemoteClient:
         del check_command
         request = submit_request_of(job_type, command, payload, available_at,
                                     datetime.now(UTC), fields)
-        body = {key: value for key, value in dataclasses.asdict(request).items()
+        body = {key: value for key, value in msgspec.structs.asdict(request).items()
                 if value is not None and value != {} and key != "force"}
         body["force"] = request.force
         reply = SubmittedReply.model_validate(self.json("POST", "/api/v1/jobs", json=body))

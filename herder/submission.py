@@ -6,8 +6,9 @@ with these limits (a test keeps the two in step), and `herder.intake.resolve` ta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 MAX_JSON_DEPTH = 32
 NAME_LENGTH = 200
@@ -53,15 +54,14 @@ def _encodes(text: str) -> bool:
     return True
 
 
-@dataclass(frozen=True, kw_only=True)
-class SubmitRequest:
+class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A job to submit from Python or the command line; None means "the job type's or the
     config's default". Unvalidated: `herder.intake.resolve` checks every field and names
     the fix."""
 
     job_type: str | None = None
     command: list[str] | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
     priority: int | None = None
     weight: str | None = None
     dedup_key: str | None = None
@@ -71,4 +71,4 @@ class SubmitRequest:
     max_attempts: int | None = None
     timeout_seconds: float | None = None
     workdir: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = msgspec.field(default_factory=dict)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from herder.errors import InputError
 
 
-@dataclass(frozen=True, slots=True)
-class Unit:
+class Unit(msgspec.Struct, frozen=True):
     description: str
     user: str
     workdir: str

@@ -13,10 +13,11 @@ import json
 import re
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from hashlib import sha256
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
+
+import msgspec
 
 from herder.submission import SubmitRequest
 
@@ -31,8 +32,7 @@ _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space: ids and event names
 
 
-@dataclass(frozen=True)
-class Scheme:
+class Scheme(msgspec.Struct, frozen=True):
     """Where a kind of source puts its signature, event name and delivery id."""
 
     signatures: tuple[tuple[str, str], ...]
@@ -63,8 +63,7 @@ class Refused(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(msgspec.Struct, frozen=True):
     """A delivery whose signature checked out: its event name and id."""
 
     event: str

@@ -302,7 +302,7 @@ class HostSettingsBody(Body):
     @classmethod
     def body_of(cls, settings: HostSettings) -> dict[str, Any]:
         """The JSON body for `settings`: only the fields given."""
-        from dataclasses import asdict
+        from msgspec.structs import asdict
 
         return {key: sorted(value) if isinstance(value, frozenset) else value
                 for key, value in asdict(settings).items() if value is not None}

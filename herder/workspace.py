@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
+
+import msgspec
+from msgspec.structs import asdict
 
 from herder.errors import InputError
 
@@ -31,8 +33,7 @@ wherever the host happens to run git."""
 _UNSAFE_REF = re.compile(r"[\s\x00-\x1f\x7f:]|\.\.|@\{")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkspaceSpec:
+class WorkspaceSpec(msgspec.Struct, frozen=True):
     """What a host checks out for each attempt of a job. `prompt_file` (relative to the
     checkout) is read and filled on the host; `prompt_parts` are the argv items that
     still hold `{prompt}` or `{prompt_file}` until then."""

@@ -19,13 +19,13 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import msgspec
 import pytest
 from support.cli import run_herder
 from support.ports import free_port
@@ -53,8 +53,7 @@ TOKEN = "hdr_unit-test-token"
 Step = httpx.Response | Exception | Callable[[httpx.Request], "httpx.Response | None"] | None
 
 
-@dataclass(frozen=True)
-class Seen:
+class Seen(msgspec.Struct, frozen=True):
     key: str
     at: float
     answer: str  # the status code, or the exception's class name

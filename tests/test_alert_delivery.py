@@ -10,15 +10,16 @@ import json
 import threading
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 from support.cli import run_herder
 from support.local import Harness, shell
 from support.waits import holds_for, wait_for
@@ -133,8 +134,7 @@ def running(delivery: Delivery) -> Iterator[Delivery]:
 # -- the decision (pure) ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(msgspec.Struct, frozen=True):
     id: int
     key: str
     message: str

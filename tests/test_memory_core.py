@@ -5,11 +5,11 @@ tree (and its graceful failure), the cgroup counters, config and wire edges."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from herder.config import load_config
 from herder.errors import ConfigError

@@ -3,10 +3,11 @@ parameters come from the settings, and their own defaults are the settings' defa
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import msgspec
 
 from herder.config import Settings, load_config
 from herder.model import JobStatus, Outcome
@@ -70,7 +71,7 @@ def test_herder_ups_runner_spends_spawn_failures_as_the_config_says(tmp_path):
                    max_spawn_failures=limits.max_spawn_failures,
                    spawn_backoff_seconds=limits.spawn_backoff_seconds)
     assert (first.status, first.available_at) == (JobStatus.QUEUED, now + timedelta(seconds=7))
-    second = decide(Outcome.SPAWN_FAILED, dataclasses.replace(state, spawn_failures=1), now,
+    second = decide(Outcome.SPAWN_FAILED, msgspec.structs.replace(state, spawn_failures=1), now,
                     limits.max_lost, max_spawn_failures=limits.max_spawn_failures,
                     spawn_backoff_seconds=limits.spawn_backoff_seconds)
     assert second.status is JobStatus.FAILED
@@ -99,12 +100,12 @@ def test_the_pure_cores_defaults_are_the_settings_defaults():
     assert bookable_gb(10, 0) == settings.fleet.bookable_fraction * 10
     # The rules the job types and weights make are data, not defaults: compared apart.
     built = RunnerOptions.from_settings(settings, "here", Path())
-    assert RunnerOptions("here", Path()) == dataclasses.replace(built,
+    assert RunnerOptions("here", Path()) == msgspec.structs.replace(built,
                                                                 outcome_rules=OutcomeRules())
     state = RetryState(failures=0, lost=settings.runtime.max_lost - 1, max_attempts=3,
                        backoff_base_seconds=10.0, backoff_max_seconds=600.0, spawn_failures=0)
     now = datetime(2026, 1, 1, tzinfo=UTC)
     assert decide(Outcome.LOST, state, now).status is JobStatus.FAILED
-    spawn = dataclasses.replace(state, lost=0)
+    spawn = msgspec.structs.replace(state, lost=0)
     assert decide(Outcome.SPAWN_FAILED, spawn, now).available_at == now + timedelta(
         seconds=settings.fleet.spawn_backoff)

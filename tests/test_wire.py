@@ -3,10 +3,10 @@ requests stay strict."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 from pydantic import ValidationError
 
@@ -30,7 +30,7 @@ def test_an_assignment_reaches_the_agent_as_the_job_the_server_placed():
     sent = json.loads(Assignment.of(JOB).model_dump_json())
     received = job_from_assignment(sent)
     # What the agent does not get (it is the server's business) it fills as a claim.
-    expected = dataclasses.replace(JOB, dedup_key=None, affinity=None, host=None,
+    expected = msgspec.structs.replace(JOB, dedup_key=None, affinity=None, host=None,
                                    claimed_at=None)
     assert received == expected
 
@@ -75,7 +75,7 @@ def test_the_api_submit_body_has_the_fields_and_defaults_of_the_submit_request()
     SubmitBody; `resolve` takes either, so they must not drift apart."""
     request = SubmitRequest()
     fields = {item.name: getattr(request, item.name)
-              for item in dataclasses.fields(SubmitRequest)}
+              for item in msgspec.structs.fields(SubmitRequest)}
     body = SubmitBody()
     assert fields == {name: getattr(body, name) for name in SubmitBody.model_fields}
 

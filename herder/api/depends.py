@@ -7,9 +7,9 @@ refuses to start with a route that declares none."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
+import msgspec
 from fastapi import Depends, Header, HTTPException, Path, Request
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
@@ -50,8 +50,7 @@ is a 422 before the store sees it (PostgreSQL refuses NUL characters with an err
 HostLabel = Annotated[str, Path(pattern=HOST_LABEL)]
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(msgspec.Struct, frozen=True):
     """How the server authenticates callers."""
 
     open_access: bool = False
@@ -59,7 +58,7 @@ class Access:
     legacy_admin_token: str | None = None
     """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
     max_body_bytes: int = ServerSection.max_body_bytes
-    hook_secrets: Mapping[str, bytes] = field(default_factory=dict)
+    hook_secrets: Mapping[str, bytes] = msgspec.field(default_factory=dict)
     """Webhook source -> its secret (`Config.hook_secrets`); a source without one is 404."""
 
 

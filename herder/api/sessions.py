@@ -13,8 +13,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+import msgspec
 
 from herder.api.tokens import same_secret
 
@@ -27,8 +28,7 @@ LEGACY = "legacy-admin"
 """The session's key when it signed in with HERDER_API_TOKEN (which has no stored hash)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Session:
+class Session(msgspec.Struct, frozen=True):
     id: str
     key: str
     """The token's SHA-256, or LEGACY."""

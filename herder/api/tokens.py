@@ -11,7 +11,8 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
 
 from herder.model import Scope, TokenRecord
 
@@ -46,8 +47,7 @@ class Denied(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Caller:
+class Caller(msgspec.Struct, frozen=True):
     """Who made a request, as far as access goes."""
 
     name: str

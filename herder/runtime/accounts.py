@@ -16,8 +16,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import datetime
+
+import msgspec
+from msgspec.structs import replace
 
 from herder.config import AccountSection, Settings
 from herder.model import Account, AccountRecord, Job, Outcome
@@ -70,8 +72,7 @@ def account_needs(settings: Settings) -> dict[str, frozenset[str] | None]:
                                               and job_type.accounts)}
 
 
-@dataclass(frozen=True)
-class AccountRules:
+class AccountRules(msgspec.Struct, frozen=True):
     """Which job types run under an account, and how long a revoked login is skipped."""
 
     needs: Mapping[str, frozenset[str] | None]
@@ -186,8 +187,7 @@ def learn_from_outcome(store: Store, job: Job, outcome: Outcome, resume_at: date
 # -- the probe ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeCommand:
+class ProbeCommand(msgspec.Struct, frozen=True):
     argv: tuple[str, ...]
     timeout: float
     interval: float

@@ -19,11 +19,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 
 from herder import wire
@@ -55,8 +55,7 @@ RAM_FACTOR = 1.2
 """Spawn only when MemAvailable covers the job's budget with 20% headroom (seed 004, exit 3)."""
 
 
-@dataclass(frozen=True)
-class LocalGate:
+class LocalGate(msgspec.Struct, frozen=True):
     """The agent's own allow-lists; None means "no local restriction"."""
 
     job_types: frozenset[str] | None = None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 
 from herder.backoff import Backoff
 from herder.errors import InputError
@@ -82,8 +83,7 @@ def classify(status: int) -> Verdict:
     return Verdict.RETRY
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(msgspec.Struct, frozen=True):
     """One request's answer, classified; `status` None when no HTTP answer came."""
 
     verdict: Verdict
@@ -91,7 +91,7 @@ class Reply:
     body: Any
     problem: str
     retry_after: float | None = None
-    error: BaseException | None = field(default=None, compare=False)
+    error: BaseException | None = None
 
 
 RETRY_AFTER_LIMIT = 600.0
@@ -360,8 +360,7 @@ LOG_GIVE_UP = 600.0
 """An ended attempt's log stops being retried after failing this long (logs are best effort)."""
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(msgspec.Struct, frozen=True):
     """A result (`start` or `finish`) of one attempt, queued at `queued` (monotonic)."""
 
     token: AttemptToken

@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+
+import msgspec
+from msgspec.structs import replace
 
 STALE_FACTOR = 10  # cycles a loop may miss before it counts as stale
 STALE_FLOOR_SECONDS = 30.0  # never stale sooner: one slow store call must not flap /healthz
@@ -22,8 +24,7 @@ def stale_after(interval: float, floor: float = STALE_FLOOR_SECONDS) -> float:
     return max(STALE_FACTOR * interval, floor)
 
 
-@dataclass(frozen=True)
-class LoopState:
+class LoopState(msgspec.Struct, frozen=True):
     name: str
     interval: float
     stale_after: float
@@ -34,8 +35,7 @@ class LoopState:
     ended: bool = False  # the loop's thread is gone (not on purpose)
 
 
-@dataclass(frozen=True)
-class LoopReport:
+class LoopReport(msgspec.Struct, frozen=True):
     name: str
     ok: bool
     age_seconds: float  # since the last successful cycle (or the start, before the first)

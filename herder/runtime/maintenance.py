@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+import msgspec
 
 from herder.model import AttemptResult, Decision, JobStatus, Outcome
 from herder.runtime.executor import attempt_marker
@@ -29,8 +30,7 @@ from herder.store import LiveAttempt, Store
 log = logging.getLogger("herder.maintenance")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerId:
+class WorkerId(msgspec.Struct, frozen=True):
     """A runner process: host label, pid and kernel start time (pids get reused)."""
 
     host: str
@@ -51,8 +51,7 @@ class WorkerId:
             return None
 
 
-@dataclass(frozen=True, slots=True)
-class Rescue:
+class Rescue(msgspec.Struct, frozen=True):
     live: LiveAttempt
     reason: str  # "orphaned" or "stale"
 

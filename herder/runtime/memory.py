@@ -21,10 +21,12 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import psutil
+from msgspec.structs import replace
 
 from herder.config import RuntimeSection
 from herder.model import Enforcement, Job, MemoryUse
@@ -52,8 +54,7 @@ def limit_bytes(budget: int | None, margin: float) -> int | None:
     return None if budget is None else int(budget * (1.0 + margin))
 
 
-@dataclass(frozen=True, slots=True)
-class Watch:
+class Watch(msgspec.Struct, frozen=True):
     """An attempt's samples so far; `observe` returns the next one."""
 
     budget: int | None
@@ -205,8 +206,7 @@ class CgroupV1(Cgroup):
         return (killed or 0) > 0
 
 
-@dataclass(frozen=True)
-class CgroupParent:
+class CgroupParent(msgspec.Struct, frozen=True):
     """The directory where a runner makes its attempts' cgroups."""
 
     path: Path
@@ -382,15 +382,14 @@ def tree_rss(leader: int, members: Iterable[int] = ()) -> int | None:
 # -- a runner's memory control ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MemoryPolicy:
+class MemoryPolicy(msgspec.Struct, frozen=True):
     """[runtime]'s memory keys, as a runner uses them."""
 
     enforcement: str = RuntimeSection.memory_enforcement
     margin: float = RuntimeSection.memory_margin
     sample_interval: float = RuntimeSection.memory_sample_interval
     cgroup_root: str | None = RuntimeSection.cgroup_root
-    nice: Mapping[str, int] = field(default_factory=dict)
+    nice: Mapping[str, int] = msgspec.field(default_factory=dict)
 
     @classmethod
     def from_section(cls, runtime: RuntimeSection) -> MemoryPolicy:

@@ -12,9 +12,9 @@ coordinator's `fleet_sample`, once per scrape, with GROUP BY queries only."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -42,8 +42,7 @@ def priority_band(priority: int, bounds: tuple[int, ...] = PRIORITY_BANDS) -> st
     return "any" if lower is None else f">={lower}"
 
 
-@dataclass(frozen=True, slots=True)
-class HostSample:
+class HostSample(msgspec.Struct, frozen=True):
     label: str
     bookable_gb: float
     booked_gb: float
@@ -55,8 +54,7 @@ class HostSample:
     """An agent heartbeats for it and is live for placement."""
 
 
-@dataclass(frozen=True, slots=True)
-class FleetSample:
+class FleetSample(msgspec.Struct, frozen=True):
     """What one scrape reads from the store."""
 
     statuses: Mapping[JobStatus, int]
@@ -64,7 +62,7 @@ class FleetSample:
     """(weight, priority) -> queued jobs."""
     failures: Mapping[tuple[str, bool], int]
     """(failure reason, actionable) -> failed jobs."""
-    hosts: tuple[HostSample, ...] = field(default_factory=tuple)
+    hosts: tuple[HostSample, ...] = msgspec.field(default_factory=tuple)
     leader: bool = False
 
 

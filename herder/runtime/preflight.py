@@ -16,7 +16,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
 
@@ -27,8 +28,7 @@ TIMEOUT_SECONDS = 5.0
 DETAIL_CHARS = 200
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
+class Check(msgspec.Struct, frozen=True):
     """What to run for one job type. `strict`: a non-zero exit fails it (a check the
     operator wrote); otherwise any exit means the program answered (the default
     `<program> --version`, which some programs do not know)."""
@@ -38,8 +38,7 @@ class Check:
     timeout: float = TIMEOUT_SECONDS
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(msgspec.Struct, frozen=True):
     ok: bool
     detail: str
     checked_at: float

@@ -27,6 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TypeVar
 
+import msgspec
+
 from herder.backoff import Backoff
 from herder.config import FleetSection, RuntimeSection, Settings
 from herder.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
@@ -135,8 +137,7 @@ def default_host() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
-@dataclass(frozen=True)
-class RunnerOptions:
+class RunnerOptions(msgspec.Struct, frozen=True):
     """What a runner needs to know; commands build it with `from_settings`, the defaults
     here are herder.toml's for tests that build one by hand."""
 
@@ -159,13 +160,13 @@ class RunnerOptions:
     fence_margin: float | None = RuntimeSection.fence_margin
     """Stop attempts this long before their lease ends when heartbeats fail; None is a
     quarter of the lease."""
-    outcome_rules: OutcomeRules = field(default_factory=OutcomeRules)
+    outcome_rules: OutcomeRules = msgspec.field(default_factory=OutcomeRules)
     """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
     workspace_root: str = RuntimeSection.workspace_root
     """Where jobs' workspaces are checked out; a relative path is beside log_dir."""
     workspace_keep_failed: float = RuntimeSection.workspace_keep_failed
     workspace_min_free_gb: float = RuntimeSection.workspace_min_free_gb
-    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    memory: MemoryPolicy = msgspec.field(default_factory=MemoryPolicy)
     """How attempts' memory is measured and enforced (herder.runtime.memory)."""
 
     @classmethod

@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
+
+import msgspec
+from msgspec.structs import replace
 
 from herder.config import FleetSection, Settings
 from herder.model import HostRecord, Transport
@@ -69,8 +72,7 @@ CYCLE_HEARTBEAT = timedelta(minutes=1)
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
 
 
-@dataclass(frozen=True)
-class Fleet:
+class Fleet(msgspec.Struct, frozen=True):
     """The fleet-wide rules from herder.toml, in the pure core's terms."""
 
     weights: WeightTable
@@ -81,7 +83,7 @@ class Fleet:
     breaker_threshold: int = THRESHOLD
     breaker_pause: float = PAUSE_SECONDS
     alert_grace: float = FleetSection.alert_grace
-    accounts: AccountRules = field(default_factory=lambda: AccountRules({}))
+    accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fleet:

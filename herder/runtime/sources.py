@@ -8,12 +8,13 @@ the source differs: `herder up` claims straight from the store, a `local` host u
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+
+import msgspec
+from msgspec.structs import replace
 
 from herder.config import AlertsSection, RuleSection, Settings
 from herder.errors import ConfigError
@@ -45,18 +46,17 @@ from herder.store import Store, Waker
 log = logging.getLogger("herder.sources")
 
 
-@dataclass(frozen=True, slots=True)
-class OutcomeRules:
+class OutcomeRules(msgspec.Struct, frozen=True):
     """What turns an attempt's end into an outcome beyond its exit status: each job type's
     exit-code map, and the weight chain an escalation climbs."""
 
-    exit_codes: Mapping[str, Mapping[int, Outcome]] = field(default_factory=dict)
+    exit_codes: Mapping[str, Mapping[int, Outcome]] = msgspec.field(default_factory=dict)
     weights: WeightTable | None = None
-    policies: Mapping[str, Mapping[Outcome, Rule]] = field(default_factory=dict)
+    policies: Mapping[str, Mapping[Outcome, Rule]] = msgspec.field(default_factory=dict)
     """Job type -> its outcome table, where herder.toml overrides a rule."""
-    patterns: Mapping[str, tuple[Pattern, ...]] = field(default_factory=dict)
+    patterns: Mapping[str, tuple[Pattern, ...]] = msgspec.field(default_factory=dict)
     """Job type -> its log patterns, where herder.toml adds or replaces some."""
-    accounts: AccountRules = field(default_factory=lambda: AccountRules({}))
+    accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
     """Which job types run under an account (herder.runtime.accounts)."""
 
     @classmethod
@@ -83,7 +83,7 @@ def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Ou
     table = dict(DEFAULT_RULES)
     for name, section in overrides.items():
         outcome = Outcome(name)
-        given = {key: value for key, value in dataclasses.asdict(section).items()
+        given = {key: value for key, value in msgspec.structs.asdict(section).items()
                  if value is not None}
         if "action" in given:
             given["action"] = Action(given["action"])
@@ -98,13 +98,12 @@ def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Ou
     return table
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyLimits:
+class PolicyLimits(msgspec.Struct, frozen=True):
     max_lost: int
     max_spawn_failures: int
     spawn_backoff_seconds: float
-    rules: OutcomeRules = field(default_factory=OutcomeRules)
-    alerts: AlertsSection = field(default_factory=AlertsSection)
+    rules: OutcomeRules = msgspec.field(default_factory=OutcomeRules)
+    alerts: AlertsSection = msgspec.field(default_factory=AlertsSection)
     """The OOM-loop alert's count and window."""
 
     @classmethod
@@ -114,8 +113,7 @@ class PolicyLimits:
                    settings.alerts)
 
 
-@dataclass(frozen=True, slots=True)
-class Ending:
+class Ending(msgspec.Struct, frozen=True):
     """What an ended attempt left to judge it by: its log's tail and its $HERDER_RESULT."""
 
     log_tail: str = ""

@@ -25,9 +25,10 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from herder.errors import InputError
 from herder.model import AttemptToken, Job
@@ -49,8 +50,7 @@ class WorkspaceError(Exception):
     """The workspace could not be prepared; the message is git's (or the disk's) own."""
 
 
-@dataclass(frozen=True, slots=True)
-class Workspaces:
+class Workspaces(msgspec.Struct, frozen=True):
     """Where and how a runner prepares workspaces (herder.toml's [runtime] workspace_*)."""
 
     root: Path
@@ -64,8 +64,7 @@ class Workspaces:
         return self.root / "attempts" / f"{token.job_id}.{token.attempt}-{digest}"
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(msgspec.Struct, frozen=True):
     """How the runner starts an attempt with a workspace: the preparing process, its
     environment (the host's, for git) and what it reads on stdin (the job's)."""
 

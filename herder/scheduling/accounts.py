@@ -17,8 +17,9 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+import msgspec
 
 from herder.config import FleetSection
 from herder.model import Account, AccountHealth
@@ -35,8 +36,7 @@ class AccountState(enum.StrEnum):
     DEAD_TOKEN = "dead_token"
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
+class Probe(msgspec.Struct, frozen=True):
     """What a probe said, booleans only."""
 
     credentials_present: bool
@@ -89,8 +89,7 @@ def usable_at(health: AccountHealth, now: datetime,
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
+class Choice(msgspec.Struct, frozen=True):
     """The account a job runs under, or why none: each candidate's refusal, and when the
     first of them turns usable by itself (a quota's reset, the end of a cooldown)."""
 

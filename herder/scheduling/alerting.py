@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
+
+import msgspec
 
 from herder.config import AlertsSection
 from herder.model import Attempt, Outcome
@@ -43,8 +44,7 @@ class AlertRow(Protocol):
     def resolved_sent_at(self) -> datetime | None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class AlertRules:
+class AlertRules(msgspec.Struct, frozen=True):
     window: timedelta
     max_per_hour: int
 
@@ -58,8 +58,7 @@ class NoticeKind(enum.StrEnum):
     RESOLVED = "resolved"
 
 
-@dataclass(frozen=True, slots=True)
-class Notice:
+class Notice(msgspec.Struct, frozen=True):
     """One message to send about one alert row."""
 
     alert_id: int

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+import msgspec
 
 from herder.config import FleetSection
 from herder.model import Outcome
@@ -32,8 +33,7 @@ class BreakerState(enum.StrEnum):
     HALF_OPEN = "half_open"
 
 
-@dataclass(frozen=True, slots=True)
-class Breaker:
+class Breaker(msgspec.Struct, frozen=True):
     state: BreakerState
     transient_in_a_row: int = 0
     until: datetime | None = None
@@ -55,8 +55,7 @@ class Breaker:
         return "breaker closed"
 
 
-@dataclass(frozen=True, slots=True)
-class Ended:
+class Ended(msgspec.Struct, frozen=True):
     """One ended attempt of the job type on the host."""
 
     outcome: Outcome

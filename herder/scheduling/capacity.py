@@ -7,10 +7,11 @@ defaults are herder.toml's, from the settings module.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, time
 from types import MappingProxyType
 from zoneinfo import ZoneInfo
+
+import msgspec
 
 from herder.config import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
 from herder.config import ESCALATION_CHAIN, SHEDDING_STEPS, FleetSection
@@ -21,16 +22,14 @@ NIGHT_START = time.fromisoformat(FleetSection.night_start)
 NIGHT_END = time.fromisoformat(FleetSection.night_end)
 
 
-@dataclass(frozen=True, slots=True)
-class WindowCaps:
+class WindowCaps(msgspec.Struct, frozen=True):
     """What a host takes during one window; `max_weight=None` means any weight."""
 
     max_workers: int
     max_weight: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WindowSchedule:
+class WindowSchedule(msgspec.Struct, frozen=True):
     """Splits the day into prime and night, so hosts can run more (or nothing) at night.
 
     The night runs from `night_start` (inclusive) to `night_end` (exclusive) on the wall
@@ -56,8 +55,7 @@ class WindowSchedule:
 DEFAULT_SCHEDULE = WindowSchedule()
 
 
-@dataclass(frozen=True, slots=True)
-class WeightTable:
+class WeightTable(msgspec.Struct, frozen=True):
     """RAM budget per weight and the escalation chain that orders them.
 
     Weights outside the chain (e.g. `subagent`, which books no host RAM) rank below every
@@ -69,7 +67,7 @@ class WeightTable:
 
     def __post_init__(self) -> None:
         # A private read-only copy: the table is shared by every cycle and must not drift.
-        object.__setattr__(self, "budgets", MappingProxyType(dict(self.budgets)))
+        msgspec.structs.force_setattr(self, "budgets", MappingProxyType(dict(self.budgets)))
 
     def budget(self, weight: str) -> float:
         """GB booked by one attempt of this weight; KeyError for an unknown weight."""
@@ -100,8 +98,7 @@ class WeightTable:
 DEFAULT_WEIGHTS = WeightTable(DEFAULT_BUDGETS)
 
 
-@dataclass(frozen=True, slots=True)
-class Shedding:
+class Shedding(msgspec.Struct, frozen=True):
     """Fleet capacity ratio → the heaviest weight still placed, so a shrunken fleet keeps
     its remaining slots for the light, urgent work (seed 003 §2.3).
 

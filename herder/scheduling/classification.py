@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import msgspec
+from msgspec.structs import replace
 from pydantic import ValidationError
 
 from herder.model import Outcome
@@ -51,8 +52,7 @@ MAX_WAIT = timedelta(days=8)
 """A reset further away than this is not believed (a weekly quota is the longest known)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Pattern:
+class Pattern(msgspec.Struct, frozen=True):
     """A log line that means `outcome`; earlier patterns win over later ones."""
 
     outcome: Outcome
@@ -99,8 +99,7 @@ def _defaults() -> tuple[Pattern, ...]:
 DEFAULT_PATTERNS: tuple[Pattern, ...] = _defaults()
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     """What the agent's structured result says it cost."""
 
     cost_usd: float | None = None
@@ -109,8 +108,7 @@ class Usage:
     subtype: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Classification:
+class Classification(msgspec.Struct, frozen=True):
     """The log's verdict. `outcome` is None when nothing herder knows was found."""
 
     outcome: Outcome | None
@@ -263,8 +261,7 @@ def _clock_time(match: re.Match[str], now: datetime) -> datetime | None:
     return at
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     """How an attempt ended, all signals weighed (`verdict`)."""
 
     outcome: Outcome

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import msgspec
 
 from herder.config import FleetSection, RuntimeSection
 
@@ -18,8 +19,7 @@ class HostHealth(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class HealthThresholds:
+class HealthThresholds(msgspec.Struct, frozen=True):
     """Heartbeat ages at which a host turns degraded and then down."""
 
     degraded_after_seconds: float = FleetSection.healthy_within
@@ -54,8 +54,7 @@ def accepts_work(health: HostHealth) -> bool:
     return health in (HostHealth.HEALTHY, HostHealth.DEGRADED)
 
 
-@dataclass(frozen=True, slots=True)
-class Liveness:
+class Liveness(msgspec.Struct, frozen=True):
     """When an agent host stops counting as live for placement: after it has missed
     `missed_heartbeats` of its heartbeats. The health thresholds above were made for cron
     heartbeats every few minutes; an agent beats every few seconds, so its silence means
@@ -111,8 +110,7 @@ class LivenessState(enum.StrEnum):
     """Never heard from."""
 
 
-@dataclass(frozen=True, slots=True)
-class HostLiveness:
+class HostLiveness(msgspec.Struct, frozen=True):
     """Whether placement counts a host as live, and how many heartbeats it has missed."""
 
     state: LivenessState
@@ -173,8 +171,7 @@ def down_reason(last_heartbeat: datetime | None, health: HostHealth,
     return f"no heartbeat for {(now - last_heartbeat).total_seconds():.0f}s"
 
 
-@dataclass(frozen=True, slots=True)
-class LivenessChange:
+class LivenessChange(msgspec.Struct, frozen=True):
     """A host that went down (`down` says why) or came back (`down` is None)."""
 
     host: str

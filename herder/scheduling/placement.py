@@ -29,9 +29,10 @@ import enum
 import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import attrgetter
+
+import msgspec
 
 from herder.config import FleetSection
 from herder.model import HostRecord
@@ -87,8 +88,7 @@ class Reason(enum.StrEnum):
     """Not a refusal: the job went elsewhere because this host failed to start it."""
 
 
-@dataclass(frozen=True, slots=True)
-class HostSpec:
+class HostSpec(msgspec.Struct, frozen=True):
     """A host as configured: size, caps per window, and the allow-lists it enforces."""
 
     label: str
@@ -124,8 +124,7 @@ class HostSpec:
             priority_floor=host.priority_floor, labels=host.labels)
 
 
-@dataclass(frozen=True, slots=True)
-class HostLoad:
+class HostLoad(msgspec.Struct, frozen=True):
     """A host right now: its health, active attempts, and GB booked by them and by
     reservations (subagent and CI slots). `agent_down` says why a host whose agent
     heartbeats is not live (None while it is, and for hosts without an agent)."""
@@ -135,13 +134,12 @@ class HostLoad:
     workers: int
     booked_gb: float
     agent_down: str | None = None
-    blocked: Mapping[str, tuple[Reason, str]] = field(default_factory=dict)
+    blocked: Mapping[str, tuple[Reason, str]] = msgspec.field(default_factory=dict)
     """Job types this host cannot take for now, with why (its preflight for the type
     failed, its circuit breaker for the type is open)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PendingJob:
+class PendingJob(msgspec.Struct, frozen=True):
     """What placement needs of a queued job. `affinity` binds it to one host;
     `preferred_host` only wins ties among hosts that can take it; `avoid_host` (one that
     failed to start it) is passed over while another host can take it."""
@@ -156,8 +154,7 @@ class PendingJob:
     avoid_host: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PlacementPolicy:
+class PlacementPolicy(msgspec.Struct, frozen=True):
     bookable_fraction: float = FleetSection.bookable_fraction
     strategy: str = FleetSection.strategy
     starvation_wait_seconds: float = FleetSection.starvation_wait
@@ -172,8 +169,7 @@ class PlacementPolicy:
 DEFAULT_POLICY = PlacementPolicy()
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(msgspec.Struct, frozen=True):
     """Everything one placement pass looks at. A host without a load entry counts as
     health unknown, no workers, nothing booked. Datetimes must all be aware (or all naive
     UTC)."""
@@ -186,21 +182,18 @@ class Snapshot:
     policy: PlacementPolicy = DEFAULT_POLICY
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
+class Rejection(msgspec.Struct, frozen=True):
     host: str
     reason: Reason
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(msgspec.Struct, frozen=True):
     job_id: int
     host: str
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     """The outcome of one pass.
 
     `assignments` are in the order they were decided. `waiting` has, for every job not
@@ -213,7 +206,7 @@ class Plan:
     assignments: tuple[Assignment, ...]
     waiting: Mapping[int, tuple[Rejection, ...]]
     reservations: Mapping[str, int]
-    avoided: Mapping[int, Rejection] = field(default_factory=dict)
+    avoided: Mapping[int, Rejection] = msgspec.field(default_factory=dict)
 
 
 # --- the pass -------------------------------------------------------------------------

@@ -15,8 +15,10 @@ infrastructure churn (lost) never burn the attempts a job has for its own faults
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+
+import msgspec
+from msgspec.structs import replace
 
 from herder.config import FleetSection, RuntimeSection
 from herder.model import Action, Budget, Decision, JobStatus, Outcome
@@ -25,8 +27,7 @@ MAX_TRANSIENT_ATTEMPTS = 5
 """Transient outcomes (a 429, an overloaded API) a job may meet before it fails (seed 002)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(msgspec.Struct, frozen=True):
     action: Action
     spends: Budget = Budget.NONE
     failure_reason: str | None = None
@@ -107,8 +108,7 @@ SPAWN_OUTCOMES = frozenset(outcome for outcome, rule in DEFAULT_RULES.items()
                            if rule.spends is Budget.SPAWN)
 
 
-@dataclass(frozen=True, slots=True)
-class RetryState:
+class RetryState(msgspec.Struct, frozen=True):
     """The counters a decision needs, as they were before this attempt ended."""
 
     failures: int
@@ -126,8 +126,7 @@ class RetryState:
     """The next weight in the chain after the job's own; None at the heaviest."""
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(msgspec.Struct, frozen=True):
     """The fleet-wide budgets (the job's own are in its RetryState)."""
 
     max_lost: int

@@ -11,9 +11,11 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
+
+import msgspec
+from msgspec.structs import fields
 
 from herder.errors import InputError, StoreUnavailable
 from herder.model import (
@@ -67,8 +69,7 @@ def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-@dataclass(frozen=True, slots=True)
-class LiveAttempt:
+class LiveAttempt(msgspec.Struct, frozen=True):
     """An attempt that has not ended, with the job counters its rescue decision needs."""
 
     attempt: Attempt
@@ -80,8 +81,7 @@ class LiveAttempt:
     backoff_max_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
-class DueJob:
+class DueJob(msgspec.Struct, frozen=True):
     """A queued job that may run now: what placement needs to know about it."""
 
     id: int
@@ -95,8 +95,7 @@ class DueJob:
     """The last host that failed to start it (placement prefers any other that fits)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Alert:
+class Alert(msgspec.Struct, frozen=True):
     id: int
     key: str
     message: str
@@ -109,8 +108,7 @@ class Alert:
     sent_count: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryRecord:
+class DeliveryRecord(msgspec.Struct, frozen=True):
     """What recording a webhook delivery did: `first` is False for a delivery seen before
     (nothing inserted; `job_ids` are what it enqueued then); `created` are the new jobs
     (the others were already held by their dedup keys)."""

@@ -14,9 +14,10 @@ import abc
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 Row = dict[str, Any]
 
@@ -29,8 +30,7 @@ SQL = Path(__file__).with_name("sql")
 of imports (zipfile, tempfile), and herder is installed as plain files."""
 
 
-@dataclass(frozen=True, slots=True)
-class Json:
+class Json(msgspec.Struct, frozen=True):
     """A parameter stored as JSON: each driver passes it in its dialect's form."""
 
     value: Any

@@ -10,7 +10,6 @@ processes this test started and only 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import signal
@@ -18,11 +17,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 from chaos_marks import Fault, Limits
 from chaos_proxy import Proxy, ProxyLoop
 from support.fleet import FleetHarness
@@ -63,8 +62,7 @@ SECONDS_ENV = "HERDER_CHAOS_SECONDS"
 KINDS_ENV = "HERDER_CHAOS_FAULTS"
 
 
-@dataclass(frozen=True)
-class ChaosSettings:
+class ChaosSettings(msgspec.Struct, frozen=True):
     seed: int
     seconds: float
     kinds: tuple[str, ...]
@@ -96,7 +94,7 @@ def knows(section: type, key: str) -> bool:
     """Whether this herder's settings section has `key` (dataclasses now, pydantic before)."""
     fields = getattr(section, "model_fields", None)
     if fields is None:
-        fields = {item.name for item in dataclasses.fields(section)}
+        fields = {item.name for item in msgspec.structs.fields(section)}
     return key in fields
 
 
@@ -117,8 +115,7 @@ def config_sections() -> dict[str, dict[str, Any]]:
     return {"runtime": runtime, "fleet": fleet, "defaults": defaults}
 
 
-@dataclass(frozen=True)
-class Submitted:
+class Submitted(msgspec.Struct, frozen=True):
     number: int
     job: int
     duration: float
@@ -279,7 +276,7 @@ class ChaosFleet:
             undo()
         except Exception as exc:
             self.errors.append(f"undoing {self.faults[index].kind} failed: {exc!r}")
-        self.faults[index] = dataclasses.replace(self.faults[index], ended=time.monotonic())
+        self.faults[index] = msgspec.structs.replace(self.faults[index], ended=time.monotonic())
 
     def _later(self, seconds: float, undo: Callable[[], None]) -> None:
         self.pending.append((time.monotonic() + seconds, len(self.faults) - 1, undo))
@@ -382,7 +379,7 @@ class ChaosFleet:
         """`pg_ctl restart -m immediate`: every connection dropped, crash recovery."""
         self._record("postgres_restart", "postgres")
         self.cluster.restart("immediate")
-        self.faults[-1] = dataclasses.replace(self.faults[-1], ended=time.monotonic())
+        self.faults[-1] = msgspec.structs.replace(self.faults[-1], ended=time.monotonic())
 
     # -- the end --------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from herder.model import Job, JobStatus
 
@@ -18,8 +19,7 @@ TICK = 0.2  # mark_job.py's tick period
 MARK_KINDS = ("start", "held", "tick", "end", "term")
 
 
-@dataclass(frozen=True)
-class Mark:
+class Mark(msgspec.Struct, frozen=True):
     kind: str
     job: int
     attempt: int
@@ -33,8 +33,7 @@ class Mark:
                 f"t={self.monotonic:.3f} pid={self.pid}")
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(msgspec.Struct, frozen=True):
     """One process of one attempt, from its `start` to its last mark."""
 
     job: int
@@ -54,8 +53,7 @@ class Run:
                 f"{self.started:.3f} .. {self.last:.3f} ({state}{held})")
 
 
-@dataclass(frozen=True)
-class Overlap:
+class Overlap(msgspec.Struct, frozen=True):
     job: int
     first: Run
     second: Run
@@ -66,8 +64,7 @@ class Overlap:
                                                              self.second.started)
 
 
-@dataclass(frozen=True)
-class Fault:
+class Fault(msgspec.Struct, frozen=True):
     """One injected fault. `victims` are the (job, attempt) running on the target when it hit
     (host and agent deaths only); `ended` is when it was undone (None: never)."""
 
@@ -79,8 +76,7 @@ class Fault:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class Recovery:
+class Recovery(msgspec.Struct, frozen=True):
     fault: Fault
     job: int
     attempt: int
@@ -88,8 +84,7 @@ class Recovery:
     host: str | None  # where the next attempt ran
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(msgspec.Struct, frozen=True):
     max_attempts: int
     max_lost: int
     max_spawn_failures: int
@@ -99,10 +94,9 @@ class Limits:
         return self.max_attempts + self.max_lost + self.max_spawn_failures
 
 
-@dataclass(frozen=True)
-class Invariant:
+class Invariant(msgspec.Struct, frozen=True):
     name: str
-    violations: tuple[str, ...] = field(default_factory=tuple)
+    violations: tuple[str, ...] = msgspec.field(default_factory=tuple)
 
     @property
     def passed(self) -> bool:

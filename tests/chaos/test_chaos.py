@@ -18,7 +18,6 @@ takes about three minutes. The other tests here check the analysis and the proxy
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 from chaos_fleet import (
     HEARTBEAT,
@@ -263,7 +263,7 @@ def test_an_overlap_needs_proof_and_a_near_miss_is_only_counted() -> None:
     after = run(2, 12.1, 14.0, ended=True)
     assert not overlaps([killed, after])
     assert near_misses([killed, after]) and not near_misses([killed, run(2, 12.5, 13.0)])
-    terminated = dataclasses.replace(killed, terminated=True)
+    terminated = msgspec.structs.replace(killed, terminated=True)
     assert not near_misses([terminated, after]), "SIGTERM marks the moment of death"
     # A held lock is proof even when the ticks do not show it.
     assert overlaps([killed, run(2, 12.1, 14.0, ended=True, held=True)])
@@ -304,7 +304,7 @@ def test_check_names_the_broken_invariant_the_job_and_its_marks(sqlite_url: str)
     assert "1.00s" in overlap[0]
     assert len(result["attempts within budget"].violations) == 1
     assert result["every started attempt counted by the store"].passed, "only finished jobs"
-    done = {ids[0]: dataclasses.replace(jobs[ids[0]], status=JobStatus.DONE, lost=1)}
+    done = {ids[0]: msgspec.structs.replace(jobs[ids[0]], status=JobStatus.DONE, lost=1)}
     runs[ids[0]].append(run(3, 14.0, 15.0, ended=True, job=ids[0]))
     counted = check(ids[:1], done, runs, [], limits, 1.0, 1.0)
     unaccounted = next(item for item in counted if "counted" in item.name).violations

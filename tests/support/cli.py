@@ -13,10 +13,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from herder.model import AttemptResult, Job, JobStatus, Outcome
 from herder.scheduling.policy import RetryState, decide
@@ -106,8 +107,7 @@ def as_json(result: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(ok(result).stdout)
 
 
-@dataclass(frozen=True)
-class StoreState:
+class StoreState(msgspec.Struct, frozen=True):
     """Everything a bad submit could have changed: each job's row and its event ids."""
 
     jobs: tuple[tuple[int, str, int, bool], ...]

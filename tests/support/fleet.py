@@ -18,12 +18,12 @@ import subprocess
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from herder.api.tokens import new_token, token_hash
@@ -81,8 +81,7 @@ def recorder(events: Path, body: str = "sleep 0.5", lock: Path | None = None,
     return ["/bin/sh", "-c", script]
 
 
-@dataclass(frozen=True)
-class Interval:
+class Interval(msgspec.Struct, frozen=True):
     host: str
     job: int
     attempt: int
@@ -116,8 +115,7 @@ def read_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-@dataclass(frozen=True)
-class Peak:
+class Peak(msgspec.Struct, frozen=True):
     workers: int
     ram_gb: float
     at: float

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from herder.runtime.process import TOKEN_VARIABLE, process_alive, process_start_time
 from support.waits import wait_for
 
 # -- processes seen in /proc ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Proc:
+class Proc(msgspec.Struct, frozen=True):
     """A process seen in /proc: pid plus kernel start time, so a reused pid is not it.
     `token` is its attempt marker ("" for a process that is not a job)."""
 
