@@ -344,7 +344,7 @@ def test_the_cycle_heartbeat_is_info_when_work_is_placed_and_once_a_minute_idle(
 def test_a_new_leader_gives_agents_the_grace_before_alerting_no_healthy_host(store):
     """A server that just started has heard from no agent: it does not page before
     `alert_grace`, and does once the grace has passed with no host healthy."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from herder.runtime.scheduler import NO_HEALTHY_HOST
 
@@ -377,7 +377,7 @@ def test_the_start_grace_is_a_new_leaders_first_alert_grace_seconds():
 def test_a_new_leader_gives_agents_the_grace_before_alerting_fleet_stopped(store):
     """Work queued for a host that is healthy but closed now: `fleet:stopped`, but not in
     a new leader's first `alert_grace`."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     fleet = replace(Fleet.from_settings(Settings()), alert_grace=60.0)
     store.host_insert(HostRecord("cron1", 20, prime_max_workers=0), NOW)  # closed by day

@@ -12,9 +12,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from msgspec.structs import replace
 
 from herder.backoff import Backoff
 from herder.client import Client
