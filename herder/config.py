@@ -1,24 +1,26 @@
 """herder.toml → validated settings. Every error names the file, the key and its line.
 
-The settings are frozen dataclasses and this module owns every default: the runtime and the
-pure core take theirs from here (`RuntimeSection.max_lost`, `FleetSection.bookable_fraction`,
-...), never from a number of their own. Validation is a small walk over the dataclass fields
+The settings are frozen msgspec Structs and this module owns every default: the runtime and
+the pure core take theirs from here (`RuntimeSection.max_lost`, `FleetSection.bookable_fraction`,
+...), never from a number of their own. Validation is a small walk over the Struct fields
 instead of pydantic, because every command loads the config and `herder submit` runs in
-scripts' loops: building pydantic models cost ~110 ms per call (see bench/README.md).
+scripts' loops: building pydantic models cost ~110 ms per call, and defining a frozen dataclass
+~1 ms each (its methods are compiled from source) where a Struct costs ~0.03 ms (see
+bench/README.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Union
+
+from msgspec import Struct, field
 
 from herder.errors import ConfigError, InputError
 from herder.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
@@ -63,16 +65,28 @@ Duration = Annotated[float, DURATION]
 """Seconds, written in the file as a number or as `90s`, `10m`, `2h`, `1h30m`, `250ms`."""
 
 
+class Rules(Struct, frozen=True):
+    """A field's checks beyond its type, written into its annotation
+    (`Annotated[int, rules(ge=1)]`): a Struct field has no metadata of its own."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    check: Callable[[Any], Any] | None = None
+    each: Callable[[Any], Any] | None = None
+    before: Callable[[Any], Any] | None = None
+
+
 def rules(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
           check: Callable[[Any], Any] | None = None, each: Callable[[Any], Any] | None = None,
-          before: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """A field's checks beyond its type, as dataclass field metadata: bounds, then `check`
-    of the value and `each` of its items (raise ValueError with the fix; an item's error
-    names its index); `before` rewrites the raw value first."""
-    return {"ge": ge, "gt": gt, "le": le, "check": check, "each": each, "before": before}
+          before: Callable[[Any], Any] | None = None) -> Rules:
+    """A field's checks beyond its type: bounds, then `check` of the value and `each` of its
+    items (raise ValueError with the fix; an item's error names its index); `before`
+    rewrites the raw value first."""
+    return Rules(ge, gt, le, check, each, before)
 
 
-def positive(what: str = "") -> dict[str, Any]:
+def positive(what: str = "") -> Rules:
     """Greater than zero; `what` says what leaving the key out means, when that is allowed."""
     def check(value: float | None) -> float | None:
         if value is not None and value <= 0:
@@ -105,8 +119,7 @@ def quoted_placeholder(script: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class HerderSection:
+class HerderSection(Struct, frozen=True):
     """[herder]: where the database and the logs are, and this machine's label."""
 
     db: str | None = None
@@ -150,6 +163,9 @@ def _names(pattern: re.Pattern[str], message: str) -> Callable[[Any], Any]:
     return check
 
 
+_env_names = _names(_ENV_NAME, "{name!r} is not a valid environment variable name")
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], Any]:
     def check(value: str | None) -> str | None:
         if value is not None and value not in choices:
@@ -165,21 +181,20 @@ def _nice(value: dict[str, int]) -> dict[str, int]:
     return value
 
 
-@dataclass(frozen=True)
-class RuntimeSection:
+class RuntimeSection(Struct, frozen=True):
     """[runtime]: how a runner runs attempts (`herder up`, agents, the server's local hosts)."""
 
-    concurrency: int = field(default=4, metadata=rules(ge=1, le=1024))
-    heartbeat_interval: Duration = field(default=10.0, metadata=positive())
+    concurrency: Annotated[int, rules(ge=1, le=1024)] = 4
+    heartbeat_interval: Annotated[Duration, positive()] = 10.0
     attempt_lease: Duration = 60.0
     kill_grace: Duration = 10.0
-    poll_interval: Duration = field(default=1.0, metadata=positive())
-    max_lost: int = field(default=5, metadata=rules(ge=1))
+    poll_interval: Annotated[Duration, positive()] = 1.0
+    max_lost: Annotated[int, rules(ge=1)] = 5
     """Lost attempts (runner crashes) before a job fails as lost."""
-    pass_env: list[str] = field(default_factory=list, metadata=rules(each=_pass_env_entry))
+    pass_env: Annotated[list[str], rules(each=_pass_env_entry)] = field(default_factory=list)
     """Variables of the runner's environment a job gets besides the base allow-list."""
-    fence_margin: Duration | None = field(default=None, metadata=positive(
-        " (or left out for a quarter of attempt_lease)"))
+    fence_margin: Annotated[Duration | None, positive(
+        " (or left out for a quarter of attempt_lease)")] = None
     """A runner whose heartbeats fail stops its attempts this long before their lease ends;
     None is a quarter of the lease."""
     workspace_root: str = "herder-workspaces"
@@ -187,30 +202,29 @@ class RuntimeSection:
     the log folder."""
     workspace_keep_failed: Duration = 86400.0
     """A failed attempt's workspace is kept this long for inspection, then swept."""
-    workspace_min_free_gb: float = field(default=1.0, metadata=rules(ge=0))
+    workspace_min_free_gb: Annotated[float, rules(ge=0)] = 1.0
     """A workspace is not prepared when less than this is free on its disk."""
-    memory_enforcement: str = field(default="auto", metadata=rules(check=_one_of(
-        ("auto", "cgroup", "watchdog", "off"))))
+    memory_enforcement: Annotated[str, rules(check=_one_of(
+        ("auto", "cgroup", "watchdog", "off")))] = "auto"
     """auto: a cgroup per attempt where the host allows one, else the watchdog; cgroup:
     the same, warning when none can be made; watchdog: sampled RSS only; off: measured."""
-    memory_margin: float = field(default=0.10, metadata=rules(ge=0, le=10))
+    memory_margin: Annotated[float, rules(ge=0, le=10)] = 0.10
     """An attempt is stopped past its weight's budget times (1 + margin)."""
-    memory_sample_interval: Duration = field(default=2.0, metadata=positive())
+    memory_sample_interval: Annotated[Duration, positive()] = 2.0
     """How often each attempt's process tree RSS is sampled."""
     cgroup_root: str | None = None
     """A writable cgroup directory for the attempts' cgroups (e.g. a delegated subtree);
     left out: found from this process's own cgroup."""
-    nice: dict[str, int] = field(default_factory=dict, metadata=rules(check=_nice))
+    nice: Annotated[dict[str, int], rules(check=_nice)] = field(default_factory=dict)
     """Weight -> the niceness its attempts run at, e.g. {light = 10}."""
 
 
-@dataclass(frozen=True)
-class DefaultsSection:
+class DefaultsSection(Struct, frozen=True):
     """[defaults]: what a submitted job gets when neither it nor its job type says."""
 
     priority: int = 100
     weight: str = "light"
-    max_attempts: int = field(default=3, metadata=rules(ge=1))
+    max_attempts: Annotated[int, rules(ge=1)] = 3
     timeout: Duration | None = None
     backoff_base: Duration = 10.0
     backoff_max: Duration = 600.0
@@ -244,29 +258,27 @@ def _regex(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class RuleSection:
+class RuleSection(Struct, frozen=True):
     """[job_types.NAME.policy.OUTCOME]: this job type's rule for one outcome (the table in
     herder.scheduling.policy); a key left out keeps the default rule's."""
 
-    action: str | None = field(default=None, metadata=rules(check=_one_of(ACTIONS)))
-    spends: str | None = field(default=None, metadata=rules(check=_one_of(BUDGETS)))
+    action: Annotated[str | None, rules(check=_one_of(ACTIONS))] = None
+    spends: Annotated[str | None, rules(check=_one_of(BUDGETS))] = None
     failure_reason: str | None = None
     delay: Duration | None = None
     delay_max: Duration | None = None
     avoid_host: bool | None = None
     actionable: bool | None = None
     human_action: bool | None = None
-    escalations: int | None = field(default=None, metadata=rules(ge=0))
+    escalations: Annotated[int | None, rules(ge=0)] = None
 
 
-@dataclass(frozen=True)
-class PatternSection:
+class PatternSection(Struct, frozen=True):
     """One of [[job_types.NAME.patterns]]: a log line that means `outcome`."""
 
-    outcome: str = field(metadata=rules(check=_one_of(
-        tuple(sorted(outcome.value for outcome in JOB_OUTCOMES)))))
-    regex: str = field(metadata=rules(check=_regex))
+    outcome: Annotated[str, rules(check=_one_of(
+        tuple(sorted(outcome.value for outcome in JOB_OUTCOMES))))]
+    regex: Annotated[str, rules(check=_regex)]
 
 
 def _exit_codes(value: dict[str, str] | None) -> dict[str, str] | None:
@@ -287,57 +299,55 @@ def _preflight(value: list[str] | bool) -> list[str] | bool:
     return value
 
 
-@dataclass(frozen=True)
-class WorkspaceSection:
+class WorkspaceSection(Struct, frozen=True):
     """[job_types.NAME.workspace]: a fresh checkout per attempt, its folder the workdir;
     `repository` and `ref` are templates filled from the payload."""
 
-    repository: str = field(metadata=rules(check=_template))
-    ref: str = field(metadata=rules(check=_template))
-    mode: str = field(default="worktree", metadata=rules(check=_one_of(WORKSPACE_MODES)))
+    repository: Annotated[str, rules(check=_template)]
+    ref: Annotated[str, rules(check=_template)]
+    mode: Annotated[str, rules(check=_one_of(WORKSPACE_MODES))] = "worktree"
     """worktree: from a mirror cached on the host, refreshed with `git fetch`; clone: a
     shallow fetch of the ref alone."""
 
 
-@dataclass(frozen=True)
-class JobTypeSection:
+class JobTypeSection(Struct, frozen=True):
     """[job_types.NAME]: a named route to a command (`herder submit NAME -p key=value`)."""
 
-    command: list[str | list[str]] | str = field(metadata=rules(check=_command))
+    command: Annotated[list[str | list[str]] | str, rules(check=_command)]
     """An argv list (a nested list is an optional group, kept only when every field it
     names is set) or, with shell = true, a script."""
     shell: bool = False
     prompt_file: str | None = None
-    prompt_from: str = field(default="submit", metadata=rules(check=_one_of(PROMPT_SOURCES)))
+    prompt_from: Annotated[str, rules(check=_one_of(PROMPT_SOURCES))] = "submit"
     """submit: prompt_file is next to herder.toml, read at submit; workspace: it is a path
     in the job's checkout, read on the host that runs the attempt."""
     workspace: WorkspaceSection | None = None
-    env: dict[str, str] = field(default_factory=dict, metadata=rules(check=_names(
-        _ENV_NAME, "{name!r} is not a valid environment variable name")))
-    export: list[str] = field(default_factory=list, metadata=rules(check=_names(
+    env: Annotated[dict[str, str], rules(check=_env_names)] = field(default_factory=dict)
+    export: Annotated[list[str], rules(check=_names(
         _ENV_NAME, "payload field {name!r} cannot become HERDER_PAYLOAD_{upper}; use letters, "
-        "digits and _")))
+        "digits and _"))] = field(default_factory=list)
     weight: str | None = None
     priority: int | None = None
     timeout: Duration | None = None
-    max_attempts: int | None = field(default=None, metadata=rules(ge=1))
+    max_attempts: Annotated[int | None, rules(ge=1)] = None
     backoff_base: Duration | None = None
     backoff_max: Duration | None = None
     workdir: str | None = None
     description: str | None = None
-    preflight: list[str] | bool = field(default=True, metadata=rules(check=_preflight))
+    preflight: Annotated[list[str] | bool, rules(check=_preflight)] = True
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
-    preflight_timeout: Duration = field(default=5.0, metadata=rules(gt=0))
-    silence_timeout: Duration | None = field(default=None, metadata=rules(gt=0))
+    preflight_timeout: Annotated[Duration, rules(gt=0)] = 5.0
+    silence_timeout: Annotated[Duration | None, rules(gt=0)] = None
     """No new log output for this long: the attempt is stopped as `stuck`."""
-    exit_codes: dict[str, str] | None = field(default=None, metadata=rules(check=_exit_codes))
+    exit_codes: Annotated[dict[str, str] | None, rules(check=_exit_codes)] = None
     accounts: list[str] | bool = False
     """Runs under one of its host's accounts (herder.scheduling.accounts): true is any that
     serves the type, a list names those it may use, false (the default) is none."""
-    policy: dict[str, RuleSection] = field(default_factory=dict, metadata=rules(
+    policy: Annotated[dict[str, RuleSection], rules(
         check=_names(re.compile("^(" + "|".join(OUTCOMES) + ")$"),
-                     "{name!r} is not an outcome; use one of " + ", ".join(OUTCOMES))))
+                     "{name!r} is not an outcome; use one of " + ", ".join(OUTCOMES)))] = field(
+        default_factory=dict)
     """Outcome -> this type's rule, over the default table."""
     patterns: list[PatternSection] = field(default_factory=list)
     """Log lines that mean an outcome, tried before the default patterns."""
@@ -370,11 +380,10 @@ class JobTypeSection:
                              "workspace's checkout is the workdir, drop workdir")
 
 
-@dataclass(frozen=True)
-class WindowCapsSection:
+class WindowCapsSection(Struct, frozen=True):
     """[hosts.LABEL.prime] and [hosts.LABEL.night]: what the host takes in that window."""
 
-    max_workers: int = field(default=1, metadata=rules(ge=0))
+    max_workers: Annotated[int, rules(ge=0)] = 1
     max_weight: str | None = None
 
 
@@ -390,33 +399,30 @@ def _argv(value: list[str] | None) -> list[str] | None:
     return value
 
 
-@dataclass(frozen=True)
-class AccountSection:
+class AccountSection(Struct, frozen=True):
     """[hosts.LABEL.accounts.NAME]: a credential identity on the host that jobs run under
     (`herder accounts`). `env` is what it gives a job; its values may be secrets and are
     never shown or logged, only their names."""
 
-    env: dict[str, str] = field(default_factory=dict, metadata=rules(check=_names(
-        _ENV_NAME, "{name!r} is not a valid environment variable name")))
-    max_sessions: int = field(default=1, metadata=rules(ge=1, le=10_000))
+    env: Annotated[dict[str, str], rules(check=_env_names)] = field(default_factory=dict)
+    max_sessions: Annotated[int, rules(ge=1, le=10_000)] = 1
     job_types: list[str] | None = None
     """The job types it serves; left out: every type that asks for an account."""
-    probe: list[str] | None = field(default=None, metadata=rules(check=_argv))
+    probe: Annotated[list[str] | None, rules(check=_argv)] = None
     """A command run on the host that prints {"credentials_present": .., "has_refresh_token":
     .., "access_expired": ..} (booleans only); anything else is ignored (fail-open)."""
-    probe_timeout: Duration = field(default=10.0, metadata=rules(gt=0))
-    probe_interval: Duration = field(default=300.0, metadata=rules(gt=0))
+    probe_timeout: Annotated[Duration, rules(gt=0)] = 10.0
+    probe_interval: Annotated[Duration, rules(gt=0)] = 300.0
     """How long a probe's answer is kept before the probe runs again."""
 
 
-@dataclass(frozen=True)
-class HostSection:
+class HostSection(Struct, frozen=True):
     """A host declared in herder.toml; `herder server` creates or updates it at start."""
 
-    ram_total_gb: float = field(metadata=rules(ge=0))
-    ram_reserved_gb: float = field(default=0.0, metadata=rules(ge=0))
-    cpus: int = field(default=1, metadata=rules(ge=1))
-    transport: str = field(default="agent", metadata=rules(check=_transport))
+    ram_total_gb: Annotated[float, rules(ge=0)]
+    ram_reserved_gb: Annotated[float, rules(ge=0)] = 0.0
+    cpus: Annotated[int, rules(ge=1)] = 1
+    transport: Annotated[str, rules(check=_transport)] = "agent"
     ssh_target: str | None = None
     prime: WindowCapsSection = WindowCapsSection()
     night: WindowCapsSection = WindowCapsSection()
@@ -425,8 +431,8 @@ class HostSection:
     priority_floor: int | None = None
     labels: list[str] = field(default_factory=list)
     enabled: bool = True
-    accounts: dict[str, AccountSection] = field(default_factory=dict, metadata=rules(
-        check=_names(_NAME, "{name!r} is not a valid account name")))
+    accounts: Annotated[dict[str, AccountSection], rules(
+        check=_names(_NAME, "{name!r} is not a valid account name"))] = field(default_factory=dict)
 
 
 def _shedding(value: Any) -> Any:
@@ -473,39 +479,38 @@ DEFAULT_WEIGHTS: Mapping[str, float] = types.MappingProxyType({
 """GB of RAM one attempt of each weight books on its host."""
 
 
-@dataclass(frozen=True)
-class FleetSection:
+class FleetSection(Struct, frozen=True):
     """[fleet]: placement, health and retry rules of `herder server`'s scheduler."""
 
-    bookable_fraction: float = field(default=0.8, metadata=rules(gt=0, le=1))
+    bookable_fraction: Annotated[float, rules(gt=0, le=1)] = 0.8
     """Bookable RAM is this fraction of what the OS reservation leaves (seed 004)."""
-    strategy: str = field(default="best_fit", metadata=rules(check=_strategy))
+    strategy: Annotated[str, rules(check=_strategy)] = "best_fit"
     starvation_wait: Duration = 600.0
     healthy_within: Duration = 300.0
     degraded_within: Duration = 900.0
-    night_start: str = field(default="20:00", metadata=rules(check=_clock))
-    night_end: str = field(default="03:00", metadata=rules(check=_clock))
-    timezone: str = field(default="UTC", metadata=rules(check=_timezone))
+    night_start: Annotated[str, rules(check=_clock)] = "20:00"
+    night_end: Annotated[str, rules(check=_clock)] = "03:00"
+    timezone: Annotated[str, rules(check=_timezone)] = "UTC"
     escalation: list[str] = field(default_factory=lambda: list(ESCALATION_CHAIN))
-    shedding: list[tuple[float, str | None]] = field(
-        default_factory=lambda: list(SHEDDING_STEPS), metadata=rules(before=_shedding))
-    max_spawn_failures: int = field(default=5, metadata=rules(ge=1))
+    shedding: Annotated[list[tuple[float, str | None]], rules(before=_shedding)] = field(
+        default_factory=lambda: list(SHEDDING_STEPS))
+    max_spawn_failures: Annotated[int, rules(ge=1)] = 5
     """Attempts in a row that fail to start before a job fails."""
     spawn_backoff: Duration = 300.0
     """The wait before a job that failed to start is tried again."""
-    breaker_threshold: int = field(default=3, metadata=rules(ge=1))
+    breaker_threshold: Annotated[int, rules(ge=1)] = 3
     """Transient outcomes in a row of one job type on one host that open its breaker."""
-    breaker_pause: Duration = field(default=300.0, metadata=rules(gt=0))
+    breaker_pause: Annotated[Duration, rules(gt=0)] = 300.0
     """How long an open breaker launches nothing of that type there."""
     scheduler_interval: Duration = 1.0
-    alert_grace: Duration = field(default=60.0, metadata=rules(ge=0))
+    alert_grace: Annotated[Duration, rules(ge=0)] = 60.0
     """A new leader waits this long for agents to check in before it alerts that no host
     is healthy: a server that just started has heard from nobody yet."""
     auth_revoked_cooldown: Duration = 1800.0
     """An account whose login was revoked is skipped this long (seed 004 #7667)."""
-    missed_heartbeats: int = field(default=3, metadata=rules(ge=1))
-    pickup_timeout: Duration | None = field(default=None, metadata=positive(
-        " (or left out for the default)"))
+    missed_heartbeats: Annotated[int, rules(ge=1)] = 3
+    pickup_timeout: Annotated[Duration | None, positive(
+        " (or left out for the default)")] = None
     """A placement no runner has taken by then goes back to the queue (None: 2 heartbeat
     intervals + 5 s, see herder.runtime.scheduler.pickup_timeout_seconds)."""
     reservation_ttl: Duration = 10800.0
@@ -514,8 +519,7 @@ class FleetSection:
     remote_herder: str = "herder"
 
 
-@dataclass(frozen=True)
-class ServerSection:
+class ServerSection(Struct, frozen=True):
     """[server]: how `herder server` listens and authenticates."""
 
     listen: str = "127.0.0.1:8470"
@@ -525,12 +529,12 @@ class ServerSection:
     tls_key: str | None = None
     public_url: str | None = None
     """How remote hosts reach this server (ssh push); default http(s)://listen."""
-    max_body_bytes: int = field(default=1024 * 1024, metadata=rules(ge=1024, le=1024**3))
+    max_body_bytes: Annotated[int, rules(ge=1024, le=1024**3)] = 1024 * 1024
     """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
     metrics_public: bool = False
     """`GET /metrics` without a token (a scraper on a trusted network); by default it
     needs a read token, as every operator read does."""
-    queue_recent: int = field(default=20, metadata=rules(ge=0, le=1000))
+    queue_recent: Annotated[int, rules(ge=0, le=1000)] = 20
     """How many of the newest jobs `GET /queue` lists."""
 
 
@@ -567,8 +571,7 @@ def _no_inline_secret(value: str | None) -> str | None:
     return value
 
 
-@dataclass(frozen=True)
-class HookRuleSection:
+class HookRuleSection(Struct, frozen=True):
     """One of [[hooks.sources.NAME.rules]]: an event that becomes a job. Templates read
     dotted paths of the event JSON (`{repository.full_name}#{issue.number}`)."""
 
@@ -579,23 +582,22 @@ class HookRuleSection:
     """The event's `action` must be this (`labeled`, `opened`, ...)."""
     label: str | None = None
     """The label added (GitHub) or carried (Gitea) must be this."""
-    when: dict[str, str] = field(default_factory=dict, metadata=rules(check=_paths))
+    when: Annotated[dict[str, str], rules(check=_paths)] = field(default_factory=dict)
     """Dotted path -> the value it must have, e.g. {"repository.full_name" = "org/app"}."""
-    dedup_key: str | None = field(default=None, metadata=rules(check=_hook_template))
-    payload: dict[str, str] = field(default_factory=dict, metadata=rules(check=_templates))
+    dedup_key: Annotated[str | None, rules(check=_hook_template)] = None
+    payload: Annotated[dict[str, str], rules(check=_templates)] = field(default_factory=dict)
     priority: int | None = None
     weight: str | None = None
 
 
-@dataclass(frozen=True)
-class HookSourceSection:
+class HookSourceSection(Struct, frozen=True):
     """[hooks.sources.NAME]: a forge that posts to /hooks/NAME, signed with its secret.
     The secret comes from a variable or a file, never from herder.toml itself."""
 
-    kind: str = field(metadata=rules(check=_one_of(("github", "gitea", "generic"))))
-    secret_env: str | None = field(default=None, metadata=rules(check=_env_name))
+    kind: Annotated[str, rules(check=_one_of(("github", "gitea", "generic")))]
+    secret_env: Annotated[str | None, rules(check=_env_name)] = None
     secret_file: str | None = None
-    secret: str | None = field(default=None, metadata=rules(check=_no_inline_secret))
+    secret: Annotated[str | None, rules(check=_no_inline_secret)] = None
     rules: list[HookRuleSection] = field(default_factory=list)
 
     def check(self) -> None:
@@ -604,16 +606,15 @@ class HookSourceSection:
                              "\"HERDER_HOOK_NAME_SECRET\" or secret_file = \"path\"")
 
 
-@dataclass(frozen=True)
-class HooksSection:
+class HooksSection(Struct, frozen=True):
     """[hooks]: forge webhooks (`POST /hooks/NAME`) that enqueue jobs."""
 
-    retention: Duration = field(default=7 * 86400.0, metadata=rules(gt=0))
+    retention: Annotated[Duration, rules(gt=0)] = 7 * 86400.0
     """How long a delivery id is remembered (a replay within it enqueues nothing)."""
-    max_body_bytes: int = field(default=1024 * 1024, metadata=rules(ge=1024, le=1024**3))
+    max_body_bytes: Annotated[int, rules(ge=1024, le=1024**3)] = 1024 * 1024
     """Larger deliveries are refused with 413 (server.max_body_bytes caps them too)."""
-    sources: dict[str, HookSourceSection] = field(default_factory=dict, metadata=rules(
-        check=_names(_NAME, "{name!r} is not a valid source name")))
+    sources: Annotated[dict[str, HookSourceSection], rules(
+        check=_names(_NAME, "{name!r} is not a valid source name"))] = field(default_factory=dict)
 
 
 _ALERT_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
@@ -630,35 +631,45 @@ def _alert_url(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class AlertsSection:
+class AlertsSection(Struct, frozen=True):
     """[alerts]: where alerts are sent (Apprise URLs) and how often."""
 
-    urls: list[str] = field(default_factory=list, repr=False, metadata=rules(each=_alert_url))
+    urls: Annotated[list[str], rules(each=_alert_url)] = field(default_factory=list)
     """Apprise URLs (Discord, Slack, Telegram, mailto, json:// ...); they may hold secrets."""
-    urls_env: str | None = field(default=None, metadata=rules(check=_env_name))
+    urls_env: Annotated[str | None, rules(check=_env_name)] = None
     """An environment variable holding more URLs, separated by spaces or commas (keeps
     tokens out of herder.toml)."""
-    window: Duration = field(default=900.0, metadata=rules(gt=0))
+    window: Annotated[Duration, rules(gt=0)] = 900.0
     """One message per alert key per window: a flapping cause sends one, and one when it
     clears."""
-    max_per_hour: int = field(default=30, metadata=rules(ge=1))
+    max_per_hour: Annotated[int, rules(ge=1)] = 30
     """Messages past this in an hour wait (across keys): a storm cannot flood a channel."""
-    queue_size: int = field(default=200, metadata=rules(ge=1))
+    queue_size: Annotated[int, rules(ge=1)] = 200
     """Messages waiting for delivery; past it the oldest is dropped (logged and counted)."""
-    retries: int = field(default=3, metadata=rules(ge=0))
+    retries: Annotated[int, rules(ge=0)] = 3
     """Tries after the first for a URL that fails (a 5xx, a timeout)."""
-    retry_backoff: Duration = field(default=2.0, metadata=rules(gt=0))
+    retry_backoff: Annotated[Duration, rules(gt=0)] = 2.0
     """The first wait before a retry; doubled each time, up to a minute."""
-    timeout: Duration = field(default=10.0, metadata=rules(gt=0))
+    timeout: Annotated[Duration, rules(gt=0)] = 10.0
     """A URL's connect and read timeout (a slow endpoint only delays the sender thread)."""
-    interval: Duration = field(default=2.0, metadata=rules(gt=0))
+    interval: Annotated[Duration, rules(gt=0)] = 2.0
     """How often the leader looks for alerts to send."""
-    scheduler_silence: Duration = field(default=300.0, metadata=rules(gt=0))
+    scheduler_silence: Annotated[Duration, rules(gt=0)] = 300.0
     """Alert when the scheduler has completed no cycle for this long."""
-    oom_loop_count: int = field(default=3, metadata=rules(ge=2))
-    oom_loop_window: Duration = field(default=300.0, metadata=rules(gt=0))
+    oom_loop_count: Annotated[int, rules(ge=2)] = 3
+    oom_loop_window: Annotated[Duration, rules(gt=0)] = 300.0
     """An OOM loop: this many needs_heavier/oom endings of one job within this window."""
+
+    def __repr__(self) -> str:
+        """Every field but `urls`: they may hold tokens, and a repr can end up in a log."""
+        shown = ", ".join(f"{name}={getattr(self, name)!r}"
+                          for name in self.__struct_fields__ if name != "urls")
+        return f"AlertsSection({shown})"
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        """The same fields for rich's pretty printer, which reads this instead."""
+        return [(name, getattr(self, name)) for name in self.__struct_fields__
+                if name != "urls"]
 
 
 def _weights(value: dict[str, float]) -> dict[str, float]:
@@ -672,27 +683,25 @@ def _weights(value: dict[str, float]) -> dict[str, float]:
     return value
 
 
-@dataclass(frozen=True)
-class Settings:
-    """All of herder.toml. A dataclass gets a docstring built with `inspect.signature`
-    unless it has one: each of these has its own, which saves that at every start."""
+class Settings(Struct, frozen=True):
+    """All of herder.toml, each section a Struct of its own."""
 
     herder: HerderSection = HerderSection()
     runtime: RuntimeSection = RuntimeSection()
     defaults: DefaultsSection = DefaultsSection()
-    weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS),
-                                      metadata=rules(check=_weights))
-    job_types: dict[str, JobTypeSection] = field(default_factory=dict, metadata=rules(
-        check=_names(_NAME, "{name!r} is not a valid job type name")))
+    weights: Annotated[dict[str, float], rules(check=_weights)] = field(
+        default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    job_types: Annotated[dict[str, JobTypeSection], rules(
+        check=_names(_NAME, "{name!r} is not a valid job type name"))] = field(default_factory=dict)
     fleet: FleetSection = FleetSection()
     server: ServerSection = ServerSection()
     alerts: AlertsSection = AlertsSection()
-    hosts: dict[str, HostSection] = field(default_factory=dict, metadata=rules(
-        check=_names(_NAME, "{name!r} is not a valid host label")))
+    hosts: Annotated[dict[str, HostSection], rules(
+        check=_names(_NAME, "{name!r} is not a valid host label"))] = field(default_factory=dict)
     hooks: HooksSection = HooksSection()
 
 
-# -- validation: TOML data → the dataclasses above ------------------------------------------
+# -- validation: TOML data → the Structs above ---------------------------------------------
 
 
 class Invalid(ValueError):
@@ -704,35 +713,41 @@ class Invalid(ValueError):
         self.message = message
 
 
-_HINTS: dict[str, Any] = {}
+_NO_RULES = Rules()
+_FIELD_TYPES: dict[str, tuple[Any, Rules]] = {}
 
 
-def _hint(annotation: str) -> Any:
-    """The type a field's annotation names. Only the keys a file sets are resolved, each
-    spelling once: `typing.get_type_hints` of every section cost ~5 ms of every start."""
-    if annotation not in _HINTS:
-        _HINTS[annotation] = eval(annotation, globals())  # our own annotations, not input
-    return _HINTS[annotation]
+def _field_type(annotation: str) -> tuple[Any, Rules]:
+    """The type a field's annotation names and its Rules. Only the keys a file sets are
+    resolved, each spelling once: resolving every section's annotations up front
+    (`typing.get_type_hints`, `msgspec.structs.fields`) cost ~5 ms of every start."""
+    if annotation not in _FIELD_TYPES:
+        hint = eval(annotation, globals())  # our own annotations, not input
+        marks = typing.get_args(hint)[1:] if typing.get_origin(hint) is Annotated else ()
+        found = [mark for mark in marks if isinstance(mark, Rules)]
+        _FIELD_TYPES[annotation] = (hint, found[0] if found else _NO_RULES)
+    return _FIELD_TYPES[annotation]
 
 
-def build(cls: type[Any], data: Any, loc: list[str]) -> Any:
-    """An instance of the settings dataclass `cls` from a TOML table: unknown keys, missing
+def build(cls: type[Struct], data: Any, loc: list[str]) -> Any:
+    """An instance of the settings Struct `cls` from a TOML table: unknown keys, missing
     required keys, wrong types and failed checks raise Invalid naming the key."""
     if not isinstance(data, dict):
         raise Invalid(loc, "expected a table")
-    fields = {item.name: item for item in dataclasses.fields(cls)}
+    names = cls.__struct_fields__
     for key in data:
-        if key not in fields:
+        if key not in names:
             raise Invalid([*loc, key], "unknown key; check the spelling against "
                                        "`herder init`'s sample")
+    required = len(names) - len(cls.__struct_defaults__)  # the defaults are the last fields'
     values: dict[str, Any] = {}
-    for name, item in fields.items():
+    for index, name in enumerate(names):
         if name not in data:
-            if (item.default is dataclasses.MISSING
-                    and item.default_factory is dataclasses.MISSING):
+            if index < required:
                 raise Invalid([*loc, name], "required key is missing")
             continue
-        values[name] = _field_value(item, _hint(str(item.type)), data[name], [*loc, name])
+        hint, checks = _field_type(cls.__annotations__[name])
+        values[name] = _field_value(checks, hint, data[name], [*loc, name])
     instance = cls(**values)
     check: Callable[[], None] | None = getattr(instance, "check", None)
     if check is not None:
@@ -743,29 +758,29 @@ def build(cls: type[Any], data: Any, loc: list[str]) -> Any:
     return instance
 
 
-def _field_value(item: dataclasses.Field[Any], hint: Any, raw: Any, loc: list[str]) -> Any:
-    meta = item.metadata
-    if meta.get("before"):
-        raw = meta["before"](raw)
+def _field_value(checks: Rules, hint: Any, raw: Any, loc: list[str]) -> Any:
+    if checks.before is not None:
+        raw = checks.before(raw)
     value = convert(hint, raw, loc)
     if value is not None:
-        ge, gt, le = meta.get("ge"), meta.get("gt"), meta.get("le")
+        ge, gt, le = checks.ge, checks.gt, checks.le
         if ge is not None and value < ge:
             raise Invalid(loc, f"must be at least {ge:g}")
         if gt is not None and value <= gt:
             raise Invalid(loc, f"must be greater than {gt:g}")
         if le is not None and value > le:
             raise Invalid(loc, f"must be at most {le:g}")
-    if meta.get("check"):
+    if checks.check is not None:
         try:
-            value = meta["check"](value)
+            value = checks.check(value)
         except ValueError as exc:
             raise Invalid(loc, str(exc)) from exc
-    for index, entry in enumerate(value if meta.get("each") else ()):
-        try:
-            meta["each"](entry)
-        except ValueError as exc:
-            raise Invalid([*loc, str(index)], str(exc)) from exc
+    if checks.each is not None:
+        for index, entry in enumerate(value):
+            try:
+                checks.each(entry)
+            except ValueError as exc:
+                raise Invalid([*loc, str(index)], str(exc)) from exc
     return value
 
 
@@ -816,7 +831,7 @@ def convert(hint: Any, raw: Any, loc: list[str]) -> Any:
             raise Invalid(loc, "expected a table")
         _key, item = typing.get_args(hint)
         return {key: convert(item, value, [*loc, key]) for key, value in raw.items()}
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+    if isinstance(hint, type) and issubclass(hint, Struct):
         return build(hint, raw, loc)
     return _scalar(hint, raw, loc)
 
@@ -880,8 +895,7 @@ def _plural(hint: Any) -> str:
         noun, noun)
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Struct, frozen=True):
     """Validated settings plus where they came from (relative paths resolve against it)."""
 
     settings: Settings
