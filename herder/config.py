@@ -1,12 +1,12 @@
 """herder.toml → validated settings. Every error names the file, the key and its line.
 
 The settings are frozen msgspec Structs and this module owns every default: the runtime and
-the pure core take theirs from here (`RuntimeSection.max_lost`, `FleetSection.bookable_fraction`,
-...), never from a number of their own. Validation is a small walk over the Struct fields
-instead of pydantic, because every command loads the config and `herder submit` runs in
-scripts' loops: building pydantic models cost ~110 ms per call, and defining a frozen dataclass
-~1 ms each (its methods are compiled from source) where a Struct costs ~0.03 ms (see
-bench/README.md).
+the pure core take theirs from here (`RuntimeSection().max_lost`: a default section's value, as
+a Struct's class attribute is its field's slot, not the default), never from a number of their
+own. Validation is a small walk over the Struct fields instead of pydantic, because every
+command loads the config and `herder submit` runs in scripts' loops: building pydantic models
+cost ~110 ms per call, and a frozen dataclass ~1 ms to define (its methods are compiled from
+source) where a Struct costs ~0.03 ms (see bench/README.md).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Access(msgspec.Struct, frozen=True):
     """--insecure-no-auth (loopback only): a request without a token acts as admin."""
     legacy_admin_token: str | None = None
     """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
-    max_body_bytes: int = ServerSection.max_body_bytes
+    max_body_bytes: int = ServerSection().max_body_bytes
     hook_secrets: Mapping[str, bytes] = msgspec.field(default_factory=dict)
     """Webhook source -> its secret (`Config.hook_secrets`); a source without one is 404."""
 

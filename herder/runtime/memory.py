@@ -385,10 +385,10 @@ def tree_rss(leader: int, members: Iterable[int] = ()) -> int | None:
 class MemoryPolicy(msgspec.Struct, frozen=True):
     """[runtime]'s memory keys, as a runner uses them."""
 
-    enforcement: str = RuntimeSection.memory_enforcement
-    margin: float = RuntimeSection.memory_margin
-    sample_interval: float = RuntimeSection.memory_sample_interval
-    cgroup_root: str | None = RuntimeSection.cgroup_root
+    enforcement: str = RuntimeSection().memory_enforcement
+    margin: float = RuntimeSection().memory_margin
+    sample_interval: float = RuntimeSection().memory_sample_interval
+    cgroup_root: str | None = RuntimeSection().cgroup_root
     nice: Mapping[str, int] = msgspec.field(default_factory=dict)
 
     @classmethod

@@ -143,29 +143,29 @@ class RunnerOptions(msgspec.Struct, frozen=True):
 
     host: str
     log_dir: Path
-    concurrency: int = RuntimeSection.concurrency
-    heartbeat_interval: float = RuntimeSection.heartbeat_interval
-    attempt_lease: float = RuntimeSection.attempt_lease
-    kill_grace: float = RuntimeSection.kill_grace
-    poll_interval: float = RuntimeSection.poll_interval
-    max_lost: int = RuntimeSection.max_lost
+    concurrency: int = RuntimeSection().concurrency
+    heartbeat_interval: float = RuntimeSection().heartbeat_interval
+    attempt_lease: float = RuntimeSection().attempt_lease
+    kill_grace: float = RuntimeSection().kill_grace
+    poll_interval: float = RuntimeSection().poll_interval
+    max_lost: int = RuntimeSection().max_lost
     exit_when_idle: bool = False
-    max_spawn_failures: int = FleetSection.max_spawn_failures
-    spawn_backoff: float = FleetSection.spawn_backoff
+    max_spawn_failures: int = FleetSection().max_spawn_failures
+    spawn_backoff: float = FleetSection().spawn_backoff
     drain_timeout: float | None = None
     """On the first SIGTERM, let running attempts finish for this long before handing them
     back; None stops them at once (they are requeued either way)."""
     pass_env: tuple[str, ...] = ()
     """The runner's variables a job gets besides the base allow-list (executor.py)."""
-    fence_margin: float | None = RuntimeSection.fence_margin
+    fence_margin: float | None = RuntimeSection().fence_margin
     """Stop attempts this long before their lease ends when heartbeats fail; None is a
     quarter of the lease."""
     outcome_rules: OutcomeRules = msgspec.field(default_factory=OutcomeRules)
     """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
-    workspace_root: str = RuntimeSection.workspace_root
+    workspace_root: str = RuntimeSection().workspace_root
     """Where jobs' workspaces are checked out; a relative path is beside log_dir."""
-    workspace_keep_failed: float = RuntimeSection.workspace_keep_failed
-    workspace_min_free_gb: float = RuntimeSection.workspace_min_free_gb
+    workspace_keep_failed: float = RuntimeSection().workspace_keep_failed
+    workspace_min_free_gb: float = RuntimeSection().workspace_min_free_gb
     memory: MemoryPolicy = msgspec.field(default_factory=MemoryPolicy)
     """How attempts' memory is measured and enforced (herder.runtime.memory)."""
 

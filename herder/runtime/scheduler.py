@@ -82,7 +82,7 @@ class Fleet(msgspec.Struct, frozen=True):
     max_due: int = 100_000
     breaker_threshold: int = THRESHOLD
     breaker_pause: float = PAUSE_SECONDS
-    alert_grace: float = FleetSection.alert_grace
+    alert_grace: float = FleetSection().alert_grace
     accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
 
     @classmethod

@@ -24,7 +24,7 @@ import msgspec
 from herder.config import FleetSection
 from herder.model import Account, AccountHealth
 
-AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection.auth_revoked_cooldown
+AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
 PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")
 """The booleans a probe prints, as one JSON object; nothing else (never a secret)."""
 

@@ -21,9 +21,9 @@ import msgspec
 from herder.config import FleetSection
 from herder.model import Outcome
 
-THRESHOLD = FleetSection.breaker_threshold
+THRESHOLD = FleetSection().breaker_threshold
 """Transient outcomes in a row that open the breaker (seed 002's breaker_threshold)."""
-PAUSE_SECONDS = FleetSection.breaker_pause
+PAUSE_SECONDS = FleetSection().breaker_pause
 """How long it stays open (seed 002's breaker_pause_seconds)."""
 
 

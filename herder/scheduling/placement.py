@@ -155,9 +155,9 @@ class PendingJob(msgspec.Struct, frozen=True):
 
 
 class PlacementPolicy(msgspec.Struct, frozen=True):
-    bookable_fraction: float = FleetSection.bookable_fraction
-    strategy: str = FleetSection.strategy
-    starvation_wait_seconds: float = FleetSection.starvation_wait
+    bookable_fraction: float = FleetSection().bookable_fraction
+    strategy: str = FleetSection().strategy
+    starvation_wait_seconds: float = FleetSection().starvation_wait
     shedding: Shedding = SEED_SHEDDING
     schedule: WindowSchedule = DEFAULT_SCHEDULE
 
