@@ -92,8 +92,8 @@ def medians(samples: Sequence[tuple[float, float]]) -> str:
 STEPS = [
     ("click", "import click"),
     ("herder.cli (root group, no command)", "import herder.cli"),
-    ("herder.model (dataclasses, enums)", "import herder.model"),
-    ("herder.config (the settings dataclasses)", "import herder.config"),
+    ("herder.model (msgspec Structs, enums)", "import herder.model"),
+    ("herder.config (the settings Structs)", "import herder.config"),
     ("load_config() (validate herder.toml, with tomllib)", "herder.config.load_config()"),
     ("herder.store.sqlite", "import herder.store.sqlite"),
     ("herder.client, herder.cli.jobs", "import herder.client, herder.cli.jobs"),

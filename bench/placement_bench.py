@@ -20,7 +20,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import replace
+from msgspec.structs import replace
 from datetime import UTC, datetime, timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
