@@ -20,8 +20,9 @@ import os
 import random
 import sys
 import time
-from msgspec.structs import replace
 from datetime import UTC, datetime, timedelta
+
+from msgspec.structs import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
