@@ -666,11 +666,6 @@ class AlertsSection(Struct, frozen=True):
                           for name in self.__struct_fields__ if name != "urls")
         return f"AlertsSection({shown})"
 
-    def __rich_repr__(self) -> list[tuple[str, Any]]:
-        """The same fields for rich's pretty printer, which reads this instead."""
-        return [(name, getattr(self, name)) for name in self.__struct_fields__
-                if name != "urls"]
-
 
 def _weights(value: dict[str, float]) -> dict[str, float]:
     if not value:
