@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from types import ModuleType
 
 from herder.errors import InputError, StoreUnavailable
 from herder.store.base import LiveAttempt, Store
 from herder.store.driver import Waker
 
 __all__ = ["LiveAttempt", "Store", "Waker", "as_unavailable", "open_store"]
+
+
+def lost_session_errors(psycopg: ModuleType) -> tuple[type[BaseException], ...]:
+    """PostgreSQL errors that mean the session failed, not the statement's logic: the server
+    is down or restarting, cancelled a statement past its timeout, or ended a session left
+    idle in a transaction (an InternalError to psycopg, yet the connection is gone)."""
+    return (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
 
 
 def as_unavailable(error: BaseException) -> StoreUnavailable | None:
@@ -19,7 +27,7 @@ def as_unavailable(error: BaseException) -> StoreUnavailable | None:
         return error
     psycopg = sys.modules.get("psycopg")  # not imported: it cannot be a PostgreSQL error
     if isinstance(error, sqlite3.OperationalError) or (
-            psycopg is not None and isinstance(error, psycopg.OperationalError)):
+            psycopg is not None and isinstance(error, lost_session_errors(psycopg))):
         detail = " ".join(str(error).split()) or type(error).__name__
         unavailable = StoreUnavailable(f"the database is unavailable: {detail}")
         unavailable.__cause__ = error

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -19,6 +20,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
@@ -33,7 +35,7 @@ from herder.model import (
     JobSpec,
     JobStatus,
 )
-from herder.store import as_unavailable
+from herder.store import as_unavailable, lost_session_errors
 from herder.store.base import (
     DEDUP_RELEASED_DETAIL,
     STATUSES,
@@ -63,6 +65,15 @@ CONNECT_OPTIONS: dict[str, Any] = {
     "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
     "keepalives_count": 3,
 }
+# Server-side limits on every herder session, unless the URL's `options` (or PGOPTIONS) sets
+# them: a runaway statement ends instead of holding a thread (and its locks) forever, and a
+# session left idle inside a transaction (a replica frozen or paused mid-transaction, its row
+# locks held) is ended by the server, so the rest of the fleet can touch those rows again.
+# Each is a few hundred times herder's slowest statement; migrations lift the first.
+SESSION_LIMITS: dict[str, str] = {
+    "statement_timeout": "60s",
+    "idle_in_transaction_session_timeout": "60s",
+}
 CHANNEL = "herder"
 _MIGRATION_LOCK = 0x6865726465720001  # "herder" + 1: one migrator at a time
 _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
@@ -85,6 +96,20 @@ def _claim_query(limit: int) -> str:
     """job_claim with its LIMIT as a literal: PostgreSQL then settles on one cached plan
     instead of planning every claim afresh (see queries.sql)."""
     return Q["job_claim"].replace("%(limit)s", str(min(int(limit), MAX_CLAIM)))
+
+
+def session_options(url: str, environ: Mapping[str, str] = os.environ) -> str:
+    """libpq `options` for herder's connections: the URL's own (else PGOPTIONS, which an
+    explicit `options` would hide), plus each of SESSION_LIMITS that they do not set."""
+    given = str(conninfo_to_dict(url).get("options") or environ.get("PGOPTIONS") or "")
+    added = [f"-c {name}={value}" for name, value in SESSION_LIMITS.items()
+             if name not in given]
+    return " ".join([given, *added]).strip()
+
+
+def connect_options(url: str) -> dict[str, Any]:
+    """Keyword arguments for every connection herder opens to `url`."""
+    return {**CONNECT_OPTIONS, "options": session_options(url)}
 
 
 class PostgresWaker(Waker):
@@ -111,7 +136,7 @@ class PostgresWaker(Waker):
     def _connect(self) -> bool:
         conn: psycopg.Connection[Any] | None = None
         try:
-            conn = psycopg.connect(self._url, autocommit=True, **CONNECT_OPTIONS)
+            conn = psycopg.connect(self._url, autocommit=True, **connect_options(self._url))
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         except psycopg.Error as exc:
             if conn is not None:
@@ -192,7 +217,7 @@ class PostgresDriver(Driver):
             connection_class=psycopg.Connection[DictRow],
             min_size=1,
             max_size=max(1, max_connections),
-            kwargs={"autocommit": True, "row_factory": dict_row, **CONNECT_OPTIONS,
+            kwargs={"autocommit": True, "row_factory": dict_row, **connect_options(url),
                     "connect_timeout": max(1, int(connect_timeout))},
             # While the database is down a call fails after this long (StoreUnavailable: the
             # loops back off, the API answers 503) instead of holding its thread for 30 s.
@@ -216,7 +241,7 @@ class PostgresDriver(Driver):
         try:
             with self.pool.connection() as conn:
                 yield conn
-        except psycopg.OperationalError as exc:
+        except lost_session_errors(psycopg) as exc:
             if conn is not None and (conn.closed or conn.broken):
                 with contextlib.suppress(psycopg.Error):
                     self.pool.check()
@@ -272,6 +297,9 @@ class PostgresStore(Store):
     def migrate(self) -> list[int]:
         applied: list[int] = []
         with self.driver.connection() as conn, conn.transaction():
+            # A migration may rewrite a large table, and a second server waits here for the
+            # first one's: neither is a runaway statement.
+            conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS herder_schema (version integer PRIMARY KEY,"
@@ -402,7 +430,7 @@ class PostgresLease(Lease):
                 self._drop()
         conn: psycopg.Connection[Any] | None = None
         try:
-            conn = psycopg.connect(self._url, autocommit=True, **CONNECT_OPTIONS)
+            conn = psycopg.connect(self._url, autocommit=True, **connect_options(self._url))
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,)).fetchone()
         except psycopg.Error as exc:
             if conn is not None:

@@ -1,0 +1,150 @@
+"""PostgreSQL session limits: every herder connection carries a statement timeout and an
+idle-in-transaction timeout (unless the URL sets its own), so a runaway statement or a
+replica frozen inside a transaction cannot stall the fleet. Both end as StoreUnavailable,
+the error every edge already answers with one line, and the pool heals. Migrations lift the
+statement timeout: a second server waits out the first one's migration."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from support.waits import wait_for
+
+from herder.errors import StoreUnavailable
+from herder.model import JobSpec
+from herder.store import as_unavailable, open_store
+from herder.store.postgres import _MIGRATION_LOCK, PostgresStore, session_options
+
+
+def with_options(url: str, options: str) -> str:
+    return f"{url}?options={quote(options)}"
+
+
+# -- which limits a connection gets (pure) -----------------------------------------------------
+
+
+def test_a_plain_url_gets_both_limits():
+    assert session_options("postgresql://u@db/herder", environ={}) == (
+        "-c statement_timeout=60s -c idle_in_transaction_session_timeout=60s")
+
+
+def test_the_urls_own_options_win_and_are_kept():
+    url = with_options("postgresql://u@db/herder", "-c statement_timeout=5s -csearch_path=x")
+    assert session_options(url, environ={}) == (
+        "-c statement_timeout=5s -csearch_path=x -c idle_in_transaction_session_timeout=60s")
+
+
+def test_pgoptions_counts_when_the_url_has_none():
+    environ = {"PGOPTIONS": "-c idle_in_transaction_session_timeout=0"}
+    assert session_options("postgresql://u@db/herder", environ=environ) == (
+        "-c idle_in_transaction_session_timeout=0 -c statement_timeout=60s")
+    url = with_options("postgresql://u@db/herder", "-c statement_timeout=1s")
+    assert session_options(url, environ=environ) == (
+        "-c statement_timeout=1s -c idle_in_transaction_session_timeout=60s")
+
+
+def test_an_idle_transaction_timeout_is_a_lost_session():
+    error = psycopg.errors.IdleInTransactionSessionTimeout("terminating connection")
+    unavailable = as_unavailable(error)
+    assert isinstance(unavailable, StoreUnavailable)
+    assert "terminating connection" in str(unavailable)
+
+
+# -- on a real server ------------------------------------------------------------------------
+
+
+def setting(store: PostgresStore, name: str) -> str:
+    with store.driver.connection() as conn:
+        row = conn.execute(f"SHOW {name}").fetchone()
+    assert row is not None
+    return str(row[name])
+
+
+@pytest.mark.postgres
+def test_herder_sessions_carry_the_default_limits(postgres_url):
+    with open_store(postgres_url) as store:
+        assert isinstance(store, PostgresStore)
+        assert setting(store, "statement_timeout") == "1min"
+        assert setting(store, "idle_in_transaction_session_timeout") == "1min"
+
+
+@pytest.mark.postgres
+def test_a_runaway_statement_is_cancelled_and_the_pool_goes_on(postgres_url):
+    with open_store(with_options(postgres_url, "-c statement_timeout=1s")) as store:
+        assert isinstance(store, PostgresStore)
+        with pytest.raises(StoreUnavailable, match="statement timeout"), \
+                store.driver.connection() as conn:
+            conn.execute("SELECT pg_sleep(60)")
+        now = datetime.now(UTC)
+        [inserted] = store.job_insert([JobSpec(command=("true",))], now)
+        assert store.job_get(inserted.job_id) is not None
+
+
+@pytest.mark.postgres
+def test_a_session_idle_in_a_transaction_is_ended_and_its_row_locks_freed(postgres_url):
+    """A replica that stops inside a transaction (here: a thread that waits) holds a row
+    lock; the server ends its session, another session can then update the row, and the
+    frozen replica's next statement fails as StoreUnavailable, not as a bug."""
+    with open_store(postgres_url) as store:
+        [inserted] = store.job_insert([JobSpec(command=("true",))], datetime.now(UTC))
+    job_id = inserted.job_id
+    limited = with_options(postgres_url, "-c idle_in_transaction_session_timeout=300ms")
+    with open_store(limited) as store, psycopg.connect(postgres_url, autocommit=True) as other:
+        assert isinstance(store, PostgresStore)
+
+        def session_alive(pid: int) -> bool:
+            row = other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                (pid,)).fetchone()
+            return row is not None and row[0] == 1
+
+        with pytest.raises(StoreUnavailable, match="idle-in-transaction"), \
+                store.driver.connection() as conn, conn.transaction():
+            conn.execute("SELECT id FROM herder_jobs WHERE id = %s FOR UPDATE", (job_id,))
+            pid = conn.info.backend_pid
+            wait_for(lambda: not session_alive(pid), 30, "the idle session to be ended")
+            # The row is free: this would wait on the lock (and fail) were it still held.
+            other.execute("SET lock_timeout = '5s'")
+            other.execute("UPDATE herder_jobs SET priority = 7 WHERE id = %s", (job_id,))
+            conn.execute("SELECT 1")
+        job = store.job_get(job_id)  # the pool replaced the dead connection
+        assert job is not None and job.priority == 7
+
+
+@pytest.mark.postgres
+def test_a_migration_waits_for_another_past_the_statement_timeout(postgres_url):
+    """Another server holds the migration lock for longer than the statement timeout (as
+    its migration would); this server's migrate waits for it instead of failing."""
+    impatient = with_options(postgres_url, "-c statement_timeout=300ms")
+    outcome: list[object] = []
+
+    def migrate() -> None:
+        try:
+            store = open_store(impatient)
+        except BaseException as exc:  # reported to the test below
+            outcome.append(exc)
+            return
+        store.close()
+        outcome.append("migrated")
+
+    with psycopg.connect(postgres_url, autocommit=True) as holder, \
+            psycopg.connect(postgres_url, autocommit=True) as watcher:
+        with holder.transaction():
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            thread = threading.Thread(target=migrate, daemon=True)
+            thread.start()
+
+            def waited_past_the_timeout() -> bool:
+                assert not outcome, f"migrate ended while the lock was held: {outcome}"
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+                    " AND state = 'active' AND now() - query_start > interval '1 second'"
+                    " AND datname = current_database()").fetchone()
+                return row is not None and row[0] == 1
+
+            wait_for(waited_past_the_timeout, 60, "the migration to wait 1 s on the lock")
+        thread.join(60)
+    assert outcome == ["migrated"]
