@@ -104,9 +104,19 @@ log = logging.getLogger("herder.coordinator")
 PLACEMENT_REUSE = 2.0
 """Seconds a placement made for the dashboard's `why` texts serves later pages."""
 SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
+LOCAL_HOSTS_INTERVAL = 2.0  # how often the local hosts are compared with the store's
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
 long-polls of those hosts' agents, the ssh launcher its loop."""
+
+
+@dataclass
+class _LocalHost:
+    """A local host served by this process: its runner, and the event that ends its
+    runner's, heartbeat's and probes' threads."""
+
+    runner: Runner
+    stop: threading.Event
 
 
 @dataclass
@@ -186,7 +196,8 @@ class Coordinator:
         self._stop = threading.Event()
         self._poke = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._runners: list[Runner] = []
+        self._local: dict[str, _LocalHost] = {}
+        self._local_lock = threading.Lock()
         self.log_dir = config.log_dir
         self.operations = Client.over(store, config)
         """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
@@ -233,39 +244,87 @@ class Coordinator:
         # Always: an ssh host added while the server runs (`herder host add`, the API) is
         # placed on at once, so its launcher must already be there.
         self._spawn(self._ssh_loop, "herder-ssh")
-        runtime = self.settings.runtime
-        for host in self.store.host_list():
-            if host.transport is not Transport.LOCAL:
-                continue
-            options = RunnerOptions.from_settings(
-                self.settings, host.label, self.log_dir,
-                concurrency=max(host.prime_max_workers, host.night_max_workers, 1),
-                attempt_lease=self.lease_seconds)
-            rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
-                              runtime.max_lost)
-            source = AssignmentSource(self.store, host.label, self.limits, rescuer)
-            source.guardian = self.guardian
-            source.on_started = self._observe_start
-            runner = Runner(None, options, source=source)
-            self._runners.append(runner)
-            self._spawn(functools.partial(runner.run, install_signals=False),
-                        f"herder-local-{host.label}")
-            self._spawn(functools.partial(self._local_heartbeat, host.label),
-                        f"herder-heartbeat-{host.label}")
-            self._spawn(functools.partial(probe_loop, self.store, self.settings, host.label,
-                                          self._stop, utcnow), f"herder-probes-{host.label}")
+        # Local hosts: those known now are served before start() returns; the loop follows
+        # hosts added, removed or switched to another transport while the server runs.
+        self.sync_local_hosts()
+        self._spawn(self._local_hosts_loop, "herder-local-hosts")
 
-    def _spawn(self, target: Callable[[], object], name: str) -> None:
-        """Run `target` in a thread that must live as long as the server: if it ends before
-        `stop()`, the process is taken down (`on_fatal`) so a supervisor restarts it, rather
-        than serving on without it."""
+    def sync_local_hosts(self) -> dict[str, int]:
+        """Serve every host whose transport is `local` from this process, and no other:
+        returns how many were started and stopped."""
+        wanted = {host.label: host for host in self.store.host_list()
+                  if host.transport is Transport.LOCAL}
+        with self._local_lock:
+            if self._stop.is_set():
+                return {"started": 0, "stopped": 0}
+            gone = [label for label in self._local if label not in wanted]
+            for label in gone:
+                self._stop_local(self._local.pop(label))
+            added = [host for label, host in wanted.items() if label not in self._local]
+            for host in added:
+                self._local[host.label] = self._serve_local(host)
+        for label in gone:
+            log.info("local host %s is no longer served here (removed or not local)", label)
+        for host in added:
+            log.info("serving local host %s", host.label)
+        return {"started": len(added), "stopped": len(gone)}
+
+    def _serve_local(self, host: HostRecord) -> _LocalHost:
+        runtime = self.settings.runtime
+        options = RunnerOptions.from_settings(
+            self.settings, host.label, self.log_dir,
+            concurrency=max(host.prime_max_workers, host.night_max_workers, 1),
+            attempt_lease=self.lease_seconds)
+        rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
+                          runtime.max_lost)
+        source = AssignmentSource(self.store, host.label, self.limits, rescuer)
+        source.guardian = self.guardian
+        source.on_started = self._observe_start
+        served = _LocalHost(Runner(None, options, source=source), threading.Event())
+        self._spawn(functools.partial(served.runner.run, install_signals=False),
+                    f"herder-local-{host.label}", served.stop)
+        self._spawn(functools.partial(self._local_heartbeat, host.label, served.stop),
+                    f"herder-heartbeat-{host.label}", served.stop)
+        self._spawn(functools.partial(probe_loop, self.store, self.settings, host.label,
+                                      served.stop, utcnow),
+                    f"herder-probes-{host.label}", served.stop)
+        return served
+
+    def _stop_local(self, served: _LocalHost) -> None:
+        served.stop.set()
+        served.runner.request_shutdown()
+
+    def _local_hosts_loop(self) -> None:
+        loop = self.loops.register("local-hosts", LOCAL_HOSTS_INTERVAL)
+        backoff = Backoff(base=LOCAL_HOSTS_INTERVAL, cap=10.0)
+        wake = threading.Event()
+        # The scheduler placing on a host not served yet (added a moment ago) wakes the loop
+        # at once, instead of leaving the placement to its pickup timeout.
+        def assigned(hosts: set[str]) -> None:
+            with self._local_lock:
+                unserved = any(label not in self._local for label in hosts)
+            if unserved:
+                wake.set()
+
+        self.assignment_listeners.append(assigned)
+        while not self._stop.is_set():
+            delay = run_cycle(loop, backoff, "local hosts", self.sync_local_hosts)
+            wake.wait(LOCAL_HOSTS_INTERVAL if delay is None else delay)
+            wake.clear()
+        self.loops.unregister("local-hosts")
+
+    def _spawn(self, target: Callable[[], object], name: str,
+               until: threading.Event | None = None) -> None:
+        """Run `target` in a thread that must live as long as the server (or until `until`
+        is set): if it ends before, the process is taken down (`on_fatal`) so a supervisor
+        restarts it, rather than serving on without it."""
 
         def guarded() -> None:
             try:
                 target()
             except BaseException:
                 log.exception("thread %s crashed", name)
-            if not self._stop.is_set():
+            if not self._stop.is_set() and not (until is not None and until.is_set()):
                 self._fatal(f"thread {name} ended while the server was running")
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
@@ -283,8 +342,9 @@ class Coordinator:
         self._poke.set()
         if self.alerts is not None:
             self.alerts.close()
-        for runner in self._runners:
-            runner.request_shutdown()
+        with self._local_lock:
+            for served in self._local.values():
+                self._stop_local(served)
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -372,9 +432,7 @@ class Coordinator:
             cycle.leader_since = time.monotonic()
         if cycle.rescuer is None:
             runtime = self.settings.runtime
-            local_labels = frozenset({self.host} | {h.label for h in self.store.host_list()
-                                                    if h.transport is Transport.LOCAL})
-            cycle.rescuer = Rescuer(self.store, local_labels, self.lease_seconds,
+            cycle.rescuer = Rescuer(self.store, frozenset({self.host}), self.lease_seconds,
                                     runtime.kill_grace, runtime.max_lost)
             cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
             cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
@@ -389,6 +447,11 @@ class Coordinator:
             # would kill it).
             rescued: dict[str, int] = {}
             if time.monotonic() - cycle.leader_since >= self.lease_seconds:
+                # Local hosts' attempts are judged by their runner's process (its survivors
+                # killed before a requeue), so the set follows hosts added while running.
+                cycle.rescuer.host = frozenset(
+                    {self.host} | {h.label for h in self.store.host_list()
+                                   if h.transport is Transport.LOCAL})
                 rescued = cycle.rescuer.run_once(now)
             # Placements a new leader inherits get one pickup timeout too.
             assert cycle.pickup is not None
@@ -444,17 +507,20 @@ class Coordinator:
         finally:
             launcher.stop()
 
-    def _local_heartbeat(self, label: str) -> None:
+    def _local_heartbeat(self, label: str, stop: threading.Event) -> None:
         interval = min(self.settings.runtime.heartbeat_interval, 30.0)
-        loop = self.loops.register(f"heartbeat:{label}", interval)
+        name = f"heartbeat:{label}"
+        loop = self.loops.register(name, interval)
         # Retries come sooner than the next beat, so one failed write costs no missed beat.
         backoff = Backoff(base=min(interval / 4, 1.0), cap=interval)
         def beat() -> None:
             self.store.host_heartbeat(label, utcnow(), {"via": "server", "pid": os.getpid()})
 
-        while not self._stop.is_set():
+        while not (self._stop.is_set() or stop.is_set()):
             delay = run_cycle(loop, backoff, f"local heartbeat for {label}", beat)
-            self._stop.wait(interval if delay is None else delay)
+            stop.wait(interval if delay is None else delay)
+        if not self._stop.is_set():
+            self.loops.unregister(name)  # a host no longer served is no part of the health
 
     # -- what the API asks ------------------------------------------------------------------------
 
