@@ -908,6 +908,15 @@ class Config(Struct, frozen=True):
     def log_dir(self) -> Path:
         return self.resolve_path(self.settings.herder.log_dir)
 
+    def where(self, loc: list[str]) -> str:
+        """`file:line: key` for a key of this file, for a check made after loading (one
+        that needs more than the settings module imports)."""
+        try:
+            text = self.path.read_text() if self.path is not None else ""
+        except OSError:
+            text = ""
+        return _where(self, text, loc)
+
     def db_url(self, override: str | None = None) -> str:
         """--db, then HERDER_DB, then the config's [herder] db, then ./herder.db."""
         url = override or os.environ.get("HERDER_DB") or self.settings.herder.db

@@ -13,7 +13,7 @@ from herder.errors import InputError
 from herder.model import HostRecord, Transport
 
 if TYPE_CHECKING:
-    from herder.config import Config
+    from herder.config import Config, HostSection
 
 ANY_WEIGHT = ("", "any")
 """A window's max weight that lifts the cap."""
@@ -69,12 +69,62 @@ def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> 
         raise InputError("--ssh-target", "an ssh host needs a target", "pass --ssh-target u@h")
     # A host that could never take a job is refused here, on both paths, not found later
     # in `herder why`.
+    _check_feasible(updated, config)
+    return updated
+
+
+def _check_feasible(host: HostRecord, config: Config) -> None:
     from herder.intake import ADHOC
     from herder.runtime.scheduler import Fleet
     from herder.scheduling.feasibility import check_host
     from herder.scheduling.placement import HostSpec
 
     fleet = Fleet.from_settings(config.settings)
-    check_host(HostSpec.configured(updated), {*config.settings.job_types, ADHOC},
+    check_host(HostSpec.configured(host), {*config.settings.job_types, ADHOC},
                fleet.weights, fleet.policy.bookable_fraction)
-    return updated
+
+
+def declared_host(label: str, section: HostSection) -> HostRecord:
+    """The host herder.toml declares under [hosts.LABEL], as `herder server` stores it."""
+    return HostRecord(
+        label=label, ram_total_gb=section.ram_total_gb,
+        ram_reserved_gb=section.ram_reserved_gb, cpus=section.cpus,
+        enabled=section.enabled, transport=Transport(section.transport),
+        ssh_target=section.ssh_target,
+        prime_max_workers=section.prime.max_workers,
+        prime_max_weight=section.prime.max_weight,
+        night_max_workers=section.night.max_workers,
+        night_max_weight=section.night.max_weight,
+        allowed_job_types=None if section.job_types is None else frozenset(section.job_types),
+        allowed_weights=None if section.weights is None else frozenset(section.weights),
+        priority_floor=section.priority_floor, labels=frozenset(section.labels),
+    )
+
+
+# For each option `check_host` can name: its key under [hosts.LABEL], and the fix in the
+# file's terms (None keeps the check's own, which names no option).
+_DECLARED_KEYS: dict[str, tuple[list[str], str | None]] = {
+    "--ram": (["ram_total_gb"], "set ram_total_gb to the host's RAM in GB"),
+    "--reserved": (["ram_reserved_gb"], "reserve less than ram_total_gb"),
+    "--job-types": (["job_types"], None),
+    "--prime-workers": (["prime", "max_workers"],
+                        "give prime or night max_workers; to keep the host idle, set "
+                        "enabled = false instead"),
+    "--weights": (["weights"], "allow lighter weights, or raise a window's max_weight or "
+                               "ram_total_gb"),
+}
+
+
+def check_declared_hosts(config: Config) -> None:
+    """Refuse, naming the key, a host herder.toml declares against itself, as `herder host
+    add` refuses one: checked when `herder server` starts, before it stores any (the check
+    imports placement, too much for every command's config load)."""
+    from herder.errors import ConfigError
+
+    for label, section in config.settings.hosts.items():
+        try:
+            _check_feasible(declared_host(label, section), config)
+        except InputError as error:
+            keys, fix = _DECLARED_KEYS[error.field]
+            raise ConfigError(config.where(["hosts", label, *keys]), error.problem,
+                              fix or error.fix) from None

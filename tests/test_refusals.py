@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.cli import error_line, run_herder, store_state, submitted_id
 from support.config import write_config
+from support.ports import free_port
 
 from herder.model import HostRecord, Scope
 from herder.store import open_store
@@ -111,3 +112,53 @@ def test_the_server_refuses_them_too_and_a_remote_submit_exits_2(make_fleet, tmp
                           cwd=operator, env=remote)
     assert json.loads(fleet.api("GET", f"/api/v1/jobs/{submitted_id(accepted)}").text)[
         "affinity"] == "lap-1"
+
+
+# -- hosts declared in herder.toml ----------------------------------------------------------------
+
+GOOD_HOST = "[hosts.fine]\nram_total_gb = 16\n"
+
+
+@pytest.mark.parametrize(("declared", "key", "words"), [
+    ("[hosts.big]\nram_total_gb = 8\nram_reserved_gb = 8\n", "hosts.big.ram_reserved_gb",
+     "8 GB reserved of 8 GB leaves nothing to book (reserve less than ram_total_gb)"),
+    ("[hosts.big]\nram_total_gb = 0\n", "hosts.big.ram_total_gb",
+     "must be more than 0 GB (set ram_total_gb to the host's RAM in GB)"),
+    ("[hosts.big]\nram_total_gb = 8\njob_types = ['dev-isue']\n", "hosts.big.job_types",
+     "no job type named dev-isue (use names from herder.toml: adhoc, dev-issue, review-pr)"),
+    ("[hosts.big]\nram_total_gb = 8\n[hosts.big.prime]\nmax_workers = 0\n"
+     "[hosts.big.night]\nmax_workers = 0\n", "hosts.big.prime.max_workers",
+     "0 workers in prime time and at night: the host would never take work (give prime or "
+     "night max_workers; to keep the host idle, set "
+     "enabled = false instead)"),
+    ("[hosts.big]\nram_total_gb = 5\nweights = ['heavy']\n", "hosts.big.weights",
+     "heavy can never fit: host big can book 4.0 GB (allow lighter weights, or raise a "
+     "window's max_weight or ram_total_gb)"),
+])
+def test_a_declared_host_that_contradicts_itself_stops_the_server_at_start(
+        tmp_path: Path, store_url: str, declared: str, key: str, words: str) -> None:
+    """`herder server` stores the hosts herder.toml declares: one `host add` would refuse
+    is refused at start, exit 2, naming its line and key; no host is stored, not even the
+    good one declared before it."""
+    config = tmp_path / "herder.toml"
+    write_config(config, {}, TYPES + GOOD_HOST + declared)
+    lines = config.read_text().splitlines()
+    # The key's own line: the last line of the declaration that sets it (max_workers: the
+    # first of the two, under [hosts.big.prime]).
+    name = key.rsplit(".", 1)[1]
+    number = next(index for index, text in enumerate(lines)
+                  if text.startswith(f"{name} =") and index > lines.index("[hosts.big]")) + 1
+    before = store_state(store_url)
+    result = run_herder("server", "--listen", f"127.0.0.1:{free_port()}", cwd=tmp_path,
+                        db=store_url, config=config)
+    assert error_line(result) == f"herder: error: {config}:{number}: {key}: {words}"
+    assert store_state(store_url) == before
+    with open_store(store_url) as store:
+        assert store.host_list() == []
+
+
+def test_declared_hosts_that_fit_are_stored_by_the_server(make_fleet, tmp_path: Path,
+                                                          sqlite_url: str) -> None:
+    fleet = make_fleet(tmp_path, sqlite_url, extra=TYPES + GOOD_HOST)
+    fleet.start_server()
+    assert [host.label for host in fleet.store.host_list()] == ["fine"]

@@ -172,6 +172,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     import uvicorn
 
     from herder.api.app import Access, create_app
+    from herder.host_settings import check_declared_hosts
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
     from herder.runtime.guardian import start_guardian
@@ -187,6 +188,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         if bool(cert) != bool(key):
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
+        check_declared_hosts(state.config)  # exit 2 naming the key, before any is stored
         legacy = os.environ.get(settings.api_token_env) or None
         hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
         # Before the store's threads: the watchdog for the jobs of this server's local hosts.

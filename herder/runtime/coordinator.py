@@ -22,6 +22,7 @@ from herder.backoff import Backoff
 from herder.client import Client
 from herder.config import Config, JobTypeSection
 from herder.errors import Conflict, InputError, NotFound
+from herder.host_settings import declared_host
 from herder.intake import resolve
 from herder.model import (
     Attempt,
@@ -211,23 +212,11 @@ class Coordinator:
 
     def sync_hosts(self) -> None:
         """Create or update the hosts herder.toml declares; `enabled` (drain) stays the
-        operator's, so a restart never undoes `herder host drain`."""
+        operator's, so a restart never undoes `herder host drain`. `herder server` has
+        checked them (`check_declared_hosts`) before it got here."""
         now = utcnow()
         for label, section in self.settings.hosts.items():
-            record = HostRecord(
-                label=label, ram_total_gb=section.ram_total_gb,
-                ram_reserved_gb=section.ram_reserved_gb, cpus=section.cpus,
-                enabled=section.enabled, transport=Transport(section.transport),
-                ssh_target=section.ssh_target,
-                prime_max_workers=section.prime.max_workers,
-                prime_max_weight=section.prime.max_weight,
-                night_max_workers=section.night.max_workers,
-                night_max_weight=section.night.max_weight,
-                allowed_job_types=None if section.job_types is None
-                else frozenset(section.job_types),
-                allowed_weights=None if section.weights is None else frozenset(section.weights),
-                priority_floor=section.priority_floor, labels=frozenset(section.labels),
-            )
+            record = declared_host(label, section)
             existing = self.store.host_get(label)
             if existing is None:
                 self.store.host_insert(record, now)

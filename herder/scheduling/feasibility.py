@@ -89,8 +89,8 @@ def check_host(host: HostSpec, job_types: Collection[str], weights: WeightTable,
                if caps.max_workers > 0]
     if not windows:
         raise InputError("--prime-workers", "0 workers in prime time and at night: the host "
-                         "would never take work", "give a window workers, or add it with "
-                         "--disabled to park it")
+                         "would never take work", "give a window workers (to park a host, "
+                         "drain it: `herder host drain`, or add it with --disabled)")
     allowed = sorted(host.allowed_weights or ())
     if allowed and not any(weights.allows(caps.max_weight, weight)
                            for _, caps in windows for weight in allowed):
