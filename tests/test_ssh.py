@@ -146,6 +146,33 @@ def test_ssh_push_runs_the_attempt_remotely_and_reports_over_the_api(
     store.close()
 
 
+def test_an_ssh_job_runs_under_an_account_of_its_host(
+    tmp_path: Path, sshd: Sshd, fleet: tuple[Path, str]
+) -> None:
+    """A job type that asks for an account gets one of the ssh host's, bound by the server
+    when it launches the attempt (its session counted), and its env on the remote side."""
+    tmp, url = fleet
+    with open(tmp / "herder.toml", "a") as config:
+        config.write('[job_types.agent]\ncommand = ["sh", "-c", "echo who=$WHO"]\n'
+                     "accounts = true\npreflight = false\n")
+    token = add_ssh_host(tmp, "s1", sshd.alias)
+    (tmp / "token").write_text(token)
+    (tmp / "token").chmod(0o600)
+    herder(tmp, "account", "add", "s1", "alpha", "--env", "WHO=alpha-account")
+    job_id = int(herder(tmp, "submit", "agent").stdout)
+    store = open_store(url)
+    with running_server(tmp):
+        job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j, 60,
+                       "the ssh job to end")
+        assert job.status is JobStatus.DONE, (tmp / "server.log").read_text()
+        [attempt] = store.attempt_list(job_id)
+        assert "who=alpha-account" in Path(attempt.log_path or "").read_text()
+        assert [e.detail["account"] for e in store.event_list(job_id)
+                if e.kind == "account"] == ["alpha"]
+        assert "alpha-account" not in (tmp / "server.log").read_text()
+    store.close()
+
+
 def test_unreachable_ssh_host_is_a_spawn_failure_with_backoff_then_fails(
     tmp_path: Path, sshd: Sshd, server: tuple[Path, str]
 ) -> None:

@@ -531,12 +531,15 @@ class Coordinator:
             now, self.limits)
 
     def placed_attempt(self, label: str, token: AttemptToken) -> Job | None:
-        """The job of an attempt placed on `label` and not started yet (ssh push)."""
+        """The job of an attempt placed on `label` and not started yet (ssh push), with the
+        env of the account the launcher bound it to."""
         job = self.store.job_get(token.job_id)
         if (job is None or job.host != label or job.attempt != token.attempt
                 or job.status is not JobStatus.CLAIMED):
             return None
-        return job
+        bound = self.store.attempt_get_account(token)
+        env = self.store.account_env(*bound) if bound is not None else None
+        return replace(job, env={**job.env, **env}) if env else job
 
     def agent_heartbeat(self, label: str, worker: str, running: list[AttemptToken],
                         info: dict[str, Any], with_attempts: bool) -> HeartbeatReply:

@@ -30,7 +30,7 @@ from herder.model import (
     Outcome,
     Transport,
 )
-from herder.runtime.sources import Ending, PolicyLimits, decide_for
+from herder.runtime.sources import Ending, PolicyLimits, bind_jobs, decide_for
 from herder.store import Store
 
 log = logging.getLogger("herder.ssh")
@@ -116,7 +116,13 @@ class SshLauncher:
             if host.transport is not Transport.SSH or not host.ssh_target:
                 continue
             for job in self.store.attempt_list_assigned(host.label, 100):
-                if not self.store.attempt_set_worker(job.token, self.worker, utcnow()):
+                now = utcnow()
+                if not self.store.attempt_set_worker(job.token, self.worker, now):
+                    continue
+                # An account is bound here, as an agent's take does: a job that cannot have
+                # one is ended (nothing spent) instead of launched; the remote side gets the
+                # account's env with the attempt (`placed_attempt`).
+                if not bind_jobs(self.store, host.label, [job], now, self.limits):
                     continue
                 self._launch(host.label, host.ssh_target, job)
                 counts["launched"] += 1
