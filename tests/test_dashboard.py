@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -16,13 +16,14 @@ from support.local import open_harness
 from support.ports import free_port
 
 from herder.api.app import Access, create_app
-from herder.api.sessions import COOKIE, CSRF_HEADER, SessionBook, csrf_refusal
+from herder.api.sessions import COOKIE, CSRF_HEADER, csrf_refusal
 from herder.api.tokens import new_token, token_hash
 from herder.config import Config, ServerSection, Settings
 from herder.model import HostRecord, JobSpec, JobStatus, Scope
 from herder.runtime import coordinator as coordinator_module
 from herder.runtime.coordinator import Coordinator, why, why_of
 from herder.runtime.scheduler import Fleet
+from herder.runtime.sessions import Session, SessionBook
 from herder.store import Store, open_store
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -250,25 +251,46 @@ def test_open_access_shows_the_pages_without_a_sign_in(store_url, tmp_path, monk
         assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
 
 
-# -- sessions and CSRF as pure functions --------------------------------------------------------
+def test_a_session_is_known_to_every_replica_and_outlives_a_restart(dashboard):
+    """Sessions are in the store: another server over the same database (a replica behind
+    a balancer, or this one after a restart) takes the cookie and its CSRF value."""
+    client, csrf = dashboard.signed_in("submit")
+    [job_id] = submit(dashboard.store)
+    replica = create_app(Coordinator(dashboard.store, Config(Settings(), None), host="other"),
+                         Access())
+    other = TestClient(replica, raise_server_exceptions=False)
+    other.cookies.set(COOKIE, client.cookies[COOKIE])
+    assert other.get("/ui/", follow_redirects=False).status_code == 200
+    assert other.post(f"/api/v1/jobs/{job_id}/cancel", headers={CSRF_HEADER: csrf}
+                      ).status_code == 200
+    assert other.post("/ui/logout", headers={CSRF_HEADER: csrf},
+                      follow_redirects=False).status_code == 303
+    assert client.get("/api/v1/jobs").status_code == 401  # signed out everywhere
 
 
-def test_sessions_expire_and_are_bounded():
-    clock = [0.0]
-    book = SessionBook(clock=lambda: clock[0], lifetime=10.0, limit=2)
+# -- sessions and CSRF --------------------------------------------------------------------------
+
+
+def test_sessions_are_stored_by_hash_expire_and_are_swept(store):
+    clock = [NOW]
+    book = SessionBook(store, clock=lambda: clock[0], lifetime=10.0)
     first = book.open("hash-1")
     assert book.get(first.id) == first
-    clock[0] = 10.0
+    assert SessionBook(store, clock=lambda: clock[0]).get(first.id) == first  # a replica
+    assert store.session_get(first.id, NOW) is None  # the table holds the id's hash only
+    clock[0] = NOW + timedelta(seconds=10)
     assert book.get(first.id) is None
-    a, b, c = (book.open(f"hash-{n}") for n in range(3))
-    assert book.get(a.id) is None and book.get(b.id) == b and book.get(c.id) == c
+    second = book.open("hash-2")  # sweeps the expired first
+    assert store.session_expire(NOW + timedelta(seconds=10)) == 0
+    assert book.get(second.id) == second
+    book.close(second.id)
+    assert book.get(second.id) is None
     assert book.get(None) is None and book.get("x" * 500) is None
-    assert first.id != a.id and first.csrf != a.csrf
+    assert first.id != second.id and first.csrf != second.csrf
 
 
 def test_csrf_refusal_reads_the_method_the_header_and_the_origin():
-    book = SessionBook()
-    session = book.open("hash")
+    session = Session("id", "hash", "csrf-value")
     assert csrf_refusal(session, "GET", None, "https://evil.example", "h") is None
     assert "X-Herder-CSRF" in csrf_refusal(session, "POST", None, None, "h:1")
     assert "X-Herder-CSRF" in csrf_refusal(session, "POST", "nope", None, "h:1")

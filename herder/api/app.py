@@ -36,10 +36,10 @@ from herder.api import (
 )
 from herder.api.board import AssignmentBoard
 from herder.api.depends import Access, route_scope
-from herder.api.sessions import SessionBook
 from herder.api.tokens import Denied
 from herder.errors import Conflict, HerderError, InputError, NotFound
 from herder.runtime.coordinator import Coordinator
+from herder.runtime.sessions import SessionBook
 
 __all__ = ["PAGES", "ROUTERS", "Access", "api_routes", "create_app", "page_routes",
            "route_scope"]
@@ -178,7 +178,7 @@ def create_app(coordinator: Coordinator, access: Access | None = None,
     app.state.coordinator = coordinator
     app.state.board = board
     app.state.access = access = access or Access()
-    app.state.sessions = SessionBook()
+    app.state.sessions = SessionBook(coordinator.store)
     app.add_middleware(BodyLimit, max_bytes=access.max_body_bytes)
     _map_errors(app)
     for route in [*api_routes(), *page_routes()]:

@@ -29,16 +29,10 @@ from herder.api.depends import (
     session_identity,
     token_caller,
 )
-from herder.api.sessions import (
-    COOKIE,
-    LEGACY,
-    LIFETIME_SECONDS,
-    SessionBook,
-    csrf_refusal,
-    foreign_origin,
-)
+from herder.api.sessions import COOKIE, csrf_refusal, foreign_origin
 from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, Denied, authorize, token_hash
 from herder.model import BIGINT_MAX, JobStatus, Scope
+from herder.runtime.sessions import LEGACY, LIFETIME_SECONDS, SessionBook
 from herder.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.wire import JobPage, SessionView
 
@@ -159,13 +153,13 @@ async def signed_in(request: Request) -> bool:
     access: Access = request.app.state.access
     if access.open_access:
         return True
-    found = sessions_of(request).get(request.cookies.get(COOKIE))
+    found = await call(sessions_of(request).get, request.cookies.get(COOKIE))
     if found is None:
         return False
     try:
         await session_identity(request, found)
     except Denied:
-        sessions_of(request).close(found.id)
+        await call(sessions_of(request).close, found.id)
         return False
     return True
 
@@ -227,7 +221,7 @@ async def login(request: Request) -> Response:
         key = await session_key(request, token)
     except Denied as refused:
         return login_form(refused.status, refused.reason)
-    opened = sessions_of(request).open(key)
+    opened = await call(sessions_of(request).open, key)
     response = RedirectResponse("/ui/", status_code=303)
     response.set_cookie(COOKIE, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,
                         samesite="strict", secure=request.url.scheme == "https")
@@ -237,13 +231,13 @@ async def login(request: Request) -> Response:
 @pages.post("/logout")
 async def logout(request: Request) -> Response:
     book = sessions_of(request)
-    found = book.get(request.cookies.get(COOKIE))
+    found = await call(book.get, request.cookies.get(COOKIE))
     if found is not None:
         refusal = csrf_refusal(found, "POST", request.headers.get("x-herder-csrf"),
                                request.headers.get("origin"), request.headers.get("host"))
         if refusal is not None:
             return Response(refusal, status_code=403, media_type="text/plain")
-        book.close(found.id)
+        await call(book.close, found.id)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
                            secure=request.url.scheme == "https")

@@ -15,14 +15,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from herder.api.board import AssignmentBoard
-from herder.api.sessions import (
-    COOKIE,
-    CSRF_HEADER,
-    LEGACY,
-    Session,
-    SessionBook,
-    csrf_refusal,
-)
+from herder.api.sessions import COOKIE, CSRF_HEADER, csrf_refusal
 from herder.api.tokens import (
     ANONYMOUS_ADMIN,
     LEGACY_ADMIN,
@@ -38,6 +31,7 @@ from herder.config import _NAME, ServerSection
 from herder.model import BIGINT_MAX, INT_MAX, Scope
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
+from herder.runtime.sessions import LEGACY, Session, SessionBook
 
 T = TypeVar("T")
 
@@ -110,7 +104,8 @@ async def session_caller(request: Request) -> Caller | None:
     """The caller a dashboard session cookie stands for (None without one); a state change
     made with it must pass the CSRF check (herder.api.sessions)."""
     book: SessionBook | None = getattr(request.app.state, "sessions", None)
-    session = None if book is None else book.get(request.cookies.get(COOKIE))
+    cookie = request.cookies.get(COOKIE)
+    session = None if book is None or not cookie else await call(book.get, cookie)
     if session is None:
         return None
     refusal = csrf_refusal(session, request.method, request.headers.get(CSRF_HEADER),

@@ -527,6 +527,23 @@ class Store(abc.ABC):
         """Revoke every live token bound to `host`; how many."""
         return len(self.driver.write("token_revoke_host", {"host": host, "now": now}))
 
+    def session_open(self, id_hash: str, token_key: str, csrf: str,
+                     expires_at: datetime) -> None:
+        self.driver.write("session_open", {"id_hash": id_hash, "token_key": token_key,
+                                           "csrf": csrf, "expires_at": expires_at})
+
+    def session_get(self, id_hash: str, now: datetime) -> tuple[str, str] | None:
+        """(token key, CSRF value) of a live session; None when unknown or expired."""
+        rows = self.driver.read("session_get", {"id_hash": id_hash, "now": now})
+        return (str(rows[0]["token_key"]), str(rows[0]["csrf"])) if rows else None
+
+    def session_close(self, id_hash: str) -> bool:
+        return bool(self.driver.write("session_close", {"id_hash": id_hash}))
+
+    def session_expire(self, now: datetime) -> int:
+        """Forget the sessions expired by `now`; how many."""
+        return len(self.driver.write("session_expire", {"now": now}))
+
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
         """True when newly opened; an open alert with the same key dedups it."""
         return bool(self.driver.write("alert_open", {"key": key, "message": message,

@@ -299,6 +299,19 @@ SELECT * FROM herder_deliveries WHERE source = :source AND delivery_id = :delive
 -- name: delivery_expire
 DELETE FROM herder_deliveries WHERE received_at < :before RETURNING source;
 
+-- name: session_open
+INSERT INTO herder_sessions (id_hash, token_key, csrf, expires_at)
+VALUES (:id_hash, :token_key, :csrf, :expires_at);
+
+-- name: session_get
+SELECT token_key, csrf FROM herder_sessions WHERE id_hash = :id_hash AND expires_at > :now;
+
+-- name: session_close
+DELETE FROM herder_sessions WHERE id_hash = :id_hash RETURNING id_hash;
+
+-- name: session_expire
+DELETE FROM herder_sessions WHERE expires_at <= :now RETURNING id_hash;
+
 -- name: job_status_counts
 -- Every status, ended ones too (`/queue`, `/metrics`): one pass, no rows read back.
 SELECT status, count(*) AS count FROM herder_jobs GROUP BY status;

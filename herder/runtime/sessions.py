@@ -1,0 +1,62 @@
+"""Dashboard sessions in the store (the cookie and CSRF rules are in herder.api.sessions): a
+restart keeps them, and replicas behind a balancer share them."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from herder.store import Store
+
+LIFETIME_SECONDS = 12 * 3600
+MAX_ID_CHARS = 100
+LEGACY = "legacy-admin"
+"""The session's key when it signed in with HERDER_API_TOKEN (which has no stored hash)."""
+
+
+class Session(msgspec.Struct, frozen=True):
+    id: str
+    key: str
+    """The token's SHA-256, or LEGACY."""
+    csrf: str
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def id_hash(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+class SessionBook:
+    """The open sessions, in the store; synchronous (the API calls it off its event loop)."""
+
+    def __init__(self, store: Store, clock: Callable[[], datetime] = _utcnow,
+                 lifetime: float = LIFETIME_SECONDS) -> None:
+        self.store = store
+        self._clock = clock
+        self._lifetime = timedelta(seconds=lifetime)
+
+    def open(self, key: str) -> Session:
+        """A new session; the expired ones go first (a sign-in is rare, so this is the
+        only sweep the table needs)."""
+        session = Session(secrets.token_urlsafe(32), key, secrets.token_urlsafe(24))
+        now = self._clock()
+        self.store.session_expire(now)
+        self.store.session_open(id_hash(session.id), key, session.csrf, now + self._lifetime)
+        return session
+
+    def get(self, session_id: str | None) -> Session | None:
+        """The live session of a cookie's value; None when unknown or expired."""
+        if not session_id or len(session_id) > MAX_ID_CHARS:
+            return None
+        found = self.store.session_get(id_hash(session_id), self._clock())
+        return None if found is None else Session(session_id, *found)
+
+    def close(self, session_id: str) -> None:
+        self.store.session_close(id_hash(session_id))
