@@ -1,20 +1,23 @@
 """`herder server` serves its `local` hosts itself, and follows the store while it runs: a
 local host added after the start is served (its runner, heartbeat and probes), one removed
-is stopped and leaves the health report, and neither is fatal."""
+is stopped and leaves the health report, and neither is fatal. Every replica serves them,
+so a local attempt is rescued by its lease, not by a pid that may be another machine's."""
 
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from msgspec.structs import replace
 from support.waits import wait_for
 
 from herder.client import Client
 from herder.config import load_config
-from herder.model import HostRecord, JobStatus, Transport
+from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Transport
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.loop_health import LoopRegistry
+from herder.runtime.maintenance import Rescuer, local_worker_alive, rescue_plan
 
 LOCAL = HostRecord(label="late", ram_total_gb=8, transport=Transport.LOCAL,
                    prime_max_workers=2, night_max_workers=2)
@@ -86,3 +89,35 @@ def test_sync_starts_and_stops_by_transport(tmp_path, store):
         coordinator.stop()
     assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 0}
     wait_for(lambda: not threads_of("late"), 30, "every thread to end at stop")
+
+
+def test_a_replica_leaves_another_machines_local_attempt_to_its_lease(store):
+    """Replicas each serve the local hosts, so an attempt may run under another machine's
+    server: its pid means nothing here. While its runner heartbeats, no replica rescues it;
+    silent past the lease, it is requeued. `herder up` (not shared) still judges its own
+    host's attempts by the pid alone."""
+    now = datetime.now(UTC)
+    store.host_insert(LOCAL, now)
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], now)]
+    store.job_assign("late", [(job_id, 3.0)], 2, 8.0, now)
+    elsewhere = f"late/{dead_pid()}/1"  # a runner process that is not on this machine
+    assert store.attempt_set_worker(AttemptToken(job_id, 1), elsewhere, now)
+    within = now + timedelta(seconds=30)
+
+    shared = Rescuer(store, "late", lease_seconds=60, kill_grace=1.0, max_lost=5, shared=True)
+    assert shared.run_once(within) == {"orphaned": 0, "stale": 0, "requeued": 0, "failed": 0}
+    assert store.job_get(job_id).status is JobStatus.CLAIMED
+    alone = Rescuer(store, "late", lease_seconds=60, kill_grace=1.0, max_lost=5)
+    assert [rescue.reason for rescue in rescue_plan(
+        store.attempt_list_live(), within, 60, "late", local_worker_alive)] == ["orphaned"]
+
+    silent = now + timedelta(seconds=61)
+    assert shared.run_once(silent)["orphaned"] == 1
+    assert store.job_get(job_id).status is JobStatus.QUEUED
+    assert alone.run_once(silent)["orphaned"] == 0  # nothing live is left
+
+
+def dead_pid() -> int:
+    """A pid with no process started 1 tick after boot here (a worker is pid and start
+    time: even were this pid in use, its start time would differ)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) - 1

@@ -264,8 +264,10 @@ class Coordinator:
             self.settings, host.label, self.log_dir,
             concurrency=max(host.prime_max_workers, host.night_max_workers, 1),
             attempt_lease=self.lease_seconds)
+        # Shared: every replica serves the local hosts, and another machine's runner may
+        # hold this host's attempts.
         rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
-                          runtime.max_lost)
+                          runtime.max_lost, shared=True)
         source = AssignmentSource(self.store, host.label, self.limits, rescuer)
         source.guardian = self.guardian
         source.on_started = self._observe_start
@@ -422,7 +424,7 @@ class Coordinator:
         if cycle.rescuer is None:
             runtime = self.settings.runtime
             cycle.rescuer = Rescuer(self.store, frozenset({self.host}), self.lease_seconds,
-                                    runtime.kill_grace, runtime.max_lost)
+                                    runtime.kill_grace, runtime.max_lost, shared=True)
             cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
             cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
         began = time.perf_counter()

@@ -62,12 +62,16 @@ def rescue_plan(
     lease_seconds: float,
     host: str | frozenset[str],
     worker_alive: Callable[[WorkerId], bool],
+    shared: bool = False,
 ) -> list[Rescue]:
     """Which live attempts to declare lost, and why. Pure but for the liveness probe.
 
     `host` names the host label(s) whose processes run on this machine: their attempts are
     judged by whether their runner process lives, never by the lease alone, because only
-    here can survivors be killed before the job is requeued.
+    here can survivors be killed before the job is requeued. `shared`: other machines may
+    run these hosts' attempts too (`herder server` replicas each serve the local hosts), and
+    a pid says nothing about another machine's process, so the lease decides; a runner dead
+    here only has its survivors killed first.
     """
     local = frozenset({host}) if isinstance(host, str) else host
     plan: list[Rescue] = []
@@ -80,7 +84,11 @@ def rescue_plan(
             continue
         worker = WorkerId.parse(attempt.worker)
         if attempt.host in local and worker is not None and worker.host == attempt.host:
-            if not worker_alive(worker):
+            alive = worker_alive(worker)
+            if shared:
+                if attempt.heartbeat_at < cutoff:
+                    plan.append(Rescue(item, "stale" if alive else "orphaned"))
+            elif not alive:
                 plan.append(Rescue(item, "orphaned"))
             continue  # a live local runner speaks for its own attempts
         if attempt.heartbeat_at < cutoff:
@@ -170,17 +178,20 @@ class Rescuer:
         lease_seconds: float,
         kill_grace: float,
         max_lost: int,
+        shared: bool = False,
     ) -> None:
         self.store = store
         self.host = host
         self.lease_seconds = lease_seconds
         self.kill_grace = kill_grace
         self.max_lost = max_lost
+        self.shared = shared
+        """Other machines may run these hosts' attempts (see `rescue_plan`)."""
 
     def run_once(self, now: datetime) -> dict[str, int]:
         plan = rescue_plan(
             self.store.attempt_list_live(), now, self.lease_seconds, self.host,
-            local_worker_alive,
+            local_worker_alive, self.shared,
         )
         counts = {"orphaned": 0, "stale": 0, "requeued": 0, "failed": 0}
         results: list[AttemptResult] = []
