@@ -190,7 +190,8 @@ def test_server_with_a_local_host_rides_out_restarts_and_healthz_follows(
     private_postgres.restart("immediate")
     run_to_done(fleet, url, tmp_path / "after-immediate")
     view = wait_for(lambda: healthy(fleet), 90, "/healthz to be ok", fleet.describe)
-    assert set(view["loops"]) == {"scheduler", "ssh", "local-hosts", "heartbeat:host-a"}
+    assert set(view["loops"]) == {"scheduler", "ssh", "local-hosts", "assignments",
+                                  "heartbeat:host-a"}
     assert server.poll() is None
     assert "scheduler cycle failed: cannot check the leader lease" in fleet.stderr_of(server)
 

@@ -79,7 +79,7 @@ from herder.scheduling.breaker import Breaker
 from herder.scheduling.health import shown_health
 from herder.scheduling.placement import Plan, Snapshot, explain, place
 from herder.store import Store, Waker, as_unavailable
-from herder.store.base import DeliveryRecord, Lease
+from herder.store.base import ASSIGNED, DeliveryRecord, Lease
 from herder.submission import SubmitRequest
 from herder.views import iso
 from herder.webhooks import Delivery
@@ -106,6 +106,7 @@ PLACEMENT_REUSE = 2.0
 """Seconds a placement made for the dashboard's `why` texts serves later pages."""
 SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
 LOCAL_HOSTS_INTERVAL = 2.0  # how often the local hosts are compared with the store's
+RELAY_INTERVAL = 1.0  # the assignment relay's longest wait on the store's NOTIFY
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
 long-polls of those hosts' agents, the ssh launcher its loop."""
@@ -198,6 +199,8 @@ class Coordinator:
         self._poke = threading.Event()
         self._threads: list[threading.Thread] = []
         self._local: dict[str, _LocalHost] = {}
+        self.relay_listening = threading.Event()
+        """Set once this replica listens for the leader's placements (PostgreSQL only)."""
         self._local_lock = threading.Lock()
         self.log_dir = config.log_dir
         self.operations = Client.over(store, config)
@@ -237,6 +240,8 @@ class Coordinator:
         # hosts added, removed or switched to another transport while the server runs.
         self.sync_local_hosts()
         self._spawn(self._local_hosts_loop, "herder-local-hosts")
+        if self.store.dialect == "postgres":  # replicas exist only there
+            self._spawn(self._assignment_relay, "herder-assignments")
 
     def sync_local_hosts(self) -> dict[str, int]:
         """Serve every host whose transport is `local` from this process, and no other:
@@ -497,6 +502,43 @@ class Coordinator:
                 launcher.wake.clear()
         finally:
             launcher.stop()
+
+    def _assignment_relay(self) -> None:
+        """A follower hears of the leader's placements through the store's NOTIFY
+        (`assigned:HOST`) and tells its own listeners, so agents long-polling this replica
+        and its ssh launcher start the work at once instead of at their next poll. The
+        leader told its listeners itself."""
+        loop = self.loops.register("assignments", RELAY_INTERVAL)
+        backoff = Backoff(base=RELAY_INTERVAL, cap=10.0)
+        waker: Waker | None = None
+
+        def listen() -> None:
+            nonlocal waker
+            if waker is None:
+                waker = self.store.listen()
+                self.relay_listening.set()
+            heard = waker.wait_topics(RELAY_INTERVAL)
+            if self.is_leader or heard == set():
+                return
+            if heard is None:  # a reconnect: what was placed meanwhile is unknown
+                hosts = {host.label for host in self.store.host_list()}
+            else:
+                hosts = {topic.removeprefix(ASSIGNED) for topic in heard
+                         if topic.startswith(ASSIGNED)}
+            if hosts:
+                self._assigned(hosts)
+
+        try:
+            while not self._stop.is_set():
+                delay = run_cycle(loop, backoff, "assignment relay", listen)
+                if delay is not None:
+                    if waker is not None:
+                        _close_quietly(waker)
+                        waker = None
+                    self._stop.wait(delay)
+        finally:
+            if waker is not None:
+                _close_quietly(waker)
 
     def _local_heartbeat(self, label: str, stop: threading.Event) -> None:
         interval = min(self.settings.runtime.heartbeat_interval, 30.0)

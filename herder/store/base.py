@@ -69,6 +69,10 @@ def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
+ASSIGNED = "assigned:"
+"""The topic a placement notifies (`job_assign`), followed by its host: it wakes the replicas
+that are not the leader (their agents' long-polls, their ssh launchers)."""
+
 class LiveAttempt(msgspec.Struct, frozen=True):
     """An attempt that has not ended, with the job counters its rescue decision needs."""
 
@@ -438,7 +442,7 @@ class Store(abc.ABC):
                 booked_gb += ram_gb
                 placed.append(token)
             if placed:
-                transaction.notify(f"assigned:{host}")
+                transaction.notify(ASSIGNED + host)
         return placed
 
     def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:

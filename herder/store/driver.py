@@ -75,6 +75,12 @@ class Waker(abc.ABC):
     def wait(self, timeout: float) -> bool:
         """True when woken by a change, False on timeout."""
 
+    def wait_topics(self, timeout: float) -> set[str] | None:
+        """The topics notified meanwhile: empty on timeout, None when woken without them
+        (this dialect has none, or a reconnect may have lost some: anything may have
+        changed)."""
+        return None if self.wait(timeout) else set()
+
     @abc.abstractmethod
     def close(self) -> None: ...
 

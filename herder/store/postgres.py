@@ -153,25 +153,28 @@ class PostgresWaker(Waker):
         return True
 
     def wait(self, timeout: float) -> bool:
+        return self.wait_topics(timeout) != set()
+
+    def wait_topics(self, timeout: float) -> set[str] | None:
         if self._conn is None:
             if self._clock() >= self._next_connect and self._connect():
-                return True
+                return None
             time.sleep(max(timeout, 0.0))
-            return False
-        woke = False
+            return set()
+        topics: set[str] = set()
         try:
-            for _ in self._conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
-                woke = True
-            if woke:  # drain what else arrived, so the next wait blocks again
-                for _ in self._conn.notifies(timeout=0.0):
-                    pass
+            for notify in self._conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
+                topics.add(notify.payload)
+            if topics:  # drain what else arrived, so the next wait blocks again
+                for notify in self._conn.notifies(timeout=0.0):
+                    topics.add(notify.payload)
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost (%s); reconnecting", " ".join(str(exc).split()))
             _close_quietly(self._conn)
             self._conn = None
             self._connect()
-            return True  # the caller re-reads the store: a notification may be lost
-        return woke
+            return None  # the caller re-reads the store: a notification may be lost
+        return topics
 
     def close(self) -> None:
         if self._conn is not None:
