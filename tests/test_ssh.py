@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,29 @@ def test_an_ssh_client_that_cannot_start_is_a_spawn_failure_with_its_os_error(
             f"its last attempt on s3 could not start: {error}\n")
     finally:
         store.close()
+
+
+def test_the_launcher_looks_for_placements_only_when_asked(tmp_path: Path, store) -> None:
+    """Its frequent cycle only settles ssh processes; the store is scanned for placements
+    when a placement wakes it, or now and then (`scan`)."""
+    from herder.config import Settings
+    from herder.model import AttemptToken, HostRecord, JobSpec, Transport
+    from herder.runtime.sources import PolicyLimits
+    from herder.runtime.ssh import SshLauncher
+
+    now = datetime.now(UTC)
+    store.host_insert(HostRecord("s4", 16, transport=Transport.SSH, ssh_target="nowhere"), now)
+    [inserted] = store.job_insert([JobSpec(command=("true",))], now)
+    store.job_assign("s4", [(inserted.job_id, 3.0)], 1, 12.8, now)
+    launcher = SshLauncher(store, "http://127.0.0.1:1", ["true"], "herder",
+                           PolicyLimits.from_settings(Settings()), tmp_path, "server/1/1")
+    try:
+        assert launcher.run_once(scan=False) == {"launched": 0, "ended": 0}
+        [live] = store.attempt_list_live("s4")
+        assert live.attempt.worker == ""
+        assert launcher.run_once(scan=True)["launched"] == 1
+        [live] = store.attempt_list_live("s4")
+        assert (live.attempt.token, live.attempt.worker) == (
+            AttemptToken(inserted.job_id, 1), "server/1/1")
+    finally:
+        launcher.stop()

@@ -104,7 +104,8 @@ from herder.wire import (
 log = logging.getLogger("herder.coordinator")
 PLACEMENT_REUSE = 2.0
 """Seconds a placement made for the dashboard's `why` texts serves later pages."""
-SSH_INTERVAL = 0.2  # the ssh launcher's idle poll; assignment listeners wake it sooner
+SSH_INTERVAL = 0.2  # how often the ssh launcher settles its ended ssh processes
+SSH_SCAN_INTERVAL = 2.0  # its idle look for placements; a placement wakes it at once
 LOCAL_HOSTS_INTERVAL = 2.0  # how often the local hosts are compared with the store's
 RELAY_INTERVAL = 1.0  # the assignment relay's longest wait on the store's NOTIFY
 AssignmentListener = Callable[[set[str]], None]
@@ -492,13 +493,20 @@ class Coordinator:
         self.assignment_listeners.append(lambda _hosts: launcher.wake.set())
         loop = self.loops.register("ssh", SSH_INTERVAL)
         backoff = Backoff(base=SSH_INTERVAL, cap=10.0)
+        next_scan = 0.0
         try:
             while not self._stop.is_set():
-                delay = run_cycle(loop, backoff, "ssh launcher cycle", launcher.run_once)
+                scan = time.monotonic() >= next_scan
+                if scan:
+                    next_scan = time.monotonic() + SSH_SCAN_INTERVAL
+                delay = run_cycle(loop, backoff, "ssh launcher cycle",
+                                  functools.partial(launcher.run_once, scan))
                 if delay is not None:
+                    next_scan = 0.0  # the failed cycle may have been the scan
                     self._stop.wait(delay)
                     continue
-                launcher.wake.wait(SSH_INTERVAL)
+                if launcher.wake.wait(SSH_INTERVAL):
+                    next_scan = 0.0  # a placement: scan now
                 launcher.wake.clear()
         finally:
             launcher.stop()

@@ -102,8 +102,9 @@ class SshLauncher:
         self.running: dict[AttemptToken, _Launch] = {}
         self.wake = threading.Event()
 
-    def run_once(self) -> dict[str, int]:
-        """Launch what was placed on ssh hosts; settle ssh processes that ended."""
+    def run_once(self, scan: bool = True) -> dict[str, int]:
+        """Settle ssh processes that ended; with `scan`, launch what was placed on ssh
+        hosts (two queries a host, so only when woken by a placement or now and then)."""
         counts = {"launched": 0, "ended": 0}
         for token, launch in list(self.running.items()):
             code = launch.process.poll()
@@ -112,6 +113,8 @@ class SshLauncher:
             del self.running[token]
             counts["ended"] += 1
             self._settle(launch, code)
+        if not scan:
+            return counts
         for host in self.store.host_list():
             if host.transport is not Transport.SSH or not host.ssh_target:
                 continue
