@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from herder.api.app import Access, api_routes, create_app, page_routes, route_scope
-from herder.api.sessions import CSRF_HEADER
+from herder.api.sessions import COOKIE, CSRF_HEADER
 from herder.api.tokens import (
     Caller,
     Denied,
@@ -212,6 +212,14 @@ def test_the_deprecated_api_token_variable_is_an_admin_token(store_url, tmp_path
                            follow_redirects=False).status_code == 303
         assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
         assert legacy not in str(client.cookies)
+        # Sessions are in the store: a server whose variable was rotated refuses the old
+        # token's session; one with the same token (a replica) takes it.
+        for token, status in (("rotated-operator-token-5678", 401), (legacy, 200)):
+            other = TestClient(create_app(
+                Coordinator(store, Config(Settings(), None), host="server"),
+                Access(legacy_admin_token=token)))
+            other.cookies.set(COOKIE, client.cookies[COOKIE])
+            assert other.get("/api/v1/dashboard/session").status_code == status, token
 
 
 @pytest.mark.parametrize("value", ["Basic dXNlcjpwYXNz", "Bearer", "Bearer   ", "token abc",

@@ -55,6 +55,7 @@ PAGES: tuple[APIRouter, ...] = (dashboard.pages,)
 # What `herder.store.as_unavailable` counts as the database failing (psycopg_pool's
 # PoolTimeout is a psycopg.OperationalError too).
 DATABASE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError,
+                                                psycopg.errors.IdleInTransactionSessionTimeout,
                                                 sqlite3.OperationalError)
 
 

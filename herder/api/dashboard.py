@@ -200,7 +200,7 @@ async def session_key(request: Request, token: str) -> str:
     is checked as the API checks a bearer token: Denied (401/403) otherwise."""
     caller = await token_caller(request, token)
     if caller is LEGACY_ADMIN:
-        return LEGACY
+        return LEGACY + token_hash(token)
     authorize(caller, Scope.READ)  # an agent token signs in nowhere
     return token_hash(token)
 

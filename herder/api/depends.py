@@ -118,9 +118,11 @@ async def session_caller(request: Request) -> Caller | None:
 
 async def session_identity(request: Request, session: Session) -> Caller:
     """Who a session's token is now: a token revoked since sign-in is refused (401)."""
-    if session.key == LEGACY:
+    if session.key.startswith(LEGACY):
         access: Access = request.app.state.access
-        if access.legacy_admin_token:
+        signed_with = session.key.removeprefix(LEGACY)
+        if access.legacy_admin_token and same_secret(
+                signed_with, token_hash(access.legacy_admin_token)):
             return LEGACY_ADMIN
         raise Denied(401, "unknown token")
     return identify(await call(coordinator(request).token, session.key))

@@ -14,14 +14,15 @@ from herder.store import Store
 
 LIFETIME_SECONDS = 12 * 3600
 MAX_ID_CHARS = 100
-LEGACY = "legacy-admin"
-"""The session's key when it signed in with HERDER_API_TOKEN (which has no stored hash)."""
+LEGACY = "legacy-admin:"
+"""A session that signed in with HERDER_API_TOKEN (which has no stored hash) keeps this
+followed by that token's SHA-256: a rotated token no longer matches, on any replica."""
 
 
 class Session(msgspec.Struct, frozen=True):
     id: str
     key: str
-    """The token's SHA-256, or LEGACY."""
+    """The token's SHA-256, or LEGACY and the legacy admin token's."""
     csrf: str
 
 
