@@ -1,50 +1,30 @@
 """PostgreSQL session limits: every herder connection carries a statement timeout and an
-idle-in-transaction timeout (unless the URL sets its own), so a runaway statement or a
+idle-in-transaction timeout (unless something else set them), so a runaway statement or a
 replica frozen inside a transaction cannot stall the fleet. Both end as StoreUnavailable,
 the error every edge already answers with one line, and the pool heals. Migrations lift the
 statement timeout: a second server waits out the first one's migration."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from datetime import UTC, datetime
 from urllib.parse import quote
 
 import psycopg
 import pytest
+from psycopg import sql
+from support.postgres import postgres_url_for
 from support.waits import wait_for
 
 from herder.errors import StoreUnavailable
 from herder.model import JobSpec
 from herder.store import as_unavailable, open_store
-from herder.store.postgres import _MIGRATION_LOCK, PostgresStore, session_options
+from herder.store.postgres import _MIGRATION_LOCK, PostgresStore
 
 
 def with_options(url: str, options: str) -> str:
-    return f"{url}?options={quote(options)}"
-
-
-# -- which limits a connection gets (pure) -----------------------------------------------------
-
-
-def test_a_plain_url_gets_both_limits():
-    assert session_options("postgresql://u@db/herder", environ={}) == (
-        "-c statement_timeout=60s -c idle_in_transaction_session_timeout=60s")
-
-
-def test_the_urls_own_options_win_and_are_kept():
-    url = with_options("postgresql://u@db/herder", "-c statement_timeout=5s -csearch_path=x")
-    assert session_options(url, environ={}) == (
-        "-c statement_timeout=5s -csearch_path=x -c idle_in_transaction_session_timeout=60s")
-
-
-def test_pgoptions_counts_when_the_url_has_none():
-    environ = {"PGOPTIONS": "-c idle_in_transaction_session_timeout=0"}
-    assert session_options("postgresql://u@db/herder", environ=environ) == (
-        "-c idle_in_transaction_session_timeout=0 -c statement_timeout=60s")
-    url = with_options("postgresql://u@db/herder", "-c statement_timeout=1s")
-    assert session_options(url, environ=environ) == (
-        "-c statement_timeout=1s -c idle_in_transaction_session_timeout=60s")
+    return f"{url}{'&' if '?' in url else '?'}options={quote(options)}"
 
 
 def test_an_idle_transaction_timeout_is_a_lost_session():
@@ -73,8 +53,40 @@ def test_herder_sessions_carry_the_default_limits(postgres_url):
 
 
 @pytest.mark.postgres
+def test_what_the_url_pgoptions_or_the_database_set_wins(postgres_server_url, postgres_url,
+                                                         monkeypatch):
+    """herder sets a limit only where nothing else did: the URL's options, PGOPTIONS and
+    ALTER DATABASE ... SET (a DBA's choice) all keep theirs."""
+    url = with_options(postgres_url, "-c statement_timeout=5s")
+    with open_store(url, migrate=False) as store:
+        assert isinstance(store, PostgresStore)
+        assert setting(store, "statement_timeout") == "5s"
+        assert setting(store, "idle_in_transaction_session_timeout") == "1min"
+    monkeypatch.setenv("PGOPTIONS", "-c idle_in_transaction_session_timeout=0")
+    with open_store(postgres_url, migrate=False) as store:
+        assert isinstance(store, PostgresStore)
+        assert setting(store, "idle_in_transaction_session_timeout") == "0"
+        assert setting(store, "statement_timeout") == "1min"
+    monkeypatch.delenv("PGOPTIONS")
+    name = f"herder_limits_{secrets.token_hex(4)}"
+    with psycopg.connect(postgres_server_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            admin.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = '5min'").format(
+                sql.Identifier(name)))
+            with open_store(postgres_url_for(postgres_server_url, name)) as store:
+                assert isinstance(store, PostgresStore)
+                assert setting(store, "statement_timeout") == "5min"
+                assert setting(store, "idle_in_transaction_session_timeout") == "1min"
+        finally:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+@pytest.mark.postgres
 def test_a_runaway_statement_is_cancelled_and_the_pool_goes_on(postgres_url):
-    with open_store(with_options(postgres_url, "-c statement_timeout=1s")) as store:
+    limited = with_options(postgres_url, "-c statement_timeout=1s")
+    with open_store(limited, migrate=False) as store:
         assert isinstance(store, PostgresStore)
         with pytest.raises(StoreUnavailable, match="statement timeout"), \
                 store.driver.connection() as conn:
@@ -93,7 +105,8 @@ def test_a_session_idle_in_a_transaction_is_ended_and_its_row_locks_freed(postgr
         [inserted] = store.job_insert([JobSpec(command=("true",))], datetime.now(UTC))
     job_id = inserted.job_id
     limited = with_options(postgres_url, "-c idle_in_transaction_session_timeout=300ms")
-    with open_store(limited) as store, psycopg.connect(postgres_url, autocommit=True) as other:
+    with open_store(limited, migrate=False) as store, \
+            psycopg.connect(postgres_url, autocommit=True) as other:
         assert isinstance(store, PostgresStore)
 
         def session_alive(pid: int) -> bool:

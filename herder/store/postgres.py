@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -20,7 +19,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
@@ -65,11 +63,12 @@ CONNECT_OPTIONS: dict[str, Any] = {
     "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
     "keepalives_count": 3,
 }
-# Server-side limits on every herder session, unless the URL's `options` (or PGOPTIONS) sets
-# them: a runaway statement ends instead of holding a thread (and its locks) forever, and a
-# session left idle inside a transaction (a replica frozen or paused mid-transaction, its row
-# locks held) is ended by the server, so the rest of the fleet can touch those rows again.
-# Each is a few hundred times herder's slowest statement; migrations lift the first.
+# Server-side limits on every herder session, each unless something else set it (see the
+# `session_limits` query): a runaway statement ends instead of holding a thread (and its
+# locks) forever, and a session left idle inside a transaction (a replica frozen or paused
+# mid-transaction, its row locks held) is ended by the server, so the rest of the fleet can
+# touch those rows again. Each is a few hundred times herder's slowest statement;
+# migrations lift the first.
 SESSION_LIMITS: dict[str, str] = {
     "statement_timeout": "60s",
     "idle_in_transaction_session_timeout": "60s",
@@ -98,18 +97,21 @@ def _claim_query(limit: int) -> str:
     return Q["job_claim"].replace("%(limit)s", str(min(int(limit), MAX_CLAIM)))
 
 
-def session_options(url: str, environ: Mapping[str, str] = os.environ) -> str:
-    """libpq `options` for herder's connections: the URL's own (else PGOPTIONS, which an
-    explicit `options` would hide), plus each of SESSION_LIMITS that they do not set."""
-    given = str(conninfo_to_dict(url).get("options") or environ.get("PGOPTIONS") or "")
-    added = [f"-c {name}={value}" for name, value in SESSION_LIMITS.items()
-             if name not in given]
-    return " ".join([given, *added]).strip()
+def connect(url: str) -> psycopg.Connection[Any]:
+    """A connection of herder's own (LISTEN, the leader lease) with its session limits."""
+    conn = psycopg.connect(url, autocommit=True, **CONNECT_OPTIONS)
+    try:
+        apply_session_limits(conn)
+    except BaseException:
+        _close_quietly(conn)
+        raise
+    return conn
 
 
-def connect_options(url: str) -> dict[str, Any]:
-    """Keyword arguments for every connection herder opens to `url`."""
-    return {**CONNECT_OPTIONS, "options": session_options(url)}
+def apply_session_limits(conn: psycopg.Connection[Any]) -> None:
+    """SESSION_LIMITS on this session, where nothing else set them (after connecting, not
+    as startup `options`: those would hide a service file's and outrank the DBA's)."""
+    conn.execute(Q["session_limits"], SESSION_LIMITS)
 
 
 class PostgresWaker(Waker):
@@ -136,7 +138,7 @@ class PostgresWaker(Waker):
     def _connect(self) -> bool:
         conn: psycopg.Connection[Any] | None = None
         try:
-            conn = psycopg.connect(self._url, autocommit=True, **connect_options(self._url))
+            conn = connect(self._url)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         except psycopg.Error as exc:
             if conn is not None:
@@ -220,7 +222,7 @@ class PostgresDriver(Driver):
             connection_class=psycopg.Connection[DictRow],
             min_size=1,
             max_size=max(1, max_connections),
-            kwargs={"autocommit": True, "row_factory": dict_row, **connect_options(url),
+            kwargs={"autocommit": True, "row_factory": dict_row, **CONNECT_OPTIONS,
                     "connect_timeout": max(1, int(connect_timeout))},
             # While the database is down a call fails after this long (StoreUnavailable: the
             # loops back off, the API answers 503) instead of holding its thread for 30 s.
@@ -273,8 +275,10 @@ class PostgresDriver(Driver):
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
-    """JSON columns read as SQLite's are (an empty object skips the parser)."""
+    """JSON columns read as SQLite's are (an empty object skips the parser); the session
+    limits."""
     set_json_loads(object_from_json, conn)
+    apply_session_limits(conn)
 
 
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -433,7 +437,7 @@ class PostgresLease(Lease):
                 self._drop()
         conn: psycopg.Connection[Any] | None = None
         try:
-            conn = psycopg.connect(self._url, autocommit=True, **connect_options(self._url))
+            conn = connect(self._url)
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,)).fetchone()
         except psycopg.Error as exc:
             if conn is not None:

@@ -222,3 +222,13 @@ ANALYZE herder_jobs;
 
 -- name: schema_table_exists
 SELECT to_regclass('herder_schema') IS NOT NULL AS present;
+
+-- name: session_limits
+-- herder's limits on its own session, each only where nothing else set it: the URL's or
+-- PGOPTIONS' options, a service file, ALTER ROLE/DATABASE ... SET and postgresql.conf win.
+SELECT set_config(l.name, l.value, false)
+FROM (VALUES ('statement_timeout', %(statement_timeout)s::text),
+             ('idle_in_transaction_session_timeout',
+              %(idle_in_transaction_session_timeout)s::text)) AS l (name, value)
+JOIN pg_settings s ON s.name = l.name
+WHERE s.source = 'default';
