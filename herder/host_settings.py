@@ -108,8 +108,8 @@ _DECLARED_KEYS: dict[str, tuple[list[str], str | None]] = {
     "--reserved": (["ram_reserved_gb"], "reserve less than ram_total_gb"),
     "--job-types": (["job_types"], None),
     "--prime-workers": (["prime", "max_workers"],
-                        "give prime or night max_workers; to keep the host idle, set "
-                        "enabled = false instead"),
+                        "give prime or night max_workers; to keep the host idle, drain it "
+                        "instead: `herder host drain`"),
     "--weights": (["weights"], "allow lighter weights, or raise a window's max_weight or "
                                "ram_total_gb"),
 }
@@ -125,6 +125,6 @@ def check_declared_hosts(config: Config) -> None:
         try:
             _check_feasible(declared_host(label, section), config)
         except InputError as error:
-            keys, fix = _DECLARED_KEYS[error.field]
+            keys, fix = _DECLARED_KEYS.get(error.field, ([], None))
             raise ConfigError(config.where(["hosts", label, *keys]), error.problem,
                               fix or error.fix) from None

@@ -5,6 +5,7 @@ so a local attempt is rescued by its lease, not by a pid that may be another mac
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,7 +18,8 @@ from herder.config import load_config
 from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Transport
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.loop_health import LoopRegistry
-from herder.runtime.maintenance import Rescuer, local_worker_alive, rescue_plan
+from herder.runtime.maintenance import Rescuer, WorkerId, local_worker_alive, rescue_plan
+from herder.runtime.process import process_start_time
 
 LOCAL = HostRecord(label="late", ram_total_gb=8, transport=Transport.LOCAL,
                    prime_max_workers=2, night_max_workers=2)
@@ -49,8 +51,9 @@ def test_a_local_host_added_while_running_is_served_then_stopped_when_removed(tm
         store.host_insert(LOCAL, datetime.now(UTC))
         wait_for(lambda: "heartbeat:late" in loops(), 30, "the new local host to be served",
                  coordinator.health_view)
-        assert sorted(threads_of("late")) == [
-            "herder-heartbeat-late", "herder-local-late", "herder-probes-late"]
+        wait_for(lambda: sorted(threads_of("late")) == [
+            "herder-heartbeat-late", "herder-local-late", "herder-probes-late"], 30,
+            "the host's runner, heartbeat and probes threads", threading.enumerate)
 
         client = Client.over(store, coordinator.config)
         job_id = client.submit(command=["true"], affinity="late", check_command=False).job_id
@@ -69,52 +72,80 @@ def test_a_local_host_added_while_running_is_served_then_stopped_when_removed(tm
     assert not fatal.is_set()
 
 
-def test_sync_starts_and_stops_by_transport(tmp_path, store):
+def test_sync_follows_the_transport_and_the_workers(tmp_path, store):
     """A host switched from local to agent is no longer served here; back to local, it is
-    again. Each pass says what it did."""
+    again; its runner takes new workers as they are set. Each pass says what it did. (No
+    start(): the passes here are the only ones.)"""
     coordinator = coordinator_on(tmp_path, store)
     now = datetime.now(UTC)
     store.host_insert(LOCAL, now)
-    coordinator.start()
     try:
-        assert "late" in coordinator._local
-        assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 0}
+        assert coordinator.sync_local_hosts() == {"started": 1, "stopped": 0, "resized": 0}
+        assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 0, "resized": 0}
+        store.host_update(replace(LOCAL, prime_max_workers=5), now)
+        assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 0, "resized": 1}
+        assert coordinator._local["late"].runner.options.concurrency == 5
         store.host_update(replace(LOCAL, transport=Transport.AGENT), now)
-        assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 1}
-        wait_for(lambda: not threads_of("late"), 30, "the host's threads to end")
+        assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 1, "resized": 0}
+        wait_for(lambda: not threads_of("late"), 30, "the host's threads to end",
+                 threading.enumerate)
         store.host_update(LOCAL, now)
-        assert coordinator.sync_local_hosts() == {"started": 1, "stopped": 0}
-        assert "late" in coordinator._local
+        assert coordinator.sync_local_hosts() == {"started": 1, "stopped": 0, "resized": 0}
+        assert coordinator._local["late"].runner.options.concurrency == 2
     finally:
         coordinator.stop()
-    assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 0}
-    wait_for(lambda: not threads_of("late"), 30, "every thread to end at stop")
+    assert coordinator.sync_local_hosts() == {"started": 0, "stopped": 0, "resized": 0}
+    wait_for(lambda: not threads_of("late"), 30, "every thread to end at stop",
+             threading.enumerate)
+
+
+def placed(store, worker: str, now: datetime) -> int:  # type: ignore[no-untyped-def]
+    """A job placed on `late` and taken by `worker`."""
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], now)]
+    store.job_assign("late", [(job_id, 3.0)], 2, 8.0, now)
+    assert store.attempt_set_worker(AttemptToken(job_id, 1), worker, now)
+    return job_id
 
 
 def test_a_replica_leaves_another_machines_local_attempt_to_its_lease(store):
     """Replicas each serve the local hosts, so an attempt may run under another machine's
     server: its pid means nothing here. While its runner heartbeats, no replica rescues it;
-    silent past the lease, it is requeued. `herder up` (not shared) still judges its own
-    host's attempts by the pid alone."""
+    silent past the lease, it is requeued (its processes here, if any, killed first)."""
     now = datetime.now(UTC)
     store.host_insert(LOCAL, now)
-    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], now)]
-    store.job_assign("late", [(job_id, 3.0)], 2, 8.0, now)
-    elsewhere = f"late/{dead_pid()}/1"  # a runner process that is not on this machine
-    assert store.attempt_set_worker(AttemptToken(job_id, 1), elsewhere, now)
-    within = now + timedelta(seconds=30)
-
+    job_id = placed(store, f"late/{dead_pid()}/1", now)  # a runner not on this machine
     shared = Rescuer(store, "late", lease_seconds=60, kill_grace=1.0, max_lost=5, shared=True)
-    assert shared.run_once(within) == {"orphaned": 0, "stale": 0, "requeued": 0, "failed": 0}
+    assert shared.run_once(now + timedelta(seconds=30)) == {
+        "orphaned": 0, "stale": 0, "requeued": 0, "failed": 0}
     assert store.job_get(job_id).status is JobStatus.CLAIMED
-    alone = Rescuer(store, "late", lease_seconds=60, kill_grace=1.0, max_lost=5)
-    assert [rescue.reason for rescue in rescue_plan(
-        store.attempt_list_live(), within, 60, "late", local_worker_alive)] == ["orphaned"]
-
-    silent = now + timedelta(seconds=61)
-    assert shared.run_once(silent)["orphaned"] == 1
+    assert shared.run_once(now + timedelta(seconds=61)) == {
+        "orphaned": 1, "stale": 0, "requeued": 1, "failed": 0}
     assert store.job_get(job_id).status is JobStatus.QUEUED
-    assert alone.run_once(silent)["orphaned"] == 0  # nothing live is left
+
+
+def test_a_live_local_runner_silent_past_its_lease_loses_its_attempt(store):
+    """Shared: even a runner alive here (wedged, its heartbeats failing) loses an attempt
+    silent past the lease, which its job's processes here are killed for first."""
+    now = datetime.now(UTC)
+    store.host_insert(LOCAL, now)
+    pid = os.getpid()
+    job_id = placed(store, str(WorkerId("late", pid, process_start_time(pid) or 0)), now)
+    [rescue] = rescue_plan(store.attempt_list_live(), now + timedelta(seconds=61), 60, "late",
+                           local_worker_alive, shared=True)
+    assert (rescue.reason, rescue.kill) == ("stale", True)
+    shared = Rescuer(store, "late", lease_seconds=60, kill_grace=1.0, max_lost=5, shared=True)
+    assert shared.run_once(now + timedelta(seconds=61))["stale"] == 1
+    assert store.job_get(job_id).status is JobStatus.QUEUED
+
+
+def test_up_still_requeues_its_own_orphans_at_once(store):
+    """Not shared (`herder up`): a runner of this host that is gone is known at once."""
+    now = datetime.now(UTC)
+    store.host_insert(LOCAL, now)
+    job_id = placed(store, f"late/{dead_pid()}/1", now)
+    alone = Rescuer(store, "late", lease_seconds=60, kill_grace=1.0, max_lost=5)
+    assert alone.run_once(now + timedelta(seconds=1))["orphaned"] == 1
+    assert store.job_get(job_id).status is JobStatus.QUEUED
 
 
 def dead_pid() -> int:

@@ -129,8 +129,7 @@ GOOD_HOST = "[hosts.fine]\nram_total_gb = 16\n"
     ("[hosts.big]\nram_total_gb = 8\n[hosts.big.prime]\nmax_workers = 0\n"
      "[hosts.big.night]\nmax_workers = 0\n", "hosts.big.prime.max_workers",
      "0 workers in prime time and at night: the host would never take work (give prime or "
-     "night max_workers; to keep the host idle, set "
-     "enabled = false instead)"),
+     "night max_workers; to keep the host idle, drain it instead: `herder host drain`)"),
     ("[hosts.big]\nram_total_gb = 5\nweights = ['heavy']\n", "hosts.big.weights",
      "heavy can never fit: host big can book 4.0 GB (allow lighter weights, or raise a "
      "window's max_weight or ram_total_gb)"),

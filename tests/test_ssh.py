@@ -339,3 +339,25 @@ def test_the_launcher_looks_for_placements_only_when_asked(tmp_path: Path, store
             AttemptToken(inserted.job_id, 1), "server/1/1")
     finally:
         launcher.stop()
+
+
+def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, store) -> None:
+    """The launcher bound an account; it is removed before `run-attempt` fetches the
+    attempt: the attempt is refused, never run without the account's credentials."""
+    from herder.config import Config, Settings
+    from herder.model import Account, AttemptToken, HostRecord, JobSpec, Transport
+    from herder.runtime.coordinator import Coordinator
+
+    now = datetime.now(UTC)
+    store.host_insert(HostRecord("s5", 16, transport=Transport.SSH, ssh_target="x"), now)
+    store.account_upsert(Account("s5", "alpha", {"WHO": "alpha"}), now)
+    [inserted] = store.job_insert([JobSpec(command=("true",))], now)
+    store.job_assign("s5", [(inserted.job_id, 3.0)], 1, 12.8, now)
+    token = AttemptToken(inserted.job_id, 1)
+    assert store.attempt_set_worker(token, "server/1/1", now)
+    assert store.attempt_bind_account(token, "s5", "alpha", 1, now)
+    coordinator = Coordinator(store, Config(Settings(), None), host="server")
+    handed = coordinator.placed_attempt("s5", token)
+    assert handed is not None and handed.env["WHO"] == "alpha"
+    assert store.account_delete("s5", "alpha")
+    assert coordinator.placed_attempt("s5", token) is None

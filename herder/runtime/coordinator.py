@@ -121,6 +121,20 @@ class _LocalHost:
     runner: Runner
     stop: threading.Event
 
+    def resize(self, concurrency: int) -> bool:
+        """Take the host's workers as they are now (`herder host set`); True if changed.
+        The runner reads its options at each pass."""
+        if self.runner.options.concurrency == concurrency:
+            return False
+        self.runner.options = replace(self.runner.options, concurrency=concurrency)
+        return True
+
+
+def local_concurrency(host: HostRecord) -> int:
+    """Attempts a local host's runner may run at once: its larger window's workers (the
+    scheduler places within the window that is open)."""
+    return max(host.prime_max_workers, host.night_max_workers, 1)
+
 
 @dataclass
 class _SchedulerCycle:
@@ -202,7 +216,10 @@ class Coordinator:
         self._local: dict[str, _LocalHost] = {}
         self.relay_listening = threading.Event()
         """Set once this replica listens for the leader's placements (PostgreSQL only)."""
-        self._local_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._served: frozenset[str] = frozenset()
+        self._not_local: frozenset[str] = frozenset()
+        self._local_wake = threading.Event()
         self.log_dir = config.log_dir
         self.operations = Client.over(store, config)
         """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
@@ -245,30 +262,36 @@ class Coordinator:
             self._spawn(self._assignment_relay, "herder-assignments")
 
     def sync_local_hosts(self) -> dict[str, int]:
-        """Serve every host whose transport is `local` from this process, and no other:
-        returns how many were started and stopped."""
-        wanted = {host.label: host for host in self.store.host_list()
-                  if host.transport is Transport.LOCAL}
-        with self._local_lock:
+        """Serve every host whose transport is `local` from this process, and no other, each
+        with its current workers: how many were started, stopped and resized."""
+        hosts = self.store.host_list()
+        wanted = {host.label: host for host in hosts if host.transport is Transport.LOCAL}
+        counts = {"started": 0, "stopped": 0, "resized": 0}
+        with self._sync_lock:  # one pass at a time; readers use the snapshots below
             if self._stop.is_set():
-                return {"started": 0, "stopped": 0}
-            gone = [label for label in self._local if label not in wanted]
-            for label in gone:
+                return counts
+            for label in [label for label in self._local if label not in wanted]:
                 self._stop_local(self._local.pop(label))
-            added = [host for label, host in wanted.items() if label not in self._local]
-            for host in added:
-                self._local[host.label] = self._serve_local(host)
-        for label in gone:
-            log.info("local host %s is no longer served here (removed or not local)", label)
-        for host in added:
-            log.info("serving local host %s", host.label)
-        return {"started": len(added), "stopped": len(gone)}
+                log.info("local host %s is no longer served here (removed or not local)",
+                         label)
+                counts["stopped"] += 1
+            for label, host in wanted.items():
+                served = self._local.get(label)
+                if served is None:
+                    self._local[label] = self._serve_local(host)
+                    log.info("serving local host %s", label)
+                    counts["started"] += 1
+                elif served.resize(local_concurrency(host)):
+                    counts["resized"] += 1
+            self._served = frozenset(self._local)
+            self._not_local = frozenset(host.label for host in hosts
+                                        if host.transport is not Transport.LOCAL)
+        return counts
 
     def _serve_local(self, host: HostRecord) -> _LocalHost:
         runtime = self.settings.runtime
         options = RunnerOptions.from_settings(
-            self.settings, host.label, self.log_dir,
-            concurrency=max(host.prime_max_workers, host.night_max_workers, 1),
+            self.settings, host.label, self.log_dir, concurrency=local_concurrency(host),
             attempt_lease=self.lease_seconds)
         # Shared: every replica serves the local hosts, and another machine's runner may
         # hold this host's attempts.
@@ -294,21 +317,20 @@ class Coordinator:
     def _local_hosts_loop(self) -> None:
         loop = self.loops.register("local-hosts", LOCAL_HOSTS_INTERVAL)
         backoff = Backoff(base=LOCAL_HOSTS_INTERVAL, cap=10.0)
-        wake = threading.Event()
-        # The scheduler placing on a host not served yet (added a moment ago) wakes the loop
-        # at once, instead of leaving the placement to its pickup timeout.
+
+        # The scheduler placing on a host this pass has not seen (added a moment ago) wakes
+        # the loop at once, instead of leaving the placement to its pickup timeout. Called
+        # on the scheduler's thread: snapshots only, no lock, no query.
         def assigned(hosts: set[str]) -> None:
-            with self._local_lock:
-                unserved = any(label not in self._local for label in hosts)
-            if unserved:
-                wake.set()
+            if hosts - self._served - self._not_local:
+                self._local_wake.set()
 
         self.assignment_listeners.append(assigned)
         while not self._stop.is_set():
             delay = run_cycle(loop, backoff, "local hosts", self.sync_local_hosts)
-            wake.wait(LOCAL_HOSTS_INTERVAL if delay is None else delay)
-            wake.clear()
-        self.loops.unregister("local-hosts")
+            self._local_wake.wait(LOCAL_HOSTS_INTERVAL if delay is None else delay)
+            self._local_wake.clear()
+        loop.unregister()
 
     def _spawn(self, target: Callable[[], object], name: str,
                until: threading.Event | None = None) -> None:
@@ -326,7 +348,8 @@ class Coordinator:
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        # Threads of hosts no longer served have ended: keep only those stop() must join.
+        self._threads = [*[t for t in self._threads if t.is_alive()], thread]
 
     def _fatal(self, reason: str) -> None:
         log.critical("%s; stopping so a supervisor restarts herder", reason)
@@ -339,7 +362,8 @@ class Coordinator:
         self._poke.set()
         if self.alerts is not None:
             self.alerts.close()
-        with self._local_lock:
+        self._local_wake.set()
+        with self._sync_lock:
             for served in self._local.values():
                 self._stop_local(served)
         deadline = time.monotonic() + timeout
@@ -550,8 +574,7 @@ class Coordinator:
 
     def _local_heartbeat(self, label: str, stop: threading.Event) -> None:
         interval = min(self.settings.runtime.heartbeat_interval, 30.0)
-        name = f"heartbeat:{label}"
-        loop = self.loops.register(name, interval)
+        loop = self.loops.register(f"heartbeat:{label}", interval)
         # Retries come sooner than the next beat, so one failed write costs no missed beat.
         backoff = Backoff(base=min(interval / 4, 1.0), cap=interval)
         def beat() -> None:
@@ -561,7 +584,7 @@ class Coordinator:
             delay = run_cycle(loop, backoff, f"local heartbeat for {label}", beat)
             stop.wait(interval if delay is None else delay)
         if not self._stop.is_set():
-            self.loops.unregister(name)  # a host no longer served is no part of the health
+            loop.unregister()  # a host no longer served is no part of the health
 
     # -- what the API asks ------------------------------------------------------------------------
 
@@ -590,8 +613,14 @@ class Coordinator:
                 or job.status is not JobStatus.CLAIMED):
             return None
         bound = self.store.attempt_get_account(token)
-        env = self.store.account_env(*bound) if bound is not None else None
-        return replace(job, env={**job.env, **env}) if env else job
+        if bound is None:
+            return job
+        env = self.store.account_env(*bound)
+        if env is None:  # the account was removed since: never run without its credentials
+            log.warning("job %d attempt %d: account %s on %s is gone; not handed out",
+                        job.id, job.attempt, bound[1], bound[0])
+            return None
+        return replace(job, env={**job.env, **env})
 
     def agent_heartbeat(self, label: str, worker: str, running: list[AttemptToken],
                         info: dict[str, Any], with_attempts: bool) -> HeartbeatReply:

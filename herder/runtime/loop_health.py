@@ -33,6 +33,7 @@ class LoopState(msgspec.Struct, frozen=True):
     failures: int = 0  # consecutive failed cycles
     last_error: str | None = None  # the exception's type only: messages may hold hosts, URLs
     ended: bool = False  # the loop's thread is gone (not on purpose)
+    generation: int = 0  # which registration of the name this is (a loop registered again)
 
 
 class LoopReport(msgspec.Struct, frozen=True):
@@ -61,23 +62,32 @@ def assess(state: LoopState, now: float) -> LoopReport:
 
 
 class Loop:
-    """The handle a loop's thread reports through."""
+    """The handle a loop's thread reports through. It speaks for its own registration only:
+    a thread still ending while its name is registered again (a host removed and added
+    back) changes nothing of the new one's."""
 
-    def __init__(self, registry: LoopRegistry, name: str) -> None:
+    def __init__(self, registry: LoopRegistry, name: str, generation: int = 0) -> None:
         self._registry = registry
         self.name = name
+        self.generation = generation
 
     def succeeded(self) -> None:
         now = self._registry.clock()
-        self._registry.update(self.name, lambda s: replace(s, last_success=now, failures=0))
+        self._registry.update(self.name, lambda s: replace(s, last_success=now, failures=0),
+                              self.generation)
 
     def failed(self, error: BaseException) -> None:
         kind = type(error).__name__
         self._registry.update(
-            self.name, lambda s: replace(s, failures=s.failures + 1, last_error=kind))
+            self.name, lambda s: replace(s, failures=s.failures + 1, last_error=kind),
+            self.generation)
 
     def ended(self) -> None:
-        self._registry.update(self.name, lambda s: replace(s, ended=True))
+        self._registry.update(self.name, lambda s: replace(s, ended=True), self.generation)
+
+    def unregister(self) -> None:
+        """The loop stopped on purpose: no longer part of the health."""
+        self._registry.unregister(self.name, self.generation)
 
     def report(self) -> LoopReport:
         return self._registry.report(self.name)
@@ -92,24 +102,32 @@ class LoopRegistry:
         self.floor_seconds = floor_seconds
         self._lock = threading.Lock()
         self._states: dict[str, LoopState] = {}
+        self._generations = 0
 
     def register(self, name: str, interval: float, stale_seconds: float | None = None) -> Loop:
         """Start watching a loop (again, if the name is known: a restarted loop starts over)."""
         limit = (stale_after(interval, self.floor_seconds) if stale_seconds is None
                  else stale_seconds)
         with self._lock:
-            self._states[name] = LoopState(name, interval, limit, self.clock())
-        return Loop(self, name)
+            self._generations += 1
+            generation = self._generations
+            self._states[name] = LoopState(name, interval, limit, self.clock(),
+                                           generation=generation)
+        return Loop(self, name, generation)
 
-    def unregister(self, name: str) -> None:
-        """The loop stopped on purpose (shutdown): no longer part of the health."""
-        with self._lock:
-            self._states.pop(name, None)
-
-    def update(self, name: str, change: Callable[[LoopState], LoopState]) -> None:
+    def unregister(self, name: str, generation: int | None = None) -> None:
+        """The loop stopped on purpose (shutdown): no longer part of the health. With a
+        generation, only while the name is still that registration."""
         with self._lock:
             state = self._states.get(name)
-            if state is not None:
+            if state is not None and generation in (None, state.generation):
+                del self._states[name]
+
+    def update(self, name: str, change: Callable[[LoopState], LoopState],
+               generation: int | None = None) -> None:
+        with self._lock:
+            state = self._states.get(name)
+            if state is not None and generation in (None, state.generation):
                 self._states[name] = change(state)
 
     def report(self, name: str) -> LoopReport:

@@ -2,9 +2,11 @@
 
 The rescuer finds attempts whose runner is gone and hands their jobs back to the queue.
 An attempt is *orphaned* when its runner was on this host and that process no longer
-exists (a restart after kill -9 finds these at once); it is *stale* when its heartbeat is
-older than the lease, wherever it ran. Orphans' surviving processes are killed before the
-job is requeued, so no two attempts of a job ever run at the same time.
+exists (`herder up` restarted after kill -9 finds these at once; `herder server`, whose
+replicas share the local hosts, once their lease has passed); it is *stale* when its
+heartbeat is older than the lease, wherever it ran. The surviving processes of an attempt
+of a host run here are killed before its job is requeued, so no two attempts of a job ever
+run at the same time.
 
 The pickup watch hands back placements that no runner took within the pickup timeout
 (the host's agent died or is not asking for work), so they run elsewhere in seconds
@@ -54,6 +56,7 @@ class WorkerId(msgspec.Struct, frozen=True):
 class Rescue(msgspec.Struct, frozen=True):
     live: LiveAttempt
     reason: str  # "orphaned" or "stale"
+    kill: bool = False  # its processes may be on this machine: kill them before the requeue
 
 
 def rescue_plan(
@@ -87,9 +90,9 @@ def rescue_plan(
             alive = worker_alive(worker)
             if shared:
                 if attempt.heartbeat_at < cutoff:
-                    plan.append(Rescue(item, "stale" if alive else "orphaned"))
+                    plan.append(Rescue(item, "stale" if alive else "orphaned", kill=True))
             elif not alive:
-                plan.append(Rescue(item, "orphaned"))
+                plan.append(Rescue(item, "orphaned", kill=True))
             continue  # a live local runner speaks for its own attempts
         if attempt.heartbeat_at < cutoff:
             plan.append(Rescue(item, "stale"))
@@ -197,8 +200,8 @@ class Rescuer:
         results: list[AttemptResult] = []
         for rescue in plan:
             attempt = rescue.live.attempt
-            # An orphan's survivors die first: the job may only run again once they are gone.
-            if rescue.reason == "orphaned" and not kill_tree(
+            # Survivors here die first: the job may only run again once they are gone.
+            if rescue.kill and not kill_tree(
                 None, attempt_marker(attempt.token, attempt.worker), self.kill_grace
             ):
                 log.error("attempt %s: survivors would not die; not requeued", attempt.token)
