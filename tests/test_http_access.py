@@ -26,6 +26,7 @@ from herder.api.tokens import (
 from herder.config import Config, Settings
 from herder.model import HostRecord, Scope, TokenRecord
 from herder.runtime.coordinator import Coordinator
+from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -212,6 +213,11 @@ def test_the_deprecated_api_token_variable_is_an_admin_token(store_url, tmp_path
                            follow_redirects=False).status_code == 303
         assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
         assert legacy not in str(client.cookies)
+        # The store keeps a key of the token that only the cookie's id unlocks: nothing in
+        # the table to guess an operator-chosen token from.
+        stored = store.session_get(id_hash(client.cookies[COOKIE]), datetime.now(UTC))
+        assert stored is not None and stored[0].startswith(LEGACY)
+        assert token_hash(legacy) not in stored[0]
         # Sessions are in the store: a server whose variable was rotated refuses the old
         # token's session; one with the same token (a replica) takes it.
         for token, status in (("rotated-operator-token-5678", 401), (legacy, 200)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 import threading
 from datetime import UTC, datetime
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import psycopg
 import pytest
@@ -20,7 +20,7 @@ from support.waits import wait_for
 from herder.errors import StoreUnavailable
 from herder.model import JobSpec
 from herder.store import as_unavailable, open_store
-from herder.store.postgres import _MIGRATION_LOCK, PostgresStore
+from herder.store.postgres import _MIGRATION_LOCK, PostgresStore, connect
 
 
 def with_options(url: str, options: str) -> str:
@@ -81,6 +81,30 @@ def test_what_the_url_pgoptions_or_the_database_set_wins(postgres_server_url, po
         finally:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
                 sql.Identifier(name)))
+
+
+@pytest.mark.postgres
+def test_herders_own_connections_carry_them_too(postgres_url):
+    """The LISTEN connection and the leader lease's are opened apart from the pool."""
+    with connect(postgres_url) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("1min",)
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("1min",)
+
+
+@pytest.mark.postgres
+def test_a_service_files_options_are_kept(postgres_url, tmp_path, monkeypatch):
+    """A URL naming a libpq service keeps what the service file says (its options were
+    once hidden by herder's own)."""
+    parts = urlsplit(postgres_url)
+    services = tmp_path / "pg_service.conf"
+    services.write_text(f"[herder-test]\nhost={parts.hostname}\nport={parts.port or 5432}\n"
+                        f"user={parts.username}\ndbname={parts.path.lstrip('/')}\n"
+                        "options=-c statement_timeout=7s\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    with open_store("postgresql://?service=herder-test", migrate=False) as store:
+        assert isinstance(store, PostgresStore)
+        assert setting(store, "statement_timeout") == "7s"
+        assert setting(store, "idle_in_transaction_session_timeout") == "1min"
 
 
 @pytest.mark.postgres

@@ -343,7 +343,8 @@ def test_the_launcher_looks_for_placements_only_when_asked(tmp_path: Path, store
 
 def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, store) -> None:
     """The launcher bound an account; it is removed before `run-attempt` fetches the
-    attempt: the attempt is refused, never run without the account's credentials."""
+    attempt: the attempt is refused (tried again soon, nothing spent), never run without the
+    account's credentials."""
     from herder.config import Config, Settings
     from herder.model import Account, AttemptToken, HostRecord, JobSpec, Transport
     from herder.runtime.coordinator import Coordinator
@@ -361,3 +362,5 @@ def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, 
     assert handed is not None and handed.env["WHO"] == "alpha"
     assert store.account_delete("s5", "alpha")
     assert coordinator.placed_attempt("s5", token) is None
+    job = store.job_get(inserted.job_id)  # refused: back in the queue, nothing spent
+    assert job is not None and (job.status, job.failures, job.lost) == (JobStatus.QUEUED, 0, 0)

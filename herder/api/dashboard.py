@@ -32,7 +32,12 @@ from herder.api.depends import (
 from herder.api.sessions import COOKIE, csrf_refusal, foreign_origin
 from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, Denied, authorize, token_hash
 from herder.model import BIGINT_MAX, JobStatus, Scope
-from herder.runtime.sessions import LEGACY, LIFETIME_SECONDS, SessionBook
+from herder.runtime.sessions import (
+    LIFETIME_SECONDS,
+    SessionBook,
+    legacy_key,
+    new_session_id,
+)
 from herder.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.wire import JobPage, SessionView
 
@@ -195,12 +200,12 @@ async def login_page() -> Response:
     return login_form()
 
 
-async def session_key(request: Request, token: str) -> str:
-    """What a session keeps of a pasted token (its hash, never the token), once the token
-    is checked as the API checks a bearer token: Denied (401/403) otherwise."""
+async def session_key(request: Request, token: str, session_id: str) -> str:
+    """What session `session_id` keeps of a pasted token (its hash, never the token), once
+    the token is checked as the API checks a bearer token: Denied (401/403) otherwise."""
     caller = await token_caller(request, token)
     if caller is LEGACY_ADMIN:
-        return LEGACY + token_hash(token)
+        return legacy_key(session_id, token)
     authorize(caller, Scope.READ)  # an agent token signs in nowhere
     return token_hash(token)
 
@@ -217,11 +222,12 @@ async def login(request: Request) -> Response:
     token = (form.get("token") or [""])[0].strip()
     if not token:
         return login_form(401, "paste a read, submit or admin token")
+    session_id = new_session_id()
     try:
-        key = await session_key(request, token)
+        key = await session_key(request, token, session_id)
     except Denied as refused:
         return login_form(refused.status, refused.reason)
-    opened = await call(sessions_of(request).open, key)
+    opened = await call(sessions_of(request).open, key, session_id)
     response = RedirectResponse("/ui/", status_code=303)
     response.set_cookie(COOKIE, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,
                         samesite="strict", secure=request.url.scheme == "https")

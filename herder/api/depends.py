@@ -31,7 +31,7 @@ from herder.config import _NAME, ServerSection
 from herder.model import BIGINT_MAX, INT_MAX, Scope
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
-from herder.runtime.sessions import LEGACY, Session, SessionBook
+from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
 
 T = TypeVar("T")
 
@@ -120,9 +120,8 @@ async def session_identity(request: Request, session: Session) -> Caller:
     """Who a session's token is now: a token revoked since sign-in is refused (401)."""
     if session.key.startswith(LEGACY):
         access: Access = request.app.state.access
-        signed_with = session.key.removeprefix(LEGACY)
         if access.legacy_admin_token and same_secret(
-                signed_with, token_hash(access.legacy_admin_token)):
+                session.key, legacy_key(session.id, access.legacy_admin_token)):
             return LEGACY_ADMIN
         raise Denied(401, "unknown token")
     return identify(await call(coordinator(request).token, session.key))

@@ -21,7 +21,7 @@ from msgspec.structs import replace
 from herder.backoff import Backoff
 from herder.client import Client
 from herder.config import Config, JobTypeSection
-from herder.errors import Conflict, InputError, NotFound
+from herder.errors import Conflict, InputError, NotFound, StoreUnavailable
 from herder.host_settings import declared_host
 from herder.intake import resolve
 from herder.model import (
@@ -213,6 +213,7 @@ class Coordinator:
         self._stop = threading.Event()
         self._poke = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()  # threads are spawned from several threads
         self._local: dict[str, _LocalHost] = {}
         self.relay_listening = threading.Event()
         """Set once this replica listens for the leader's placements (PostgreSQL only)."""
@@ -349,7 +350,8 @@ class Coordinator:
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
         # Threads of hosts no longer served have ended: keep only those stop() must join.
-        self._threads = [*[t for t in self._threads if t.is_alive()], thread]
+        with self._threads_lock:
+            self._threads = [*[t for t in self._threads if t.is_alive()], thread]
 
     def _fatal(self, reason: str) -> None:
         log.critical("%s; stopping so a supervisor restarts herder", reason)
@@ -367,7 +369,9 @@ class Coordinator:
             for served in self._local.values():
                 self._stop_local(served)
         deadline = time.monotonic() + timeout
-        for thread in self._threads:
+        with self._threads_lock:
+            threads = list(self._threads)
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _scheduler_age(self) -> float | None:
@@ -550,6 +554,10 @@ class Coordinator:
                 waker = self.store.listen()
                 self.relay_listening.set()
             heard = waker.wait_topics(RELAY_INTERVAL)
+            if not waker.connected:  # it heals itself; meanwhile /healthz says so
+                raise StoreUnavailable("the LISTEN connection is down")
+            # A placement the old leader made just as this replica took over is not relayed:
+            # its agents and launcher find it at their next poll.
             if self.is_leader or heard == set():
                 return
             if heard is None:  # a reconnect: what was placed meanwhile is unknown
@@ -564,9 +572,6 @@ class Coordinator:
             while not self._stop.is_set():
                 delay = run_cycle(loop, backoff, "assignment relay", listen)
                 if delay is not None:
-                    if waker is not None:
-                        _close_quietly(waker)
-                        waker = None
                     self._stop.wait(delay)
         finally:
             if waker is not None:
@@ -616,9 +621,13 @@ class Coordinator:
         if bound is None:
             return job
         env = self.store.account_env(*bound)
-        if env is None:  # the account was removed since: never run without its credentials
+        if env is None:
+            # The account was removed since the launcher bound it: never run without its
+            # credentials. The attempt ends as refused (nothing spent, tried again soon,
+            # bound afresh); the remote side is told it is not placed.
             log.warning("job %d attempt %d: account %s on %s is gone; not handed out",
                         job.id, job.attempt, bound[1], bound[0])
+            record_ending(self.store, job, Outcome.REFUSED, utcnow(), self.limits)
             return None
         return replace(job, env={**job.env, **env})
 

@@ -4,6 +4,7 @@ restart keeps them, and replicas behind a balancer share them."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -16,13 +17,13 @@ LIFETIME_SECONDS = 12 * 3600
 MAX_ID_CHARS = 100
 LEGACY = "legacy-admin:"
 """A session that signed in with HERDER_API_TOKEN (which has no stored hash) keeps this
-followed by that token's SHA-256: a rotated token no longer matches, on any replica."""
+followed by `legacy_key`: a rotated token no longer matches, on any replica."""
 
 
 class Session(msgspec.Struct, frozen=True):
     id: str
     key: str
-    """The token's SHA-256, or LEGACY and the legacy admin token's."""
+    """The token's SHA-256, or LEGACY and `legacy_key`."""
     csrf: str
 
 
@@ -34,6 +35,17 @@ def id_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
+def new_session_id() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def legacy_key(session_id: str, token: str) -> str:
+    """What a legacy sign-in keeps of HERDER_API_TOKEN: keyed by the session's id, which the
+    store holds only hashed, so the table gives nothing to guess an operator-chosen (maybe
+    weak) token from offline."""
+    return LEGACY + hmac.new(session_id.encode(), token.encode(), hashlib.sha256).hexdigest()
+
+
 class SessionBook:
     """The open sessions, in the store; synchronous (the API calls it off its event loop)."""
 
@@ -43,10 +55,11 @@ class SessionBook:
         self._clock = clock
         self._lifetime = timedelta(seconds=lifetime)
 
-    def open(self, key: str) -> Session:
-        """A new session; the expired ones go first (a sign-in is rare, so this is the
-        only sweep the table needs)."""
-        session = Session(secrets.token_urlsafe(32), key, secrets.token_urlsafe(24))
+    def open(self, key: str, session_id: str | None = None) -> Session:
+        """A new session (`session_id`: one made beforehand with `new_session_id`); the
+        expired ones go first (a sign-in is rare, so this is the only sweep the table
+        needs)."""
+        session = Session(session_id or new_session_id(), key, secrets.token_urlsafe(24))
         now = self._clock()
         self.store.session_expire(now)
         self.store.session_open(id_hash(session.id), key, session.csrf, now + self._lifetime)

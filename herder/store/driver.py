@@ -71,6 +71,11 @@ def postgres_placeholders(text: str) -> str:
 class Waker(abc.ABC):
     """Blocks until the store may have new work (or the timeout passes)."""
 
+    @property
+    def connected(self) -> bool:
+        """False while it cannot hear the store (it keeps trying to)."""
+        return True
+
     @abc.abstractmethod
     def wait(self, timeout: float) -> bool:
         """True when woken by a change, False on timeout."""
