@@ -97,8 +97,9 @@ def test_a_service_files_options_are_kept(postgres_url, tmp_path, monkeypatch):
     once hidden by herder's own)."""
     parts = urlsplit(postgres_url)
     services = tmp_path / "pg_service.conf"
+    password = f"password={parts.password}\n" if parts.password else ""
     services.write_text(f"[herder-test]\nhost={parts.hostname}\nport={parts.port or 5432}\n"
-                        f"user={parts.username}\ndbname={parts.path.lstrip('/')}\n"
+                        f"user={parts.username}\n{password}dbname={parts.path.lstrip('/')}\n"
                         "options=-c statement_timeout=7s\n")
     monkeypatch.setenv("PGSERVICEFILE", str(services))
     with open_store("postgresql://?service=herder-test", migrate=False) as store:

@@ -363,4 +363,8 @@ def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, 
     assert store.account_delete("s5", "alpha")
     assert coordinator.placed_attempt("s5", token) is None
     job = store.job_get(inserted.job_id)  # refused: back in the queue, nothing spent
-    assert job is not None and (job.status, job.failures, job.lost) == (JobStatus.QUEUED, 0, 0)
+    assert job is not None and (job.status, job.failures, job.lost, job.spawn_failures) == (
+        JobStatus.QUEUED, 0, 0, 0)
+    assert [a.outcome for a in store.attempt_list(inserted.job_id)] == ["refused"]
+    assert launch_errors(store.event_list(inserted.job_id)) == {
+        1: "account alpha on s5 was removed before the attempt started"}

@@ -77,6 +77,8 @@ async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=
 @router.get(ATTEMPT, response_model=PlacedAttempt)
 async def attempt_get(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                       service: Service) -> PlacedAttempt:
+    """The attempt an ssh push placed on this host (`herder run-attempt`). Not quite a pure
+    read: an attempt whose bound account was removed meanwhile is ended here as refused."""
     job = await call(service.placed_attempt, label, AttemptToken(job_id, attempt))
     return PlacedAttempt(job=None if job is None else Assignment.of(job),
                          lease_seconds=service.lease_seconds)

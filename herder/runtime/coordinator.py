@@ -552,10 +552,12 @@ class Coordinator:
             nonlocal waker
             if waker is None:
                 waker = self.store.listen()
-                self.relay_listening.set()
             heard = waker.wait_topics(RELAY_INTERVAL)
-            if not waker.connected:  # it heals itself; meanwhile /healthz says so
+            if not waker.connected:  # it heals itself; meanwhile a follower's /healthz says so
+                if self.is_leader:  # the leader relays nothing: not its health
+                    return
                 raise StoreUnavailable("the LISTEN connection is down")
+            self.relay_listening.set()
             # A placement the old leader made just as this replica took over is not relayed:
             # its agents and launcher find it at their next poll.
             if self.is_leader or heard == set():
@@ -627,7 +629,9 @@ class Coordinator:
             # bound afresh); the remote side is told it is not placed.
             log.warning("job %d attempt %d: account %s on %s is gone; not handed out",
                         job.id, job.attempt, bound[1], bound[0])
-            record_ending(self.store, job, Outcome.REFUSED, utcnow(), self.limits)
+            record_ending(self.store, job, Outcome.REFUSED, utcnow(), self.limits, ending=Ending(
+                launch_error=f"account {bound[1]} on {bound[0]} was removed before the "
+                             "attempt started"))
             return None
         return replace(job, env={**job.env, **env})
 

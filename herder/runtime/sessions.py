@@ -59,6 +59,8 @@ class SessionBook:
         """A new session (`session_id`: one made beforehand with `new_session_id`); the
         expired ones go first (a sign-in is rare, so this is the only sweep the table
         needs)."""
+        if session_id is None and key.startswith(LEGACY):
+            raise ValueError("a legacy key is made for its session id: pass that id")
         session = Session(session_id or new_session_id(), key, secrets.token_urlsafe(24))
         now = self._clock()
         self.store.session_expire(now)
