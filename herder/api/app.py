@@ -40,6 +40,7 @@ from herder.api.tokens import Denied
 from herder.errors import Conflict, HerderError, InputError, NotFound
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import SessionBook
+from herder.store import lost_session_errors
 
 __all__ = ["PAGES", "ROUTERS", "Access", "api_routes", "create_app", "page_routes",
            "route_scope"]
@@ -54,8 +55,7 @@ PAGES: tuple[APIRouter, ...] = (dashboard.pages,)
 """The dashboard's pages: HTML, outside the OpenAPI document, each declaring its scope too."""
 # What `herder.store.as_unavailable` counts as the database failing (psycopg_pool's
 # PoolTimeout is a psycopg.OperationalError too).
-DATABASE_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError,
-                                                psycopg.errors.IdleInTransactionSessionTimeout,
+DATABASE_ERRORS: tuple[type[Exception], ...] = (*lost_session_errors(psycopg),
                                                 sqlite3.OperationalError)
 
 

@@ -218,8 +218,8 @@ class Coordinator:
         self.relay_listening = threading.Event()
         """Set once this replica listens for the leader's placements (PostgreSQL only)."""
         self._sync_lock = threading.Lock()
-        self._served: frozenset[str] = frozenset()
-        self._not_local: frozenset[str] = frozenset()
+        self._served: frozenset[str] = frozenset()  # local hosts served here
+        self._known: frozenset[str] = frozenset()  # every host the last pass saw
         self._local_wake = threading.Event()
         self.log_dir = config.log_dir
         self.operations = Client.over(store, config)
@@ -285,8 +285,7 @@ class Coordinator:
                 elif served.resize(local_concurrency(host)):
                     counts["resized"] += 1
             self._served = frozenset(self._local)
-            self._not_local = frozenset(host.label for host in hosts
-                                        if host.transport is not Transport.LOCAL)
+            self._known = frozenset(host.label for host in hosts)
         return counts
 
     def _serve_local(self, host: HostRecord) -> _LocalHost:
@@ -323,7 +322,7 @@ class Coordinator:
         # the loop at once, instead of leaving the placement to its pickup timeout. Called
         # on the scheduler's thread: snapshots only, no lock, no query.
         def assigned(hosts: set[str]) -> None:
-            if hosts - self._served - self._not_local:
+            if hosts - self._known:
                 self._local_wake.set()
 
         self.assignment_listeners.append(assigned)
@@ -472,11 +471,9 @@ class Coordinator:
             # would kill it).
             rescued: dict[str, int] = {}
             if time.monotonic() - cycle.leader_since >= self.lease_seconds:
-                # Local hosts' attempts are judged by their runner's process (its survivors
-                # killed before a requeue), so the set follows hosts added while running.
-                cycle.rescuer.host = frozenset(
-                    {self.host} | {h.label for h in self.store.host_list()
-                                   if h.transport is Transport.LOCAL})
+                # Local hosts' attempts have their survivors here killed before a requeue;
+                # the set follows the hosts the local-hosts loop serves (no query of its own).
+                cycle.rescuer.host = frozenset({self.host}) | self._served
                 rescued = cycle.rescuer.run_once(now)
             # Placements a new leader inherits get one pickup timeout too.
             assert cycle.pickup is not None

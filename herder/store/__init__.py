@@ -13,7 +13,7 @@ from herder.store.driver import Waker
 __all__ = ["LiveAttempt", "Store", "Waker", "as_unavailable", "open_store"]
 
 
-def lost_session_errors(psycopg: ModuleType) -> tuple[type[BaseException], ...]:
+def lost_session_errors(psycopg: ModuleType) -> tuple[type[Exception], ...]:
     """PostgreSQL errors that mean the session failed, not the statement's logic: the server
     is down or restarting, cancelled a statement past its timeout, or ended a session left
     idle in a transaction (an InternalError to psycopg, yet the connection is gone)."""

@@ -73,6 +73,7 @@ ASSIGNED = "assigned:"
 """The topic a placement notifies (`job_assign`), followed by its host: it wakes the replicas
 that are not the leader (their agents' long-polls, their ssh launchers)."""
 
+
 class LiveAttempt(msgspec.Struct, frozen=True):
     """An attempt that has not ended, with the job counters its rescue decision needs."""
 
