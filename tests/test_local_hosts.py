@@ -11,13 +11,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from msgspec.structs import replace
+from support.coordinator import coordinator_in
 from support.waits import wait_for
 
 from herder.client import Client
-from herder.config import load_config
 from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Transport
 from herder.runtime.coordinator import Coordinator
-from herder.runtime.loop_health import LoopRegistry
 from herder.runtime.maintenance import Rescuer, WorkerId, local_worker_alive, rescue_plan
 from herder.runtime.process import process_start_time
 
@@ -26,13 +25,8 @@ LOCAL = HostRecord(label="late", ram_total_gb=8, transport=Transport.LOCAL,
 
 
 def coordinator_on(tmp_path, store) -> Coordinator:  # type: ignore[no-untyped-def]
-    path = tmp_path / "herder.toml"
-    path.write_text(f'[herder]\nlog_dir = "{tmp_path}/logs"\n'
-                    '[fleet]\nscheduler_interval = "0.05s"\n'
-                    '[runtime]\nheartbeat_interval = "1s"\npoll_interval = "0.2s"\n')
-    coordinator = Coordinator(store, load_config(path), host="server-host")
-    coordinator.loops = LoopRegistry(floor_seconds=30)
-    return coordinator
+    return coordinator_in(tmp_path, store, "server-host", fleet={"scheduler_interval": "0.05s"},
+                          runtime={"heartbeat_interval": "1s", "poll_interval": "0.2s"})
 
 
 def threads_of(label: str) -> list[str]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from support.coordinator import coordinator_in
 from support.waits import wait_for
 
-from herder.config import load_config
 from herder.errors import StoreUnavailable
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.loop_health import LoopRegistry, LoopState, assess, stale_after
@@ -59,13 +59,10 @@ def test_registry_tracks_success_failure_and_an_ended_thread():
 # -- the coordinator, in process, on a real store -------------------------------------------
 
 
-def coordinator_on(tmp_path, store, scheduler_interval: str = "0.05s") -> Coordinator:
-    path = tmp_path / "herder.toml"
-    path.write_text(f'[herder]\nlog_dir = "{tmp_path}/logs"\n'
-                    f'[fleet]\nscheduler_interval = "{scheduler_interval}"\n')
-    coordinator = Coordinator(store, load_config(path), host="test-host")
-    coordinator.loops = LoopRegistry(floor_seconds=0.5)  # stale after 0.5 s, not 30
-    return coordinator
+def coordinator_on(tmp_path, store) -> Coordinator:  # type: ignore[no-untyped-def]
+    # Stale after 0.5 s, not 30.
+    return coordinator_in(tmp_path, store, "test-host", stale_after=0.5,
+                          fleet={"scheduler_interval": "0.05s"})
 
 
 def test_a_stuck_leader_gives_up_the_lease_and_reports_unhealthy(tmp_path, store):

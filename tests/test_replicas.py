@@ -8,23 +8,16 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
+from support.coordinator import coordinator_in
 from support.waits import wait_for
 
-from herder.config import load_config
 from herder.model import HostRecord, JobSpec, JobStatus
 from herder.runtime.coordinator import Coordinator
-from herder.runtime.loop_health import LoopRegistry
 from herder.store import open_store
 
 
 def replica(folder, store, label: str) -> Coordinator:  # type: ignore[no-untyped-def]
-    folder.mkdir()
-    path = folder / "herder.toml"
-    path.write_text(f'[herder]\nlog_dir = "{folder}/logs"\n'
-                    '[fleet]\nscheduler_interval = "0.1s"\n')
-    coordinator = Coordinator(store, load_config(path), host=label)
-    coordinator.loops = LoopRegistry(floor_seconds=30)
-    return coordinator
+    return coordinator_in(folder, store, label, fleet={"scheduler_interval": "0.1s"})
 
 
 @pytest.mark.postgres
