@@ -32,6 +32,7 @@ import msgspec
 
 from herder.errors import InputError
 from herder.model import AttemptToken, Job
+from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
 from herder.templates import fill_prompt, render
 from herder.workspace import WorkspaceSpec, of_env
@@ -43,6 +44,11 @@ GIT_PROTOCOLS = "file:git:http:https:ssh"
 """The transports git may use: no `ext::` (it runs a command), whatever the repository says."""
 KEPT_SUFFIX = ".kept"
 OWNER_SUFFIX = ".owner"
+GITDIR_SUFFIX = ".gitdir"
+"""Beside a handed-over worktree: its folder in the mirror, to take back when it ends."""
+RUNS = "runs"
+TRAVERSE_ONLY = 0o711
+"""herder's folders on a run_as job's way to its own: passed through, never listed."""
 GB = 1024**3
 
 
@@ -63,6 +69,10 @@ class Workspaces(msgspec.Struct, frozen=True):
         digest = hashlib.sha256(marker.encode()).hexdigest()[:10]
         return self.root / "attempts" / f"{token.job_id}.{token.attempt}-{digest}"
 
+    def run_folder(self, token: AttemptToken, marker: str) -> Path:
+        """A run_as job's own folder (its $HERDER_RESULT), named as its checkout."""
+        return self.root / RUNS / self.folder(token, marker).name
+
 
 class Launch(msgspec.Struct, frozen=True):
     """How the runner starts an attempt with a workspace: the preparing process, its
@@ -80,12 +90,17 @@ def spec_of(job: Job) -> WorkspaceSpec | None:
 
 def launch(job: Job, spec: WorkspaceSpec, job_env: Mapping[str, str], marker_variable: str,
            marker: str, workspaces: Workspaces,
-           runner_environment: Mapping[str, str] | None = None) -> Launch:
-    """The preparing process of one attempt (see the module's docstring)."""
+           runner_environment: Mapping[str, str] | None = None,
+           user: JobUser | None = None) -> Launch:
+    """The preparing process of one attempt (see the module's docstring); under run_as
+    (`user`) it hands the checkout over and becomes that user before the job starts."""
     folder = workspaces.folder(job.token, marker)
-    request = {"argv": list(job.command), "env": dict(job_env), "shell": job.shell,
-               "spec": spec.encode(), "root": str(workspaces.root), "folder": str(folder),
-               "min_free_gb": workspaces.min_free_gb}
+    request: dict[str, Any] = {
+        "argv": list(job.command), "env": dict(job_env), "shell": job.shell,
+        "spec": spec.encode(), "root": str(workspaces.root), "folder": str(folder),
+        "min_free_gb": workspaces.min_free_gb}
+    if user is not None:
+        request["run_as"] = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups)}
     env = git_environment(os.environ if runner_environment is None else runner_environment)
     env[marker_variable] = marker
     # -P: the workspace root, its cwd, must not come first on the module path.
@@ -220,6 +235,8 @@ def run(request: Mapping[str, Any]) -> int:
         return 1
     say(f"workspace {folder} ({spec.mode} of {spec.repository} at {spec.ref}: {commit})")
     try:
+        if request.get("run_as"):
+            become(request["run_as"], folder)
         os.chdir(folder)
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
@@ -231,6 +248,53 @@ def say(line: str) -> None:
     """A line in the job's log (stdout is the log)."""
     sys.stdout.write(f"# herder: {line}\n")
     sys.stdout.flush()
+
+
+def become(user: Mapping[str, Any], folder: Path) -> None:
+    """Hand the prepared checkout to the run_as user (a worktree's folder in the mirror
+    too, noted beside the checkout so herder takes it back), then become that user."""
+    uid, gid = int(user["uid"]), int(user["gid"])
+    admin = Path(git("-C", str(folder), "rev-parse", "--absolute-git-dir").strip())
+    if not admin.is_relative_to(folder):
+        folder.with_name(folder.name + GITDIR_SUFFIX).write_text(f"{admin}\n")
+        _chown_tree(admin, uid, gid)
+    _chown_tree(folder, uid, gid)
+    os.setgroups([int(group) for group in user["groups"]])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    """Bottom up, links not followed: each folder changes hands only once what is inside
+    it has, so nothing can be swapped for a link while herder still walks it."""
+    for base, folders, files in os.walk(top, topdown=False):
+        for name in (*files, *folders):
+            os.lchown(os.path.join(base, name), uid, gid)
+    os.lchown(top, uid, gid)
+
+
+def open_to(user: JobUser, root: Path) -> None:
+    """The workspace root and its attempts' and runs' folders: herder's, which a run_as
+    job passes through to its own folder but cannot list (other attempts' names)."""
+    for folder in (root, root / "attempts", root / RUNS):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, TRAVERSE_ONLY)
+
+
+def _reclaim(folder: Path) -> None:
+    """Take a handed-over checkout (and its worktree's folder in the mirror) back from
+    the run_as user: only the top folders, herder's and 0700, so no later job of that
+    user reaches into them (a recursive chown could be led astray by a link)."""
+    record = folder.with_name(folder.name + GITDIR_SUFFIX)
+    with contextlib.suppress(OSError):
+        admin = Path(record.read_text().strip())
+        os.lchown(admin, os.geteuid(), os.getegid())
+        os.chmod(admin, 0o700)
+    record.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        if folder.lstat().st_uid != os.geteuid():
+            os.lchown(folder, os.geteuid(), os.getegid())
+            os.chmod(folder, 0o700)
 
 
 def _result(env: Mapping[str, str], result: Mapping[str, Any]) -> None:
@@ -254,6 +318,7 @@ def release(folder: Path, succeeded: bool, keep_failed: float, now: float) -> st
     """Remove a succeeded attempt's checkout; keep a failed one until `now + keep_failed`
     (a `.kept` file beside it says until when). What to log, or None."""
     folder.with_name(folder.name + OWNER_SUFFIX).unlink(missing_ok=True)
+    _reclaim(folder)
     if not folder.exists():
         return None
     if succeeded or keep_failed <= 0:
@@ -281,6 +346,12 @@ def sweep(root: Path, now: float, keep_failed: float,
     """Remove kept checkouts whose time is up, and keep for inspection those whose runner
     died before it could release them; how many were removed."""
     attempts = root / "attempts"
+    for owner in sorted((root / RUNS).glob(f"*{OWNER_SUFFIX}")):  # run_as jobs' folders
+        with contextlib.suppress(OSError):
+            if not alive(owner.read_text().strip()):
+                shutil.rmtree(owner.with_name(owner.name[: -len(OWNER_SUFFIX)]),
+                              ignore_errors=True)
+                owner.unlink()
     for owner in sorted(attempts.glob(f"*{OWNER_SUFFIX}")):
         with contextlib.suppress(OSError):
             if not alive(owner.read_text().strip()):

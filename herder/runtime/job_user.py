@@ -1,0 +1,85 @@
+"""`[runtime] run_as`: the unprivileged user a root runner starts its jobs as.
+
+herder's database, logs, token files and its own processes are out of a job's reach only
+when the job runs as another user: a job under herder's own uid can read all of them. So a
+runner that is root switches every job to `run_as` (its uid, primary group and the user
+database's supplementary groups; HOME, USER, LOGNAME and SHELL its own), and hands it what
+it must write: its checkout and a folder for its `$HERDER_RESULT`. Its log stays herder's:
+the job writes to a descriptor it inherits.
+
+Checked at the start of every process that runs jobs: a user that does not exist, root, or
+another user while herder is not root stops it with one line; a root runner without
+`run_as` warns loudly and runs its jobs as root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+from collections.abc import Callable
+
+import msgspec
+
+from herder.errors import InputError
+
+log = logging.getLogger("herder.runner")
+
+KEY = "[runtime] run_as"
+ROOT_WARNING = ("jobs run as root: set [runtime] run_as to an unprivileged user "
+                "(e.g. useradd --system --create-home herder-job) so they cannot reach "
+                "herder's database, logs and tokens")
+
+
+class JobUser(msgspec.Struct, frozen=True):
+    """Who a job runs as, read once from the user database."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+    shell: str
+
+    def environment(self) -> dict[str, str]:
+        """The identity variables of a login as this user (the job's env may still set
+        HOME: an account's own folder, for one)."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name,
+                "SHELL": self.shell or "/bin/sh"}
+
+
+def resolve(name: str | None, euid: int,
+            lookup: Callable[[str], pwd.struct_passwd] = pwd.getpwnam,
+            groups: Callable[[str, int], list[int]] = os.getgrouplist) -> JobUser | None:
+    """The user jobs switch to, or None when they run as the runner itself (no run_as, or
+    run_as names the runner's own user); InputError naming the key when it cannot be."""
+    if name is None:
+        return None
+    try:
+        entry = lookup(name)
+    except KeyError:
+        raise InputError(KEY, f"no user {name!r} on this host",
+                         f"create it (useradd --system --create-home {name}) "
+                         "or remove the key") from None
+    if entry.pw_uid == 0:
+        raise InputError(KEY, f"{name!r} is root: jobs would hold every right herder has",
+                         "name an unprivileged user, e.g. herder-job")
+    if entry.pw_uid == euid:
+        return None
+    if euid != 0:
+        raise InputError(KEY, f"switching jobs to {name!r} needs herder to run as root "
+                         f"(it runs as uid {euid})",
+                         "run herder as root, or remove the key to run jobs as herder's user")
+    return JobUser(name=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid,
+                   groups=tuple(sorted(set(groups(entry.pw_name, entry.pw_gid)))),
+                   home=entry.pw_dir, shell=entry.pw_shell)
+
+
+def job_user_at_start(name: str | None, euid: int | None = None) -> JobUser | None:
+    """`resolve` for a process about to run jobs, warning when a root runner has no
+    run_as (its jobs run as root: allowed, never quiet)."""
+    euid = os.geteuid() if euid is None else euid
+    user = resolve(name, euid)
+    if name is None and euid == 0:
+        log.warning(ROOT_WARNING)
+    return user
