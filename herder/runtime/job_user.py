@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import stat
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 
@@ -59,7 +61,7 @@ def resolve(name: str | None, euid: int,
         entry = lookup(name)
     except KeyError:
         raise InputError(KEY, f"no user {name!r} on this host",
-                         f"create it (useradd --system --create-home {name}) "
+                         f"create it with useradd --system --create-home {name}, "
                          "or remove the key") from None
     if entry.pw_uid == 0:
         raise InputError(KEY, f"{name!r} is root: jobs would hold every right herder has",
@@ -83,3 +85,35 @@ def job_user_at_start(name: str | None, euid: int | None = None) -> JobUser | No
     if name is None and euid == 0:
         log.warning(ROOT_WARNING)
     return user
+
+
+def passable(user: JobUser, folder: Path) -> Path | None:
+    """The first existing folder on the way to `folder` (itself excluded: herder opens
+    it) that `user` may not pass through; None when the way is open."""
+    for step in reversed(folder.parents):
+        try:
+            status = step.stat()
+        except FileNotFoundError:
+            return None  # herder makes the rest (0711 where a job passes)
+        if status.st_uid == user.uid:
+            bit = stat.S_IXUSR
+        elif status.st_gid == user.gid or status.st_gid in user.groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not status.st_mode & bit:
+            return step
+    return None
+
+
+def check_workspace_root(user: JobUser | None, root: Path) -> None:
+    """A run_as job reaches its checkout and its own folder under the workspace root:
+    InputError at start when a folder on the way shuts it out."""
+    if user is None:
+        return
+    blocked = passable(user, root)
+    if blocked is not None:
+        raise InputError("[runtime] workspace_root", f"run_as user {user.name} cannot reach "
+                         f"{root}: {blocked} is mode {blocked.stat().st_mode & 0o777:04o}",
+                         "put workspace_root where other users may pass, e.g. "
+                         "/var/lib/herder-jobs, or chmod o+x that folder")

@@ -41,7 +41,7 @@ from herder.runtime.executor import (
     read_ending,
     spawn,
 )
-from herder.runtime.job_user import JobUser
+from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
@@ -183,7 +183,7 @@ class RunnerOptions(msgspec.Struct, frozen=True):
         """The one place herder.toml becomes a runner's options; the keywords are what a
         command or the server decides instead (None: the config's value)."""
         runtime, fleet = settings.runtime, settings.fleet
-        return cls(
+        options = cls(
             host=host, log_dir=log_dir,
             concurrency=runtime.concurrency if concurrency is None else concurrency,
             heartbeat_interval=runtime.heartbeat_interval,
@@ -201,6 +201,8 @@ class RunnerOptions(msgspec.Struct, frozen=True):
             memory=MemoryPolicy.from_section(runtime),
             run_as=resolve_job_user(runtime.run_as, os.geteuid()),
         )
+        check_workspace_root(options.run_as, options.workspaces.root)
+        return options
 
     @property
     def workspaces(self) -> Workspaces:

@@ -1,0 +1,336 @@
+"""`[runtime] run_as`: a root runner's jobs run as an unprivileged user.
+
+The checks at start are pure (the user database is real, the runner's uid is passed in).
+The end-to-end tests run `herder up` as root with `run_as = "nobody"` (uid 65534) and real
+jobs: what the job is, what it may write (its $HERDER_RESULT, its checkout), what it may
+not read (the database, the logs, a token file, herder's environment, another attempt's
+result), and that cancel, the cgroup and the sweep still reach it. They skip when the
+tests do not run as root (CI runs them as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.local import Harness, shell
+from support.processes import Proc
+from support.waits import wait_for
+
+from herder.errors import InputError
+from herder.model import Enforcement, JobStatus, Outcome
+from herder.runtime.job_user import JobUser, passable, resolve
+from herder.runtime.memory import detect
+
+NOBODY = 65534
+
+
+def nobody() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+
+
+as_root = pytest.mark.skipif(
+    os.geteuid() != 0 or nobody() is None or nobody().pw_uid != NOBODY,  # type: ignore[union-attr]
+    reason="switching jobs to another user needs root and the user nobody (uid 65534)")
+
+
+# -- the checks at start --------------------------------------------------------------------------
+
+
+def test_an_unknown_user_is_refused_naming_the_key_and_the_fix():
+    with pytest.raises(InputError) as raised:
+        resolve("no-such-herder-user", 0)
+    assert raised.value.field == "[runtime] run_as"
+    assert "no user 'no-such-herder-user'" in raised.value.problem
+    assert raised.value.fix is not None and "useradd --system" in raised.value.fix
+
+
+def test_root_is_refused_even_when_herder_is_root():
+    with pytest.raises(InputError) as raised:
+        resolve("root", 0)
+    assert "is root" in raised.value.problem
+
+
+def test_another_user_needs_a_root_runner_and_its_own_user_is_a_no_op():
+    entry = nobody()
+    if entry is None:
+        pytest.skip("no user nobody here")
+    with pytest.raises(InputError) as raised:
+        resolve(entry.pw_name, 1000)
+    assert "needs herder to run as root (it runs as uid 1000)" in raised.value.problem
+    assert resolve(entry.pw_name, entry.pw_uid) is None
+    assert resolve(None, 0) is None
+
+
+def test_a_root_runner_switches_to_the_user_with_its_groups_and_identity():
+    entry = nobody()
+    if entry is None:
+        pytest.skip("no user nobody here")
+    user = resolve(entry.pw_name, 0)
+    assert user is not None
+    assert (user.uid, user.gid, user.home) == (entry.pw_uid, entry.pw_gid, entry.pw_dir)
+    assert entry.pw_gid in user.groups
+    assert user.environment()["USER"] == user.environment()["LOGNAME"] == entry.pw_name
+
+
+def test_a_folder_shut_to_the_user_on_the_way_to_the_workspace_root_is_named(open_root):
+    user = JobUser(name="j", uid=123456, gid=123456, groups=(123456,), home="/", shell="")
+    shut = open_root.parent / "state"
+    (shut / "ws").mkdir(parents=True)
+    shut.chmod(0o700)
+    assert passable(user, shut / "ws" / "root") == shut
+    shut.chmod(0o711)
+    assert passable(user, shut / "ws" / "root") is None
+    assert passable(user, shut / "missing" / "root") is None  # herder makes the rest
+    (shut / "ws").chmod(0o750)
+    assert passable(user, shut / "ws" / "root") == shut / "ws"
+    assert passable(JobUser(name="j", uid=123456, gid=os.stat(shut).st_gid, groups=(),
+                            home="/", shell=""), shut / "ws" / "root") is None  # its group
+
+
+@as_root
+def test_herder_up_refuses_an_unknown_run_as_in_one_line(tmp_path, sqlite_url):
+    h = Harness(tmp_path, sqlite_url, runtime={"run_as": '"no-such-herder-user"'})
+    try:
+        up = h.up()
+        assert h.wait_exit(up, 30, "herder up") == 2
+        lines = h.stderr_of(up).strip().splitlines()
+        assert lines == ["herder: error: [runtime] run_as: no user 'no-such-herder-user' on "
+                         "this host (create it with useradd --system --create-home "
+                         "no-such-herder-user, or remove the key)"], lines
+    finally:
+        h.close()
+
+
+@as_root
+def test_a_root_runner_without_run_as_warns_at_start(harness: Harness):
+    up = harness.up()
+    harness.wait_ready(up)
+    assert "jobs run as root: set [runtime] run_as" in harness.stderr_of(up)
+
+
+# -- jobs under run_as, end to end -----------------------------------------------------------------
+
+
+@pytest.fixture
+def open_root() -> Iterator[Path]:
+    """A workspace root nobody may pass through to (tmp_path's parents are root's 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="herder-run-as-"))
+    base.chmod(0o711)
+    try:
+        yield base / "workspaces"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run_as_harness(tmp_path: Path, store_url: str, root: Path, extra: str = "",
+                   **runtime: str) -> Harness:
+    return Harness(tmp_path, store_url, runtime={
+        "run_as": '"nobody"', "workspace_root": f'"{root}"', **runtime}, extra_config=extra)
+
+
+def shared_folder(root: Path) -> Path:
+    """Where a job as nobody writes what the test reads."""
+    folder = root.parent / "shared"
+    folder.mkdir(exist_ok=True)
+    folder.chmod(0o777)
+    return folder
+
+
+def uid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid in /proc/{pid}/status")
+
+
+PROBE = """\
+echo "uid=$(id -u) gid=$(id -g) home=$HOME user=$USER logname=$LOGNAME pwd=$(pwd)"
+umask
+for path in "$@"; do
+  if cat "$path" >/dev/null 2>&1; then echo "read:$path"; else echo "denied:$path"; fi
+done
+if cat "/proc/$PPID/environ" >/dev/null 2>&1; then echo "read:environ"; \
+  else echo "denied:environ of $PPID"; fi
+printf '%s' '{"outcome": "failed", "failure_reason": "said_by_nobody", "summary": "s"}' \\
+  > "$HERDER_RESULT"
+"""
+
+
+@as_root
+def test_a_job_runs_as_run_as_writes_its_result_and_reaches_none_of_herders_files(
+        tmp_path, sqlite_url, open_root):
+    h = run_as_harness(tmp_path, sqlite_url, open_root)
+    token_file = tmp_path / "agent-token"
+    token_file.write_text("hsk_secret\n")
+    token_file.chmod(0o600)
+    database = Path(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        # The first job leaves a result beside its log; the second tries to read it.
+        first = h.submit(shell("echo '{\"summary\": \"first\"}' > \"$HERDER_RESULT\""),
+                         workdir=None, max_attempts=1)
+        up = h.up()
+        h.wait_status(first, JobStatus.DONE)
+        first_result = h.log_dir / str(first) / "1.result.json"
+        assert json.loads(first_result.read_text()) == {"summary": "first"}
+        secrets = [database, h.log_dir / str(first) / "1.log", first_result, token_file,
+                   h.config]
+        assert all(path.exists() for path in secrets)  # root reads them: the job may not
+        job_id = h.submit(shell(PROBE) + ["probe", *map(str, secrets)],
+                          workdir=str(open_root.parent), max_attempts=1)
+        job = h.wait_status(job_id, JobStatus.FAILED)
+        up.send_signal(signal.SIGTERM)
+        h.wait_exit(up, 30, "herder up")
+        [attempt] = h.attempts(job_id)
+    finally:
+        h.close()
+    log = (h.log_dir / str(job_id) / "1.log").read_text()
+    user = nobody()
+    assert user is not None
+    assert (f"uid={NOBODY} gid={user.pw_gid} home={user.pw_dir} user=nobody "
+            f"logname=nobody pwd={open_root.parent}\n") in log, log
+    assert "\n0022\n" in log, log
+    for path in secrets:
+        assert f"denied:{path}\n" in log, log
+    # $PPID is `herder up` itself (the job's sh is its child): its environment is root's.
+    assert f"\ndenied:environ of {up.pid}\n" in log, log
+    assert "\nread:" not in log, log
+    assert job.failure_reason == "said_by_nobody"  # the result decided, so it was read
+    assert attempt.outcome is Outcome.FAILED
+    assert (h.log_dir / str(job_id) / "1.result.json").stat().st_uid == 0
+    assert not list((open_root / "runs").iterdir())  # each job's folder removed at its end
+
+
+def memory_modes() -> list[str]:
+    return ["watchdog", "cgroup"]
+
+
+@as_root
+@pytest.mark.parametrize("mode", memory_modes())
+def test_cancel_and_the_cgroup_reach_every_process_of_a_run_as_job(
+        tmp_path, store_url, open_root, mode):
+    if mode == "cgroup" and detect() is None:
+        pytest.skip("no writable memory cgroup on this machine")
+    h = run_as_harness(tmp_path, store_url, open_root,
+                       memory_enforcement=f'"{mode}"', memory_sample_interval='"0.2s"')
+    try:
+        escapee = shared_folder(open_root) / "escapee.pid"
+        script = (f"setsid env -i /bin/sh -c 'echo $$ > {escapee}; exec sleep 300' "
+                  "</dev/null >/dev/null 2>&1 & sleep 300 & wait")
+        job_id = h.submit(shell(script), workdir=None)
+        up = h.up()
+        h.wait_status(job_id, JobStatus.RUNNING)
+        tree: list[Proc] = wait_for(
+            lambda: len(found := [p for p in h.marked(job_id) if p.argv[:1] == ("sleep",)]) == 1
+            and escapee.exists() and escapee.read_text().strip() and found,
+            20, "the job's sleep and its escapee", h.describe)
+        pid = int(escapee.read_text())
+        assert {uid_of(p.pid) for p in tree} | {uid_of(pid)} == {NOBODY}
+        if mode == "cgroup":
+            assert "herder-" in Path(f"/proc/{pid}/cgroup").read_text()
+        h.cli("cancel", str(job_id))
+        h.wait_status(job_id, JobStatus.CANCELLED)
+        assert [p for p in tree if p.alive()] == []
+        if mode == "cgroup":  # left the session and its marker: only the cgroup finds it
+            wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(
+                f"/proc/{pid}/stat").read_text().split(")")[-1][:3], 20,
+                "the escapee to be killed", h.describe)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        up.send_signal(signal.SIGTERM)
+        h.wait_exit(up, 30, "herder up")
+        [attempt] = h.attempts(job_id)
+    finally:
+        h.close()
+    assert attempt.outcome is Outcome.CANCELLED
+    assert attempt.memory is not None
+    if mode == "cgroup":
+        assert attempt.memory.enforcement in (Enforcement.CGROUP_V1, Enforcement.CGROUP_V2)
+
+
+COMMITTER = """\
+#!/bin/sh
+# Commits in its checkout as the run_as user, then fails (so its checkout is kept).
+out="$1"
+{ id -u; pwd; stat -c %u .; } > "$out.tmp"
+echo change > CHANGED
+git add CHANGED && git -c user.name=j -c user.email=j@example.com commit -qm job \\
+  && echo committed >> "$out.tmp"
+git status --porcelain >> "$out.tmp"
+mv "$out.tmp" "$out"
+exit "${EXIT:-0}"
+"""
+
+
+def committer_types(folder: Path, origin: Path) -> str:
+    script = folder / "committer"
+    script.write_text(COMMITTER)
+    script.chmod(0o755)
+    return "".join(
+        f'[job_types.{mode}]\ncommand = ["{script}", "{{out}}"]\n'
+        'env = { EXIT = "{exit}" }\nmax_attempts = 1\npreflight = false\n'
+        f'workspace = {{ repository = "{origin}", ref = "main", mode = "{mode}" }}\n\n'
+        for mode in ("worktree", "clone"))
+
+
+def make_origin(folder: Path) -> Path:
+    """A bare repository with one commit on main, readable to root's git only."""
+    origin = folder / "origin.git"
+    work = folder / "seed"
+    for args in (["init", "-q", "--bare", "--initial-branch=main", str(origin)],
+                 ["init", "-q", "--initial-branch=main", str(work)]):
+        subprocess.run(["git", *args], check=True)
+    (work / "README.md").write_text("tree\n")
+    for args in (["add", "."], ["-c", "user.name=t", "-c", "user.email=t@example.com",
+                                "commit", "-qm", "first"], ["push", "-q", str(origin), "main"]):
+        subprocess.run(["git", *args], cwd=work, check=True)
+    return origin
+
+
+@as_root
+def test_a_run_as_job_commits_in_its_checkout_and_the_next_preparation_and_sweep_work(
+        tmp_path, sqlite_url, open_root):
+    origin = make_origin(tmp_path)
+    h = run_as_harness(tmp_path, sqlite_url, open_root,
+                       committer_types(shared_folder(open_root), origin),
+                       workspace_keep_failed='"0.5s"')
+    outs = shared_folder(open_root)
+    try:
+        up = h.up("--concurrency", "1")
+        kept = h.client.submit("clone", payload={"out": str(outs / "a"), "exit": 1}).job_id
+        h.wait_status(kept, JobStatus.FAILED, timeout=60)
+        assert (outs / "a").exists(), (h.log_dir / str(kept) / "1.log").read_text()
+        lines = (outs / "a").read_text().splitlines()
+        assert lines[0] == str(NOBODY) and lines[2] == str(NOBODY), lines
+        assert lines[3:] == ["committed"], lines  # and nothing left uncommitted
+        checkout = Path(lines[1])
+        # Kept for inspection, but herder's again: no later job of the user gets in.
+        assert (checkout.stat().st_uid, checkout.stat().st_mode & 0o777) == (0, 0o700)
+        # Then a worktree of the mirror, twice: the second preparation runs after the first
+        # job's checkout was handed over (git's safe.directory must not stop it).
+        done = []
+        for name in ("b", "c"):
+            job_id = h.client.submit("worktree", payload={"out": str(outs / name),
+                                                           "exit": 0}).job_id
+            done.append(h.wait_status(job_id, JobStatus.DONE, timeout=60))
+            said = (outs / name).read_text().splitlines()
+            assert said[0] == str(NOBODY) and said[2] == str(NOBODY), said
+        # The sweep removes the kept checkout once its time is up.
+        wait_for(lambda: not checkout.exists(), 30, "the kept checkout to be swept",
+                 h.describe)
+        up.send_signal(signal.SIGTERM)
+        h.wait_exit(up, 30, "herder up")
+    finally:
+        h.close()
+    assert all(job.status is JobStatus.DONE for job in done)
