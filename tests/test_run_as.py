@@ -187,7 +187,7 @@ def test_a_job_runs_as_run_as_writes_its_result_and_reaches_none_of_herders_file
         secrets = [database, h.log_dir / str(first) / "1.log", first_result, token_file,
                    h.config]
         assert all(path.exists() for path in secrets)  # root reads them: the job may not
-        job_id = h.submit(shell(PROBE) + ["probe", *map(str, secrets)],
+        job_id = h.submit([*shell(PROBE), "probe", *map(str, secrets)],
                           workdir=str(open_root.parent), max_attempts=1)
         job = h.wait_status(job_id, JobStatus.FAILED)
         up.send_signal(signal.SIGTERM)
