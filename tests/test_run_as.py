@@ -27,7 +27,7 @@ from support.waits import wait_for
 
 from herder.errors import InputError
 from herder.model import Enforcement, JobStatus, Outcome
-from herder.runtime.job_user import JobUser, passable, resolve
+from herder.runtime.job_user import JobUser, foreign_folders, passable, resolve
 from herder.runtime.memory import detect
 
 NOBODY = 65534
@@ -97,6 +97,17 @@ def test_a_folder_shut_to_the_user_on_the_way_to_the_workspace_root_is_named(ope
     assert passable(user, shut / "ws" / "root") == shut / "ws"
     assert passable(JobUser(name="j", uid=123456, gid=os.stat(shut).st_gid, groups=(),
                             home="/", shell=""), shut / "ws" / "root") is None  # its group
+
+
+def test_folders_a_job_s_env_names_that_the_user_does_not_own_are_named(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    user = JobUser(name="j", uid=os.getuid(), gid=os.getgid(), groups=(), home="/", shell="")
+    stranger = JobUser(name="s", uid=123456, gid=123456, groups=(), home="/", shell="")
+    env = {"CLAUDE_CONFIG_DIR": str(mine), "CODEX_HOME": str(tmp_path / "missing"),
+           "XDG_CONFIG_HOME": "relative", "EDITOR_PATH": str(mine), "HOME": str(tmp_path)}
+    assert foreign_folders(user, env) == []
+    assert foreign_folders(stranger, env) == ["CLAUDE_CONFIG_DIR", "HOME"]
 
 
 @as_root
@@ -187,8 +198,11 @@ def test_a_job_runs_as_run_as_writes_its_result_and_reaches_none_of_herders_file
         secrets = [database, h.log_dir / str(first) / "1.log", first_result, token_file,
                    h.config]
         assert all(path.exists() for path in secrets)  # root reads them: the job may not
+        # An account's folders come in its env: its own HOME wins over the user's, and a
+        # folder the user does not own is named (not shown) in the log.
         job_id = h.submit([*shell(PROBE), "probe", *map(str, secrets)],
-                          workdir=str(open_root.parent), max_attempts=1)
+                          workdir=str(open_root.parent), max_attempts=1,
+                          env={"HOME": str(open_root.parent), "CLAUDE_CONFIG_DIR": str(tmp_path)})
         job = h.wait_status(job_id, JobStatus.FAILED)
         up.send_signal(signal.SIGTERM)
         h.wait_exit(up, 30, "herder up")
@@ -198,8 +212,13 @@ def test_a_job_runs_as_run_as_writes_its_result_and_reaches_none_of_herders_file
     log = (h.log_dir / str(job_id) / "1.log").read_text()
     user = nobody()
     assert user is not None
-    assert (f"uid={NOBODY} gid={user.pw_gid} home={user.pw_dir} user=nobody "
+    assert (f"uid={NOBODY} gid={user.pw_gid} home={open_root.parent} user=nobody "
             f"logname=nobody pwd={open_root.parent}\n") in log, log
+    assert ("# herder: CLAUDE_CONFIG_DIR names a folder run_as user nobody does not own: "
+            "the job may not write it (chown it to nobody)\n") in log, log
+    notes = [line for line in log.splitlines() if " names a folder " in line]
+    assert [note.split()[2] for note in notes] == ["CLAUDE_CONFIG_DIR", "HOME"], notes
+    assert not [note for note in notes if str(tmp_path) in note or str(open_root) in note]
     assert "\n0022\n" in log, log
     for path in secrets:
         assert f"denied:{path}\n" in log, log

@@ -54,11 +54,11 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
     log_to_stderr(log_level, log_format)
     with edge():
         config = state.config
-        job_user_at_start(config.settings.runtime.run_as)  # exit 2 naming the key
         # Before the store's threads: the watchdog that stops this runner's jobs if it dies
         # or freezes, before another runner may take them over.
         guardian = start_guardian(config.settings.runtime.kill_grace)
         store = state.database.store
+        job_user_at_start(config.settings.runtime.run_as)  # exit 2 naming the key
         options = RunnerOptions.from_settings(
             config.settings, host or config.settings.herder.host or default_host(),
             config.log_dir, concurrency=concurrency, exit_when_idle=exit_when_idle)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
-from herder.runtime.job_user import JobUser
+from herder.runtime.job_user import JobUser, foreign_folders
 from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
 from herder.runtime.workspace import (
@@ -315,6 +315,11 @@ def spawn(
         header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
                   f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
                   f"# herder: argv {json.dumps(list(job.command))} in {workdir}\n")
+        if user is not None:
+            header += "".join(
+                f"# herder: {name} names a folder run_as user {user.name} does not own: "
+                f"the job may not write it (chown it to {user.name})\n"
+                for name in foreign_folders(user, job.env))
         log.write(header.encode())
         log.flush()
         preexec = memory.preexec() if memory is not None else None

@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import msgspec
@@ -117,3 +118,24 @@ def check_workspace_root(user: JobUser | None, root: Path) -> None:
                          f"{root}: {blocked} is mode {blocked.stat().st_mode & 0o777:04o}",
                          "put workspace_root where other users may pass, e.g. "
                          "/var/lib/herder-jobs, or chmod o+x that folder")
+
+
+FOLDER_VARIABLE = re.compile(r"^(?:HOME|[A-Z0-9_]*_(?:DIR|HOME))$")
+"""Variables that name a folder a job writes (an account's CLAUDE_CONFIG_DIR, CODEX_HOME)."""
+
+
+def foreign_folders(user: JobUser, env: Mapping[str, str]) -> list[str]:
+    """The names (never the values: an account's may be secret) of the job's folder
+    variables whose folder exists and is not the run_as user's, so the log says why a job
+    cannot write its account's config: herder never chowns what a variable names."""
+    names = []
+    for name, value in sorted(env.items()):
+        if not FOLDER_VARIABLE.match(name) or not os.path.isabs(value):
+            continue
+        try:
+            owner = os.stat(value).st_uid
+        except OSError:
+            continue
+        if owner != user.uid:
+            names.append(name)
+    return names
