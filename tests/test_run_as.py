@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import error_line, run_herder
 from support.local import Harness, shell
 from support.processes import Proc
 from support.waits import wait_for
@@ -108,6 +109,28 @@ def test_folders_a_job_s_env_names_that_the_user_does_not_own_are_named(tmp_path
            "XDG_CONFIG_HOME": "relative", "EDITOR_PATH": str(mine), "HOME": str(tmp_path)}
     assert foreign_folders(user, env) == []
     assert foreign_folders(stranger, env) == ["CLAUDE_CONFIG_DIR", "HOME"]
+
+
+@pytest.mark.parametrize("command", [
+    ["agent", "--server", "https://127.0.0.1:1", "--host", "h"],
+    ["run-attempt", "--server", "https://127.0.0.1:1", "--host", "h", "--job", "1",
+     "--attempt", "1"],
+    ["server", "--listen", "127.0.0.1:1"],
+    ["up"],
+], ids=lambda command: command[0])
+def test_every_process_that_runs_jobs_refuses_an_unknown_run_as_at_start(
+        tmp_path, sqlite_url, command):
+    config = tmp_path / "herder.toml"
+    config.write_text('[runtime]\nrun_as = "no-such-herder-user"\n')
+    token = tmp_path / "agent-token"
+    token.write_text("hsk_" + "x" * 40 + "\n")
+    token.chmod(0o600)
+    if command[0] in ("agent", "run-attempt"):
+        command = [*command, "--token-file", str(token)]
+    line = error_line(run_herder(*command, cwd=tmp_path, db=sqlite_url, config=config))
+    assert line == ("herder: error: [runtime] run_as: no user 'no-such-herder-user' on this "
+                    "host (create it with useradd --system --create-home no-such-herder-user, "
+                    "or remove the key)"), line
 
 
 @as_root
