@@ -301,6 +301,27 @@ def test_cancel_and_the_cgroup_reach_every_process_of_a_run_as_job(
         assert attempt.memory.enforcement in (Enforcement.CGROUP_V1, Enforcement.CGROUP_V2)
 
 
+@as_root
+def test_a_timeout_and_a_dead_runner_s_guardian_stop_run_as_jobs(tmp_path, store_url, open_root):
+    h = run_as_harness(tmp_path, store_url, open_root)
+    try:
+        timed = h.submit(shell("sleep 300 & wait"), workdir=None, timeout_seconds=1.0,
+                         max_attempts=1)
+        orphan = h.submit(shell("sleep 300 & wait"), workdir=None)
+        up = h.up()
+        job = h.wait_status(timed, JobStatus.FAILED)
+        assert job.failure_reason == "timeout", job
+        tree = wait_for(lambda: len(found := h.marked(orphan)) == 2 and found, 20,
+                        "the second job's sh and sleep", h.describe)
+        assert {uid_of(p.pid) for p in tree} == {NOBODY}
+        os.kill(up.pid, signal.SIGKILL)  # its guardian (root, another session) stays
+        up.wait(timeout=10)
+        wait_for(lambda: not any(p.alive() for p in tree), 30,
+                 "the guardian to stop the dead runner's run_as job", h.describe)
+    finally:
+        h.close()
+
+
 COMMITTER = """\
 #!/bin/sh
 # Commits in its checkout as the run_as user, then fails (so its checkout is kept).
