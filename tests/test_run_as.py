@@ -28,6 +28,7 @@ from support.waits import wait_for
 
 from herder.errors import InputError
 from herder.model import Enforcement, JobStatus, Outcome
+from herder.runtime.executor import RESULT_NAME, collect_result, job_environment
 from herder.runtime.job_user import JobUser, foreign_folders, passable, resolve
 from herder.runtime.memory import detect
 
@@ -109,6 +110,54 @@ def test_folders_a_job_s_env_names_that_the_user_does_not_own_are_named(tmp_path
            "XDG_CONFIG_HOME": "relative", "EDITOR_PATH": str(mine), "HOME": str(tmp_path)}
     assert foreign_folders(user, env) == []
     assert foreign_folders(stranger, env) == ["CLAUDE_CONFIG_DIR", "HOME"]
+
+
+def test_the_job_gets_the_user_s_identity_unless_its_own_env_sets_home():
+    from test_job_environment import a_job
+
+    user = JobUser(name="j", uid=5, gid=5, groups=(5,), home="/home/j", shell="/bin/bash")
+    runner = {"PATH": "/bin", "HOME": "/root", "USER": "root", "SHELL": "/bin/zsh"}
+    result = Path("/ws/runs/7.2-x/result.json")
+    env = job_environment(a_job(), "h", "m", Path("/logs/7/2.log"), runner_environment=runner,
+                          user=user, result_path=result)
+    assert {name: env[name] for name in ("HOME", "USER", "LOGNAME", "SHELL", "PATH")} == {
+        "HOME": "/home/j", "USER": "j", "LOGNAME": "j", "SHELL": "/bin/bash", "PATH": "/bin"}
+    assert env["HERDER_RESULT"] == str(result)
+    account = job_environment(a_job({"HOME": "/srv/acct", "USER": "x"}), "h", "m",
+                              Path("/l"), runner_environment=runner, user=user)
+    assert (account["HOME"], account["USER"]) == ("/srv/acct", "x")
+    assert account["HERDER_RESULT"] == "/l.result.json"  # no folder given: beside the log
+
+
+@pytest.mark.parametrize("planted", ["link", "pipe", "hard link", "plain"])
+def test_a_result_is_collected_only_from_a_plain_file_of_its_own(tmp_path, planted):
+    """The job owns the folder: a link to a secret, a pipe that would block herder, or a
+    hard link to a file elsewhere is not copied beside the log."""
+    secret = tmp_path / "secret"
+    secret.write_text('{"summary": "root only"}')
+    folder = tmp_path / "runs" / "7.2-x"
+    folder.mkdir(parents=True)
+    (folder.parent / "7.2-x.owner").write_text("w\n")
+    result = folder / RESULT_NAME
+    if planted == "link":
+        result.symlink_to(secret)
+    elif planted == "pipe":
+        os.mkfifo(result)
+    elif planted == "hard link":
+        os.link(secret, result)
+    else:
+        result.write_text('{"summary": "mine"}')
+    log = tmp_path / "logs" / "7" / "2.log"
+    log.parent.mkdir(parents=True)
+    note = collect_result(folder, log)
+    copied = log.with_suffix(".result.json")
+    if planted == "plain":
+        assert note is None and copied.read_text() == '{"summary": "mine"}'
+    else:
+        assert note is not None and note.startswith("$HERDER_RESULT ignored: "), note
+        assert not copied.exists()
+    assert not folder.exists() and not (folder.parent / "7.2-x.owner").exists()
+    assert collect_result(folder, log) is None  # none written: nothing to say
 
 
 @pytest.mark.parametrize("command", [
