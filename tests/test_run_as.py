@@ -446,3 +446,26 @@ def test_a_run_as_job_commits_in_its_checkout_and_the_next_preparation_and_sweep
     finally:
         h.close()
     assert all(job.status is JobStatus.DONE for job in done)
+
+
+@as_root
+def test_an_agent_s_run_as_job_cannot_read_the_token_in_the_agent_s_environment(
+        make_fleet, tmp_path, store_url, open_root):
+    """The agent takes its token from its environment and pops it, but /proc/<pid>/environ
+    keeps what the process started with: only a job of another uid cannot read it."""
+    fleet = make_fleet(tmp_path, store_url,
+                       runtime={"run_as": "nobody", "workspace_root": str(open_root)})
+    fleet.add_hosts({"alpha": ("--ram", "16")})
+    fleet.start_server()
+    agent = fleet.start_agent("alpha")
+    token = fleet.tokens["alpha"]
+    assert token.encode() in Path(f"/proc/{agent.pid}/environ").read_bytes()  # root reads it
+    out = shared_folder(open_root) / "agent.out"
+    job_id = fleet.submit(["/bin/sh", "-c",
+                           f"{{ id -u; echo $PPID; cat /proc/$PPID/environ || echo denied; }}"
+                           f" > {out} 2>&1"])
+    fleet.wait_status(job_id, JobStatus.DONE, timeout=60)
+    said = out.read_text()
+    lines = said.splitlines()
+    assert lines[:2] == [str(NOBODY), str(agent.pid)], said
+    assert lines[-1] == "denied" and token not in said, said
