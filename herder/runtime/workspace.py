@@ -224,6 +224,8 @@ def run(request: Mapping[str, Any]) -> int:
     try:
         commit = prepare(spec, Path(request["root"]), folder, float(request["min_free_gb"]))
         argv = fill_command(request["argv"], spec, bool(request["shell"]), folder, env)
+        if request.get("run_as"):
+            become(request["run_as"], folder)
     except WorkspaceError as exc:
         say(f"workspace failed: {exc}")
         _result(env, {"outcome": "workspace_failed", "summary": str(exc)[:4000]})
@@ -235,8 +237,6 @@ def run(request: Mapping[str, Any]) -> int:
         return 1
     say(f"workspace {folder} ({spec.mode} of {spec.repository} at {spec.ref}: {commit})")
     try:
-        if request.get("run_as"):
-            become(request["run_as"], folder)
         os.chdir(folder)
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
@@ -255,13 +255,16 @@ def become(user: Mapping[str, Any], folder: Path) -> None:
     too, noted beside the checkout so herder takes it back), then become that user."""
     uid, gid = int(user["uid"]), int(user["gid"])
     admin = Path(git("-C", str(folder), "rev-parse", "--absolute-git-dir").strip())
-    if not admin.is_relative_to(folder):
-        folder.with_name(folder.name + GITDIR_SUFFIX).write_text(f"{admin}\n")
-        _chown_tree(admin, uid, gid)
-    _chown_tree(folder, uid, gid)
-    os.setgroups([int(group) for group in user["groups"]])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
+    try:
+        if not admin.is_relative_to(folder):
+            folder.with_name(folder.name + GITDIR_SUFFIX).write_text(f"{admin}\n")
+            _chown_tree(admin, uid, gid)
+        _chown_tree(folder, uid, gid)
+        os.setgroups([int(group) for group in user["groups"]])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    except OSError as exc:
+        raise WorkspaceError(f"cannot hand the checkout to run_as uid {uid}: {exc}") from exc
 
 
 def _chown_tree(top: Path, uid: int, gid: int) -> None:
