@@ -378,7 +378,7 @@ out="$1"
 { id -u; pwd; stat -c %u .; } > "$out.tmp"
 echo change > CHANGED
 git add CHANGED && git -c user.name=j -c user.email=j@example.com commit -qm job \\
-  && echo committed >> "$out.tmp"
+  && echo "committed $(git rev-parse HEAD) $(git remote get-url origin)" >> "$out.tmp"
 git status --porcelain >> "$out.tmp"
 mv "$out.tmp" "$out"
 exit "${EXIT:-0}"
@@ -425,7 +425,7 @@ def test_a_run_as_job_commits_in_its_checkout_and_the_next_preparation_and_sweep
         assert (outs / "a").exists(), (h.log_dir / str(kept) / "1.log").read_text()
         lines = (outs / "a").read_text().splitlines()
         assert lines[0] == str(NOBODY) and lines[2] == str(NOBODY), lines
-        assert lines[3:] == ["committed"], lines  # and nothing left uncommitted
+        assert lines[3:] == [f"committed {lines[3].split()[1]} {origin}"], lines  # all of it
         checkout = Path(lines[1])
         # Kept for inspection, but herder's again: no later job of the user gets in.
         assert (checkout.stat().st_uid, checkout.stat().st_mode & 0o777) == (0, 0o700)
@@ -438,6 +438,13 @@ def test_a_run_as_job_commits_in_its_checkout_and_the_next_preparation_and_sweep
             done.append(h.wait_status(job_id, JobStatus.DONE, timeout=60))
             said = (outs / name).read_text().splitlines()
             assert said[0] == str(NOBODY) and said[2] == str(NOBODY), said
+            # Its own repository: the commit is there, the mirror never saw it.
+            commit = said[3].split()[1]
+            assert said[3:] == [f"committed {commit} {origin}"], said
+            [mirror] = (open_root / "mirrors").glob("*.git")
+            assert subprocess.run(["git", "-C", str(mirror), "cat-file", "-e", commit],
+                                  check=False, capture_output=True).returncode != 0
+            assert not list((mirror / "worktrees").glob("*"))  # forgotten at once
         # The sweep removes the kept checkout once its time is up.
         wait_for(lambda: not checkout.exists(), 30, "the kept checkout to be swept",
                  h.describe)

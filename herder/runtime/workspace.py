@@ -44,8 +44,6 @@ GIT_PROTOCOLS = "file:git:http:https:ssh"
 """The transports git may use: no `ext::` (it runs a command), whatever the repository says."""
 KEPT_SUFFIX = ".kept"
 OWNER_SUFFIX = ".owner"
-GITDIR_SUFFIX = ".gitdir"
-"""Beside a handed-over worktree: its folder in the mirror, to take back when it ends."""
 RUNS = "runs"
 TRAVERSE_ONLY = 0o711
 """herder's folders on a run_as job's way to its own: passed through, never listed."""
@@ -225,7 +223,7 @@ def run(request: Mapping[str, Any]) -> int:
         commit = prepare(spec, Path(request["root"]), folder, float(request["min_free_gb"]))
         argv = fill_command(request["argv"], spec, bool(request["shell"]), folder, env)
         if request.get("run_as"):
-            become(request["run_as"], folder)
+            become(request["run_as"], folder, spec.repository)
     except WorkspaceError as exc:
         say(f"workspace failed: {exc}")
         _result(env, {"outcome": "workspace_failed", "summary": str(exc)[:4000]})
@@ -250,21 +248,43 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def become(user: Mapping[str, Any], folder: Path) -> None:
-    """Hand the prepared checkout to the run_as user (a worktree's folder in the mirror
-    too, noted beside the checkout so herder takes it back), then become that user."""
+def become(user: Mapping[str, Any], folder: Path, repository: str) -> None:
+    """Hand the prepared checkout to the run_as user, then become that user. A worktree
+    first becomes a repository of its own: the mirror stays herder's alone."""
     uid, gid = int(user["uid"]), int(user["gid"])
     admin = Path(git("-C", str(folder), "rev-parse", "--absolute-git-dir").strip())
     try:
         if not admin.is_relative_to(folder):
-            folder.with_name(folder.name + GITDIR_SUFFIX).write_text(f"{admin}\n")
-            _chown_tree(admin, uid, gid)
+            _detach(folder, admin, repository)
         _chown_tree(folder, uid, gid)
         os.setgroups([int(group) for group in user["groups"]])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
     except OSError as exc:
         raise WorkspaceError(f"cannot hand the checkout to run_as uid {uid}: {exc}") from exc
+
+
+def _detach(folder: Path, admin: Path, repository: str) -> None:
+    """Turn a worktree of the mirror into a repository of its own that borrows the
+    mirror's objects (`clone --shared`: read only), at the same commit with the same index
+    and `origin` the real repository: the job commits, branches and pushes as in the
+    worktree, and writes nothing into the mirror, which forgets the worktree at once."""
+    mirror = admin.parent.parent  # <mirror>/worktrees/<name>
+    head = git("-C", str(folder), "rev-parse", "HEAD").strip()
+    scratch = folder.with_name(folder.name + ".clone")
+    shutil.rmtree(scratch, ignore_errors=True)
+    git("clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(scratch))
+    try:
+        (folder / ".git").unlink()
+        (scratch / ".git").rename(folder / ".git")
+        shutil.copyfile(admin / "index", folder / ".git" / "index")
+    except OSError as exc:
+        raise WorkspaceError(f"cannot give the worktree a repository of its own: {exc}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    git("-C", str(folder), "update-ref", "--no-deref", "HEAD", head)
+    git("-C", str(folder), "remote", "set-url", "origin", repository)
+    shutil.rmtree(admin, ignore_errors=True)
 
 
 def _chown_tree(top: Path, uid: int, gid: int) -> None:
@@ -285,15 +305,9 @@ def open_to(user: JobUser, root: Path) -> None:
 
 
 def _reclaim(folder: Path) -> None:
-    """Take a handed-over checkout (and its worktree's folder in the mirror) back from
-    the run_as user: only the top folders, herder's and 0700, so no later job of that
-    user reaches into them (a recursive chown could be led astray by a link)."""
-    record = folder.with_name(folder.name + GITDIR_SUFFIX)
-    with contextlib.suppress(OSError):
-        admin = Path(record.read_text().strip())
-        os.lchown(admin, os.geteuid(), os.getegid())
-        os.chmod(admin, 0o700)
-    record.unlink(missing_ok=True)
+    """Take a handed-over checkout back from the run_as user: only its top folder,
+    herder's and 0700, so no later job of that user reaches into it (a recursive chown
+    could be led astray by a link)."""
     with contextlib.suppress(OSError):
         if folder.lstat().st_uid != os.geteuid():
             os.lchown(folder, os.geteuid(), os.getegid())
