@@ -388,7 +388,7 @@ def _run_folder(token: AttemptToken, marker: str, worker: str, workspaces: Works
     if workspaces is None:
         raise LaunchError("run_as needs a workspace root for the job's own folder")
     try:
-        open_to(user, workspaces.root)
+        open_to(workspaces.root)
         folder = workspaces.run_folder(token, marker)
         claim(folder, worker)
         shutil.rmtree(folder, ignore_errors=True)  # another database's leftover

@@ -296,7 +296,7 @@ def _chown_tree(top: Path, uid: int, gid: int) -> None:
     os.lchown(top, uid, gid)
 
 
-def open_to(user: JobUser, root: Path) -> None:
+def open_to(root: Path) -> None:
     """The workspace root and its attempts' and runs' folders: herder's, which a run_as
     job passes through to its own folder but cannot list (other attempts' names)."""
     for folder in (root, root / "attempts", root / RUNS):
