@@ -217,6 +217,9 @@ class RuntimeSection(Struct, frozen=True):
     left out: found from this process's own cgroup."""
     nice: Annotated[dict[str, int], rules(check=_nice)] = field(default_factory=dict)
     """Weight -> the niceness its attempts run at, e.g. {light = 10}."""
+    run_as: str | None = None
+    """The unprivileged user a root runner starts jobs as (herder.runtime.job_user); left
+    out, a root runner's jobs run as root (with a warning at start)."""
 
 
 class DefaultsSection(Struct, frozen=True):

@@ -120,6 +120,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
 
     from herder.runtime.agent import HttpSource, LocalGate
     from herder.runtime.agent_client import ServerClient, check_server_url
+    from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions
 
     log_to_stderr(log_level, log_format)
@@ -134,6 +135,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         forget_token_variable()
         drain = duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
+        job_user_at_start(runtime.run_as)
         if runtime.kill_grace >= runtime.attempt_lease:
             logging.getLogger("herder.agent").warning(
                 "kill_grace (%.0fs) is not shorter than attempt_lease (%.0fs): after a crash "
@@ -220,10 +222,13 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     from herder.model import AttemptToken, Outcome
     from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
+    from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions
 
     log_to_stderr("info")
     runtime = state.config.settings.runtime
+    with edge():  # exit 2 before anything is fetched: a spawn failure, tried again later
+        job_user_at_start(runtime.run_as)
     try:
         client = ServerClient(server_url, agent_token(token, token_file), label,
                               verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))

@@ -48,6 +48,7 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
 
     from herder.runtime.delivery import start_alerts
     from herder.runtime.guardian import start_guardian
+    from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions, default_host, utcnow
 
     log_to_stderr(log_level, log_format)
@@ -57,6 +58,7 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         # or freezes, before another runner may take them over.
         guardian = start_guardian(config.settings.runtime.kill_grace)
         store = state.database.store
+        job_user_at_start(config.settings.runtime.run_as)  # exit 2 naming the key
         options = RunnerOptions.from_settings(
             config.settings, host or config.settings.herder.host or default_host(),
             config.log_dir, concurrency=concurrency, exit_when_idle=exit_when_idle)
@@ -176,6 +178,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
     from herder.runtime.guardian import start_guardian
+    from herder.runtime.job_user import job_user_at_start
 
     log_to_stderr(log_level, log_format)
     log = logging.getLogger("herder.server")
@@ -189,6 +192,10 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
         check_declared_hosts(state.config)  # exit 2 naming the key, before any is stored
+        runtime = state.config.settings.runtime
+        if runtime.run_as is not None or any(
+                host.transport == "local" for host in state.config.settings.hosts.values()):
+            job_user_at_start(runtime.run_as)  # its local hosts run jobs here
         legacy = os.environ.get(settings.api_token_env) or None
         hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
         # Before the store's threads: the watchdog for the jobs of this server's local hosts.

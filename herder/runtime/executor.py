@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
+from herder.runtime.job_user import JobUser, foreign_folders
 from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
-from herder.runtime.workspace import Launch, Workspaces, claim, launch, spec_of
+from herder.runtime.workspace import (
+    OWNER_SUFFIX,
+    Launch,
+    Workspaces,
+    claim,
+    launch,
+    open_to,
+    spec_of,
+)
 from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 
 
@@ -30,8 +43,41 @@ def log_path_for(log_dir: Path, token: AttemptToken) -> Path:
 
 
 def result_path_for(log_path: Path) -> Path:
-    """Where the attempt may write its $HERDER_RESULT: beside its log."""
+    """Where the attempt's $HERDER_RESULT is read from: beside its log (written there by a
+    job of herder's own user, copied there from its own folder under run_as)."""
     return log_path.with_suffix(".result.json")
+
+
+RESULT_NAME = "result.json"
+"""The $HERDER_RESULT of a job under run_as, in the attempt's folder that it owns."""
+
+
+def collect_result(run_folder: Path, log_path: Path) -> str | None:
+    """Copy a run_as job's $HERDER_RESULT beside its log and remove the folder it owned;
+    what to log when its result was not a plain file. The job controls that folder, so
+    the file is opened without following a link or blocking on a pipe, and a hard link
+    (someone else's file) is not read."""
+    note = None
+    data = None
+    try:
+        handle = os.open(run_folder / RESULT_NAME,
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            note = f"$HERDER_RESULT ignored: {exc.strerror}"
+    else:
+        with os.fdopen(handle, "rb") as result:
+            status = os.fstat(handle)
+            if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+                data = result.read(RESULT_BYTES + 1)
+            else:
+                note = "$HERDER_RESULT ignored: not a plain file"
+    if data is not None:
+        with contextlib.suppress(OSError):
+            result_path_for(log_path).write_bytes(data)
+    shutil.rmtree(run_folder, ignore_errors=True)
+    run_folder.with_name(run_folder.name + OWNER_SUFFIX).unlink(missing_ok=True)
+    return note
 
 
 def read_ending(log_path: Path) -> tuple[str, str | None]:
@@ -69,13 +115,19 @@ def passes(name: str, patterns: Sequence[str]) -> bool:
 
 def job_environment(job: Job, host: str, marker: str, log_path: Path,
                     pass_env: Sequence[str] = (),
-                    runner_environment: Mapping[str, str] | None = None) -> dict[str, str]:
-    """An allow-list of the runner's variables, then the job's own env (the submitter's
-    choice), then herder's identity variables, which nothing overrides. Nothing else of the
-    runner's passes: it may hold herder's database URL or tokens, and jobs are AI agents."""
+                    runner_environment: Mapping[str, str] | None = None,
+                    user: JobUser | None = None,
+                    result_path: Path | None = None) -> dict[str, str]:
+    """An allow-list of the runner's variables, then the run_as user's HOME, USER, LOGNAME
+    and SHELL, then the job's own env (the submitter's or its account's choice, a HOME
+    included), then herder's identity variables, which nothing overrides. Nothing else of
+    the runner's passes: it may hold herder's database URL or tokens, and jobs are AI
+    agents."""
     source = os.environ if runner_environment is None else runner_environment
     patterns = (*BASE_ENVIRONMENT, *pass_env)
     env = {name: value for name, value in source.items() if passes(name, patterns)}
+    if user is not None:
+        env.update(user.environment())
     env.update(job.env)
     env.update(
         {
@@ -85,7 +137,7 @@ def job_environment(job: Job, host: str, marker: str, log_path: Path,
             "HERDER_WEIGHT": job.weight,
             "HERDER_HOST": host,
             "HERDER_LOG": str(log_path),
-            "HERDER_RESULT": str(result_path_for(log_path)),
+            "HERDER_RESULT": str(result_path or result_path_for(log_path)),
             "HERDER_PAYLOAD": json.dumps(dict(job.payload)),
             TOKEN_VARIABLE: marker,
         }
@@ -125,6 +177,8 @@ class RunningAttempt:
     """The attempt's fresh checkout, removed or kept when it ends (runtime/workspace.py)."""
     memory: AttemptMemory | None = None
     """Its samples and cgroup (herder.runtime.memory); None only in tests that build one."""
+    run_folder: Path | None = None
+    """The folder a run_as job owns for its $HERDER_RESULT; collected when it ends."""
 
     @property
     def token(self) -> AttemptToken:
@@ -230,21 +284,29 @@ class RunningAttempt:
 def spawn(
     job: Job, host: str, worker: str, log_dir: Path, kill_grace: float,
     pass_env: Sequence[str] = (), workspaces: Workspaces | None = None,
-    memory: AttemptMemory | None = None,
+    memory: AttemptMemory | None = None, user: JobUser | None = None,
 ) -> RunningAttempt:
     """Start the job's command in a new session with its log file; raise LaunchError.
-    A job with a workspace starts as the process that prepares it (runtime/workspace.py)."""
+    A job with a workspace starts as the process that prepares it (runtime/workspace.py).
+    Under run_as (`user`) the job runs as that user, with a folder of its own for its
+    $HERDER_RESULT; a workspace is prepared by herder and handed over before the job's
+    command starts."""
     token = job.token
     marker = attempt_marker(token, worker)
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = job_environment(job, host, marker, log_path, pass_env)
+    run_folder = None
     try:
-        prepared = _workspace_launch(job, env, worker, marker, workspaces)
+        run_folder = _run_folder(token, marker, worker, workspaces, user)
+        env = job_environment(job, host, marker, log_path, pass_env, user=user,
+                              result_path=run_folder / RESULT_NAME if run_folder else None)
+        prepared = _workspace_launch(job, env, worker, marker, workspaces, user)
     except LaunchError as exc:
         append_log(log_path, f"launch failed: {exc}")
         if memory is not None:
             memory.close()
+        if run_folder is not None:
+            collect_result(run_folder, log_path)
         raise
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
@@ -253,28 +315,40 @@ def spawn(
         header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
                   f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
                   f"# herder: argv {json.dumps(list(job.command))} in {workdir}\n")
+        if user is not None:
+            header += "".join(
+                f"# herder: {name} names a folder run_as user {user.name} does not own: "
+                f"the job may not write it (chown it to {user.name})\n"
+                for name in foreign_folders(user, job.env))
         log.write(header.encode())
         log.flush()
         preexec = memory.preexec() if memory is not None else None
         try:
             process = subprocess.Popen(
                 prepared.argv if prepared else list(job.command),
-                cwd=prepared.folder.parent if prepared else job.workdir or None,
+                cwd=prepared.folder.parent if prepared else job.workdir or run_folder,
                 env=prepared.env if prepared else env,
                 stdin=subprocess.PIPE if prepared else subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                # Run as the run_as user from the start; a workspace's preparing process
+                # switches itself once the checkout is handed over (runtime/workspace.py).
+                **_switch(user, prepared is None),
                 # Joins the attempt's cgroup before exec, so nothing escapes it: two system
                 # calls on a descriptor opened beforehand, under the GIL the child holds,
                 # and glibc's malloc is fork-safe; only set where a cgroup or nice applies.
+                # It runs after the switch to run_as: Linux checks the rights of whoever
+                # opened the descriptor (herder), so the job still joins its cgroup.
                 preexec_fn=preexec,  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:
             log.write(f"# herder: launch failed: {exc}\n".encode())
             if memory is not None:
                 memory.close()
+            if run_folder is not None:
+                collect_result(run_folder, log_path)
             raise LaunchError(str(exc)) from exc
         finally:
             if memory is not None:
@@ -287,11 +361,48 @@ def spawn(
     now = time.monotonic()
     deadline = now + job.timeout_seconds if job.timeout_seconds else None
     return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace,
-                          workspace=prepared.folder if prepared else None, memory=memory)
+                          workspace=prepared.folder if prepared else None, memory=memory,
+                          run_folder=run_folder)
+
+
+JOB_UMASK = 0o022
+"""A run_as job's umask: what it creates is its own to write, readable to herder."""
+
+
+def _switch(user: JobUser | None, now: bool) -> dict[str, Any]:
+    """Popen's arguments that start a job as `user` (or, `now` false, only its umask)."""
+    if user is None:
+        return {}
+    if not now:
+        return {"umask": JOB_UMASK}
+    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups),
+            "umask": JOB_UMASK}
+
+
+def _run_folder(token: AttemptToken, marker: str, worker: str, workspaces: Workspaces | None,
+                user: JobUser | None) -> Path | None:
+    """A run_as job's own folder (0700, the user's), in a folder of herder's that it can
+    pass through but not list; None for a job of herder's own user."""
+    if user is None:
+        return None
+    if workspaces is None:
+        raise LaunchError("run_as needs a workspace root for the job's own folder")
+    try:
+        open_to(workspaces.root)
+        folder = workspaces.run_folder(token, marker)
+        claim(folder, worker)
+        shutil.rmtree(folder, ignore_errors=True)  # another database's leftover
+        folder.mkdir(mode=0o700)
+        os.chown(folder, user.uid, user.gid)
+    except OSError as exc:
+        raise LaunchError(f"cannot make the job's folder for run_as {user.name}: "
+                          f"{exc}") from exc
+    return folder
 
 
 def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str,
-                      workspaces: Workspaces | None) -> Launch | None:
+                      workspaces: Workspaces | None,
+                      user: JobUser | None = None) -> Launch | None:
     try:
         spec = spec_of(job)
     except ValueError as exc:
@@ -301,7 +412,7 @@ def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str
     if workspaces is None:
         raise LaunchError("this runner has no workspace root for the job's workspace")
     claim(workspaces.folder(job.token, marker), worker)
-    return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces)
+    return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces, user=user)
 
 
 def append_log(path: Path, line: str) -> None:

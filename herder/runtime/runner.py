@@ -37,9 +37,12 @@ from herder.runtime.executor import (
     RunningAttempt,
     append_log,
     attempt_marker,
+    collect_result,
     read_ending,
     spawn,
 )
+from herder.runtime.job_user import JobUser, check_workspace_root
+from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
 from herder.runtime.process import process_start_time
@@ -168,6 +171,8 @@ class RunnerOptions(msgspec.Struct, frozen=True):
     workspace_min_free_gb: float = RuntimeSection().workspace_min_free_gb
     memory: MemoryPolicy = msgspec.field(default_factory=MemoryPolicy)
     """How attempts' memory is measured and enforced (herder.runtime.memory)."""
+    run_as: JobUser | None = None
+    """Who jobs run as when herder is root ([runtime] run_as); None: herder's own user."""
 
     @classmethod
     def from_settings(
@@ -178,7 +183,7 @@ class RunnerOptions(msgspec.Struct, frozen=True):
         """The one place herder.toml becomes a runner's options; the keywords are what a
         command or the server decides instead (None: the config's value)."""
         runtime, fleet = settings.runtime, settings.fleet
-        return cls(
+        options = cls(
             host=host, log_dir=log_dir,
             concurrency=runtime.concurrency if concurrency is None else concurrency,
             heartbeat_interval=runtime.heartbeat_interval,
@@ -194,7 +199,10 @@ class RunnerOptions(msgspec.Struct, frozen=True):
             workspace_keep_failed=runtime.workspace_keep_failed,
             workspace_min_free_gb=runtime.workspace_min_free_gb,
             memory=MemoryPolicy.from_section(runtime),
+            run_as=resolve_job_user(runtime.run_as, os.geteuid()),
         )
+        check_workspace_root(options.run_as, options.workspaces.root)
+        return options
 
     @property
     def workspaces(self) -> Workspaces:
@@ -459,7 +467,8 @@ class Runner:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
                             self.options.kill_grace, self.options.pass_env,
                             self.options.workspaces,
-                            self.memory.begin(job, self.options.outcome_rules.weights))
+                            self.memory.begin(job, self.options.outcome_rules.weights),
+                            self.options.run_as)
         except (LaunchError, OSError) as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc,
                       extra={"event": "spawn_failed", "job_id": job.id,
@@ -519,6 +528,10 @@ class Runner:
                 # A start report still pending is moot: the finish records the attempt.
                 del self.running[token]
                 self._start_retries.pop(token, None)
+                if attempt.run_folder is not None:
+                    ignored = collect_result(attempt.run_folder, attempt.log_path)
+                    if ignored:
+                        append_log(attempt.log_path, ignored)
                 tail, result = read_ending(attempt.log_path)
                 self.unreported[token] = Result(attempt.job, outcome, attempt.returncode,
                                                 ending=Ending(tail, result,

@@ -32,6 +32,7 @@ import msgspec
 
 from herder.errors import InputError
 from herder.model import AttemptToken, Job
+from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
 from herder.templates import fill_prompt, render
 from herder.workspace import WorkspaceSpec, of_env
@@ -43,6 +44,9 @@ GIT_PROTOCOLS = "file:git:http:https:ssh"
 """The transports git may use: no `ext::` (it runs a command), whatever the repository says."""
 KEPT_SUFFIX = ".kept"
 OWNER_SUFFIX = ".owner"
+RUNS = "runs"
+TRAVERSE_ONLY = 0o711
+"""herder's folders on a run_as job's way to its own: passed through, never listed."""
 GB = 1024**3
 
 
@@ -63,6 +67,10 @@ class Workspaces(msgspec.Struct, frozen=True):
         digest = hashlib.sha256(marker.encode()).hexdigest()[:10]
         return self.root / "attempts" / f"{token.job_id}.{token.attempt}-{digest}"
 
+    def run_folder(self, token: AttemptToken, marker: str) -> Path:
+        """A run_as job's own folder (its $HERDER_RESULT), named as its checkout."""
+        return self.root / RUNS / self.folder(token, marker).name
+
 
 class Launch(msgspec.Struct, frozen=True):
     """How the runner starts an attempt with a workspace: the preparing process, its
@@ -80,12 +88,17 @@ def spec_of(job: Job) -> WorkspaceSpec | None:
 
 def launch(job: Job, spec: WorkspaceSpec, job_env: Mapping[str, str], marker_variable: str,
            marker: str, workspaces: Workspaces,
-           runner_environment: Mapping[str, str] | None = None) -> Launch:
-    """The preparing process of one attempt (see the module's docstring)."""
+           runner_environment: Mapping[str, str] | None = None,
+           user: JobUser | None = None) -> Launch:
+    """The preparing process of one attempt (see the module's docstring); under run_as
+    (`user`) it hands the checkout over and becomes that user before the job starts."""
     folder = workspaces.folder(job.token, marker)
-    request = {"argv": list(job.command), "env": dict(job_env), "shell": job.shell,
-               "spec": spec.encode(), "root": str(workspaces.root), "folder": str(folder),
-               "min_free_gb": workspaces.min_free_gb}
+    request: dict[str, Any] = {
+        "argv": list(job.command), "env": dict(job_env), "shell": job.shell,
+        "spec": spec.encode(), "root": str(workspaces.root), "folder": str(folder),
+        "min_free_gb": workspaces.min_free_gb}
+    if user is not None:
+        request["run_as"] = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups)}
     env = git_environment(os.environ if runner_environment is None else runner_environment)
     env[marker_variable] = marker
     # -P: the workspace root, its cwd, must not come first on the module path.
@@ -209,6 +222,8 @@ def run(request: Mapping[str, Any]) -> int:
     try:
         commit = prepare(spec, Path(request["root"]), folder, float(request["min_free_gb"]))
         argv = fill_command(request["argv"], spec, bool(request["shell"]), folder, env)
+        if request.get("run_as"):
+            become(request["run_as"], folder, spec.repository)
     except WorkspaceError as exc:
         say(f"workspace failed: {exc}")
         _result(env, {"outcome": "workspace_failed", "summary": str(exc)[:4000]})
@@ -233,6 +248,72 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def become(user: Mapping[str, Any], folder: Path, repository: str) -> None:
+    """Hand the prepared checkout to the run_as user, then become that user. A worktree
+    first becomes a repository of its own: the mirror stays herder's alone."""
+    uid, gid = int(user["uid"]), int(user["gid"])
+    admin = Path(git("-C", str(folder), "rev-parse", "--absolute-git-dir").strip())
+    try:
+        if not admin.is_relative_to(folder):
+            _detach(folder, admin, repository)
+        _chown_tree(folder, uid, gid)
+        os.setgroups([int(group) for group in user["groups"]])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    except OSError as exc:
+        raise WorkspaceError(f"cannot hand the checkout to run_as uid {uid}: {exc}") from exc
+
+
+def _detach(folder: Path, admin: Path, repository: str) -> None:
+    """Turn a worktree of the mirror into a repository of its own that borrows the
+    mirror's objects (`clone --shared`: read only), at the same commit with the same index
+    and `origin` the real repository: the job commits, branches and pushes as in the
+    worktree, and writes nothing into the mirror, which forgets the worktree at once."""
+    mirror = admin.parent.parent  # <mirror>/worktrees/<name>
+    head = git("-C", str(folder), "rev-parse", "HEAD").strip()
+    scratch = folder.with_name(folder.name + ".clone")
+    shutil.rmtree(scratch, ignore_errors=True)
+    git("clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(scratch))
+    try:
+        (folder / ".git").unlink()
+        (scratch / ".git").rename(folder / ".git")
+        shutil.copyfile(admin / "index", folder / ".git" / "index")
+    except OSError as exc:
+        raise WorkspaceError(f"cannot give the worktree a repository of its own: {exc}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    git("-C", str(folder), "update-ref", "--no-deref", "HEAD", head)
+    git("-C", str(folder), "remote", "set-url", "origin", repository)
+    shutil.rmtree(admin, ignore_errors=True)
+
+
+def _chown_tree(top: Path, uid: int, gid: int) -> None:
+    """Bottom up, links not followed: each folder changes hands only once what is inside
+    it has, so nothing can be swapped for a link while herder still walks it."""
+    for base, folders, files in os.walk(top, topdown=False):
+        for name in (*files, *folders):
+            os.lchown(os.path.join(base, name), uid, gid)
+    os.lchown(top, uid, gid)
+
+
+def open_to(root: Path) -> None:
+    """The workspace root and its attempts' and runs' folders: herder's, which a run_as
+    job passes through to its own folder but cannot list (other attempts' names)."""
+    for folder in (root, root / "attempts", root / RUNS):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, TRAVERSE_ONLY)
+
+
+def _reclaim(folder: Path) -> None:
+    """Take a handed-over checkout back from the run_as user: only its top folder,
+    herder's and 0700, so no later job of that user reaches into it (a recursive chown
+    could be led astray by a link)."""
+    with contextlib.suppress(OSError):
+        if folder.lstat().st_uid != os.geteuid():
+            os.lchown(folder, os.geteuid(), os.getegid())
+            os.chmod(folder, 0o700)
+
+
 def _result(env: Mapping[str, str], result: Mapping[str, Any]) -> None:
     path = env.get("HERDER_RESULT")
     if path:
@@ -254,6 +335,7 @@ def release(folder: Path, succeeded: bool, keep_failed: float, now: float) -> st
     """Remove a succeeded attempt's checkout; keep a failed one until `now + keep_failed`
     (a `.kept` file beside it says until when). What to log, or None."""
     folder.with_name(folder.name + OWNER_SUFFIX).unlink(missing_ok=True)
+    _reclaim(folder)
     if not folder.exists():
         return None
     if succeeded or keep_failed <= 0:
@@ -281,6 +363,12 @@ def sweep(root: Path, now: float, keep_failed: float,
     """Remove kept checkouts whose time is up, and keep for inspection those whose runner
     died before it could release them; how many were removed."""
     attempts = root / "attempts"
+    for owner in sorted((root / RUNS).glob(f"*{OWNER_SUFFIX}")):  # run_as jobs' folders
+        with contextlib.suppress(OSError):
+            if not alive(owner.read_text().strip()):
+                shutil.rmtree(owner.with_name(owner.name[: -len(OWNER_SUFFIX)]),
+                              ignore_errors=True)
+                owner.unlink()
     for owner in sorted(attempts.glob(f"*{OWNER_SUFFIX}")):
         with contextlib.suppress(OSError):
             if not alive(owner.read_text().strip()):
