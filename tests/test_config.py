@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -431,15 +432,81 @@ def test_log_dir_resolves_against_the_config_directory(tmp_path):
     assert config.log_dir == project.resolve() / "logs" / "here"
 
 
-def test_shell_placeholder_inside_quotes_is_rejected_with_the_fix(tmp_path):
-    path = tmp_path / "herder.toml"
-    path.write_text('[job_types.say]\nshell = true\ncommand = "echo \\"{msg}\\""\n')
+def shell_type(path: Path, script: str) -> Config:
+    path.write_text("[job_types.say]\nshell = true\ncommand = " + json.dumps(script) + "\n")
+    return load_config(path)
+
+
+@pytest.mark.parametrize(("script", "says"), [
+    ("echo '{msg}'", "{msg} on line 1 is inside single quotes"),
+    ("cat <<'EOF'\n{msg}\nEOF", "{msg} on line 2 is inside a quoted heredoc"),
+    ("eval echo {msg}", "used with `eval`"),
+    ('bash -c "echo {msg}"', "used with `bash`"),
+    ("sh -c 'x' && sh -c \"$(echo {msg})\"", "used with `sh`"),
+    ("ssh build.example cat {msg}", "used with `ssh`"),
+    ("sudo -u bob ls {msg}", "used with `sudo`"),
+    ("su -c ls {msg}", "used with `su`"),
+    ("echo {msg} | xargs ls", "used with `xargs`"),
+    ("true\n. ./lib.sh {msg}", "{msg} on line 2 is used with `.`"),
+    ("source ./lib.sh {msg}", "used with `source`"),
+    ("exec /bin/bash <<EOF\necho {msg}\nEOF", "{msg} on line 2 is used with `bash`"),
+    ("cat <<EOF | sh\n{msg}\nEOF", "a pipe into `sh`"),
+    ("echo {msg} | /usr/bin/python3", "a pipe into `python3`"),
+    ('python3 -c "print(\'{msg}\')"', "used with `python3`"),
+    ("awk \"/{msg}/\" f", "used with `awk`"),
+    ("python3 tool.py --title={msg}", "used with `python3` (not a whole argument"),
+    ("bash -c {msg}", "used with `bash`"),
+    ("node -e {msg} x", "used with `node`"),
+    ("echo ${msg}", "follows a '$'"),
+    ("echo \\{msg}", "follows a backslash"),
+    ("echo {a} {A}", "{a} and {A} would both be $HERDER_P_A"),
+])
+def test_a_shell_placeholder_where_it_would_be_code_is_refused_at_load(tmp_path, script, says):
+    """The lexical check of herder.shell_templates: each construct that evaluates text."""
     with pytest.raises(ConfigError) as error:
-        load_config(path)
-    assert "job_types.say" in str(error.value)
-    assert "{msg} is inside quotes" in str(error.value)
-    path.write_text('[job_types.say]\nshell = true\ncommand = "echo {msg} | tr a b"\n')
-    assert load_config(path).settings.job_types["say"].shell
+        shell_type(tmp_path / "herder.toml", script)
+    assert "job_types.say: command:" in str(error.value)
+    assert says in str(error.value)
+
+
+@pytest.mark.parametrize("script", [
+    "echo {msg} | tr a b",
+    'echo "title: {msg}" > out.txt',
+    "cat <<EOF > prompt.md\nFix: {msg}\nEOF\nclaude -p \"$(cat prompt.md)\"",
+    "git log -- {msg} # don't {msg}",
+    "python3 tools/run.py --title {msg} {msg}",
+    "bash ./build.sh {msg}",
+    'sh -c \'printf "%s" "$1"\' sh {msg}',
+    "echo ${{HOME}} $(basename {msg})",
+])
+def test_a_shell_placeholder_used_as_a_value_loads(tmp_path, script):
+    assert shell_type(tmp_path / "herder.toml", script).settings.job_types["say"].shell
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('command = ["ls"]\nworkdir = "{repo}"\n', 'set workdir_base = "/srv/checkouts"'),
+    ('command = ["ls"]\nworkdir = "/x/{repo}"\nworkdir_base = "srv"\n',
+     "workdir_base: 'srv' must be an absolute path"),
+    ('command = ["ls"]\nrepositories = ["https://github.com/acme/"]\n',
+     "repositories: limits a workspace's repository"),
+    ('command = ["ls"]\nrepositories = ["https://github.com/a/../b/"]\n'
+     'workspace = { repository = "{repo}", ref = "main" }\n',
+     "repositories.0: 'https://github.com/a/../b/' has an empty, '.', '..'"),
+    ('command = ["ls"]\noption_fields = ["a-b"]\n', "'a-b' is not a payload field name"),
+])
+def test_a_payload_target_without_its_bounds_is_refused_at_load(tmp_path, text, says):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, "[job_types.t]\n" + text))
+    assert "job_types.t" in str(error.value)
+    assert says in str(error.value)
+
+
+def test_a_templated_workdir_with_its_base_and_a_fixed_one_without_load(tmp_path):
+    config = load_config(write(tmp_path, '[job_types.t]\ncommand = ["ls"]\nworkdir = "{repo}"\n'
+                                         'workdir_base = "/srv/checkouts"\n'
+                                         '[job_types.u]\ncommand = ["ls"]\nworkdir = "/srv"\n'))
+    assert config.settings.job_types["t"].workdir_base == "/srv/checkouts"
+    assert config.settings.job_types["u"].workdir_base is None
 
 
 def test_export_of_a_field_that_cannot_be_an_environment_name_is_rejected(tmp_path):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from herder.config import Config, load_config
 from herder.errors import ConfigError, InputError
 from herder.intake import parse_assignments, parse_payload, resolve
+from herder.model import JobSpec
 from herder.wire import SubmitBody
 
 CONFIG = """
@@ -75,7 +76,8 @@ def config(tmp_path, monkeypatch) -> Config:
     (tmp_path / "prompts" / "task.md").write_text(PROMPT)
     (tmp_path / "repo").mkdir()
     path = tmp_path / "herder.toml"
-    path.write_text(CONFIG)
+    path.write_text(CONFIG.replace("\nworkdir = \"{repo}\"\n",
+                                   f"\nworkdir = \"{{repo}}\"\nworkdir_base = \"{tmp_path}\"\n"))
     return load_config(path)
 
 
@@ -98,7 +100,8 @@ def test_placeholders_fill_command_env_and_workdir_from_the_payload(config, tmp_
     spec = resolve(config, request("greet", payload={"name": "Ada Lovelace", "count": 3,
                                                      "repo": str(repo)}))
     assert spec.command == ("echo", "hello Ada Lovelace", "n=3")
-    assert spec.env == {"WHO": "Ada Lovelace", "COUNT": "3", "FIXED": "plain"}
+    assert spec.env == {"WHO": "Ada Lovelace", "COUNT": "3", "FIXED": "plain",
+                        "HERDER_WORKDIR_BASE": str(tmp_path)}
     assert spec.workdir == str(repo.resolve())
     assert spec.job_type == "greet"
     assert spec.shell is False
@@ -219,8 +222,10 @@ def test_prompt_file_that_vanished_after_loading_is_an_input_error(config, tmp_p
 # -- shell job types --------------------------------------------------------------------------
 
 
-def run_rendered(command: tuple[str, ...], cwd: Path) -> None:
-    subprocess.run(command, cwd=cwd, check=True, timeout=10, env={"PATH": os.defpath})
+def run_rendered(spec: JobSpec, cwd: Path) -> None:
+    """The script as the job runs it: its own env (the payload's values) and nothing else."""
+    subprocess.run(spec.command, cwd=cwd, check=True, timeout=10,
+                   env={**spec.env, "PATH": os.defpath})
 
 
 @pytest.mark.parametrize(
@@ -241,14 +246,14 @@ def test_shell_job_type_quotes_payload_values(config, tmp_path, attack):
     spec = resolve(config, request("say", payload={"msg": attack}))
     assert spec.shell is True
     assert spec.command[:2] == ("/bin/sh", "-c")
-    run_rendered(spec.command, tmp_path)
+    run_rendered(spec, tmp_path)
     assert not (tmp_path / "pwned").exists(), spec.command
     assert (tmp_path / "said.txt").read_text() == attack
 
 
 def test_shell_job_type_quotes_the_prompt_text_too(config, tmp_path):
     spec = resolve(config, request("shellprompt"))
-    run_rendered(spec.command, tmp_path)
+    run_rendered(spec, tmp_path)
     assert (tmp_path / "said.txt").read_text() == PROMPT
 
 
@@ -258,7 +263,7 @@ def test_shell_job_type_quotes_the_prompt_text_too(config, tmp_path):
                     max_size=40))
 def test_shell_quoting_round_trips_any_text(config, tmp_path, text):
     spec = resolve(config, request("say", payload={"msg": text}))
-    run_rendered(spec.command, tmp_path)
+    run_rendered(spec, tmp_path)
     assert (tmp_path / "said.txt").read_bytes() == text.encode()
 
 

@@ -208,7 +208,7 @@ def test_a_submitter_cannot_set_the_workspace_or_a_workdir_for_it(typed):
     assert raised.value.field == f"env.{VARIABLE}"
     with pytest.raises(InputError) as raised:
         resolve(typed, SubmitRequest(job_type="fix", workdir="/tmp",
-                                     payload={"repo": "/srv/app.git", "ref": "main"}))
+                                     payload={"repo": "git@example.com:app.git", "ref": "main"}))
     assert raised.value.field == "workdir"
 
 
