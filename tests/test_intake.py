@@ -440,3 +440,115 @@ def test_payload_round_trips_through_json_unchanged(config):
     payload = {"unicode": "naïve ☃", "nested": {"list": [1, 2.5, None, False]}}
     spec = resolve(config, request(command=["true"], payload=parse_payload(json.dumps(payload))))
     assert spec.payload == payload
+
+
+# -- payload values stay values (issue 23) ----------------------------------------------------
+
+VALUES = """
+[job_types.tests]
+command = ["pytest", "-q", "{path}", ["--maxfail", "{maxfail}"], ["--tb={tb}"]]
+
+[job_types.flags]
+command = ["ls", "{extra}", "{path}"]
+option_fields = ["extra"]
+
+[job_types.prompted]
+command = ["cat", "{prompt}"]
+prompt_file = "dash.md"
+
+[job_types.based]
+command = ["true"]
+workdir = "{repo}"
+workdir_base = "BASE"
+
+[job_types.heredoc]
+shell = true
+command = "cat <<EOF > said.txt\\nTitle: {title}\\nEOF\\nprintf '%s' {title} >> said.txt"
+
+[job_types.shellflag]
+shell = true
+command = "ls {path} --color={when}"
+"""
+
+
+@pytest.fixture
+def values(tmp_path, monkeypatch) -> Config:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dash.md").write_text("--- front matter of the operator's own prompt\n")
+    (tmp_path / "base" / "app").mkdir(parents=True)
+    path = tmp_path / "herder.toml"
+    path.write_text(VALUES.replace("BASE", str(tmp_path / "base")))
+    return load_config(path)
+
+
+@pytest.mark.parametrize(("job_type", "payload", "field"), [
+    ("tests", {"path": "--basetemp=/home"}, "payload.path"),
+    ("tests", {"path": "tests", "maxfail": "-1"}, "payload.maxfail"),
+    ("tests", {"path": -3}, "payload.path"),
+    ("flags", {"extra": "-la", "path": "-R"}, "payload.path"),
+    ("shellflag", {"path": "--hyperlink", "when": "never"}, "payload.path"),
+])
+def test_a_value_that_would_be_an_option_is_refused_at_submit(values, job_type, payload, field):
+    """A placeholder that is a whole argument: `--basetemp=/home` would make pytest delete
+    /home. Nothing is enqueued (resolve raises before the store)."""
+    error = rejected(values, request(job_type, payload=payload))
+    assert error.field == field
+    assert "starts with '-'" in error.problem and "option_fields" in str(error)
+
+
+def test_an_embedded_value_an_opted_out_field_and_herders_prompt_may_start_with_a_dash(values):
+    spec = resolve(values, request("tests", payload={"path": "t", "tb": "-short"}),
+                   check_command=False)
+    assert spec.command == ("pytest", "-q", "t", "--tb=-short")
+    spec = resolve(values, request("flags", payload={"extra": "-la", "path": "src"}),
+                   check_command=False)
+    assert spec.command == ("ls", "-la", "src")
+    spec = resolve(values, request("prompted"), check_command=False)
+    assert spec.command[1].startswith("--- front matter")
+    spec = resolve(values, request("shellflag", payload={"path": "src", "when": "-x"}),
+                   check_command=False)
+    assert spec.env["HERDER_P_WHEN"] == "-x"
+
+
+@pytest.mark.parametrize("repo", ["../../../../root", "/root", "app/../../x", "app/../../base2",
+                                  "//etc"])
+def test_a_templated_workdir_that_leads_out_of_its_base_is_refused(values, tmp_path, repo):
+    error = rejected(values, request("based", payload={"repo": repo}))
+    assert error.field == "workdir"
+    assert "must stay inside its workdir_base" in error.problem
+
+
+@pytest.mark.parametrize("repo", ["app", "BASE/app", "./app/", "app/x/.."])
+def test_a_templated_workdir_inside_its_base_is_normalised(values, tmp_path, repo):
+    base = tmp_path / "base"
+    spec = resolve(values, request("based", payload={"repo": repo.replace("BASE", str(base))}))
+    assert spec.workdir == str(base / "app")
+    assert spec.env["HERDER_WORKDIR_BASE"] == str(base)
+
+
+def test_a_symlink_inside_the_base_that_points_out_is_refused(values, tmp_path):
+    (tmp_path / "base" / "out").symlink_to(tmp_path)
+    error = rejected(values, request("based", payload={"repo": "out"}))
+    assert error.field == "workdir" and "through a symbolic link" in error.problem
+
+
+def test_a_submitter_cannot_set_what_herder_sets_from_the_job_type(values):
+    for name in ("HERDER_WORKDIR_BASE", "HERDER_P_TITLE"):
+        error = rejected(values, request("heredoc", payload={"title": "t"}, env={name: "/"}))
+        assert error.field == f"env.{name}"
+
+
+@pytest.mark.parametrize("title", [
+    "$(id>pwned)", "`id>pwned`", "${IFS}$(touch pwned)", "EOF\ntouch pwned\nEOF",
+    "\\$(touch pwned)", "'; touch pwned; '", "\"$(touch pwned)\"",
+])
+def test_a_title_in_an_unquoted_heredoc_is_text_not_code(values, tmp_path, title):
+    """Issue 23's attack: a signed webhook's title `$(id>...)` ran `id` through
+    `cat <<EOF\\n{title}\\nEOF`. The value now reaches the script as $HERDER_P_TITLE,
+    which the shell expands but never parses: a real /bin/sh, and no marker file."""
+    spec = resolve(values, request("heredoc", payload={"title": title}))
+    assert title not in spec.command[2]
+    assert spec.env["HERDER_P_TITLE"] == title
+    run_rendered(spec, tmp_path)
+    assert not (tmp_path / "pwned").exists(), spec.command
+    assert (tmp_path / "said.txt").read_text() == f"Title: {title}\n{title}"
