@@ -24,7 +24,7 @@ from herder.errors import ConfigError, InputError
 from herder.intake import resolve
 from herder.model import Job, JobStatus, Outcome
 from herder.runtime.agent import job_from_assignment
-from herder.runtime.executor import spawn
+from herder.runtime.executor import LaunchError, spawn
 from herder.runtime.process import TOKEN_VARIABLE, process_start_time
 from herder.runtime.workspace import (
     SAFE_CONFIG,
@@ -673,3 +673,58 @@ def test_git_runs_with_hooks_fsmonitor_and_other_config_off():
     assert kept["GIT_CONFIG_GLOBAL"] == "/etc/herder/gitconfig"
     assert ("core.hooksPath", "/dev/null") in SAFE_CONFIG
     assert ("core.fsmonitor", "false") in SAFE_CONFIG
+
+
+def test_a_workdir_whose_symlink_leads_out_of_its_base_is_a_launch_failure(tmp_path):
+    """Checked again on the host that runs it, with symlinks resolved: the link may have
+    appeared after the submit (an earlier job made it), or on another machine."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "app").mkdir()
+    (base / "out").symlink_to(tmp_path)
+    marker = tmp_path / "ran"
+    stamp = datetime.now(UTC).isoformat()
+
+    def job(workdir: Path) -> Job:
+        return job_from_assignment({
+            "id": 8, "attempt": 1, "job_type": "based", "command": ["touch", str(marker)],
+            "shell": False, "payload": {}, "priority": 100, "weight": "light", "ram_gb": 1.0,
+            "env": {"HERDER_WORKDIR_BASE": str(base)}, "workdir": str(workdir),
+            "timeout_seconds": None, "max_attempts": 1, "failures": 0, "lost": 0,
+            "spawn_failures": 0, "backoff_base_seconds": 1.0, "backoff_max_seconds": 1.0,
+            "available_at": stamp, "created_at": stamp, "updated_at": stamp})
+
+    with pytest.raises(LaunchError) as raised:
+        spawn(job(base / "out"), "h", "h/1/1", tmp_path / "logs", 1.0)
+    assert f"leads out of workdir_base {base}" in str(raised.value)
+    assert "launch failed" in (tmp_path / "logs" / "8" / "1.log").read_text()
+    assert not marker.exists()
+    attempt = spawn(job(base / "app"), "h", "h/1/1", tmp_path / "logs2", 1.0)
+    assert attempt.process.wait(timeout=30) == 0 and marker.exists()
+
+
+def test_a_shell_job_reads_a_prompt_from_its_checkout_as_a_variable(tmp_path):
+    """prompt_from = "workspace" with shell = true: the prompt, read on the host, reaches
+    the script as $HERDER_P_PROMPT; its text (here shell syntax) is never parsed."""
+    (tmp_path / "repo").mkdir()
+    origin = make_repository(tmp_path / "repo", prompt="$(touch pwned) `touch pwned` #{issue}\n")
+    (tmp_path / "types").mkdir()
+    config = load_config(write_config(tmp_path / "types", """
+[job_types.fix]
+shell = true
+command = "printf '%s' {prompt} > said.txt"
+prompt_file = "prompts/task.md"
+prompt_from = "workspace"
+workspace = { repository = "REPO", ref = "main", mode = "clone" }
+""".replace("REPO", str(origin))))
+    spec = resolve(config, SubmitRequest(job_type="fix", payload={"issue": 42}))
+    assert spec.command[2] == """printf '%s' "${HERDER_P_PROMPT}" > said.txt"""
+    workspace = of_env(spec.env)
+    assert workspace is not None and workspace.prompt_parts == ()
+    folder = tmp_path / "w" / "attempts" / "1.1"
+    prepare(workspace, tmp_path / "w", folder, 0.0)
+    env = {"HERDER_PAYLOAD": json.dumps({"issue": 42}), "PATH": os.defpath}
+    argv = fill_command(list(spec.command), workspace, True, folder, env)
+    subprocess.run(argv, cwd=folder, env=env, check=True, timeout=30)
+    assert (folder / "said.txt").read_text() == "$(touch pwned) `touch pwned` #42\n"
+    assert not (folder / "pwned").exists()
