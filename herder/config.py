@@ -24,7 +24,7 @@ from msgspec import Struct, field
 
 from herder.errors import ConfigError, InputError
 from herder.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
-from herder.shell_templates import shell_problem
+from herder.shell_templates import argv_problem, shell_problem
 from herder.templates import check_command, placeholders
 from herder.urls import DEFAULT_DB
 from herder.workspace import MODES as WORKSPACE_MODES
@@ -353,6 +353,10 @@ class JobTypeSection(Struct, frozen=True):
             problem = shell_problem(self.command)
             if problem is not None:
                 raise ValueError(f"command: {problem}")
+        if isinstance(self.command, list):
+            problem = argv_problem(self.command)
+            if problem is not None:
+                raise ValueError(problem)
         self._check_targets()
         if self.prompt_from == "workspace":
             if self.workspace is None or self.prompt_file is None:

@@ -15,12 +15,13 @@ rendered script and its variables) read the same scan.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from herder.errors import InputError
+from herder.templates import placeholders, text, whole_item_refusal
 
 VARIABLE_PREFIX = "HERDER_P_"
 """The job's env entries that carry a shell job type's payload values."""
@@ -338,6 +339,44 @@ def shell_problem(script: str) -> str | None:
     return None
 
 
+ARGV_EVALUATORS = ("ssh", "su", "runuser", "watch", "script", "parallel", "expect")
+"""Programs that join their arguments into a shell command line (ssh's remote command,
+`su -c`, `watch`): in an argv list, no item after them may hold a placeholder."""
+
+
+def argv_problem(parts: Sequence[str | Sequence[str]]) -> str | None:
+    """Why an argv job type would hand a payload value to a program as code, or None: a
+    placeholder in the item after an interpreter's `-c`/`-e` (`["sh", "-c", "echo {x}"]`
+    splices the value into a script), or after a program that runs its arguments through
+    a shell (`["ssh", "host", "make", "{target}"]`). A value as an argument of its own
+    (`["sh", "-c", "echo \"$1\"", "sh", "{x}"]`) is data."""
+    items = [(f"command.{index}", part) if isinstance(part, str) else
+             (f"command.{index}.{inner}", item)
+             for index, part in enumerate(parts)
+             for inner, item in ([(0, part)] if isinstance(part, str) else enumerate(part))]
+    interpreter: str | None = None
+    evaluator: str | None = None
+    previous = ""
+    for where, item in items:
+        program = item.rsplit("/", 1)[-1]
+        names = placeholders(item)
+        if names and evaluator is not None:
+            return (f"{where}: {{{names[0]}}} is an argument of `{evaluator}`, which runs its "
+                    "arguments as a shell command line; pass the value in env and let the "
+                    "remote or inner command read it, or drop the placeholder")
+        if names and interpreter is not None and _CODE_OPTION.match(previous):
+            return (f"{where}: {{{names[0]}}} is inside the program text of `{interpreter} "
+                    f"{previous}`, where the value would be code; pass it as an argument of "
+                    f"its own (e.g. [\"sh\", \"-c\", \"echo \\\"$1\\\"\", \"sh\", "
+                    f"\"{{{names[0]}}}\"]) or through env")
+        if program in ARGV_EVALUATORS:
+            evaluator = program
+        if program in INTERPRETERS or re.fullmatch(r"python[0-9.]+", program):
+            interpreter = program
+        previous = item
+    return None
+
+
 def _danger(part: Placeholder) -> str | None:
     """The construct in the placeholder's statement that evaluates text, or None."""
     statement = part.statement
@@ -360,8 +399,6 @@ def render_shell(script: str, context: Mapping[str, Any], where: str,
     """The script with each placeholder a variable reference, and the variables' values
     (those in `keep` are set later, on the host). A whole-word placeholder is an argv item,
     so its value may not start with '-' unless its field is in `option_fields`."""
-    from herder.templates import text, whole_item_refusal
-
     try:
         parts = scan(script)
     except ValueError as exc:

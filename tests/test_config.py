@@ -501,6 +501,32 @@ def test_a_payload_target_without_its_bounds_is_refused_at_load(tmp_path, text, 
     assert says in str(error.value)
 
 
+@pytest.mark.parametrize(("command", "says"), [
+    ('["sh", "-c", "echo {msg}"]', "command.2: {msg} is inside the program text of `sh -c`"),
+    ('["/usr/bin/env", "python3", "-c", "print({msg!r})"]', "not a plain name"),
+    ('["python3", "tool.py", "--title", "{a}", ["--tag={b}"]]', None),
+    ('["node", "-e", "x", ["--eval", "run({a})"]]', "command.3.1: {a} is inside"),
+    ('["ssh", "build", "make", "{target}"]', "command.3: {target} is an argument of `ssh`"),
+    ('["su", "-c", "ls {d}", "bob"]', "an argument of `su`"),
+])
+def test_an_argv_item_that_an_interpreter_runs_as_code_is_refused(tmp_path, command, says):
+    """An argv list never meets a shell, unless it starts one: the item after `sh -c`
+    is a script, and ssh joins its arguments into the remote shell's command line."""
+    path = write(tmp_path, f"[job_types.t]\ncommand = {command}\n")
+    if says is None:
+        assert load_config(path).settings.job_types["t"].command
+        return
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert says in str(error.value)
+
+
+def test_an_argv_value_passed_as_its_own_argument_to_sh_loads(tmp_path):
+    path = write(tmp_path, '[job_types.t]\ncommand = ["sh", "-c", "echo \\"$1\\"", "sh", '
+                           '"{msg}"]\n')
+    assert load_config(path).settings.job_types["t"].command[-1] == "{msg}"
+
+
 def test_a_templated_workdir_with_its_base_and_a_fixed_one_without_load(tmp_path):
     config = load_config(write(tmp_path, '[job_types.t]\ncommand = ["ls"]\nworkdir = "{repo}"\n'
                                          'workdir_base = "/srv/checkouts"\n'

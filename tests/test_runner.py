@@ -118,7 +118,7 @@ def test_timeout_escalates_to_sigkill_after_grace(harness: Harness, tree_kind: s
 
 FLAKY = """
 [job_types.flaky]
-command = ["sh", "-c", "n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {counter}; test $n -ge 2"]
+command = ["sh", "-c", "n=$(cat \\"$1\\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \\"$1\\"; test $n -ge 2", "sh", "{counter}"]
 backoff_base = "1s"
 """  # noqa: E501
 
