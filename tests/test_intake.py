@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from herder.config import Config, load_config
@@ -50,6 +50,7 @@ export = ["issue", "repo"]
 [job_types.say]
 shell = true
 command = "printf '%s' {msg} > said.txt"
+option_fields = ["msg"]   # printf's format comes first: any text, '-x' too, is data
 
 [job_types.shellprompt]
 shell = true
@@ -261,7 +262,9 @@ def test_shell_job_type_quotes_the_prompt_text_too(config, tmp_path):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                     max_size=40))
+@example(text="-n $(touch pwned) ${IFS}")
 def test_shell_quoting_round_trips_any_text(config, tmp_path, text):
+    """Any text, a leading '-' included (the field opts out), comes out as it went in."""
     spec = resolve(config, request("say", payload={"msg": text}))
     run_rendered(spec, tmp_path)
     assert (tmp_path / "said.txt").read_bytes() == text.encode()
