@@ -262,8 +262,8 @@ def _inside_base(workdir: str, base: str, job_type: str) -> str:
         return workdir_inside(base, workdir)
     except ValueError as exc:
         raise InputError(
-            "workdir", f"job type {job_type!r}'s workdir must stay inside its workdir_base: "
-            f"{exc}", "pass a payload value that names a folder inside it, without '..'",
+            "workdir", f"must stay inside the workdir_base of job type {job_type!r}: {exc}",
+            "pass a payload value that names a folder inside it, without '..'",
         ) from exc
 
 

@@ -518,7 +518,7 @@ def test_an_embedded_value_an_opted_out_field_and_herders_prompt_may_start_with_
 def test_a_templated_workdir_that_leads_out_of_its_base_is_refused(values, tmp_path, repo):
     error = rejected(values, request("based", payload={"repo": repo}))
     assert error.field == "workdir"
-    assert "must stay inside its workdir_base" in error.problem
+    assert "must stay inside the workdir_base" in error.problem
 
 
 @pytest.mark.parametrize("repo", ["app", "BASE/app", "./app/", "app/x/.."])
