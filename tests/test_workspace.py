@@ -589,10 +589,11 @@ def test_a_local_repository_needs_the_job_type_to_allow_it(prefixed):
 
 
 def plant(folder: Path, markers: Path, evil_origin: Path, origin: Path) -> Path:
-    """What a hostile job does from its worktree checkout: everything git would run or read
-    from the mirror it shares with later attempts on this host. The mirror's path."""
-    mirror = Path(run_git("rev-parse", "--git-common-dir", cwd=folder).strip())
-    mirror = mirror if mirror.is_absolute() else (folder / mirror).resolve()
+    """What a hostile job under herder's own user does from its checkout: finds the mirror
+    it shares with later attempts on this host (its objects are the checkout's alternates)
+    and plants everything git would run or read there. The mirror's path."""
+    alternates = folder / ".git" / "objects" / "info" / "alternates"
+    mirror = Path(alternates.read_text().strip()).parent
 
     def script(name: str, body: str = "") -> str:
         path = markers / f"{name}.sh"
@@ -601,9 +602,9 @@ def plant(folder: Path, markers: Path, evil_origin: Path, origin: Path) -> Path:
         return str(path)
 
     (mirror / "hooks").mkdir(exist_ok=True)
-    hook = mirror / "hooks" / "post-checkout"
-    hook.write_text(Path(script("hook")).read_text())
-    hook.chmod(0o755)
+    for hook in ("post-checkout", "reference-transaction", "pre-auto-gc"):
+        (mirror / "hooks" / hook).write_text(Path(script("hook")).read_text())
+        (mirror / "hooks" / hook).chmod(0o755)
     other_hooks = markers / "hooks"
     other_hooks.mkdir()
     (other_hooks / "post-checkout").write_text(Path(script("hooks-path")).read_text())
@@ -614,7 +615,7 @@ def plant(folder: Path, markers: Path, evil_origin: Path, origin: Path) -> Path:
                        ("core.sshCommand", script("ssh")),
                        ("include.path", str(markers / "included")),
                        (f"url.{evil_origin}.insteadOf", str(origin))]:
-        run_git("config", key, value, cwd=folder)  # the worktree's config is the mirror's
+        run_git("config", "--file", str(mirror / "config"), key, value)
     (mirror / "info").mkdir(exist_ok=True)
     (mirror / "info" / "attributes").write_text("* filter=evil\n")
     return mirror
@@ -622,9 +623,10 @@ def plant(folder: Path, markers: Path, evil_origin: Path, origin: Path) -> Path:
 
 def test_a_job_that_plants_hooks_and_config_in_the_mirror_runs_none_of_them(tmp_path, origin):
     """Issue 23: a post-checkout hook planted by one attempt ran while the next attempt's
-    checkout was prepared. Real git, real processes: attempt 1 plants a hook, a hooksPath
-    (by an include), an fsmonitor, a filter and a URL rewrite to another repository; plain
-    git would run them (checked), herder's preparation of attempt 2 runs none."""
+    checkout was prepared. Real git, real processes: attempt 1 plants hooks, a hooksPath
+    (by an include), an fsmonitor, a filter and a URL rewrite to another repository in the
+    mirror; plain git would run them (checked), herder's preparation of attempt 2 runs
+    none and checks out the real commit."""
     (tmp_path / "evil-src").mkdir()
     evil = make_repository(tmp_path / "evil-src")
     evil_seed = tmp_path / "evil-src" / "seed"
@@ -638,12 +640,14 @@ def test_a_job_that_plants_hooks_and_config_in_the_mirror_runs_none_of_them(tmp_
     spec = WorkspaceSpec(str(origin), "main", "worktree")
     first = root / "attempts" / "1.1"
     prepare(spec, root, first, 0.0)
+    # What an ordinary tool does in its checkout (husky, pre-commit) stays in it.
+    run_git("config", "core.hooksPath", str(markers / "hooks"), cwd=first)
+    assert run_git("remote", "get-url", "origin", cwd=first).strip() == str(origin)
     mirror = plant(first, markers, evil, origin)
 
     control = subprocess.run(["git", "-c", "core.fsmonitor=false", "-C", str(mirror),
-                              "worktree", "add", "--detach",
-                              str(tmp_path / "control"), "main"], capture_output=True,
-                             text=True, check=False,
+                              "worktree", "add", "--detach", str(tmp_path / "control"),
+                              "main"], capture_output=True, text=True, check=False,
                              env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1"})
     assert control.returncode == 0, control.stderr
     ran = {path.name for path in markers.iterdir() if not path.suffix and path.is_file()}
@@ -661,7 +665,8 @@ def test_a_job_that_plants_hooks_and_config_in_the_mirror_runs_none_of_them(tmp_
     config = (mirror / "config").read_text()
     assert "fsmonitor" not in config and "evil" not in config and "include" not in config
     assert not (mirror / "info" / "attributes").exists()
-    assert not (mirror / "hooks" / "post-checkout").exists()
+    assert not (mirror / "hooks").exists()
+    assert "hooksPath" not in (second / ".git" / "config").read_text()
 
 
 def test_git_runs_with_hooks_fsmonitor_and_other_config_off():

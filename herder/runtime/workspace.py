@@ -2,7 +2,7 @@
 
 A job whose spec holds a workspace (herder.workspace) does not start its command directly:
 the runner starts `python -m herder.runtime.workspace`, which checks the disk, checks out
-the ref (a worktree of a mirror cached under the workspace root, or a shallow clone),
+the ref (a shared clone of a mirror cached under the workspace root, or a shallow clone),
 fills the prompt from the checkout, and then execs the job's command in the checkout. So
 the git work is supervised like the job itself (heartbeats, timeout, cancel, kill) and its
 output lands in the job's log. The job's environment reaches it on stdin, never on disk;
@@ -45,7 +45,6 @@ GIT_PROTOCOLS = "file:git:http:https:ssh"
 SAFE_CONFIG: tuple[tuple[str, str], ...] = (
     ("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"), ("core.sshCommand", "ssh"),
     ("core.askPass", ""), ("core.pager", "cat"), ("core.attributesFile", "/dev/null"),
-    ("gc.auto", "0"), ("maintenance.auto", "false"),
 )
 """`-c` values on every git command herder runs on a mirror or a checkout: they outrank
 every config file (and what a file includes), so nothing a job writes into the mirror
@@ -150,9 +149,14 @@ def prepare(spec: WorkspaceSpec, root: Path, folder: Path, min_free_gb: float) -
         with _locked(mirror.with_suffix(".lock")):
             _refresh(mirror, spec.repository)
             _sanitise(mirror, spec.repository)
-            git("-C", str(mirror), "worktree", "prune")
-            git("-C", str(mirror), "worktree", "add", "--detach", "--quiet", str(folder),
-                spec.ref)
+            git("-C", str(mirror), "worktree", "prune")  # entries of herder < issue 23
+            commit = _commit_of(mirror, spec.ref)
+            # A clone that reads the mirror's objects (alternates) and owns everything else:
+            # its config, hooks and index are the attempt's, so a tool that installs a hook
+            # or sets a config in the checkout changes nothing of the next attempt's.
+            git("clone", "--shared", "--no-checkout", "--quiet", str(mirror), str(folder))
+        git("-C", str(folder), "remote", "set-url", "origin", spec.repository)
+        git("-C", str(folder), "checkout", "--quiet", "--detach", commit)
     else:
         folder.mkdir()
         git("init", "--quiet", str(folder))
@@ -160,6 +164,16 @@ def prepare(spec: WorkspaceSpec, root: Path, folder: Path, min_free_gb: float) -
         git("-C", str(folder), "fetch", "--depth", "1", "--quiet", "origin", spec.ref)
         git("-C", str(folder), "checkout", "--quiet", "--detach", "FETCH_HEAD")
     return git("-C", str(folder), "rev-parse", "HEAD").strip()
+
+
+def _commit_of(mirror: Path, ref: str) -> str:
+    """The commit a branch, tag or commit name is at in the mirror."""
+    try:
+        return git("-C", str(mirror), "rev-parse", "--verify", "--end-of-options",
+                   f"{ref}^{{commit}}").strip()
+    except WorkspaceError as exc:
+        raise WorkspaceError(f"invalid reference: {ref} (no branch, tag or commit of that "
+                             f"name in the repository): {exc}") from None
 
 
 def _refresh(mirror: Path, repository: str) -> None:
@@ -180,8 +194,8 @@ MIRROR_REFSPEC = "+refs/*:refs/*"
 
 def _sanitise(mirror: Path, repository: str) -> None:
     """The mirror's config back to what herder wrote, and files a job could have planted
-    in it removed: the mirror is shared by every attempt on this host, and a worktree's
-    checkout can write into it (see README, Workspaces)."""
+    in it removed: the mirror is shared by every attempt on this host, and a job under
+    herder's own user can find it and write into it (see README, Workspaces)."""
     config = mirror / "config"
     object_format = "sha1"
     with contextlib.suppress(WorkspaceError):
@@ -231,7 +245,7 @@ def git(*args: str) -> str:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """One attempt at a time fetches a mirror and adds its worktree (on this host)."""
+    """One attempt at a time fetches a mirror and clones it (on this host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -374,7 +388,7 @@ def sweep(root: Path, now: float, keep_failed: float,
 
 
 def _remove(folder: Path) -> None:
-    """A worktree's entry in its mirror goes at the mirror's next `worktree prune`."""
+    """The checkout is a folder of its own (it only reads the mirror's objects)."""
     shutil.rmtree(folder, ignore_errors=True)
 
 
