@@ -29,7 +29,7 @@ VARIABLE_PREFIX = "HERDER_P_"
 _ASCII_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _HEREDOC = re.compile(r"<<(-?)[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|\\?([A-Za-z0-9_.-]+))")
-_WORD_START = " \t\n;&|()<>`{}!"
+_WORD_START = " \t\n;&|(`"
 _WORD_END = " \t\n;&|()<>`"
 _CONTEXTS = {"DQ": "dquote", "SQ": "squote"}
 
@@ -70,7 +70,7 @@ class Placeholder(msgspec.Struct, frozen=True):
     whole_word: bool
     line: int
     statement: str
-    after: str = ""
+    preceded_by: str = ""
     """The script character just before it, when that changes its meaning (`$`, `\\`)."""
     argument: bool = False
     """A whole word at the top of its statement (not in `$(...)`), not after `-c`/`-e`:
@@ -104,11 +104,10 @@ class _Scanner:
         self.statements: list[str] = []
         self.statement_start = 0
         self.open: list[int] = []  # records in the statement being read
+        self.stack: list[list[Any]] = [["N", 0]]  # N, DQ, SQ, SUB ($(...)), BQ (`...`)
 
     def run(self) -> list[str | Placeholder]:
-        script, index = self.script, 0
-        stack: list[list[Any]] = [["N", 0]]
-        self.stack = stack
+        script, index, stack = self.script, 0, self.stack
         pending: list[tuple[str, bool, bool]] = []
         while index < len(script):
             char = script[index]
@@ -319,10 +318,10 @@ def shell_problem(script: str) -> str | None:
             return (f"{{{other}}} and {{{name}}} would both be ${variable(name)}; rename one")
         if part.context == "comment":
             continue
-        if part.after == "$":
+        if part.preceded_by == "$":
             return (f"{at} follows a '$'; for a shell variable write ${{{{NAME}}}}, for "
                     "the payload value drop the '$'")
-        if part.after == "\\":
+        if part.preceded_by == "\\":
             return f"{at} follows a backslash, which would escape herder's reference; remove it"
         if part.context == "squote":
             return (f"{at} is inside single quotes, where the shell expands nothing; move it "

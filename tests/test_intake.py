@@ -226,7 +226,7 @@ def test_prompt_file_that_vanished_after_loading_is_an_input_error(config, tmp_p
 def run_rendered(spec: JobSpec, cwd: Path) -> None:
     """The script as the job runs it: its own env (the payload's values) and nothing else."""
     subprocess.run(spec.command, cwd=cwd, check=True, timeout=10,
-                   env={**spec.env, "PATH": os.defpath})
+                   env={**spec.env, "PATH": os.defpath, "HOME": "/home/u"})
 
 
 @pytest.mark.parametrize(
@@ -471,6 +471,15 @@ command = "cat <<EOF > said.txt\\nTitle: {title}\\nEOF\\nprintf '%s' {title} >> 
 [job_types.shellflag]
 shell = true
 command = "ls {path} --color={when}"
+
+[job_types.contexts]
+shell = true
+command = '''
+printf '%s|' {v} "dq {v}" x{v}y "$(printf '%s' {v})" > out.txt
+cat <<EOF >> out.txt
+hd {v} ${{HOME}}
+EOF'''
+option_fields = ["v"]
 """
 
 
@@ -555,3 +564,27 @@ def test_a_title_in_an_unquoted_heredoc_is_text_not_code(values, tmp_path, title
     run_rendered(spec, tmp_path)
     assert not (tmp_path / "pwned").exists(), spec.command
     assert (tmp_path / "said.txt").read_text() == f"Title: {title}\n{title}"
+
+
+def test_shell_references_by_where_the_placeholder_stands(values):
+    spec = resolve(values, request("contexts", payload={"v": "x"}), check_command=False)
+    assert spec.command[2] == (
+        'printf \'%s|\' "${HERDER_P_V}" "dq ${HERDER_P_V}" x"${HERDER_P_V}"y '
+        '"$(printf \'%s\' "${HERDER_P_V}")" > out.txt\ncat <<EOF >> out.txt\n'
+        'hd ${HERDER_P_V} ${HOME}\nEOF')
+    assert spec.env["HERDER_P_V"] == "x"
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                    max_size=40))
+@example(text="$(touch pwned)\nEOF\ntouch pwned\n`touch pwned` \"'\\\n")
+def test_any_value_is_data_as_a_word_in_quotes_in_a_substitution_and_in_a_heredoc(
+        values, tmp_path, text):
+    spec = resolve(values, request("contexts", payload={"v": text}), check_command=False)
+    run_rendered(spec, tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    substituted = text.rstrip("\n")  # $(...) drops trailing newlines, whatever they hold
+    assert (tmp_path / "out.txt").read_bytes() == (
+        f"{text}|dq {text}|x{text}y|{substituted}|hd {text} /home/u\n".encode())
