@@ -61,9 +61,10 @@ _PIPED_INTERPRETER = re.compile(r"\|[\s&]*(?:[\w.-]*/)*(" + "|".join(
 
 
 class Placeholder(msgspec.Struct, frozen=True):
-    """One `{field}` in a script: where it stands (`word`: unquoted; `dquote`, `squote`,
-    `heredoc`, `quoted_heredoc`, `comment`), whether it is a whole word (an argv item, so
-    an option position), its line, and its statement's code (quoted text blanked)."""
+    """One `{field}` in a script: where it stands (`word`: unquoted; `program`: a whole word
+    in a command's place; `dquote`, `squote`, `heredoc`, `quoted_heredoc`, `comment`),
+    whether it is a whole word (an argv item, so an option position), its line, and its
+    statement's code (quoted text blanked)."""
 
     name: str
     context: str
@@ -231,6 +232,9 @@ class _Scanner:
         words = script[:index].split()
         argument = whole and len(self.stack) == 1 and not (
             words and _CODE_OPTION.match(words[-1]))
+        line = script[script.rfind("\n", 0, index) + 1: index].rstrip()
+        if whole and (line == "" or line[-1] in ";&|(`" or line.endswith("$(")):
+            context = "program"
         self.placeholder(match.group(1), context, whole, before, argument)
         return match.end()
 
@@ -326,6 +330,9 @@ def shell_problem(script: str) -> str | None:
         if part.context == "squote":
             return (f"{at} is inside single quotes, where the shell expands nothing; move it "
                     "out of the quotes (herder passes the value itself, quoted)")
+        if part.context == "program":
+            return (f"{at} is in a command's place, so the payload would choose the program; "
+                    "name the program in herder.toml and pass the value as its argument")
         if part.context == "quoted_heredoc":
             return (f"{at} is inside a quoted heredoc (<<'EOF'), where the shell expands "
                     "nothing; use an unquoted delimiter (<<EOF)")
@@ -359,6 +366,9 @@ def argv_problem(parts: Sequence[str | Sequence[str]]) -> str | None:
     for where, item in items:
         program = item.rsplit("/", 1)[-1]
         names = placeholders(item)
+        if names and where == "command.0":
+            return (f"command.0: {{{names[0]}}} would let the payload choose the program; name "
+                    "it in herder.toml and pass the value as an argument")
         if names and evaluator is not None:
             return (f"{where}: {{{names[0]}}} is an argument of `{evaluator}`, which runs its "
                     "arguments as a shell command line; pass the value in env and let the "
@@ -410,7 +420,7 @@ def render_shell(script: str, context: Mapping[str, Any], where: str,
             continue
         name = part.name
         reference = f"${{{variable(name)}}}"
-        out.append(f'"{reference}"' if part.context == "word" else reference)
+        out.append(f'"{reference}"' if part.context in ("word", "program") else reference)
         if name in keep:
             continue
         if name not in context:

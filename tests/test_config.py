@@ -460,6 +460,9 @@ def shell_type(path: Path, script: str) -> Config:
     ("echo ${msg}", "follows a '$'"),
     ("echo \\{msg}", "follows a backslash"),
     ("echo {a} {A}", "{a} and {A} would both be $HERDER_P_A"),
+    ("{tool} --version", "{tool} on line 1 is in a command's place"),
+    ("cd /srv && {tool} x", "in a command's place"),
+    ("echo $({tool})", "in a command's place"),
 ])
 def test_a_shell_placeholder_where_it_would_be_code_is_refused_at_load(tmp_path, script, says):
     """The lexical check of herder.shell_templates: each construct that evaluates text."""
@@ -508,6 +511,8 @@ def test_a_payload_target_without_its_bounds_is_refused_at_load(tmp_path, text, 
     ('["node", "-e", "x", ["--eval", "run({a})"]]', "command.3.1: {a} is inside"),
     ('["ssh", "build", "make", "{target}"]', "command.3: {target} is an argument of `ssh`"),
     ('["su", "-c", "ls {d}", "bob"]', "an argument of `su`"),
+    ('["{tool}", "x"]', "command.0: {tool} would let the payload choose the program"),
+    ('["/opt/{tool}/bin/run"]', "command.0: {tool} would let"),
 ])
 def test_an_argv_item_that_an_interpreter_runs_as_code_is_refused(tmp_path, command, says):
     """An argv list never meets a shell, unless it starts one: the item after `sh -c`
