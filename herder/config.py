@@ -24,10 +24,11 @@ from msgspec import Struct, field
 
 from herder.errors import ConfigError, InputError
 from herder.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
+from herder.shell_templates import argv_problem, shell_problem
 from herder.templates import check_command, placeholders
 from herder.urls import DEFAULT_DB
 from herder.workspace import MODES as WORKSPACE_MODES
-from herder.workspace import PROMPT_SOURCES, relative_inside
+from herder.workspace import PROMPT_SOURCES, prefix_problem, relative_inside
 
 CONFIG_FILE = "herder.toml"
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?"
@@ -93,30 +94,6 @@ def positive(what: str = "") -> Rules:
             raise ValueError(f"must be greater than zero{what}")
         return value
     return rules(check=check)
-
-
-def quoted_placeholder(script: str) -> str | None:
-    """The first {placeholder} that stands inside single or double quotes in a shell script."""
-    quote: str | None = None
-    index = 0
-    while index < len(script):
-        char = script[index]
-        if char == "\\" and quote != "'":
-            index += 2
-            continue
-        if quote is None and char in "'\"":
-            quote = char
-        elif quote is not None and char == quote:
-            quote = None
-        elif char == "{":
-            if script.startswith("{{", index):
-                index += 2
-                continue
-            match = re.match(r"\{(\w+)\}", script[index:])
-            if match and quote is not None:
-                return match.group(1)
-        index += 1
-    return None
 
 
 class HerderSection(Struct, frozen=True):
@@ -358,15 +335,32 @@ class JobTypeSection(Struct, frozen=True):
     """True: `patterns` instead of the default patterns, not before them."""
     """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
     (`herder.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
+    # -- what a payload value may become (issue 23: payload values stay values) --
+    option_fields: Annotated[list[str], rules(check=_names(
+        _ENV_NAME, "{name!r} is not a payload field name"))] = field(default_factory=list)
+    """Payload fields whose value may start with '-' where it forms a whole argv item (or
+    a whole word of a shell script): fields meant to carry options."""
+    workdir_base: str | None = None
+    """The folder a templated `workdir` must stay inside (required when workdir names a
+    field); a relative workdir is taken under it."""
+    repositories: list[str] | None = None
+    """URL prefixes a workspace's rendered repository must start with (compared as URLs:
+    scheme, host, port, user and whole path segments)."""
+    allow_local_repositories: bool = False
+    """Whether a repository filled from the payload may be a local path or file:// URL."""
 
     def check(self) -> None:
-        """herder shell-quotes every value it fills in; a placeholder the template itself
-        wraps in quotes would be re-opened by the shell ("$(...)" runs inside "...")."""
+        """What a payload value may become: never shell code, never an escape out of the
+        workdir's base (herder.shell_templates, herder.workspace)."""
         if self.shell and isinstance(self.command, str):
-            name = quoted_placeholder(self.command)
-            if name is not None:
-                raise ValueError(f"{{{name}}} is inside quotes in a shell command; remove the "
-                                 "quotes around it (herder quotes every value itself)")
+            problem = shell_problem(self.command)
+            if problem is not None:
+                raise ValueError(f"command: {problem}")
+        if isinstance(self.command, list):
+            problem = argv_problem(self.command)
+            if problem is not None:
+                raise ValueError(problem)
+        self._check_targets()
         if self.prompt_from == "workspace":
             if self.workspace is None or self.prompt_file is None:
                 raise ValueError("prompt_from = \"workspace\" reads prompt_file from the "
@@ -381,6 +375,25 @@ class JobTypeSection(Struct, frozen=True):
         if self.workspace is not None and self.workdir is not None:
             raise ValueError("workdir and workspace both say where the job runs; the "
                              "workspace's checkout is the workdir, drop workdir")
+
+    def _check_targets(self) -> None:
+        """A templated workdir names its base; the repository prefixes parse."""
+        if self.workdir_base is not None and (not os.path.isabs(self.workdir_base)
+                                              or placeholders(self.workdir_base)):
+            raise ValueError(f"workdir_base: {self.workdir_base!r} must be an absolute path "
+                             "without placeholders, e.g. \"/srv/checkouts\"")
+        if self.workdir is not None and placeholders(self.workdir) and self.workdir_base is None:
+            raise ValueError(f"workdir: {self.workdir!r} is filled from the payload, so it "
+                             "could name any folder; set workdir_base = \"/srv/checkouts\" "
+                             "(the folder it must stay inside)")
+        if self.repositories is not None:
+            if self.workspace is None:
+                raise ValueError("repositories: limits a workspace's repository; set "
+                                 "workspace or drop repositories")
+            for index, prefix in enumerate(self.repositories):
+                problem = prefix_problem(prefix)
+                if problem is not None:
+                    raise ValueError(f"repositories.{index}: {problem}")
 
 
 class WindowCapsSection(Struct, frozen=True):

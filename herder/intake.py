@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,10 +17,19 @@ from typing import TYPE_CHECKING, Any
 from herder.config import Config, JobTypeSection
 from herder.errors import InputError
 from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
+from herder.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX
+from herder.shell_templates import render_shell
 from herder.submission import SubmitRequest, storable
-from herder.templates import fill_prompt, render, render_argv, text
+from herder.templates import fill_prompt, placeholders, render, render_argv, text
 from herder.workspace import VARIABLE as WORKSPACE_VARIABLE
-from herder.workspace import WorkspaceSpec, checked
+from herder.workspace import (
+    WORKDIR_BASE,
+    WorkspaceSpec,
+    checked,
+    repository_refusal,
+    resolved_inside,
+    workdir_inside,
+)
 
 if TYPE_CHECKING:
     from herder.wire import SubmitBody
@@ -105,6 +113,7 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
     context["job_type"] = request.job_type or ADHOC
     shell = False
     workspace: WorkspaceSpec | None = None
+    herder_env: dict[str, str] = {}  # set by herder, over the submitter's env
     if job_type is not None:
         where = f"job_types.{request.job_type}"
         deferred: tuple[str, ...] = ()
@@ -122,14 +131,18 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
             context["prompt"] = fill_prompt(prompt_text, context, f"{where}.prompt_file")
             context["prompt_file"] = str(prompt_path)
         shell = job_type.shell
+        # Values herder made (the prompt from its file, the job type's name) may start
+        # with '-'; a payload value forming a whole argument may not, unless opted out.
+        options = {*job_type.option_fields, "job_type",
+                   *(("prompt", "prompt_file") if job_type.prompt_file is not None else ())}
+        prompt_parts: tuple[int, ...] = ()
         if isinstance(job_type.command, str):
-            quoted = {key: shlex.quote(text(value)) for key, value in context.items()}
-            script = render(job_type.command, quoted, f"{where}.command", deferred)
+            script, herder_env = render_shell(job_type.command, context, f"{where}.command",
+                                              deferred, options)
             command: tuple[str, ...] = ("/bin/sh", "-c", script)
-            prompt_parts: tuple[int, ...] = (2,) if deferred else ()
         else:
             command, prompt_parts = render_argv(job_type.command, context,
-                                                f"{where}.command", deferred)
+                                                f"{where}.command", deferred, options)
         env = {name: render(value, context, f"{where}.env.{name}")
                for name, value in job_type.env.items()}
         for key in job_type.export:
@@ -146,15 +159,24 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
                 job_type.workspace.mode,
                 job_type.prompt_file if deferred else None, prompt_parts,
             ), f"{where}.workspace")
+            refusal = repository_refusal(
+                workspace.repository, job_type.repositories, job_type.allow_local_repositories,
+                bool(placeholders(job_type.workspace.repository)))
+            if refusal is not None:
+                raise InputError(f"{where}.workspace.repository", refusal,
+                                 "pass a repository under the job type's repositories")
         workdir_template = job_type.workdir
     else:
         command = tuple(request.command or ())
         env = {}
         workdir_template = None
-    if WORKSPACE_VARIABLE in request.env:
-        raise InputError(f"env.{WORKSPACE_VARIABLE}", "is set by herder from the job type's "
-                         "workspace", "declare a workspace in the job type instead")
+    for name in request.env:
+        if name in (WORKSPACE_VARIABLE, WORKDIR_BASE) or name.startswith(SHELL_VARIABLE_PREFIX):
+            raise InputError(f"env.{name}", "is set by herder from the job type (its "
+                             "workspace, workdir base or shell values)",
+                             "declare it in the job type instead")
     env.update(request.env)
+    env.update(herder_env)
     if workspace is not None:
         if request.workdir is not None:
             raise InputError("workdir", "this job type runs in a fresh checkout of its "
@@ -183,18 +205,29 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
     backoff_base = _first(job_type.backoff_base if job_type else None, defaults.backoff_base)
     backoff_max = _first(job_type.backoff_max if job_type else None, defaults.backoff_max)
 
+    based = False
     if workspace is not None:
         workdir = None  # the host's fresh checkout
     elif request.workdir is not None:
         workdir = request.workdir
     elif workdir_template is not None:
         workdir = render(workdir_template, context, f"job_types.{request.job_type}.workdir")
+        if job_type is not None and job_type.workdir_base is not None \
+                and placeholders(workdir_template):
+            workdir = _inside_base(workdir, job_type.workdir_base, request.job_type or "")
+            env[WORKDIR_BASE] = job_type.workdir_base
+            based = True  # absolute and normal already; the host resolves its symlinks
     elif local:
         workdir = os.getcwd()
     else:
         workdir = None
-    if workdir is not None and local:
+    if workdir is not None and local and not based:
         workdir = str(Path(os.path.expanduser(workdir)).resolve())
+    if based and local and workdir is not None and job_type and job_type.workdir_base:
+        try:
+            resolved_inside(job_type.workdir_base, workdir)
+        except ValueError as exc:
+            raise InputError("workdir", str(exc), "pass a folder inside the base") from exc
     if check_command and workdir is not None:
         if not os.path.isdir(workdir):
             raise InputError("workdir", f"{workdir} is not a directory",
@@ -222,6 +255,16 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
         backoff_max_seconds=backoff_max,
         silence_timeout_seconds=job_type.silence_timeout if job_type else None,
     )
+
+
+def _inside_base(workdir: str, base: str, job_type: str) -> str:
+    try:
+        return workdir_inside(base, workdir)
+    except ValueError as exc:
+        raise InputError(
+            "workdir", f"must stay inside the workdir_base of job type {job_type!r}: {exc}",
+            "pass a payload value that names a folder inside it, without '..'",
+        ) from exc
 
 
 def _first(*values: Any) -> Any:

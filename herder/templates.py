@@ -17,6 +17,7 @@ from herder.errors import InputError
 
 _FORMATTER = string.Formatter()
 _PROMPT_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_WHOLE = re.compile(r"^\{(\w+)\}$")
 
 CommandPart = str | Sequence[str]
 """An argv item, or an optional group: a list of items kept only when every field its
@@ -88,11 +89,25 @@ def is_set(context: Mapping[str, Any], name: str) -> bool:
     return context.get(name) not in (None, "")
 
 
+def whole_item_refusal(name: str, value: str, where: str, options: Collection[str]) -> None:
+    """A value that is a whole argv item is read by the program as an option when it starts
+    with '-' (`--basetemp=/home`); refused unless its field is one of `options`."""
+    if value.startswith("-") and name not in options:
+        raise InputError(
+            f"payload.{name}", f"{value[:40]!r} starts with '-' and {where} passes it as a "
+            "whole argument, where the program would read it as an option",
+            f"pass a value that does not start with '-', or list {name!r} in the job type's "
+            "option_fields if it is meant to carry options")
+
+
 def render_argv(parts: Sequence[CommandPart], context: Mapping[str, Any], where: str,
-                keep: Collection[str] = ()) -> tuple[tuple[str, ...], tuple[int, ...]]:
+                keep: Collection[str] = (), options: Collection[str] | None = None,
+                ) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """A job type's argv list filled from `context`, and the indexes of the items that
     still hold a `keep` placeholder. An optional group (a nested list) is left out unless
-    every field it names is set; a plain item's missing field is an input error."""
+    every field it names is set; a plain item's missing field is an input error. An item
+    that is one placeholder alone may not start with '-' unless its field is in `options`
+    (None: no check, for text herder itself filled)."""
     argv: list[str] = []
     deferred: list[int] = []
     for part in parts:
@@ -105,7 +120,11 @@ def render_argv(parts: Sequence[CommandPart], context: Mapping[str, Any], where:
             holds = bool(set(_names(item, where)) & set(keep))
             if holds:
                 deferred.append(len(argv))
-            argv.append(render(item, context, where, keep if holds else ()))
+            rendered = render(item, context, where, keep if holds else ())
+            whole = _WHOLE.match(item)
+            if options is not None and whole and not holds:
+                whole_item_refusal(whole.group(1), rendered, where, options)
+            argv.append(rendered)
     return tuple(argv), tuple(deferred)
 
 

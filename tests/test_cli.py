@@ -43,6 +43,14 @@ command = ["echo", "hello {name}"]
 env = { TIMES = "{times}" }
 weight = "heavy"
 priority = 5
+
+[job_types.tests]
+command = ["echo", "{path}"]
+
+[job_types.based]
+command = ["echo"]
+workdir = "{repo}"
+workdir_base = "/tmp"
 """
 
 JOB_KEYS = {
@@ -174,6 +182,12 @@ MORE_BAD_SUBMITS = {
     "huge max attempts": (["submit", "--max-attempts", "99999999999", "--", "true"],
                           "max_attempts: "),
     "payload NUL": (["submit", "-p", 'x="a\\u0000b"', "--", "true"], "payload: "),
+    "payload value as an option": (["submit", "tests", "-p", "path=--basetemp=/home"],
+                                   "payload.path: '--basetemp=/home' starts with '-'"),
+    "workdir out of its base": (["submit", "based", "-p", "repo=../etc"],
+                                "workdir: must stay inside the workdir_base of job type 'based'"),
+    "herder's shell variable": (["submit", "--env", "HERDER_P_X=1", "--", "true"],
+                                "env.HERDER_P_X: is set by herder"),
     "payload not an object": (["submit", "greet", "--payload", "[1, 2]"],
                               "payload: must be a JSON object"),
     "bad param": (["submit", "greet", "-p", "name"], "-p: 'name' is not key=value"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -431,15 +432,112 @@ def test_log_dir_resolves_against_the_config_directory(tmp_path):
     assert config.log_dir == project.resolve() / "logs" / "here"
 
 
-def test_shell_placeholder_inside_quotes_is_rejected_with_the_fix(tmp_path):
-    path = tmp_path / "herder.toml"
-    path.write_text('[job_types.say]\nshell = true\ncommand = "echo \\"{msg}\\""\n')
+def shell_type(path: Path, script: str) -> Config:
+    path.write_text("[job_types.say]\nshell = true\ncommand = " + json.dumps(script) + "\n")
+    return load_config(path)
+
+
+@pytest.mark.parametrize(("script", "says"), [
+    ("echo '{msg}'", "{msg} on line 1 is inside single quotes"),
+    ("cat <<'EOF'\n{msg}\nEOF", "{msg} on line 2 is inside a quoted heredoc"),
+    ("eval echo {msg}", "used with `eval`"),
+    ('bash -c "echo {msg}"', "used with `bash`"),
+    ("sh -c 'x' && sh -c \"$(echo {msg})\"", "used with `sh`"),
+    ("ssh build.example cat {msg}", "used with `ssh`"),
+    ("sudo -u bob ls {msg}", "used with `sudo`"),
+    ("su -c ls {msg}", "used with `su`"),
+    ("echo {msg} | xargs ls", "used with `xargs`"),
+    ("true\n. ./lib.sh {msg}", "{msg} on line 2 is used with `.`"),
+    ("source ./lib.sh {msg}", "used with `source`"),
+    ("exec /bin/bash <<EOF\necho {msg}\nEOF", "{msg} on line 2 is used with `bash`"),
+    ("cat <<EOF | sh\n{msg}\nEOF", "a pipe into `sh`"),
+    ("echo {msg} | /usr/bin/python3", "a pipe into `python3`"),
+    ('python3 -c "print(\'{msg}\')"', "used with `python3`"),
+    ("awk \"/{msg}/\" f", "used with `awk`"),
+    ("python3 tool.py --title={msg}", "used with `python3` (not a whole argument"),
+    ("bash -c {msg}", "used with `bash`"),
+    ("node -e {msg} x", "used with `node`"),
+    ("echo ${msg}", "follows a '$'"),
+    ("echo \\{msg}", "follows a backslash"),
+    ("echo {a} {A}", "{a} and {A} would both be $HERDER_P_A"),
+    ("{tool} --version", "{tool} on line 1 is in a command's place"),
+    ("cd /srv && {tool} x", "in a command's place"),
+    ("echo $({tool})", "in a command's place"),
+])
+def test_a_shell_placeholder_where_it_would_be_code_is_refused_at_load(tmp_path, script, says):
+    """The lexical check of herder.shell_templates: each construct that evaluates text."""
+    with pytest.raises(ConfigError) as error:
+        shell_type(tmp_path / "herder.toml", script)
+    assert "job_types.say: command:" in str(error.value)
+    assert says in str(error.value)
+
+
+@pytest.mark.parametrize("script", [
+    "echo {msg} | tr a b",
+    'echo "title: {msg}" > out.txt',
+    "cat <<EOF > prompt.md\nFix: {msg}\nEOF\nclaude -p \"$(cat prompt.md)\"",
+    "git log -- {msg} # don't {msg}",
+    "python3 tools/run.py --title {msg} {msg}",
+    "bash ./build.sh {msg}",
+    'sh -c \'printf "%s" "$1"\' sh {msg}',
+    "echo ${{HOME}} $(basename {msg})",
+])
+def test_a_shell_placeholder_used_as_a_value_loads(tmp_path, script):
+    assert shell_type(tmp_path / "herder.toml", script).settings.job_types["say"].shell
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('command = ["ls"]\nworkdir = "{repo}"\n', 'set workdir_base = "/srv/checkouts"'),
+    ('command = ["ls"]\nworkdir = "/x/{repo}"\nworkdir_base = "srv"\n',
+     "workdir_base: 'srv' must be an absolute path"),
+    ('command = ["ls"]\nrepositories = ["https://github.com/acme/"]\n',
+     "repositories: limits a workspace's repository"),
+    ('command = ["ls"]\nrepositories = ["https://github.com/a/../b/"]\n'
+     'workspace = { repository = "{repo}", ref = "main" }\n',
+     "repositories.0: 'https://github.com/a/../b/' has an empty, '.', '..'"),
+    ('command = ["ls"]\noption_fields = ["a-b"]\n', "'a-b' is not a payload field name"),
+])
+def test_a_payload_target_without_its_bounds_is_refused_at_load(tmp_path, text, says):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, "[job_types.t]\n" + text))
+    assert "job_types.t" in str(error.value)
+    assert says in str(error.value)
+
+
+@pytest.mark.parametrize(("command", "says"), [
+    ('["sh", "-c", "echo {msg}"]', "command.2: {msg} is inside the program text of `sh -c`"),
+    ('["/usr/bin/env", "python3", "-c", "print({msg!r})"]', "not a plain name"),
+    ('["python3", "tool.py", "--title", "{a}", ["--tag={b}"]]', None),
+    ('["node", "-e", "x", ["--eval", "run({a})"]]', "command.3.1: {a} is inside"),
+    ('["ssh", "build", "make", "{target}"]', "command.3: {target} is an argument of `ssh`"),
+    ('["su", "-c", "ls {d}", "bob"]', "an argument of `su`"),
+    ('["{tool}", "x"]', "command.0: {tool} would let the payload choose the program"),
+    ('["/opt/{tool}/bin/run"]', "command.0: {tool} would let"),
+])
+def test_an_argv_item_that_an_interpreter_runs_as_code_is_refused(tmp_path, command, says):
+    """An argv list never meets a shell, unless it starts one: the item after `sh -c`
+    is a script, and ssh joins its arguments into the remote shell's command line."""
+    path = write(tmp_path, f"[job_types.t]\ncommand = {command}\n")
+    if says is None:
+        assert load_config(path).settings.job_types["t"].command
+        return
     with pytest.raises(ConfigError) as error:
         load_config(path)
-    assert "job_types.say" in str(error.value)
-    assert "{msg} is inside quotes" in str(error.value)
-    path.write_text('[job_types.say]\nshell = true\ncommand = "echo {msg} | tr a b"\n')
-    assert load_config(path).settings.job_types["say"].shell
+    assert says in str(error.value)
+
+
+def test_an_argv_value_passed_as_its_own_argument_to_sh_loads(tmp_path):
+    path = write(tmp_path, '[job_types.t]\ncommand = ["sh", "-c", "echo \\"$1\\"", "sh", '
+                           '"{msg}"]\n')
+    assert load_config(path).settings.job_types["t"].command[-1] == "{msg}"
+
+
+def test_a_templated_workdir_with_its_base_and_a_fixed_one_without_load(tmp_path):
+    config = load_config(write(tmp_path, '[job_types.t]\ncommand = ["ls"]\nworkdir = "{repo}"\n'
+                                         'workdir_base = "/srv/checkouts"\n'
+                                         '[job_types.u]\ncommand = ["ls"]\nworkdir = "/srv"\n'))
+    assert config.settings.job_types["t"].workdir_base == "/srv/checkouts"
+    assert config.settings.job_types["u"].workdir_base is None
 
 
 def test_export_of_a_field_that_cannot_be_an_environment_name_is_rejected(tmp_path):

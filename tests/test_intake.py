@@ -9,12 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from herder.config import Config, load_config
 from herder.errors import ConfigError, InputError
 from herder.intake import parse_assignments, parse_payload, resolve
+from herder.model import JobSpec
 from herder.wire import SubmitBody
 
 CONFIG = """
@@ -49,6 +50,7 @@ export = ["issue", "repo"]
 [job_types.say]
 shell = true
 command = "printf '%s' {msg} > said.txt"
+option_fields = ["msg"]   # printf's format comes first: any text, '-x' too, is data
 
 [job_types.shellprompt]
 shell = true
@@ -75,7 +77,8 @@ def config(tmp_path, monkeypatch) -> Config:
     (tmp_path / "prompts" / "task.md").write_text(PROMPT)
     (tmp_path / "repo").mkdir()
     path = tmp_path / "herder.toml"
-    path.write_text(CONFIG)
+    path.write_text(CONFIG.replace("\nworkdir = \"{repo}\"\n",
+                                   f"\nworkdir = \"{{repo}}\"\nworkdir_base = \"{tmp_path}\"\n"))
     return load_config(path)
 
 
@@ -98,7 +101,8 @@ def test_placeholders_fill_command_env_and_workdir_from_the_payload(config, tmp_
     spec = resolve(config, request("greet", payload={"name": "Ada Lovelace", "count": 3,
                                                      "repo": str(repo)}))
     assert spec.command == ("echo", "hello Ada Lovelace", "n=3")
-    assert spec.env == {"WHO": "Ada Lovelace", "COUNT": "3", "FIXED": "plain"}
+    assert spec.env == {"WHO": "Ada Lovelace", "COUNT": "3", "FIXED": "plain",
+                        "HERDER_WORKDIR_BASE": str(tmp_path)}
     assert spec.workdir == str(repo.resolve())
     assert spec.job_type == "greet"
     assert spec.shell is False
@@ -219,8 +223,10 @@ def test_prompt_file_that_vanished_after_loading_is_an_input_error(config, tmp_p
 # -- shell job types --------------------------------------------------------------------------
 
 
-def run_rendered(command: tuple[str, ...], cwd: Path) -> None:
-    subprocess.run(command, cwd=cwd, check=True, timeout=10, env={"PATH": os.defpath})
+def run_rendered(spec: JobSpec, cwd: Path) -> None:
+    """The script as the job runs it: its own env (the payload's values) and nothing else."""
+    subprocess.run(spec.command, cwd=cwd, check=True, timeout=10,
+                   env={**spec.env, "PATH": os.defpath, "HOME": "/home/u"})
 
 
 @pytest.mark.parametrize(
@@ -241,14 +247,14 @@ def test_shell_job_type_quotes_payload_values(config, tmp_path, attack):
     spec = resolve(config, request("say", payload={"msg": attack}))
     assert spec.shell is True
     assert spec.command[:2] == ("/bin/sh", "-c")
-    run_rendered(spec.command, tmp_path)
+    run_rendered(spec, tmp_path)
     assert not (tmp_path / "pwned").exists(), spec.command
     assert (tmp_path / "said.txt").read_text() == attack
 
 
 def test_shell_job_type_quotes_the_prompt_text_too(config, tmp_path):
     spec = resolve(config, request("shellprompt"))
-    run_rendered(spec.command, tmp_path)
+    run_rendered(spec, tmp_path)
     assert (tmp_path / "said.txt").read_text() == PROMPT
 
 
@@ -256,9 +262,11 @@ def test_shell_job_type_quotes_the_prompt_text_too(config, tmp_path):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                     max_size=40))
+@example(text="-n $(touch pwned) ${IFS}")
 def test_shell_quoting_round_trips_any_text(config, tmp_path, text):
+    """Any text, a leading '-' included (the field opts out), comes out as it went in."""
     spec = resolve(config, request("say", payload={"msg": text}))
-    run_rendered(spec.command, tmp_path)
+    run_rendered(spec, tmp_path)
     assert (tmp_path / "said.txt").read_bytes() == text.encode()
 
 
@@ -435,3 +443,148 @@ def test_payload_round_trips_through_json_unchanged(config):
     payload = {"unicode": "naïve ☃", "nested": {"list": [1, 2.5, None, False]}}
     spec = resolve(config, request(command=["true"], payload=parse_payload(json.dumps(payload))))
     assert spec.payload == payload
+
+
+# -- payload values stay values (issue 23) ----------------------------------------------------
+
+VALUES = """
+[job_types.tests]
+command = ["pytest", "-q", "{path}", ["--maxfail", "{maxfail}"], ["--tb={tb}"]]
+
+[job_types.flags]
+command = ["ls", "{extra}", "{path}"]
+option_fields = ["extra"]
+
+[job_types.prompted]
+command = ["cat", "{prompt}"]
+prompt_file = "dash.md"
+
+[job_types.based]
+command = ["true"]
+workdir = "{repo}"
+workdir_base = "BASE"
+
+[job_types.heredoc]
+shell = true
+command = "cat <<EOF > said.txt\\nTitle: {title}\\nEOF\\nprintf '%s' {title} >> said.txt"
+
+[job_types.shellflag]
+shell = true
+command = "ls {path} --color={when}"
+
+[job_types.contexts]
+shell = true
+command = '''
+printf '%s|' {v} "dq {v}" x{v}y "$(printf '%s' {v})" > out.txt
+cat <<EOF >> out.txt
+hd {v} ${{HOME}}
+EOF'''
+option_fields = ["v"]
+"""
+
+
+@pytest.fixture
+def values(tmp_path, monkeypatch) -> Config:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dash.md").write_text("--- front matter of the operator's own prompt\n")
+    (tmp_path / "base" / "app").mkdir(parents=True)
+    path = tmp_path / "herder.toml"
+    path.write_text(VALUES.replace("BASE", str(tmp_path / "base")))
+    return load_config(path)
+
+
+@pytest.mark.parametrize(("job_type", "payload", "field"), [
+    ("tests", {"path": "--basetemp=/home"}, "payload.path"),
+    ("tests", {"path": "tests", "maxfail": "-1"}, "payload.maxfail"),
+    ("tests", {"path": -3}, "payload.path"),
+    ("flags", {"extra": "-la", "path": "-R"}, "payload.path"),
+    ("shellflag", {"path": "--hyperlink", "when": "never"}, "payload.path"),
+])
+def test_a_value_that_would_be_an_option_is_refused_at_submit(values, job_type, payload, field):
+    """A placeholder that is a whole argument: `--basetemp=/home` would make pytest delete
+    /home. Nothing is enqueued (resolve raises before the store)."""
+    error = rejected(values, request(job_type, payload=payload))
+    assert error.field == field
+    assert "starts with '-'" in error.problem and "option_fields" in str(error)
+
+
+def test_an_embedded_value_an_opted_out_field_and_herders_prompt_may_start_with_a_dash(values):
+    spec = resolve(values, request("tests", payload={"path": "t", "tb": "-short"}),
+                   check_command=False)
+    assert spec.command == ("pytest", "-q", "t", "--tb=-short")
+    spec = resolve(values, request("flags", payload={"extra": "-la", "path": "src"}),
+                   check_command=False)
+    assert spec.command == ("ls", "-la", "src")
+    spec = resolve(values, request("prompted"), check_command=False)
+    assert spec.command[1].startswith("--- front matter")
+    spec = resolve(values, request("shellflag", payload={"path": "src", "when": "-x"}),
+                   check_command=False)
+    assert spec.env["HERDER_P_WHEN"] == "-x"
+
+
+@pytest.mark.parametrize("repo", ["../../../../root", "/root", "app/../../x", "app/../../base2",
+                                  "//etc"])
+def test_a_templated_workdir_that_leads_out_of_its_base_is_refused(values, tmp_path, repo):
+    error = rejected(values, request("based", payload={"repo": repo}))
+    assert error.field == "workdir"
+    assert "must stay inside the workdir_base" in error.problem
+
+
+@pytest.mark.parametrize("repo", ["app", "BASE/app", "./app/", "app/x/.."])
+def test_a_templated_workdir_inside_its_base_is_normalised(values, tmp_path, repo):
+    base = tmp_path / "base"
+    spec = resolve(values, request("based", payload={"repo": repo.replace("BASE", str(base))}))
+    assert spec.workdir == str(base / "app")
+    assert spec.env["HERDER_WORKDIR_BASE"] == str(base)
+
+
+def test_a_symlink_inside_the_base_that_points_out_is_refused(values, tmp_path):
+    (tmp_path / "base" / "out").symlink_to(tmp_path)
+    error = rejected(values, request("based", payload={"repo": "out"}))
+    assert error.field == "workdir" and "through a symbolic link" in error.problem
+
+
+def test_a_submitter_cannot_set_what_herder_sets_from_the_job_type(values):
+    for name in ("HERDER_WORKDIR_BASE", "HERDER_P_TITLE"):
+        error = rejected(values, request("heredoc", payload={"title": "t"}, env={name: "/"}))
+        assert error.field == f"env.{name}"
+
+
+@pytest.mark.parametrize("title", [
+    "$(id>pwned)", "`id>pwned`", "${IFS}$(touch pwned)", "EOF\ntouch pwned\nEOF",
+    "\\$(touch pwned)", "'; touch pwned; '", "\"$(touch pwned)\"",
+])
+def test_a_title_in_an_unquoted_heredoc_is_text_not_code(values, tmp_path, title):
+    """Issue 23's attack: a signed webhook's title `$(id>...)` ran `id` through
+    `cat <<EOF\\n{title}\\nEOF`. The value now reaches the script as $HERDER_P_TITLE,
+    which the shell expands but never parses: a real /bin/sh, and no marker file."""
+    spec = resolve(values, request("heredoc", payload={"title": title}))
+    assert title not in spec.command[2]
+    assert spec.env["HERDER_P_TITLE"] == title
+    run_rendered(spec, tmp_path)
+    assert not (tmp_path / "pwned").exists(), spec.command
+    assert (tmp_path / "said.txt").read_text() == f"Title: {title}\n{title}"
+
+
+def test_shell_references_by_where_the_placeholder_stands(values):
+    spec = resolve(values, request("contexts", payload={"v": "x"}), check_command=False)
+    assert spec.command[2] == (
+        'printf \'%s|\' "${HERDER_P_V}" "dq ${HERDER_P_V}" x"${HERDER_P_V}"y '
+        '"$(printf \'%s\' "${HERDER_P_V}")" > out.txt\ncat <<EOF >> out.txt\n'
+        'hd ${HERDER_P_V} ${HOME}\nEOF')
+    assert spec.env["HERDER_P_V"] == "x"
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                    max_size=40))
+@example(text="$(touch pwned)\nEOF\ntouch pwned\n`touch pwned` \"'\\\n")
+def test_any_value_is_data_as_a_word_in_quotes_in_a_substitution_and_in_a_heredoc(
+        values, tmp_path, text):
+    spec = resolve(values, request("contexts", payload={"v": text}), check_command=False)
+    run_rendered(spec, tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    substituted = text.rstrip("\n")  # $(...) drops trailing newlines, whatever they hold
+    assert (tmp_path / "out.txt").read_bytes() == (
+        f"{text}|dq {text}|x{text}y|{substituted}|hd {text} /home/u\n".encode())

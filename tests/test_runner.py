@@ -118,7 +118,7 @@ def test_timeout_escalates_to_sigkill_after_grace(harness: Harness, tree_kind: s
 
 FLAKY = """
 [job_types.flaky]
-command = ["sh", "-c", "n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {counter}; test $n -ge 2"]
+command = ["sh", "-c", "n=$(cat \\"$1\\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \\"$1\\"; test $n -ge 2", "sh", "{counter}"]
 backoff_base = "1s"
 """  # noqa: E501
 
@@ -197,12 +197,13 @@ command = ["sh", "-c", "env | grep -E '^(HERDER_[A-Z_]+|GREETING)=' | sort; echo
 env = { GREETING = "hello {name}" }
 export = ["name"]
 workdir = "{dir}"
+workdir_base = "BASE"
 weight = "heavy"
 """  # noqa: E501
 
 
 def test_job_environment_workdir_and_log(tmp_path: Path, store_url: str):
-    h = Harness(tmp_path, store_url, extra_config=ENV_DUMP)
+    h = Harness(tmp_path, store_url, extra_config=ENV_DUMP.replace("BASE", str(tmp_path)))
     try:
         workdir = tmp_path / "work"
         workdir.mkdir()
@@ -231,6 +232,7 @@ def test_job_environment_workdir_and_log(tmp_path: Path, store_url: str):
         assert env["GREETING"] == "hello world"
         assert env["HERDER_ATTEMPT_TOKEN"].startswith(f"{job_id}.1@{h.host}/")
         assert env["pwd"] == str(workdir.resolve())
+        assert env["HERDER_WORKDIR_BASE"] == str(tmp_path)
         assert "on-stderr" in lines
         assert lines[-1].startswith("# herder: exit 0")
     finally:

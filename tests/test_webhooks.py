@@ -673,3 +673,42 @@ def test_hooks_answer_404_when_the_app_has_no_secret_for_a_source(tmp_path, monk
                                headers=github_headers(body, "issues", "d", b""))
         assert response.status_code == 404
         assert store.job_list() == []
+
+
+def test_a_hostile_issue_title_from_a_signed_webhook_stays_text(tmp_path, monkeypatch):
+    """Issue 23's attack end to end: a forge event whose issue title is `$(id>...)`, matched
+    by a rule into a shell job type that writes it through an unquoted heredoc. The title
+    reaches the script as $HERDER_P_TITLE; a real /bin/sh runs it and `id` never runs."""
+    import subprocess
+
+    from herder.intake import resolve
+
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "pwned"
+    path = tmp_path / "herder.toml"
+    path.write_text("""
+[job_types.triage]
+shell = true
+command = "cat <<EOF > note.md\\n# {title}\\nIssue {issue}\\nEOF"
+
+[hooks.sources.github]
+kind = "github"
+secret_env = "HERDER_HOOK_GITHUB_SECRET"
+
+[[hooks.sources.github.rules]]
+event = "issues"
+action = "labeled"
+label = "agent"
+job_type = "triage"
+payload = { title = "{issue.title}", issue = "{issue.number}" }
+""")
+    config = load_config(path)
+    event = github_issue_labeled(42)
+    event["issue"]["title"] = f"$(id>{marker}) `id>{marker}` ${{IFS}}"
+    [submitted] = match(config.settings.hooks.sources["github"].rules, "issues", event)
+    spec = resolve(config, submitted)
+    assert event["issue"]["title"] not in spec.command[2]
+    subprocess.run(spec.command, cwd=tmp_path, check=True, timeout=30,
+                   env={**spec.env, "PATH": "/usr/bin:/bin"})
+    assert not marker.exists()
+    assert (tmp_path / "note.md").read_text() == f"# {event['issue']['title']}\nIssue 42\n"

@@ -24,9 +24,10 @@ from herder.errors import ConfigError, InputError
 from herder.intake import resolve
 from herder.model import Job, JobStatus, Outcome
 from herder.runtime.agent import job_from_assignment
-from herder.runtime.executor import spawn
+from herder.runtime.executor import LaunchError, spawn
 from herder.runtime.process import TOKEN_VARIABLE, process_start_time
 from herder.runtime.workspace import (
+    SAFE_CONFIG,
     WorkspaceError,
     Workspaces,
     claim,
@@ -208,7 +209,7 @@ def test_a_submitter_cannot_set_the_workspace_or_a_workdir_for_it(typed):
     assert raised.value.field == f"env.{VARIABLE}"
     with pytest.raises(InputError) as raised:
         resolve(typed, SubmitRequest(job_type="fix", workdir="/tmp",
-                                     payload={"repo": "/srv/app.git", "ref": "main"}))
+                                     payload={"repo": "git@example.com:app.git", "ref": "main"}))
     assert raised.value.field == "workdir"
 
 
@@ -517,3 +518,218 @@ def test_the_jobs_env_reaches_its_command_but_never_git(tmp_path, origin):
     log = attempt.log_path.read_text().splitlines()
     assert log[-2:] == ["s3cret #42", str(attempt.workspace)]
     assert attempt.workspace is not None and attempt.workspace.parent == tmp_path / "w" / "attempts"
+
+
+# -- where a workspace may come from (issue 23) -----------------------------------------------
+
+PREFIXED = """
+[job_types.fix]
+command = ["agent"]
+workspace = { repository = "{repo}", ref = "main" }
+repositories = ["https://github.com/acme/", "git@github.com:acme/"]
+
+[job_types.anywhere]
+command = ["agent"]
+workspace = { repository = "{repo}", ref = "main" }
+
+[job_types.local]
+command = ["agent"]
+workspace = { repository = "{repo}", ref = "main" }
+allow_local_repositories = true
+"""
+
+
+@pytest.fixture
+def prefixed(tmp_path):
+    return load_config(write_config(tmp_path, PREFIXED))
+
+
+@pytest.mark.parametrize("repo", [
+    "https://github.com/acme/app.git", "https://GitHub.com:443/acme/app", "git@github.com:acme/x",
+    "ssh://git@github.com/acme/x.git",
+])
+def test_a_repository_under_a_prefix_is_accepted(prefixed, repo):
+    spec = resolve(prefixed, SubmitRequest(job_type="fix", payload={"repo": repo}),
+                   check_command=False)
+    assert of_env(spec.env).repository == repo
+
+
+@pytest.mark.parametrize(("job_type", "repo", "says"), [
+    ("fix", "https://github.com/acme/../evil/app.git", "'..'"),
+    ("fix", "https://github.com/acme/%2e%2e/evil", "'..'"),
+    ("fix", "https://github.com/acme%2fevil/x", "escaped '/'"),
+    ("fix", "https://github.com/acmeevil/app.git", "not under any"),
+    ("fix", "https://github.com.evil.example/acme/app", "not under any"),
+    ("fix", "https://github.com:8443/acme/app", "not under any"),
+    ("fix", "http://github.com/acme/app", "not under any"),
+    ("fix", "git@evil.example:acme/app", "not under any"),
+    ("fix", "ssh://git@github.com:acme@evil.example/acme/x", "password"),
+    ("fix", "https://github.com:99999/acme/x", "bad port"),
+    ("anywhere", "/srv/git/app.git", "allow_local_repositories = true"),
+    ("anywhere", "file:///srv/git/app.git", "allow_local_repositories = true"),
+    ("local", "ext::sh -c touch% /tmp/pwned", "transport helper"),
+    ("local", "fd::7", "transport helper"),
+    ("local", "-uhack", "starts with '-'"),
+])
+def test_a_repository_the_job_type_does_not_allow_is_refused(prefixed, job_type, repo, says):
+    with pytest.raises(InputError) as raised:
+        resolve(prefixed, SubmitRequest(job_type=job_type, payload={"repo": repo}),
+                check_command=False)
+    assert raised.value.field == f"job_types.{job_type}.workspace.repository"
+    assert says in raised.value.problem
+
+
+def test_a_local_repository_needs_the_job_type_to_allow_it(prefixed):
+    spec = resolve(prefixed, SubmitRequest(job_type="local", payload={"repo": "/srv/a.git"}),
+                   check_command=False)
+    assert of_env(spec.env).repository == "/srv/a.git"
+
+
+# -- one attempt cannot poison the next (issue 23) ---------------------------------------------
+
+
+def plant(folder: Path, markers: Path, evil_origin: Path, origin: Path) -> Path:
+    """What a hostile job under herder's own user does from its checkout: finds the mirror
+    it shares with later attempts on this host (its objects are the checkout's alternates)
+    and plants everything git would run or read there. The mirror's path."""
+    alternates = folder / ".git" / "objects" / "info" / "alternates"
+    mirror = Path(alternates.read_text().strip()).parent
+
+    def script(name: str, body: str = "") -> str:
+        path = markers / f"{name}.sh"
+        path.write_text(f"#!/bin/sh\ntouch {markers / name}\n{body}")
+        path.chmod(0o755)
+        return str(path)
+
+    (mirror / "hooks").mkdir(exist_ok=True)
+    for hook in ("post-checkout", "reference-transaction", "pre-auto-gc"):
+        (mirror / "hooks" / hook).write_text(Path(script("hook")).read_text())
+        (mirror / "hooks" / hook).chmod(0o755)
+    other_hooks = markers / "hooks"
+    other_hooks.mkdir()
+    (other_hooks / "post-checkout").write_text(Path(script("hooks-path")).read_text())
+    (other_hooks / "post-checkout").chmod(0o755)
+    (markers / "included").write_text(f"[core]\n\thooksPath = {other_hooks}\n")
+    for key, value in [("core.fsmonitor", script("fsmonitor")),
+                       ("filter.evil.smudge", script("filter", "cat\n")),
+                       ("core.sshCommand", script("ssh")),
+                       ("include.path", str(markers / "included")),
+                       (f"url.{evil_origin}.insteadOf", str(origin))]:
+        run_git("config", "--file", str(mirror / "config"), key, value)
+    (mirror / "info").mkdir(exist_ok=True)
+    (mirror / "info" / "attributes").write_text("* filter=evil\n")
+    return mirror
+
+
+def test_a_job_that_plants_hooks_and_config_in_the_mirror_runs_none_of_them(tmp_path, origin):
+    """Issue 23: a post-checkout hook planted by one attempt ran while the next attempt's
+    checkout was prepared. Real git, real processes: attempt 1 plants hooks, a hooksPath
+    (by an include), an fsmonitor, a filter and a URL rewrite to another repository in the
+    mirror; plain git would run them (checked), herder's preparation of attempt 2 runs
+    none and checks out the real commit."""
+    (tmp_path / "evil-src").mkdir()
+    evil = make_repository(tmp_path / "evil-src")
+    evil_seed = tmp_path / "evil-src" / "seed"
+    (evil_seed / "README.md").write_text("poisoned\n")
+    run_git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "evil",
+            cwd=evil_seed)
+    run_git("push", "--quiet", str(evil), "main", cwd=evil_seed)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    root = tmp_path / "w"
+    spec = WorkspaceSpec(str(origin), "main", "worktree")
+    first = root / "attempts" / "1.1"
+    prepare(spec, root, first, 0.0)
+    # What an ordinary tool does in its checkout (husky, pre-commit) stays in it.
+    run_git("config", "core.hooksPath", str(markers / "hooks"), cwd=first)
+    assert run_git("remote", "get-url", "origin", cwd=first).strip() == str(origin)
+    mirror = plant(first, markers, evil, origin)
+
+    control = subprocess.run(["git", "-c", "core.fsmonitor=false", "-C", str(mirror),
+                              "worktree", "add", "--detach", str(tmp_path / "control"),
+                              "main"], capture_output=True, text=True, check=False,
+                             env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1"})
+    assert control.returncode == 0, control.stderr
+    ran = {path.name for path in markers.iterdir() if not path.suffix and path.is_file()}
+    assert {"hooks-path", "filter"} <= ran  # what the plant does to plain git
+    for name in ran:
+        (markers / name).unlink()
+
+    second = root / "attempts" / "1.2"
+    commit = prepare(spec, root, second, 0.0)
+    assert commit == run_git("rev-parse", "main", cwd=origin).strip()
+    assert (second / "README.md").read_text() == "the checked-out tree\n"
+    assert run_git("-C", str(second), "status", "--porcelain", "--untracked-files=no") == ""
+    ran = sorted(path.name for path in markers.iterdir() if not path.suffix and path.is_file())
+    assert ran == [], f"planted commands ran: {ran}"
+    config = (mirror / "config").read_text()
+    assert "fsmonitor" not in config and "evil" not in config and "include" not in config
+    assert not (mirror / "info" / "attributes").exists()
+    assert not (mirror / "hooks").exists()
+    assert "hooksPath" not in (second / ".git" / "config").read_text()
+
+
+def test_git_runs_with_hooks_fsmonitor_and_other_config_off():
+    env = git_environment({"HOME": "/home/u", "HERDER_DB": "x"})
+    assert env["GIT_CONFIG_NOSYSTEM"] == "1" and env["GIT_CONFIG_GLOBAL"] == os.devnull
+    assert env["GIT_NO_REPLACE_OBJECTS"] == "1"
+    # A global config the operator names (a file jobs cannot write) is kept.
+    kept = git_environment({"GIT_CONFIG_GLOBAL": "/etc/herder/gitconfig"})
+    assert kept["GIT_CONFIG_GLOBAL"] == "/etc/herder/gitconfig"
+    assert ("core.hooksPath", "/dev/null") in SAFE_CONFIG
+    assert ("core.fsmonitor", "false") in SAFE_CONFIG
+
+
+def test_a_workdir_whose_symlink_leads_out_of_its_base_is_a_launch_failure(tmp_path):
+    """Checked again on the host that runs it, with symlinks resolved: the link may have
+    appeared after the submit (an earlier job made it), or on another machine."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "app").mkdir()
+    (base / "out").symlink_to(tmp_path)
+    marker = tmp_path / "ran"
+    stamp = datetime.now(UTC).isoformat()
+
+    def job(workdir: Path) -> Job:
+        return job_from_assignment({
+            "id": 8, "attempt": 1, "job_type": "based", "command": ["touch", str(marker)],
+            "shell": False, "payload": {}, "priority": 100, "weight": "light", "ram_gb": 1.0,
+            "env": {"HERDER_WORKDIR_BASE": str(base)}, "workdir": str(workdir),
+            "timeout_seconds": None, "max_attempts": 1, "failures": 0, "lost": 0,
+            "spawn_failures": 0, "backoff_base_seconds": 1.0, "backoff_max_seconds": 1.0,
+            "available_at": stamp, "created_at": stamp, "updated_at": stamp})
+
+    with pytest.raises(LaunchError) as raised:
+        spawn(job(base / "out"), "h", "h/1/1", tmp_path / "logs", 1.0)
+    assert f"leads out of workdir_base {base}" in str(raised.value)
+    assert "launch failed" in (tmp_path / "logs" / "8" / "1.log").read_text()
+    assert not marker.exists()
+    attempt = spawn(job(base / "app"), "h", "h/1/1", tmp_path / "logs2", 1.0)
+    assert attempt.process.wait(timeout=30) == 0 and marker.exists()
+
+
+def test_a_shell_job_reads_a_prompt_from_its_checkout_as_a_variable(tmp_path):
+    """prompt_from = "workspace" with shell = true: the prompt, read on the host, reaches
+    the script as $HERDER_P_PROMPT; its text (here shell syntax) is never parsed."""
+    (tmp_path / "repo").mkdir()
+    origin = make_repository(tmp_path / "repo", prompt="$(touch pwned) `touch pwned` #{issue}\n")
+    (tmp_path / "types").mkdir()
+    config = load_config(write_config(tmp_path / "types", """
+[job_types.fix]
+shell = true
+command = "printf '%s' {prompt} > said.txt"
+prompt_file = "prompts/task.md"
+prompt_from = "workspace"
+workspace = { repository = "REPO", ref = "main", mode = "clone" }
+""".replace("REPO", str(origin))))
+    spec = resolve(config, SubmitRequest(job_type="fix", payload={"issue": 42}))
+    assert spec.command[2] == """printf '%s' "${HERDER_P_PROMPT}" > said.txt"""
+    workspace = of_env(spec.env)
+    assert workspace is not None and workspace.prompt_parts == ()
+    folder = tmp_path / "w" / "attempts" / "1.1"
+    prepare(workspace, tmp_path / "w", folder, 0.0)
+    env = {"HERDER_PAYLOAD": json.dumps({"issue": 42}), "PATH": os.defpath}
+    argv = fill_command(list(spec.command), workspace, True, folder, env)
+    subprocess.run(argv, cwd=folder, env=env, check=True, timeout=30)
+    assert (folder / "said.txt").read_text() == "$(touch pwned) `touch pwned` #42\n"
+    assert not (folder / "pwned").exists()

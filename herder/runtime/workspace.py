@@ -2,7 +2,7 @@
 
 A job whose spec holds a workspace (herder.workspace) does not start its command directly:
 the runner starts `python -m herder.runtime.workspace`, which checks the disk, checks out
-the ref (a worktree of a mirror cached under the workspace root, or a shallow clone),
+the ref (a shared clone of a mirror cached under the workspace root, or a shallow clone),
 fills the prompt from the checkout, and then execs the job's command in the checkout. So
 the git work is supervised like the job itself (heartbeats, timeout, cancel, kill) and its
 output lands in the job's log. The job's environment reaches it on stdin, never on disk;
@@ -34,14 +34,34 @@ from herder.errors import InputError
 from herder.model import AttemptToken, Job
 from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
+from herder.shell_templates import variable
 from herder.templates import fill_prompt, render
-from herder.workspace import WorkspaceSpec, of_env
+from herder.workspace import WORKDIR_BASE, WorkspaceSpec, of_env, resolved_inside
 
 EXIT_WORKSPACE_FAILED = 6
 """Seed 004's exit code for a workspace that could not be prepared."""
 EXIT_LAUNCH_FAILED = 127
 GIT_PROTOCOLS = "file:git:http:https:ssh"
 """The transports git may use: no `ext::` (it runs a command), whatever the repository says."""
+SAFE_CONFIG: tuple[tuple[str, str], ...] = (
+    ("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"), ("core.sshCommand", "ssh"),
+    ("core.askPass", ""), ("core.pager", "cat"), ("core.attributesFile", "/dev/null"),
+)
+"""`-c` values on every git command herder runs on a mirror or a checkout: they outrank
+every config file (and what a file includes), so nothing a job writes into the mirror
+it shares with later attempts runs a hook, an fsmonitor, a pager or an ssh of its own.
+The host's ssh is `GIT_SSH_COMMAND` in the runner's environment."""
+SAFE_ENVIRONMENT = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_NO_REPLACE_OBJECTS": "1",
+                    "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+                    "GIT_ALLOW_PROTOCOL": GIT_PROTOCOLS, "GIT_OPTIONAL_LOCKS": "0"}
+"""git's environment on top of the host's: no system config, no replace refs (a job's
+`refs/replace/` would swap what the next checkout reads), only plain transports; the
+global config is /dev/null unless the runner's environment names one (GIT_CONFIG_GLOBAL,
+a file jobs cannot write) for the host's credential helper."""
+PLANTABLE = ("info/attributes", "info/grafts", "objects/info/alternates", "shallow",
+             "config.worktree")
+"""Files of a mirror that change what git runs or reads and that herder never writes: a
+job sharing the mirror could plant them, so each preparation removes them."""
 KEPT_SUFFIX = ".kept"
 OWNER_SUFFIX = ".owner"
 RUNS = "runs"
@@ -83,6 +103,12 @@ class Launch(msgspec.Struct, frozen=True):
 
 
 def spec_of(job: Job) -> WorkspaceSpec | None:
+    """The job's workspace spec; ValueError when the job cannot start here: a spec that
+    was tampered with, or a templated workdir whose symlinks lead out of its base (the
+    runner ends the attempt as a launch failure saying so)."""
+    base = job.env.get(WORKDIR_BASE)
+    if base is not None and job.workdir is not None:
+        resolved_inside(base, job.workdir)
     return of_env(job.env)
 
 
@@ -111,8 +137,9 @@ def git_environment(source: Mapping[str, str]) -> dict[str, str]:
     herder's own variables (database URL, tokens); git never prompts, nor waits on a
     stalled transfer."""
     env = {name: value for name, value in source.items() if not name.startswith("HERDER_")}
-    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": GIT_PROTOCOLS,
-                "LC_ALL": "C"})
+    env.update(SAFE_ENVIRONMENT)
+    env["LC_ALL"] = "C"
+    env.setdefault("GIT_CONFIG_GLOBAL", os.devnull)
     # A stalled HTTP transfer fails instead of hanging the attempt (unless the host says).
     env.setdefault("GIT_HTTP_LOW_SPEED_LIMIT", "1000")
     env.setdefault("GIT_HTTP_LOW_SPEED_TIME", "60")
@@ -134,9 +161,15 @@ def prepare(spec: WorkspaceSpec, root: Path, folder: Path, min_free_gb: float) -
         mirror = root / "mirrors" / f"{_digest(spec.repository)}.git"
         with _locked(mirror.with_suffix(".lock")):
             _refresh(mirror, spec.repository)
-            git("-C", str(mirror), "worktree", "prune")
-            git("-C", str(mirror), "worktree", "add", "--detach", "--quiet", str(folder),
-                spec.ref)
+            _sanitise(mirror, spec.repository)
+            git("-C", str(mirror), "worktree", "prune")  # entries of herder < issue 23
+            commit = _commit_of(mirror, spec.ref)
+            # A clone that reads the mirror's objects (alternates) and owns everything else:
+            # its config, hooks and index are the attempt's, so a tool that installs a hook
+            # or sets a config in the checkout changes nothing of the next attempt's.
+            git("clone", "--shared", "--no-checkout", "--quiet", str(mirror), str(folder))
+        git("-C", str(folder), "remote", "set-url", "origin", spec.repository)
+        git("-C", str(folder), "checkout", "--quiet", "--detach", commit)
     else:
         folder.mkdir()
         git("init", "--quiet", str(folder))
@@ -146,10 +179,22 @@ def prepare(spec: WorkspaceSpec, root: Path, folder: Path, min_free_gb: float) -
     return git("-C", str(folder), "rev-parse", "HEAD").strip()
 
 
+def _commit_of(mirror: Path, ref: str) -> str:
+    """The commit a branch, tag or commit name is at in the mirror."""
+    try:
+        return git("-C", str(mirror), "rev-parse", "--verify", "--end-of-options",
+                   f"{ref}^{{commit}}").strip()
+    except WorkspaceError as exc:
+        raise WorkspaceError(f"invalid reference: {ref} (no branch, tag or commit of that "
+                             f"name in the repository): {exc}") from None
+
+
 def _refresh(mirror: Path, repository: str) -> None:
     """The host's mirror of `repository`, cloned once and fetched before each checkout."""
     if (mirror / "HEAD").exists():
-        git("-C", str(mirror), "fetch", "--prune", "--quiet", "origin")
+        _sanitise(mirror, repository)
+        # The URL and refspec as herder knows them, not as the mirror's config says.
+        git("-C", str(mirror), "fetch", "--prune", "--quiet", repository, MIRROR_REFSPEC)
         return
     partial = mirror.with_name(f"{mirror.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -157,12 +202,51 @@ def _refresh(mirror: Path, repository: str) -> None:
     partial.rename(mirror)
 
 
+MIRROR_REFSPEC = "+refs/*:refs/*"
+
+
+def _sanitise(mirror: Path, repository: str) -> None:
+    """The mirror's config back to what herder wrote, and files a job could have planted
+    in it removed: the mirror is shared by every attempt on this host, and a job under
+    herder's own user can find it and write into it (see README, Workspaces)."""
+    config = mirror / "config"
+    object_format = "sha1"
+    with contextlib.suppress(WorkspaceError):
+        found = git("config", "--file", str(config), "extensions.objectformat").strip()
+        object_format = "sha256" if found == "sha256" else "sha1"
+    fresh = mirror / "config.herder"
+    fresh.unlink(missing_ok=True)
+    values = [("core.repositoryformatversion", "1" if object_format == "sha256" else "0"),
+              ("core.bare", "true"), ("remote.origin.url", repository),
+              ("remote.origin.fetch", MIRROR_REFSPEC), ("remote.origin.mirror", "true")]
+    if object_format == "sha256":
+        values.append(("extensions.objectformat", "sha256"))
+    for key, value in values:
+        git("config", "--file", str(fresh), key, value)
+    os.replace(fresh, config)
+    for name in PLANTABLE:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            (mirror / name).unlink()
+    hooks = mirror / "hooks"
+    with contextlib.suppress(OSError):
+        if hooks.is_symlink():
+            hooks.unlink()
+        elif hooks.exists():
+            shutil.rmtree(hooks)
+
+
 def git(*args: str) -> str:
-    """Run git (no payload value is ever an option: herder.workspace refuses a leading
-    '-'); its stdout, or WorkspaceError with its stderr."""
+    """Run git with hooks, fsmonitor and every config a job could write defused (no
+    payload value is ever an option: herder.workspace refuses a leading '-'); its stdout,
+    or WorkspaceError with its stderr."""
+    overrides = [item for key, value in SAFE_CONFIG for item in ("-c", f"{key}={value}")]
+    env = dict(os.environ)
+    env.update(SAFE_ENVIRONMENT)
+    env.setdefault("GIT_CONFIG_GLOBAL", os.devnull)
     try:
-        done = subprocess.run(["git", *args], stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", check=False)
+        done = subprocess.run(["git", *overrides, *args], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, errors="replace", check=False,
+                              env=env)
     except OSError as exc:
         raise WorkspaceError(f"cannot run git: {exc}") from exc
     if done.returncode != 0:
@@ -174,7 +258,7 @@ def git(*args: str) -> str:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """One attempt at a time fetches a mirror and adds its worktree (on this host)."""
+    """One attempt at a time fetches a mirror and clones it (on this host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -189,9 +273,10 @@ def _digest(text: str) -> str:
 
 
 def fill_command(argv: Sequence[str], spec: WorkspaceSpec, shell: bool, folder: Path,
-                 env: Mapping[str, str]) -> list[str]:
+                 env: dict[str, str]) -> list[str]:
     """The job's argv with the prompt read from the checkout, filled from the payload
-    (InputError when a field is missing, WorkspaceError when the file cannot be read)."""
+    (InputError when a field is missing, WorkspaceError when the file cannot be read). A
+    shell script reads them from its env ($HERDER_P_PROMPT, herder.shell_templates)."""
     if spec.prompt_file is None:
         return list(argv)
     path = (folder / spec.prompt_file).resolve()
@@ -206,6 +291,8 @@ def fill_command(argv: Sequence[str], spec: WorkspaceSpec, shell: bool, folder: 
     context["job_type"] = env.get("HERDER_JOB_TYPE", "")
     values = {"prompt": fill_prompt(template, context, "prompt_file"), "prompt_file": str(path)}
     if shell:
+        env.update({variable(name): value for name, value in values.items()})
+        # A script rendered before values travelled in the env holds {prompt} itself.
         values = {name: shlex.quote(value) for name, value in values.items()}
     filled = list(argv)
     for index in spec.prompt_parts:
@@ -389,7 +476,7 @@ def sweep(root: Path, now: float, keep_failed: float,
 
 
 def _remove(folder: Path) -> None:
-    """A worktree's entry in its mirror goes at the mirror's next `worktree prune`."""
+    """The checkout is a folder of its own (it only reads the mirror's objects)."""
     shutil.rmtree(folder, ignore_errors=True)
 
 
