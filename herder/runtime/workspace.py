@@ -310,7 +310,7 @@ def run(request: Mapping[str, Any]) -> int:
         commit = prepare(spec, Path(request["root"]), folder, float(request["min_free_gb"]))
         argv = fill_command(request["argv"], spec, bool(request["shell"]), folder, env)
         if request.get("run_as"):
-            become(request["run_as"], folder, spec.repository)
+            become(request["run_as"], folder)
     except WorkspaceError as exc:
         say(f"workspace failed: {exc}")
         _result(env, {"outcome": "workspace_failed", "summary": str(exc)[:4000]})
@@ -335,43 +335,18 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def become(user: Mapping[str, Any], folder: Path, repository: str) -> None:
-    """Hand the prepared checkout to the run_as user, then become that user. A worktree
-    first becomes a repository of its own: the mirror stays herder's alone."""
+def become(user: Mapping[str, Any], folder: Path) -> None:
+    """Hand the prepared checkout to the run_as user, then become that user. The checkout
+    is a repository of its own in both modes (worktree mode's borrows the mirror's objects
+    read only), so the mirror stays herder's alone."""
     uid, gid = int(user["uid"]), int(user["gid"])
-    admin = Path(git("-C", str(folder), "rev-parse", "--absolute-git-dir").strip())
     try:
-        if not admin.is_relative_to(folder):
-            _detach(folder, admin, repository)
         _chown_tree(folder, uid, gid)
         os.setgroups([int(group) for group in user["groups"]])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
     except OSError as exc:
         raise WorkspaceError(f"cannot hand the checkout to run_as uid {uid}: {exc}") from exc
-
-
-def _detach(folder: Path, admin: Path, repository: str) -> None:
-    """Turn a worktree of the mirror into a repository of its own that borrows the
-    mirror's objects (`clone --shared`: read only), at the same commit with the same index
-    and `origin` the real repository: the job commits, branches and pushes as in the
-    worktree, and writes nothing into the mirror, which forgets the worktree at once."""
-    mirror = admin.parent.parent  # <mirror>/worktrees/<name>
-    head = git("-C", str(folder), "rev-parse", "HEAD").strip()
-    scratch = folder.with_name(folder.name + ".clone")
-    shutil.rmtree(scratch, ignore_errors=True)
-    git("clone", "--quiet", "--shared", "--no-checkout", str(mirror), str(scratch))
-    try:
-        (folder / ".git").unlink()
-        (scratch / ".git").rename(folder / ".git")
-        shutil.copyfile(admin / "index", folder / ".git" / "index")
-    except OSError as exc:
-        raise WorkspaceError(f"cannot give the worktree a repository of its own: {exc}") from exc
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    git("-C", str(folder), "update-ref", "--no-deref", "HEAD", head)
-    git("-C", str(folder), "remote", "set-url", "origin", repository)
-    shutil.rmtree(admin, ignore_errors=True)
 
 
 def _chown_tree(top: Path, uid: int, gid: int) -> None:
