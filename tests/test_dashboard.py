@@ -246,7 +246,7 @@ def test_open_access_shows_the_pages_without_a_sign_in(store_url, tmp_path, monk
     with open_store(store_url) as store:
         app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
                          Access(open_access=True))
-        client = TestClient(app)
+        client = TestClient(app, base_url="http://localhost:8470")  # a loopback name
         assert client.get("/ui/", follow_redirects=False).status_code == 200
         assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
 
