@@ -5,6 +5,7 @@ only with a JSON content type. Pure rules first; then real `herder` processes.""
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 from datetime import UTC, datetime
 
@@ -293,18 +294,19 @@ def test_a_tls_server_sets_the_host_prefixed_cookie(tmp_path, sqlite_url):
         herder_argv("server", "--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert),
                     "--tls-key", str(key), db=sqlite_url), cwd=tmp_path, stdout=log,
         stderr=log, env=clean_environment(None), start_new_session=True)
+    trust = ssl.create_default_context(cafile=str(cert))
     try:
         base = f"https://127.0.0.1:{port}"
 
         def answers() -> bool:
             assert process.poll() is None, (tmp_path / "server.log").read_text()
             try:
-                return httpx.get(f"{base}/healthz", verify=str(cert), timeout=1).is_success
+                return httpx.get(f"{base}/healthz", verify=trust, timeout=1).is_success
             except httpx.HTTPError:
                 return False
 
         wait_for(answers, 30, "the TLS server", (tmp_path / "server.log").read_text)
-        with httpx.Client(base_url=base, verify=str(cert)) as client:
+        with httpx.Client(base_url=base, verify=trust) as client:
             signed = client.post("/ui/login", data={"token": secret})
             assert signed.status_code == 303
             assert signed.headers["set-cookie"].startswith(f"{SECURE_COOKIE}=")

@@ -124,7 +124,7 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     store = state.database.store
     require_admin_or_loopback(store, bind, "--ui-listen", None, False)
     settings = state.config.settings.server
-    check_plaintext(bind, "--ui-listen", False, allow_plaintext or settings.allow_plaintext)
+    check_plaintext(bind, "--ui-listen", False, plaintext_allowed(state, allow_plaintext))
     coordinator = Coordinator(store, state.config, label)
     app = create_app(coordinator, edge_access(Access(), bind, settings.public_url),
                      run_coordinator=False)
@@ -139,6 +139,12 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
         time.sleep(0.02)
     logging.getLogger("herder.server").info("dashboard on http://%s:%d/ui/", bind, port)
     return server
+
+
+def plaintext_allowed(state: State, flag: bool) -> bool:
+    """--allow-plaintext on the command or before it (HERDER_ALLOW_PLAINTEXT), or
+    [server] allow_plaintext."""
+    return flag or state.allow_plaintext or state.config.settings.server.allow_plaintext
 
 
 def check_plaintext(bind: str, option: str, tls: bool, allowed: bool) -> None:
@@ -241,7 +247,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
         require_admin_or_loopback(state.database.store, bind, "--listen", legacy,
                                   insecure_no_auth)
-        allow_plaintext = allow_plaintext or settings.allow_plaintext
+        allow_plaintext = plaintext_allowed(state, allow_plaintext)
         check_plaintext(bind, "--listen", bool(cert), allow_plaintext)
         if legacy:
             log.warning("%s is deprecated: it works as an admin token; create a scoped token "
@@ -317,7 +323,7 @@ def install_systemd(state: State, listen: str | None, tls_cert: str | None,
         config = state.config  # a broken herder.toml ends here, not at the unit's start
         settings = config.settings.server
         bind, _port = listen_address("--listen", listen or settings.listen)
-        allow_plaintext = allow_plaintext or settings.allow_plaintext
+        allow_plaintext = plaintext_allowed(state, allow_plaintext)
         check_plaintext(bind, "--listen", bool(tls_cert or settings.tls_cert), allow_plaintext)
         options: list[str] = []
         if listen:
