@@ -237,3 +237,15 @@ def test_a_file_that_cannot_be_written_is_one_line(tmp_path):
     assert result.stderr.startswith("herder: error: --env-file: cannot write ")
     assert len(result.stderr.splitlines()) == 1 and SECRET_URL not in result.stderr
     assert not (tmp_path / "herder-server.service").exists()
+
+
+def test_the_agent_unit_carries_allow_plaintext_and_refuses_plain_http_without_it(tmp_path):
+    refused = run_herder("agent", "install-systemd", "--server", "http://coordinator:8470",
+                         "--host", "bms-4", cwd=tmp_path)
+    assert refused.returncode == 2 and "--allow-plaintext" in refused.stderr
+    allowed = run_herder("agent", "install-systemd", "--server", "http://coordinator:8470",
+                         "--host", "bms-4", "--allow-plaintext", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+    argv = exec_argv(unit_values(allowed.stdout)["ExecStart"][0])
+    assert argv[-1] == "--allow-plaintext"
+    assert unit_values(allowed.stdout)["NoNewPrivileges"] == ["yes"]
