@@ -63,6 +63,11 @@ def test_a_proxys_name_is_answered_only_when_declared():
     assert rebinding_refusal("herder.example.org", None) is not None
     assert rebinding_refusal("herder.example.org", None, ("herder.example.org",)) is None
     assert rebinding_refusal(EVIL, None, ("herder.example.org",)) is not None
+    # A proxy that passes its own loopback address as Host: the public name's pages are ours.
+    assert rebinding_refusal("127.0.0.1:8470", "https://herder.example.org",
+                             ("herder.example.org",)) is None
+    assert rebinding_refusal("127.0.0.1:8470", f"https://{EVIL}",
+                             ("herder.example.org",)) is not None
 
 
 class Clock:

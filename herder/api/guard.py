@@ -41,7 +41,7 @@ def rebinding_refusal(host: str | None, origin: str | None,
                       also: Iterable[str] = ()) -> str | None:
     """Why a request to a loopback server is refused (None when it is not): its `Host` must
     be a loopback name (or one of `also`, a proxy's name from [server] public_url), and an
-    `Origin`, when sent, must be the same host."""
+    `Origin`, when sent, must be the same host (or one of `also`)."""
     names = {name.lower() for name in also}
     if not host or not (loopback_name(host_name(host)) or host_name(host) in names):
         shown = (host or "")[:100]
@@ -49,8 +49,10 @@ def rebinding_refusal(host: str | None, origin: str | None,
                 "or [::1] (a foreign Host is how DNS rebinding reaches it; behind a proxy, "
                 "set [server] public_url)")
     if origin is not None:
-        netloc = urlsplit(origin).netloc.lower() if origin != "null" else ""
-        if netloc != host.strip().lower():
+        parts = urlsplit(origin if origin != "null" else "")
+        # Its own pages: the Host they were loaded from, or the proxy's public name (a
+        # proxy may pass the server its own loopback address as Host).
+        if parts.netloc.lower() != host.strip().lower() and parts.hostname not in names:
             return (f"cross-origin request from {origin[:100]!r} refused: a loopback server "
                     "answers only its own pages")
     return None
