@@ -81,28 +81,40 @@ class Clock:
 def test_the_limiter_refuses_a_client_after_its_failures_until_the_window_ends():
     clock = Clock()
     limiter = FailureLimiter(limit=3, window=60.0, clock=clock)
-    for _ in range(2):
-        limiter.failed("a")
+    for guess in ("g1", "g2"):
+        limiter.failed("a", guess)
         assert limiter.wait("a") is None
-    limiter.failed("a")
+    limiter.failed("a", "g3")
     assert limiter.wait("a") == 60
     assert limiter.wait("b") is None  # another client is not touched
     clock.now += 59.5
     assert limiter.wait("a") == 1
     clock.now += 0.5
     assert limiter.wait("a") is None and len(limiter) == 0  # forgotten once it ended
-    limiter.failed("a")
+    limiter.failed("a", "g4")
     assert limiter.wait("a") is None  # a new window, counted from one
+
+
+def test_one_token_retried_counts_once():
+    """An agent whose token was revoked retries it from every thread: not a guesser, and
+    the other agents at its address go on."""
+    limiter = FailureLimiter(limit=3, window=60.0, clock=Clock())
+    for _ in range(100):
+        limiter.failed("a", "revoked")
+    assert limiter.wait("a") is None
+    limiter.failed("a", "g1")
+    limiter.failed("a", "g2")
+    assert limiter.wait("a") == 60
 
 
 def test_a_failure_in_a_new_window_starts_the_count_again():
     clock = Clock()
     limiter = FailureLimiter(limit=2, window=10.0, clock=clock)
-    limiter.failed("a")
+    limiter.failed("a", "g1")
     clock.now += 11
-    limiter.failed("a")
+    limiter.failed("a", "g2")
     assert limiter.wait("a") is None
-    limiter.failed("a")
+    limiter.failed("a", "g3")
     assert limiter.wait("a") == 10
 
 
@@ -110,7 +122,7 @@ def test_the_limiter_remembers_a_bounded_number_of_clients():
     clock = Clock()
     limiter = FailureLimiter(limit=1, window=60.0, max_clients=100, clock=clock)
     for index in range(1000):
-        limiter.failed(f"10.0.{index // 256}.{index % 256}")
+        limiter.failed(f"10.0.{index // 256}.{index % 256}", f"g{index}")
     assert len(limiter) == 100
     assert limiter.wait("10.0.0.0") is None  # the oldest were forgotten first
     assert limiter.wait("10.0.3.231") == 60  # the newest are held
@@ -161,9 +173,8 @@ def test_a_throttled_client_is_refused_before_any_store_lookup(app_of, monkeypat
     lookups: list[str] = []
     original = coordinator.token
     monkeypatch.setattr(coordinator, "token", lambda key: lookups.append(key) or original(key))
-    bogus = {"Authorization": f"Bearer {new_token()}"}
-    assert [client.get("/api/v1/jobs", headers=bogus).status_code for _ in range(3)] == [
-        401, 401, 401]
+    assert [client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {new_token()}"}
+                       ).status_code for _ in range(3)] == [401, 401, 401]
     assert len(lookups) == 3
     throttled = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {secret}"})
     assert throttled.status_code == 429 and int(throttled.headers["Retry-After"]) >= 1
@@ -256,9 +267,14 @@ def test_a_json_body_needs_a_json_content_type(make_fleet, tmp_path, store_url):
 
 def test_failed_token_checks_are_throttled_per_client(make_fleet, tmp_path, store_url):
     """From behind the local proxy uvicorn trusts (127.0.0.1), X-Forwarded-For names the
-    client: one that guesses is held, another with a good token is not."""
+    client: one that guesses is held, another with a good token is not, nor one that
+    retries its one revoked token."""
     fleet = make_fleet(tmp_path, store_url)
     fleet.start_server()
+    revoked = {"X-Forwarded-For": "203.0.113.9"}
+    bad = new_token()
+    assert {fleet.api("GET", "/api/v1/jobs", token=bad, headers=revoked).status_code
+            for _ in range(25)} == {401}
     guesser = {"X-Forwarded-For": "203.0.113.7"}
     statuses = [fleet.api("GET", "/api/v1/jobs", token=new_token(), headers=guesser).status_code
                 for _ in range(21)]

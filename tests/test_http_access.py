@@ -68,10 +68,8 @@ def api(store_url, tmp_path, monkeypatch) -> Iterator[Api]:
         for label in ("alpha", "beta"):
             store.host_insert(HostRecord(label=label, ram_total_gb=16.0), NOW)
         tokens = make_tokens(store)
-        # The matrix fails thousands of token checks from one address on purpose: the
-        # failure limit (tested on its own below) is lifted for it.
         app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
-                         Access(max_body_bytes=64 * 1024, failure_limit=1_000_000))
+                         Access(max_body_bytes=64 * 1024))
         yield Api(TestClient(app, raise_server_exceptions=False), store, tokens)
 
 

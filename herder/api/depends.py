@@ -63,7 +63,7 @@ class Access(msgspec.Struct, frozen=True):
     """[server] public_url is https: the session cookie is `Secure` and `__Host-` even when
     the request reaches the server as plain http (from a TLS proxy that says nothing)."""
     failure_limit: int = FAILURE_LIMIT
-    """Failed token checks a client may make a minute before it gets 429 (guard)."""
+    """Different tokens a client may fail with in a minute before it gets 429 (guard)."""
 
     def host_guard(self) -> tuple[str, ...] | None:
         """The names besides loopback ones a request's `Host` may be; None: no check."""
@@ -138,7 +138,7 @@ async def token_caller(request: Request, token: str) -> Caller:
         return identify(await call(coordinator(request).token, token_hash(token)))
     except Denied as refused:
         if refused.status == 401:
-            failures.failed(address)
+            failures.failed(address, token)
         raise
 
 

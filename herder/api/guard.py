@@ -20,10 +20,10 @@ import msgspec
 from herder.urls import loopback_name
 
 FAILURE_LIMIT = 20
-"""Failed token checks a client may make in one window before it waits."""
+"""Different tokens a client may fail with in one window before it waits."""
 FAILURE_WINDOW = 60.0
 """Seconds: the window, and the longest a client waits."""
-MAX_CLIENTS = 10_000
+MAX_CLIENTS = 4096
 """Clients the limiter remembers at most; the oldest is forgotten first."""
 
 
@@ -65,17 +65,20 @@ def url_host(url: str | None) -> tuple[str, ...]:
 
 
 class _Count(msgspec.Struct):
-    failures: int
+    tokens: set[int]
     since: float
 
 
 class FailureLimiter:
-    """Failed token checks per client address: after `limit` failures within `window`
-    seconds the client is refused (429) until the window ends, before any store lookup.
+    """Failed token checks per client address: after `limit` different tokens failed
+    within `window` seconds the client is refused (429) until the window ends, before any
+    store lookup.
 
-    Memory is bounded: at most `max_clients` addresses, the least recently failing one
-    forgotten first. A success does not reset the count (a client with one good token
-    must not guess on with others); the window does."""
+    Different tokens: a guesser tries many, while an agent whose token was revoked retries
+    its one from every thread, and must not shut out the other agents at its address.
+    Memory is bounded: at most `max_clients` addresses of `limit` token hashes each, the
+    least recently failing address forgotten first. A success does not reset the count (a
+    client with one good token must not guess on with others); the window does."""
 
     def __init__(self, limit: int = FAILURE_LIMIT, window: float = FAILURE_WINDOW,
                  max_clients: int = MAX_CLIENTS,
@@ -95,15 +98,17 @@ class FailureLimiter:
         if left <= 0:
             del self._counts[client]
             return None
-        return max(1, math.ceil(left)) if count.failures >= self.limit else None
+        return max(1, math.ceil(left)) if len(count.tokens) >= self.limit else None
 
-    def failed(self, client: str) -> None:
-        """Count one failed check of `client`."""
+    def failed(self, client: str, token: str) -> None:
+        """Count a failed check of `token` by `client` (a token it failed with before in
+        this window counts once)."""
         now = self.clock()
         count = self._counts.pop(client, None)
         if count is None or count.since + self.window <= now:
-            count = _Count(0, now)
-        count.failures += 1
+            count = _Count(set(), now)
+        if len(count.tokens) < self.limit:
+            count.tokens.add(hash(token))
         self._counts[client] = count  # the most recent at the end
         while len(self._counts) > self.max_clients:
             self._counts.popitem(last=False)
