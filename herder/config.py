@@ -544,7 +544,12 @@ class ServerSection(Struct, frozen=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     public_url: str | None = None
-    """How remote hosts reach this server (ssh push); default http(s)://listen."""
+    """How remote hosts and browsers reach this server (ssh push; behind a proxy, the name a
+    loopback server answers besides its own, and https makes the session cookie Secure);
+    default http(s)://listen."""
+    allow_plaintext: bool = False
+    """Serve plain http off loopback, and let ssh push hosts call a plain http public_url
+    (--allow-plaintext): only on a network you trust."""
     max_body_bytes: Annotated[int, rules(ge=1024, le=1024**3)] = 1024 * 1024
     """Larger request bodies are refused with 413 (agents ship logs in 512 KiB chunks)."""
     metrics_public: bool = False

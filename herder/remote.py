@@ -9,7 +9,6 @@ failure. Loaded only with --server: the local commands import no HTTP client."""
 from __future__ import annotations
 
 import builtins
-import ipaddress
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from herder.config import _NAME
 from herder.errors import HerderError, InputError, NotFound
 from herder.host_settings import HostSettings
 from herder.model import Account, Attempt, Event, Job, JobStatus, MemoryUse, ReservationStatus
+from herder.urls import loopback_name
 from herder.wire import (
     AccountBody,
     AccountChanged,
@@ -70,13 +70,7 @@ class Refused(HerderError):
 
 
 def loopback(url: str) -> bool:
-    host = httpx.URL(url).host
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return loopback_name(httpx.URL(url).host)
 
 
 def plain_http_warning(url: str) -> str | None:

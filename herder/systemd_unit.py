@@ -26,6 +26,20 @@ class Unit(msgspec.Struct, frozen=True):
     """TimeoutStopSec: how long SIGTERM may take (the agent drains running jobs)."""
     kill_mode: str | None = None
     restart_seconds: int = 15
+    hardening: Sequence[str] = ()
+    """Sandboxing lines (`HARDENING`)."""
+
+
+HARDENING = (
+    "# Sandboxing: no privilege gain through setuid programs (sudo in a job fails), /usr,",
+    "# /boot and /etc read-only (ProtectSystem=full, not strict: jobs write to home folders,",
+    "# /var, /srv, /opt), a /tmp of its own, files created private to the user.",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=full",
+    "PrivateTmp=yes",
+    "UMask=0077",
+)
+"""What every unit herder writes runs under."""
 
 
 def exec_line(argv: Sequence[str]) -> str:
@@ -44,7 +58,8 @@ def render(unit: Unit) -> str:
         service.append(f"KillMode={unit.kill_mode}")
     if unit.stop_seconds is not None:
         service.append(f"TimeoutStopSec={unit.stop_seconds}")
-    service += [f"Restart={unit.restart}", f"RestartSec={unit.restart_seconds}"]
+    service += [f"Restart={unit.restart}", f"RestartSec={unit.restart_seconds}",
+                *unit.hardening]
     return "\n".join([
         "[Unit]", f"Description={unit.description}", "After=network-online.target",
         "Wants=network-online.target", "", "[Service]", *service, "", "[Install]",
@@ -61,14 +76,17 @@ def environment_line(name: str, value: str) -> str:
 
 
 def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdir: str,
-               token_file: str, drain_seconds: int, ca: str | None = None) -> Unit:
+               token_file: str, drain_seconds: int, ca: str | None = None,
+               allow_plaintext: bool = False) -> Unit:
     """`herder agent` for one host: Restart=always (an agent has no reason to stay down)."""
     token_dir = token_file.rpartition("/")[0] or "/"
     return Unit(
         description=f"herder agent for host {label}", user=user, workdir=workdir,
         command=[*herder, "agent", "--server", server, "--host", label,
-                 "--token-file", token_file, *(["--ca", ca] if ca else [])],
-        restart="always", kill_mode="mixed", stop_seconds=drain_seconds + 30, notes=[
+                 "--token-file", token_file, *(["--ca", ca] if ca else []),
+                 *(["--allow-plaintext"] if allow_plaintext else [])],
+        restart="always", kill_mode="mixed", stop_seconds=drain_seconds + 30,
+        hardening=HARDENING, notes=[
             f"The host token is read from {token_file}: owned by {user}, mode 0600 (the agent",
             "refuses a file that group or others can read); never on a command line or in the",
             "environment. Write it once, as root, pasting the token `herder host add` (or",
@@ -90,7 +108,7 @@ def server_unit(herder: Sequence[str], config: str | None, options: Sequence[str
         description="herder server (fleet coordinator and HTTP API)", user=user,
         workdir=workdir, restart="on-failure",
         command=[*herder, *(["--config", config] if config else []), "server", *options],
-        environment_file=environment_file, stop_seconds=30, notes=[
+        environment_file=environment_file, stop_seconds=30, hardening=HARDENING, notes=[
             "HERDER_DB (the database URL, with its password) and the secrets herder.toml",
             f"names by variable are in {environment_file}: owned by root, mode 0600; never",
             "on the command line or in this unit, which anyone on the machine may read.",

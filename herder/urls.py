@@ -1,7 +1,9 @@
-"""Database URLs: which backend, and how to print one without its secret."""
+"""URLs: how to print a database URL without its secret, what a bound socket answers on,
+whether a name is loopback."""
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_DB = "sqlite:///herder.db"
@@ -23,3 +25,13 @@ def listen_url(scheme: str, sockname: tuple[object, ...] | str) -> str:
         return f"{scheme}+unix://{sockname}"
     host, port = str(sockname[0]), sockname[1]
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def loopback_name(name: str) -> bool:
+    """localhost, or a loopback address (127.0.0.0/8, ::1; brackets allowed)."""
+    if name.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False

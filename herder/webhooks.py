@@ -12,6 +12,7 @@ import hmac
 import json
 import re
 import string
+import time
 from collections.abc import Mapping, Sequence
 from hashlib import sha256
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,12 @@ class Scheme(msgspec.Struct, frozen=True):
     """(header, prefix) pairs, tried in order: the first header present is checked."""
     event: str
     delivery: str
+    timestamp: str | None = None
+    """herder's own scheme: the header of the send time (Unix seconds), signed with the
+    delivery id and the event before the body (`signed_text`), so a captured delivery
+    cannot be sent again as new: outside `REPLAY_WINDOW` it is refused, within it the
+    delivery id is a duplicate. A forge's scheme signs the body alone; its replays are
+    duplicates while the store remembers the delivery id ([hooks] retention)."""
 
 
 SCHEMES: Mapping[str, Scheme] = {
@@ -48,8 +55,10 @@ SCHEMES: Mapping[str, Scheme] = {
     "gitea": Scheme((("x-gitea-signature", ""), ("x-hub-signature-256", "sha256=")),
                     "x-gitea-event", "x-gitea-delivery"),
     "generic": Scheme((("x-herder-signature", "sha256="),), "x-herder-event",
-                      "x-herder-delivery"),
+                      "x-herder-delivery", "x-herder-timestamp"),
 }
+REPLAY_WINDOW = 300.0
+"""Seconds a generic delivery's timestamp may be off this server's clock, either way."""
 KINDS = tuple(SCHEMES)
 
 
@@ -75,10 +84,19 @@ def signature(secret: bytes, body: bytes) -> str:
     return hmac.new(secret, body, sha256).hexdigest()
 
 
-def verify(kind: str, secret: bytes, headers: Mapping[str, str], body: bytes) -> Delivery:
-    """The delivery's event and id once its signature is the body's HMAC under `secret`
-    (compared in constant time); Refused 401 for a missing or wrong signature, 400 for a
-    missing or unusable event or delivery header."""
+def signed_text(timestamp: str, delivery: str, event: str, body: bytes) -> bytes:
+    """What a generic delivery's signature covers: `{timestamp}.{delivery}.{event}.{body}`
+    (as Stripe and Svix sign a timestamp and an id with the body)."""
+    return f"{timestamp}.{delivery}.{event}.".encode() + body
+
+
+def verify(kind: str, secret: bytes, headers: Mapping[str, str], body: bytes,
+           now: float | None = None) -> Delivery:
+    """The delivery's event and id once its signature is the HMAC under `secret` of the
+    body (of `signed_text` for the generic kind, whose timestamp must be within
+    `REPLAY_WINDOW` of `now`, Unix seconds), compared in constant time. Refused 401 for a
+    missing or wrong signature or a stale timestamp, 400 for a missing or unusable event,
+    delivery or timestamp header."""
     if not secret:
         raise Refused(401, "this source has no secret")  # fails closed, never unsigned
     scheme = SCHEMES[kind]
@@ -90,11 +108,32 @@ def verify(kind: str, secret: bytes, headers: Mapping[str, str], body: bytes) ->
         raise Refused(401, f"no signature: send {names}")
     value, prefix = sent
     digest = value.strip()[len(prefix):] if value.strip().startswith(prefix) else ""
-    expected = signature(secret, body).encode()
+    delivery = Delivery(_token(lowered, scheme.event, EVENT_LENGTH),
+                        _token(lowered, scheme.delivery, DELIVERY_ID_LENGTH))
+    signed = body
+    if scheme.timestamp is not None:
+        stamp = _timestamp(lowered, scheme.timestamp)
+        signed = signed_text(stamp, delivery.delivery_id, delivery.event, body)
+    expected = signature(secret, signed).encode()
     if not hmac.compare_digest(digest.lower().encode("utf-8", "replace"), expected):
-        raise Refused(401, "the signature does not match the body")
-    return Delivery(_token(lowered, scheme.event, EVENT_LENGTH),
-                    _token(lowered, scheme.delivery, DELIVERY_ID_LENGTH))
+        raise Refused(401, "the signature does not match the body" if scheme.timestamp is None
+                      else "the signature does not match timestamp.delivery.event.body")
+    if scheme.timestamp is not None:
+        skew = int(stamp) - (time.time() if now is None else now)
+        if abs(skew) > REPLAY_WINDOW:
+            raise Refused(401, f"the {scheme.timestamp} header is {abs(skew):.0f}s "
+                          f"{'ahead of' if skew > 0 else 'behind'} this server's clock "
+                          f"(at most {REPLAY_WINDOW:.0f}s): a replay, or a clock to set")
+    return delivery
+
+
+def _timestamp(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name, "").strip()
+    if not value:
+        raise Refused(400, f"the {name} header is missing (the Unix time of sending)")
+    if not value.isascii() or not value.isdigit() or len(value) > 12:
+        raise Refused(400, f"the {name} header is not the Unix time in seconds")
+    return value
 
 
 def _token(headers: Mapping[str, str], name: str, limit: int) -> str:

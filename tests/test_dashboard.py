@@ -246,7 +246,7 @@ def test_open_access_shows_the_pages_without_a_sign_in(store_url, tmp_path, monk
     with open_store(store_url) as store:
         app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
                          Access(open_access=True))
-        client = TestClient(app)
+        client = TestClient(app, base_url="http://localhost:8470")  # a loopback name
         assert client.get("/ui/", follow_redirects=False).status_code == 200
         assert client.get("/api/v1/dashboard/session").json()["can_admin"] is True
 
@@ -402,6 +402,10 @@ def test_up_with_ui_serves_the_dashboard_over_its_own_store(tmp_path, sqlite_url
         assert f"dashboard on http://127.0.0.1:{port}/ui/" in local.stderr_of(process)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             assert http.get("/ui/").headers["location"] == "/ui/login"
+            # A loopback dashboard answers loopback names only (DNS rebinding).
+            rebound = http.post("/ui/login", data={"token": secret},
+                                headers={"Host": "rebind.evil.example"})
+            assert rebound.status_code == 403 and COOKIE not in http.cookies
             signed = http.post("/ui/login", data={"token": secret})
             assert signed.status_code == 303 and COOKIE in http.cookies
             job_id = local.submit(["/bin/sh", "-c", "echo from-up"])

@@ -166,7 +166,8 @@ def test_an_agent_cut_off_kills_its_tree_before_the_lease_ends(tmp_path: Path):
     view = assignment_view(token.job_id, token.attempt,
                            ["/bin/sh", "-c", "sleep 300 & sleep 300 & wait"], str(tmp_path))
     server = CuttableServer(label, view)
-    client = ServerClient("http://coordinator.invalid", "hdr_test", label)
+    client = ServerClient("http://coordinator.invalid", "hdr_test", label,
+                          allow_plaintext=True)  # a mock transport: no network
     client.http.close()
     client.http = httpx.Client(base_url="http://coordinator.invalid",
                                transport=httpx.MockTransport(server.handle))

@@ -34,7 +34,7 @@ def test_a_5xx_then_200_is_retried_and_reported(caplog):
     with caplog.at_level(logging.DEBUG):
         assert report_gone("http://server:8470/", TOKEN, "alpha", "alpha/10/20",
                            backoff=no_jitter(), transport=httpx.MockTransport(answer),
-                           sleep=lambda _seconds: None)
+                           sleep=lambda _seconds: None, allow_plaintext=True)
     assert len(seen) == 2
     request = seen[-1]
     assert (request.method, request.url.path) == ("POST", "/api/v1/agent/alpha/gone")
@@ -54,7 +54,7 @@ def test_a_4xx_is_final_and_not_retried(status, caplog):
 
     assert not report_gone("http://server", TOKEN, "alpha", "alpha/10/20",
                            backoff=no_jitter(), transport=httpx.MockTransport(answer),
-                           sleep=lambda _seconds: None)
+                           sleep=lambda _seconds: None, allow_plaintext=True)
     assert len(calls) == 1
     assert f"HTTP {status}" in caplog.text and TOKEN not in caplog.text
 
@@ -69,7 +69,7 @@ def test_an_unreachable_server_is_given_up_within_the_budget(caplog):
 
     assert not report_gone("http://server", TOKEN, "alpha", "alpha/10/20", budget_seconds=0.2,
                            backoff=no_jitter(), transport=httpx.MockTransport(refuse),
-                           sleep=slept.append)
+                           sleep=slept.append, allow_plaintext=True)
     # retried with backoff (capped at 0.05 s here) until the next wait would pass the budget
     assert len(calls) >= 2 and all(delay <= 0.05 for delay in slept)
     assert "could not tell the server agent alpha/10/20 is gone (ConnectError)" in caplog.text

@@ -12,7 +12,14 @@ from datetime import UTC, datetime
 import pytest
 from fastapi.testclient import TestClient
 
-from herder.api.app import Access, api_routes, create_app, page_routes, route_scope
+from herder.api.app import (
+    Access,
+    api_routes,
+    create_app,
+    document_routes,
+    page_routes,
+    route_scope,
+)
 from herder.api.sessions import COOKIE, CSRF_HEADER
 from herder.api.tokens import (
     Caller,
@@ -165,6 +172,22 @@ def test_every_page_declares_a_scope_and_sends_strangers_to_sign_in(api):
                     assert response.headers["location"] == "/ui/login"
 
 
+def test_the_openapi_document_is_for_readers_and_no_page_renders_it(api):
+    [route] = document_routes()
+    assert route_scope(route) == (True, Scope.READ)
+    for role in ROLES:
+        response = api.client.get("/openapi.json", headers=headers(api, role))
+        expected = 200 if allowed(Scope.READ, role) else (
+            401 if role in ("none", "bogus", "revoked") else 403)
+        assert response.status_code == expected, (role, response.text)
+    document = api.client.get("/openapi.json", headers=headers(api, "read")).json()
+    assert "/api/v1/jobs" in document["paths"]
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        response = api.client.get(page, headers=headers(api, "admin"))
+        assert response.status_code == 404, page
+        assert "cdn" not in response.text.lower()
+
+
 def test_a_route_without_a_scope_is_refused_at_startup(store_url, tmp_path, monkeypatch):
     from fastapi import APIRouter
 
@@ -185,7 +208,8 @@ def test_open_access_needs_no_operator_token_but_agents_still_do(store_url, tmp_
         store.host_insert(HostRecord(label="alpha", ram_total_gb=16.0), NOW)
         app = create_app(Coordinator(store, Config(Settings(), None), host="server"),
                          Access(open_access=True))
-        client = TestClient(app)
+        # Open access answers loopback names only (DNS rebinding; herder.api.guard).
+        client = TestClient(app, base_url="http://127.0.0.1:8470")
         assert client.get("/api/v1/jobs").status_code == 200
         assert client.post("/api/v1/jobs", json={"command": ["true"]}).status_code == 201
         beat = client.post("/api/v1/agent/alpha/heartbeat", json={"worker": "alpha/1/1"})

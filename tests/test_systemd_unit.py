@@ -94,6 +94,9 @@ def test_the_server_and_the_agent_units_share_one_shape():
     assert server["ExecStart"] == [
         "/usr/bin/herder --config /etc/herder/herder.toml server --listen 0.0.0.0:8470"]
     assert agent["TimeoutStopSec"] == ["630"] and agent["KillMode"] == ["mixed"]
+    for values in (server, agent):
+        assert values["NoNewPrivileges"] == ["yes"] and values["PrivateTmp"] == ["yes"]
+        assert values["ProtectSystem"] == ["full"] and values["UMask"] == ["0077"]
 
 
 def test_a_unit_without_optional_lines_leaves_them_out():
@@ -115,14 +118,14 @@ def install(tmp_path: Path, *args: str, env: dict[str, str] | None = None
 def test_print_writes_nothing_and_never_shows_the_database_url(tmp_path):
     (tmp_path / "herder.toml").write_text("")
     result = install(tmp_path, "--print", "--listen", "0.0.0.0:8470", "--user", "svc",
-                     env={"HERDER_DB": SECRET_URL})
+                     "--allow-plaintext", env={"HERDER_DB": SECRET_URL})
     assert result.returncode == 0, result.stderr
     values = unit_values(result.stdout)
     assert values["User"] == ["svc"] and values["Restart"] == ["on-failure"]
     assert values["EnvironmentFile"] == [str(tmp_path / "etc" / "server.env")]
     argv = exec_argv(values["ExecStart"][0])
-    assert argv[-5:] == ["--config", str(tmp_path / "herder.toml"), "server", "--listen",
-                         "0.0.0.0:8470"]
+    assert argv[-6:] == ["--config", str(tmp_path / "herder.toml"), "server", "--listen",
+                         "0.0.0.0:8470", "--allow-plaintext"]
     assert SECRET_URL not in result.stdout + result.stderr and "pa%24s" not in result.stdout
     assert "HERDER_DB=<database URL>" in result.stderr
     assert list(tmp_path.iterdir()) == [tmp_path / "herder.toml"]
@@ -132,6 +135,8 @@ def test_print_writes_nothing_and_never_shows_the_database_url(tmp_path):
     ((), {}, "--db"),
     (("--listen", "8470"), {"HERDER_DB": SECRET_URL}, "--listen"),
     (("--unit-file", "relative.service"), {"HERDER_DB": SECRET_URL}, "--unit-file"),
+    # off loopback without TLS: a unit whose server would refuse to start
+    (("--listen", "0.0.0.0:8470"), {"HERDER_DB": SECRET_URL}, "--listen"),
 ])
 def test_what_cannot_make_a_working_unit_is_refused_in_one_line(tmp_path, args, env, names):
     result = install(tmp_path, *args, env=env)
@@ -232,3 +237,15 @@ def test_a_file_that_cannot_be_written_is_one_line(tmp_path):
     assert result.stderr.startswith("herder: error: --env-file: cannot write ")
     assert len(result.stderr.splitlines()) == 1 and SECRET_URL not in result.stderr
     assert not (tmp_path / "herder-server.service").exists()
+
+
+def test_the_agent_unit_carries_allow_plaintext_and_refuses_plain_http_without_it(tmp_path):
+    refused = run_herder("agent", "install-systemd", "--server", "http://coordinator:8470",
+                         "--host", "bms-4", cwd=tmp_path)
+    assert refused.returncode == 2 and "--allow-plaintext" in refused.stderr
+    allowed = run_herder("agent", "install-systemd", "--server", "http://coordinator:8470",
+                         "--host", "bms-4", "--allow-plaintext", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+    argv = exec_argv(unit_values(allowed.stdout)["ExecStart"][0])
+    assert argv[-1] == "--allow-plaintext"
+    assert unit_values(allowed.stdout)["NoNewPrivileges"] == ["yes"]

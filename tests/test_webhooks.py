@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +21,16 @@ from herder.config import Config, HookRuleSection, load_config
 from herder.errors import ConfigError, InputError
 from herder.model import JobSpec, JobStatus
 from herder.runtime.maintenance import DeliverySweep
-from herder.webhooks import Refused, match, parse_body, signature, template_paths, verify
+from herder.webhooks import (
+    REPLAY_WINDOW,
+    Refused,
+    match,
+    parse_body,
+    signature,
+    signed_text,
+    template_paths,
+    verify,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SECRET = b"It's a Secret to Everybody"
@@ -110,10 +120,15 @@ def gitea_headers(body: bytes, event: str, delivery: str, secret: bytes = SECRET
             "X-Hub-Signature-256": "sha256=" + digest, "Content-Type": "application/json"}
 
 
-def generic_headers(body: bytes, event: str, delivery: str, secret: bytes = SECRET
-                    ) -> dict[str, str]:
+def generic_headers(body: bytes, event: str, delivery: str, secret: bytes = SECRET,
+                    at: float | None = None) -> dict[str, str]:
+    """herder's own scheme: the signature covers the timestamp, the delivery id and the
+    event before the body."""
+    stamp = str(int(time.time() if at is None else at))
     return {"X-Herder-Event": event, "X-Herder-Delivery": delivery,
-            "X-Herder-Signature": "sha256=" + signature(secret, body),
+            "X-Herder-Timestamp": stamp,
+            "X-Herder-Signature": "sha256=" + signature(
+                secret, signed_text(stamp, delivery, event, body)),
             "Content-Type": "application/json"}
 
 
@@ -199,6 +214,51 @@ def test_the_generic_source_and_its_headers():
         with pytest.raises(Refused) as refused:
             verify("generic", SECRET, generic_headers(body, "deploy", bad), body)
         assert refused.value.status == 400
+
+
+def test_a_generic_signature_covers_the_timestamp_the_delivery_and_the_event():
+    body = b'{"ref": "main"}'
+    now = 1_800_000_000.0
+    headers = generic_headers(body, "deploy", "run-1", at=now)
+    assert verify("generic", SECRET, headers, body, now=now).delivery_id == "run-1"
+    for name, other in (("X-Herder-Timestamp", str(int(now) + 1)),
+                        ("X-Herder-Delivery", "run-2"), ("X-Herder-Event", "push")):
+        with pytest.raises(Refused) as refused:
+            verify("generic", SECRET, {**headers, name: other}, body, now=now)
+        assert refused.value.status == 401, name
+    # Only the body signed, as a forge signs: not enough for the generic kind.
+    body_only = {**headers, "X-Herder-Signature": "sha256=" + signature(SECRET, body)}
+    with pytest.raises(Refused):
+        verify("generic", SECRET, body_only, body, now=now)
+
+
+@pytest.mark.parametrize(("offset", "accepted"), [
+    (0, True), (REPLAY_WINDOW, True), (-REPLAY_WINDOW, True), (REPLAY_WINDOW + 1, False),
+    (-REPLAY_WINDOW - 1, False), (-86400, False)])
+def test_a_generic_delivery_outside_the_window_is_refused(offset, accepted):
+    body = b"{}"
+    now = 1_800_000_000.0
+    headers = generic_headers(body, "deploy", "run-1", at=now + offset)
+    if accepted:
+        assert verify("generic", SECRET, headers, body, now=now).event == "deploy"
+        return
+    with pytest.raises(Refused) as refused:
+        verify("generic", SECRET, headers, body, now=now)
+    assert refused.value.status == 401
+    assert "x-herder-timestamp" in refused.value.reason and "clock" in refused.value.reason
+
+
+@pytest.mark.parametrize("stamp", [None, "", "soon", "-5", "1.5", "9" * 13, "١٢٣"])
+def test_a_generic_delivery_without_a_usable_timestamp_is_refused_400(stamp):
+    body = b"{}"
+    headers = generic_headers(body, "deploy", "run-1")
+    if stamp is None:
+        del headers["X-Herder-Timestamp"]
+    else:
+        headers["X-Herder-Timestamp"] = stamp
+    with pytest.raises(Refused) as refused:
+        verify("generic", SECRET, headers, body)
+    assert refused.value.status == 400 and "x-herder-timestamp" in refused.value.reason
 
 
 def test_an_empty_secret_accepts_nothing():
@@ -712,3 +772,43 @@ payload = { title = "{issue.title}", issue = "{issue.number}" }
                    env={**spec.env, "PATH": "/usr/bin:/bin"})
     assert not marker.exists()
     assert (tmp_path / "note.md").read_text() == f"# {event['issue']['title']}\nIssue 42\n"
+
+
+def test_a_captured_generic_delivery_does_not_replay_as_new(make_fleet, tmp_path, store_url):
+    """Sent again as captured: a duplicate (nothing enqueued); with a new delivery id or an
+    old timestamp: refused 401, nothing enqueued."""
+    fleet = start_hooks_server(make_fleet, tmp_path, store_url)
+    secret = CI_SECRET.encode()
+    body = b'{"repo": "r", "run": 3}'
+    captured = generic_headers(body, "deploy", "run-3", secret)
+    first = post(fleet, "ci", body, captured)
+    assert (first.status_code, first.json()["outcome"]) == (202, "enqueued"), first.text
+    jobs = jobs_of(fleet)
+    again = post(fleet, "ci", body, captured)
+    assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
+    renamed = post(fleet, "ci", body, {**captured, "X-Herder-Delivery": "run-4"})
+    assert renamed.status_code == 401, renamed.text
+    stale = post(fleet, "ci", body, generic_headers(body, "deploy", "run-5", secret,
+                                                     at=time.time() - REPLAY_WINDOW - 60))
+    assert stale.status_code == 401 and "X-Herder-Timestamp".lower() in stale.text
+    assert jobs_of(fleet) == jobs
+
+
+def test_the_readmes_openssl_example_signs_as_the_server_checks(tmp_path):
+    """The README's shell lines for a generic delivery, run as written: the server takes
+    their signature."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"```bash\n(body='.*?)\ncurl ", readme, re.S)
+    assert block is not None, "the README's generic example moved"
+    script = block.group(1) + '\nprintf "%s\\n%s\\n%s\\n%s" "$ts" "$id" "$event" "$sig"\n'
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                            env={"PATH": "/usr/bin:/bin", "HERDER_HOOK_CI_SECRET": "s3cret"})
+    stamp, delivery, event, digest = result.stdout.split()
+    body = re.search(r"body='(.*?)'", block.group(1)).group(1).encode()
+    headers = {"X-Herder-Event": event, "X-Herder-Delivery": delivery,
+               "X-Herder-Timestamp": stamp, "X-Herder-Signature": f"sha256={digest}"}
+    assert verify("generic", b"s3cret", headers, body).delivery_id == delivery

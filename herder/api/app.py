@@ -35,15 +35,16 @@ from herder.api import (
     reservations,
 )
 from herder.api.board import AssignmentBoard
-from herder.api.depends import Access, route_scope
+from herder.api.depends import Access, Reader, Throttled, route_scope
+from herder.api.guard import FailureLimiter, rebinding_refusal
 from herder.api.tokens import Denied
 from herder.errors import Conflict, HerderError, InputError, NotFound
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import SessionBook
 from herder.store import lost_session_errors
 
-__all__ = ["PAGES", "ROUTERS", "Access", "api_routes", "create_app", "page_routes",
-           "route_scope"]
+__all__ = ["DOCUMENTS", "PAGES", "ROUTERS", "Access", "api_routes", "create_app",
+           "document_routes", "page_routes", "route_scope"]
 
 log = logging.getLogger("herder.api")
 RETRY_AFTER_SECONDS = 5
@@ -51,8 +52,19 @@ ROUTERS: tuple[APIRouter, ...] = (health.router, jobs.router, hosts.router, agen
                                   reservations.router, hooks.router, accounts.router,
                                   alerts.router, queue.router, metrics.router,
                                   dashboard.router)
+document = APIRouter(include_in_schema=False)
+
+
+@document.get("/openapi.json")
+async def openapi(_caller: Reader, request: Request) -> JSONResponse:
+    """The API's OpenAPI document, to read tokens only (no page renders it here)."""
+    return JSONResponse(request.app.openapi())
+
+
 PAGES: tuple[APIRouter, ...] = (dashboard.pages,)
 """The dashboard's pages: HTML, outside the OpenAPI document, each declaring its scope too."""
+DOCUMENTS: tuple[APIRouter, ...] = (document,)
+"""The OpenAPI document itself: outside the document, for readers."""
 # What `herder.store.as_unavailable` counts as the database failing (psycopg_pool's
 # PoolTimeout is a psycopg.OperationalError too).
 DATABASE_ERRORS: tuple[type[Exception], ...] = (*lost_session_errors(psycopg),
@@ -103,6 +115,31 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class HostGuard:
+    """On a loopback server, refuse (403) a request whose `Host` is not a loopback name (or
+    a proxy's, from [server] public_url) or whose `Origin` is another site's: DNS rebinding
+    and cross-site requests from a browser on the same machine (herder.api.guard)."""
+
+    def __init__(self, app: ASGIApp, names: tuple[str, ...]) -> None:
+        self.app = app
+        self.names = names
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            host = headers.get(b"host")
+            origin = headers.get(b"origin")
+            refusal = rebinding_refusal(
+                None if host is None else host.decode("latin-1"),
+                None if origin is None else origin.decode("latin-1"), self.names)
+            if refusal is not None:
+                log.info("%s %s refused (403): %s", scope.get("method"), scope.get("path"),
+                         refusal)
+                await _plain(send, 403, refusal)
+                return
+        await self.app(scope, receive, send)
+
+
 async def _plain(send: Send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -138,6 +175,12 @@ def _map_errors(app: FastAPI) -> None:
                  exc.reason)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse({"detail": exc.reason}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(Throttled)
+    async def throttled(request: Request, exc: Throttled) -> JSONResponse:
+        log.info("%s %s refused (429): %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": str(exc)}, status_code=429,
+                            headers={"Retry-After": str(exc.seconds)})
 
     @app.exception_handler(HerderError)
     async def herder_error(_request: Request, exc: HerderError) -> JSONResponse:
@@ -175,28 +218,45 @@ def create_app(coordinator: Coordinator, access: Access | None = None,
         finally:
             await run_in_threadpool(coordinator.stop)
 
-    app = FastAPI(title="herder", version="0.1.0", lifespan=lifespan)
+    # No /docs, /redoc or public /openapi.json: the pages load scripts from a CDN on the
+    # dashboard's origin, and the document is served to readers only (`openapi` below).
+    # strict_content_type: a JSON body needs a JSON Content-Type, so a cross-site "simple"
+    # request (text/plain, no preflight) never reaches a route.
+    app = FastAPI(title="herder", version="0.1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None, strict_content_type=True)
     app.state.coordinator = coordinator
     app.state.board = board
     app.state.access = access = access or Access()
     app.state.sessions = SessionBook(coordinator.store)
+    app.state.failures = FailureLimiter(limit=access.failure_limit)
     app.add_middleware(BodyLimit, max_bytes=access.max_body_bytes)
+    guard = access.host_guard()
+    if guard is not None:
+        app.add_middleware(HostGuard, names=guard)
     _map_errors(app)
-    for route in [*api_routes(), *page_routes()]:
+    for route in [*api_routes(), *page_routes(), *document_routes()]:
         if not route_scope(route)[0]:
             raise RuntimeError(f"route {route.path} declares no scope")
-    for router in (*ROUTERS, *PAGES):
+    for router in (*ROUTERS, *PAGES, *DOCUMENTS):
         app.include_router(router)
     return app
 
 
 def api_routes() -> list[APIRoute]:
     """Every route of the API (the app's own list holds the routers, not their routes)."""
-    return [route for router in ROUTERS for route in router.routes
-            if isinstance(route, APIRoute)]
+    return routes_of(ROUTERS)
 
 
 def page_routes() -> list[APIRoute]:
     """Every page of the dashboard (not in the OpenAPI document)."""
-    return [route for router in PAGES for route in router.routes
+    return routes_of(PAGES)
+
+
+def document_routes() -> list[APIRoute]:
+    """The route of the OpenAPI document (not in the document either)."""
+    return routes_of(DOCUMENTS)
+
+
+def routes_of(routers: tuple[APIRouter, ...]) -> list[APIRoute]:
+    return [route for router in routers for route in router.routes
             if isinstance(route, APIRoute)]

@@ -26,10 +26,11 @@ from herder.api.depends import (
     Service,
     call,
     public,
+    session_cookie,
     session_identity,
     token_caller,
 )
-from herder.api.sessions import COOKIE, csrf_refusal, foreign_origin
+from herder.api.sessions import csrf_refusal, foreign_origin
 from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, Denied, authorize, token_hash
 from herder.model import BIGINT_MAX, JobStatus, Scope
 from herder.runtime.sessions import (
@@ -158,7 +159,8 @@ async def signed_in(request: Request) -> bool:
     access: Access = request.app.state.access
     if access.open_access:
         return True
-    found = await call(sessions_of(request).get, request.cookies.get(COOKIE))
+    found = await call(sessions_of(request).get,
+                       request.cookies.get(session_cookie(request)[0]))
     if found is None:
         return False
     try:
@@ -229,15 +231,17 @@ async def login(request: Request) -> Response:
         return login_form(refused.status, refused.reason)
     opened = await call(sessions_of(request).open, key, session_id)
     response = RedirectResponse("/ui/", status_code=303)
-    response.set_cookie(COOKIE, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+    name, secure = session_cookie(request)
+    response.set_cookie(name, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,
+                        samesite="strict", secure=secure)
     return response
 
 
 @pages.post("/logout")
 async def logout(request: Request) -> Response:
     book = sessions_of(request)
-    found = await call(book.get, request.cookies.get(COOKIE))
+    name, secure = session_cookie(request)
+    found = await call(book.get, request.cookies.get(name))
     if found is not None:
         refusal = csrf_refusal(found, "POST", request.headers.get("x-herder-csrf"),
                                request.headers.get("origin"), request.headers.get("host"))
@@ -245,8 +249,7 @@ async def logout(request: Request) -> Response:
             return Response(refusal, status_code=403, media_type="text/plain")
         await call(book.close, found.id)
     response = RedirectResponse("/ui/login", status_code=303)
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict",
-                           secure=request.url.scheme == "https")
+    response.delete_cookie(name, path="/", httponly=True, samesite="strict", secure=secure)
     return response
 
 

@@ -15,7 +15,8 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from herder.api.board import AssignmentBoard
-from herder.api.sessions import COOKIE, CSRF_HEADER, csrf_refusal
+from herder.api.guard import FAILURE_LIMIT, FailureLimiter
+from herder.api.sessions import CSRF_HEADER, cookie_name, csrf_refusal
 from herder.api.tokens import (
     ANONYMOUS_ADMIN,
     LEGACY_ADMIN,
@@ -54,6 +55,21 @@ class Access(msgspec.Struct, frozen=True):
     max_body_bytes: int = ServerSection().max_body_bytes
     hook_secrets: Mapping[str, bytes] = msgspec.field(default_factory=dict)
     """Webhook source -> its secret (`Config.hook_secrets`); a source without one is 404."""
+    loopback_names: tuple[str, ...] | None = None
+    """Set when the server listens on loopback: it answers only a loopback `Host` (or one of
+    these names, a proxy's from [server] public_url) and no foreign `Origin` (DNS
+    rebinding). Open access always checks, and with loopback names alone."""
+    secure_cookie: bool = False
+    """[server] public_url is https: the session cookie is `Secure` and `__Host-` even when
+    the request reaches the server as plain http (from a TLS proxy that says nothing)."""
+    failure_limit: int = FAILURE_LIMIT
+    """Different tokens a client may fail with in a minute before it gets 429 (guard)."""
+
+    def host_guard(self) -> tuple[str, ...] | None:
+        """The names besides loopback ones a request's `Host` may be; None: no check."""
+        if self.open_access:
+            return ()
+        return self.loopback_names
 
 
 async def call(function: Callable[..., T], *args: Any) -> T:
@@ -89,22 +105,48 @@ async def caller_of(request: Request, authorization: str | None) -> Caller | Non
     return await token_caller(request, token)
 
 
+class Throttled(Exception):
+    """429: this client failed too many token checks; try again after `seconds`."""
+
+    def __init__(self, seconds: int) -> None:
+        super().__init__(f"too many failed token checks from this address; retry in "
+                         f"{seconds}s")
+        self.seconds = seconds
+
+
+def client_address(request: Request) -> str:
+    """The caller's address (behind a trusted proxy, the one it forwarded: uvicorn's
+    proxy headers)."""
+    return request.client.host if request.client else "-"
+
+
 async def token_caller(request: Request, token: str) -> Caller:
     """Who a token stands for, however it came (a bearer header, the dashboard's sign-in);
-    Denied (401) for one that is unknown or revoked."""
-    if not plausible_token(token):
-        raise Denied(401, "unknown token")
-    access: Access = request.app.state.access
-    if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
-        return LEGACY_ADMIN
-    return identify(await call(coordinator(request).token, token_hash(token)))
+    Denied (401) for one that is unknown or revoked, Throttled (429) once this client
+    failed too often (refused before any store lookup)."""
+    failures: FailureLimiter = request.app.state.failures
+    address = client_address(request)
+    wait = failures.wait(address)
+    if wait is not None:
+        raise Throttled(wait)
+    try:
+        if not plausible_token(token):
+            raise Denied(401, "unknown token")
+        access: Access = request.app.state.access
+        if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
+            return LEGACY_ADMIN
+        return identify(await call(coordinator(request).token, token_hash(token)))
+    except Denied as refused:
+        if refused.status == 401:
+            failures.failed(address, token)
+        raise
 
 
 async def session_caller(request: Request) -> Caller | None:
     """The caller a dashboard session cookie stands for (None without one); a state change
     made with it must pass the CSRF check (herder.api.sessions)."""
     book: SessionBook | None = getattr(request.app.state, "sessions", None)
-    cookie = request.cookies.get(COOKIE)
+    cookie = request.cookies.get(session_cookie(request)[0])
     session = None if book is None or not cookie else await call(book.get, cookie)
     if session is None:
         return None
@@ -114,6 +156,15 @@ async def session_caller(request: Request) -> Caller | None:
         raise Denied(403, refusal)
     request.state.session = session
     return await session_identity(request, session)
+
+
+def session_cookie(request: Request) -> tuple[str, bool]:
+    """(name, secure) of the session cookie for this request: Secure and `__Host-` when it
+    came over TLS, directly, through a trusted proxy that said so (X-Forwarded-Proto, which
+    uvicorn honours from --forwarded-allow-ips) or as [server] public_url says."""
+    access: Access = request.app.state.access
+    secure = request.url.scheme == "https" or access.secure_cookie
+    return cookie_name(secure), secure
 
 
 async def session_identity(request: Request, session: Session) -> Caller:

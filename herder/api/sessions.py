@@ -14,8 +14,16 @@ from herder.api.tokens import same_secret
 from herder.runtime.sessions import Session
 
 COOKIE = "herder_session"
+SECURE_COOKIE = "__Host-herder_session"
+"""The cookie's name over TLS: a browser keeps a `__Host-` cookie only when it is Secure,
+for this host alone and path /, so no plain-http page or sibling domain can set or shadow it."""
 CSRF_HEADER = "X-Herder-CSRF"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cookie_name(secure: bool) -> str:
+    """The session cookie's name: `__Host-` prefixed whenever the server is reached over TLS."""
+    return SECURE_COOKIE if secure else COOKIE
 
 
 def csrf_refusal(session: Session, method: str, sent: str | None, origin: str | None,

@@ -24,6 +24,10 @@ from herder.cli.root import (
 from herder.errors import InputError
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
+PLAINTEXT_OPTION = click.option(
+    "--allow-plaintext", is_flag=True, envvar="HERDER_ALLOW_PLAINTEXT",
+    help="Accept a plain http --server off loopback (a network you trust) "
+    "[env HERDER_ALLOW_PLAINTEXT].")
 
 
 def token_options(function: Any) -> Any:
@@ -60,16 +64,18 @@ def forget_token_variable() -> None:
 @token_options
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle that signed the server's certificate.")
+@PLAINTEXT_OPTION
 @pass_state
 def heartbeat(state: State, label: str, server: str | None, token: str | None,
-              token_file: str, ca: str | None) -> None:
+              token_file: str, ca: str | None, allow_plaintext: bool) -> None:
     """One heartbeat for a host (cron on ssh push hosts: `* * * * * herder heartbeat ...`)."""
     if server:
         from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
 
         with edge():
             client = ServerClient(server, agent_token(token, token_file), label,
-                                  verify=ca or True)
+                                  verify=ca or True,
+                                  allow_plaintext=allow_plaintext or state.allow_plaintext)
             reply = client.request("POST", f"/api/v1/hosts/{label}/heartbeat")
             client.close()
             if reply.status is None:
@@ -105,6 +111,7 @@ def heartbeat(state: State, label: str, server: str | None, token: str | None,
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle that signed the server's certificate.")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Local attempt logs.")
+@PLAINTEXT_OPTION
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @LOG_FORMAT_OPTION
@@ -112,7 +119,7 @@ def heartbeat(state: State, label: str, server: str | None, token: str | None,
 def agent(ctx: click.Context, server_url: str | None, token: str | None, token_file: str,
           label: str | None, concurrency: int, job_types: str | None, weights: str | None,
           priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
-          log_dir: str | None, log_level: str, log_format: str) -> None:
+          log_dir: str | None, allow_plaintext: bool, log_level: str, log_format: str) -> None:
     """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -130,7 +137,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             raise InputError("--host", "is required", "pass the host label it was added with")
         if not server_url:
             raise InputError("--server", "is required", "pass --server https://host:8470")
-        check_server_url(server_url)
+        plaintext = allow_plaintext or state.allow_plaintext
+        check_server_url(server_url, plaintext)
         secret = agent_token(token, token_file)
         forget_token_variable()
         drain = duration(drain_timeout, "--drain-timeout")
@@ -141,7 +149,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
                 "kill_grace (%.0fs) is not shorter than attempt_lease (%.0fs): after a crash "
                 "the server may rerun a job before its old processes are gone",
                 runtime.kill_grace, runtime.attempt_lease)
-        client = ServerClient(server_url, secret, label, verify=ca or True)
+        client = ServerClient(server_url, secret, label, verify=ca or True,
+                              allow_plaintext=plaintext)
         # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
         # server that is not up yet is waited for.
         client.check()
@@ -154,7 +163,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
 
         worker = str(WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0))
         guardian = start_guardian(runtime.kill_grace, report=lambda: report_gone(
-            server_url, secret, label, worker, ca))
+            server_url, secret, label, worker, ca, allow_plaintext=plaintext))
         source = HttpSource(
             client, LocalGate(names(job_types), names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
@@ -179,20 +188,22 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
 @click.option("--drain-seconds", type=int, default=600, show_default=True)
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False),
               help="The CA that signed the server's certificate (its absolute path is written).")
+@PLAINTEXT_OPTION
 def install_systemd(server_url: str, label: str, user: str, token_file: str,
-                    drain_seconds: int, ca: str | None) -> None:
+                    drain_seconds: int, ca: str | None, allow_plaintext: bool) -> None:
     """Print a systemd unit (Restart=always) for this host's agent."""
     from herder.runtime.agent_client import check_server_url
     from herder.systemd_unit import agent_unit, render
 
     with edge():
-        server_url = check_server_url(server_url)
+        server_url = check_server_url(server_url, allow_plaintext)
         if not os.path.isabs(token_file):
             raise InputError("--token-file", f"{token_file!r} is not an absolute path",
                              "systemd needs one, e.g. /etc/herder/agent-token")
     click.echo(render(agent_unit(installed_herder(), server_url, label, user, os.getcwd(),
                                  token_file, drain_seconds,
-                                 os.path.abspath(ca) if ca else None)), nl=False)
+                                 os.path.abspath(ca) if ca else None,
+                                 allow_plaintext)), nl=False)
 
 
 RUN_ATTEMPT_PATIENCE = 30.0
@@ -208,10 +219,11 @@ RUN_ATTEMPT_PATIENCE = 30.0
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False))
 @click.option("--no-ram-check", is_flag=True)
 @click.option("--log-dir", type=click.Path(file_okay=False))
+@PLAINTEXT_OPTION
 @pass_state
 def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt: int,
                 token: str | None, token_file: str, ca: str | None, no_ram_check: bool,
-                log_dir: str | None) -> None:
+                log_dir: str | None, allow_plaintext: bool) -> None:
     """Run one placed attempt on this host and report it (what ssh push runs remotely).
 
     Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
@@ -231,7 +243,8 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         job_user_at_start(runtime.run_as)
     try:
         client = ServerClient(server_url, agent_token(token, token_file), label,
-                              verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))
+                              verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2),
+                              allow_plaintext=allow_plaintext or state.allow_plaintext)
         forget_token_variable()
         client.check(patience=RUN_ATTEMPT_PATIENCE)
     except InputError as exc:

@@ -100,8 +100,11 @@ def edge() -> Iterator[None]:
 
 class State:
     def __init__(self, db: str | None, config_path: str | None, server: str | None = None,
-                 token_file: str | None = None, ca: str | None = None) -> None:
+                 token_file: str | None = None, ca: str | None = None,
+                 allow_plaintext: bool = False) -> None:
         self.db = db
+        self.allow_plaintext = allow_plaintext
+        """--allow-plaintext / HERDER_ALLOW_PLAINTEXT: a plain http --server off loopback."""
         self.config_path = config_path
         self.server = server or None
         """--server / HERDER_SERVER: the commands go through this server's HTTP API."""
@@ -124,7 +127,8 @@ class State:
         """The database's client, or with --server the HTTP API's (loaded only then)."""
         if self._client is None:
             if self.server is not None:
-                self._client = remote_client(self.server, self.token_file, self.ca)
+                self._client = remote_client(self.server, self.token_file, self.ca,
+                                             self.allow_plaintext)
             else:
                 from herder.client import Client
 
@@ -173,7 +177,8 @@ class State:
 pass_state = click.make_pass_decorator(State)
 
 
-def remote_client(server: str, token_file: str | None, ca: str | None) -> RemoteClient:
+def remote_client(server: str, token_file: str | None, ca: str | None,
+                  allow_plaintext: bool = False) -> RemoteClient:
     """The HTTP API's client with an operator token from --token-file / HERDER_TOKEN_FILE,
     else HERDER_TOKEN (never printed)."""
     import os
@@ -182,7 +187,7 @@ def remote_client(server: str, token_file: str | None, ca: str | None) -> Remote
     from herder.runtime.agent_client import check_server_url, read_token_file
 
     with edge():
-        url = check_server_url(server)
+        url = check_server_url(server, allow_plaintext)
         variable = os.environ.get("HERDER_TOKEN", "").strip()
         if token_file:
             token = read_token_file(os.path.expanduser(token_file), "HERDER_TOKEN")
@@ -352,12 +357,15 @@ class HerderGroup(click.Group):
               "holding an operator token, mode 0600 [env HERDER_TOKEN_FILE; or HERDER_TOKEN]")
 @click.option("--ca", envvar="HERDER_CA", type=click.Path(exists=True, dir_okay=False),
               help="With --server: the CA that signed its certificate [env HERDER_CA]")
+@click.option("--allow-plaintext", is_flag=True, envvar="HERDER_ALLOW_PLAINTEXT",
+              help="With --server: accept a plain http URL off loopback (a network you "
+              "trust) [env HERDER_ALLOW_PLAINTEXT]")
 @click.version_option(package_name="herder")
 @click.pass_context
 def main(ctx: click.Context, db: str | None, config_path: str | None, server: str | None,
-         token_file: str | None, ca: str | None) -> None:
+         token_file: str | None, ca: str | None, allow_plaintext: bool) -> None:
     """herder: a job queue and dispatcher for long-running command-line jobs."""
-    state = State(db, config_path, server, token_file, ca)
+    state = State(db, config_path, server, token_file, ca, allow_plaintext)
     ctx.obj = state
     ctx.call_on_close(state.close)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import sys
@@ -16,12 +15,18 @@ from herder.errors import InputError
 
 STARTUP_FAILURE = 3
 """uvicorn's exit status when its server never started."""
+LEGACY_TOKEN_LENGTH = 32
+"""The shortest HERDER_API_TOKEN a server accepts."""
+PLAINTEXT_OPTION = click.option(
+    "--allow-plaintext", is_flag=True, envvar="HERDER_ALLOW_PLAINTEXT",
+    help="Serve plain http off loopback (a network you trust) [env HERDER_ALLOW_PLAINTEXT].")
 
 if TYPE_CHECKING:
     import socket
 
     import uvicorn
 
+    from herder.api.depends import Access
     from herder.config import Settings
     from herder.store import Store
 
@@ -38,10 +43,12 @@ if TYPE_CHECKING:
               help="Serve the dashboard too (sign in with a token: herder token create).")
 @click.option("--ui-listen", metavar="HOST:PORT", default="127.0.0.1:8471", show_default=True,
               help="Where --ui serves the dashboard.")
+@PLAINTEXT_OPTION
 @LOG_FORMAT_OPTION
 @pass_state
 def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: bool,
-       ui: bool, ui_listen: str, log_level: str, log_format: str) -> None:
+       ui: bool, ui_listen: str, allow_plaintext: bool, log_level: str,
+       log_format: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
     import threading
     import time
@@ -65,7 +72,8 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
         runner = Runner(store, options)
         runner.source.guardian = guardian
         start_accounts(store, config.settings, options.host)
-        dashboard = serve_dashboard(state, ui_listen, options.host) if ui else None
+        dashboard = (serve_dashboard(state, ui_listen, options.host, allow_plaintext)
+                     if ui else None)
         alerts = start_alerts(store, config.settings.alerts, threading.Event(), utcnow,
                               lambda: True, lambda: time.monotonic() - runner.last_turn,
                               silence_key=f"runner:{options.host}:silent")
@@ -102,7 +110,7 @@ def require_admin_or_loopback(store: Store, bind: str, option: str, legacy: str 
         "(herder token create --scope admin)")
 
 
-def serve_dashboard(state: State, address: str, label: str) -> Any:
+def serve_dashboard(state: State, address: str, label: str, allow_plaintext: bool) -> Any:
     """`up --ui`: the dashboard (and the API's read routes, cancel, retry, drain) over the
     same store, on a thread of its own; the runner keeps doing the scheduling. Returns the
     uvicorn server, whose `should_exit` stops it."""
@@ -117,8 +125,11 @@ def serve_dashboard(state: State, address: str, label: str) -> Any:
     bind, port = listen_address("--ui-listen", address)
     store = state.database.store
     require_admin_or_loopback(store, bind, "--ui-listen", None, False)
+    settings = state.config.settings.server
+    check_plaintext(bind, "--ui-listen", False, plaintext_allowed(state, allow_plaintext))
     coordinator = Coordinator(store, state.config, label)
-    app = create_app(coordinator, Access(), run_coordinator=False)
+    app = create_app(coordinator, edge_access(Access(), bind, settings.public_url),
+                     run_coordinator=False)
     server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
                                            log_config=None, timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name="herder-dashboard", daemon=True)
@@ -130,6 +141,44 @@ def serve_dashboard(state: State, address: str, label: str) -> Any:
         time.sleep(0.02)
     logging.getLogger("herder.server").info("dashboard on http://%s:%d/ui/", bind, port)
     return server
+
+
+def plaintext_allowed(state: State, flag: bool) -> bool:
+    """--allow-plaintext on the command or before it (HERDER_ALLOW_PLAINTEXT), or
+    [server] allow_plaintext."""
+    return flag or state.allow_plaintext or state.config.settings.server.allow_plaintext
+
+
+def check_plaintext(bind: str, option: str, tls: bool, allowed: bool) -> None:
+    """Off loopback, a server without TLS would carry tokens, logs and account credentials
+    in clear text: exit 2 unless --allow-plaintext ([server] allow_plaintext) says so."""
+    if tls or allowed or loopback(bind):
+        return
+    raise InputError(option, f"{bind} is reachable from the network and the server has no "
+                     "TLS: tokens and account credentials would cross it in clear text",
+                     "pass --tls-cert and --tls-key (or listen on 127.0.0.1 behind a TLS "
+                     "proxy), or --allow-plaintext on a network you trust")
+
+
+def check_legacy_token(variable: str, value: str | None) -> None:
+    """The deprecated admin variable must be a long random value (never echoed)."""
+    if value is not None and len(value) < LEGACY_TOKEN_LENGTH:
+        raise InputError(variable, f"is shorter than {LEGACY_TOKEN_LENGTH} characters",
+                         "set it to a random value, e.g. `openssl rand -hex 32`, or unset it "
+                         "and use `herder token create --scope admin`")
+
+
+def edge_access(access: Access, bind: str, public_url: str | None) -> Access:
+    """`access` with what the listening address and [server] public_url decide: a loopback
+    server answers only loopback (or public_url's) Host values, and an https public_url
+    makes the session cookie Secure."""
+    import msgspec
+
+    from herder.api.guard import url_host
+
+    return msgspec.structs.replace(
+        access, loopback_names=url_host(public_url) if loopback(bind) else None,
+        secure_cookie=(public_url or "").lower().startswith("https://"))
 
 
 def start_accounts(store: Store, settings: Settings, host: str) -> None:
@@ -146,12 +195,9 @@ def start_accounts(store: Store, settings: Settings, host: str) -> None:
 
 
 def loopback(bind: str) -> bool:
-    if bind == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bind.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    from herder.urls import loopback_name
+
+    return loopback_name(bind)
 
 
 @click.group(invoke_without_command=True)
@@ -161,12 +207,14 @@ def loopback(bind: str) -> bool:
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
 @click.option("--insecure-no-auth", is_flag=True,
               help="Loopback only: operator routes need no token (agents still need theirs).")
+@PLAINTEXT_OPTION
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @LOG_FORMAT_OPTION
 @click.pass_context
 def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: str | None,
-           tls_key: str | None, insecure_no_auth: bool, log_level: str, log_format: str) -> None:
+           tls_key: str | None, insecure_no_auth: bool, allow_plaintext: bool, log_level: str,
+           log_format: str) -> None:
     """The fleet coordinator: store, scheduler (one leader among replicas), HTTP API."""
     if ctx.invoked_subcommand is not None:
         return
@@ -197,6 +245,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
                 host.transport == "local" for host in state.config.settings.hosts.values()):
             job_user_at_start(runtime.run_as)  # its local hosts run jobs here
         legacy = os.environ.get(settings.api_token_env) or None
+        check_legacy_token(settings.api_token_env, legacy)
         hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
         # Before the store's threads: the watchdog for the jobs of this server's local hosts.
         guardian = start_guardian(state.config.settings.runtime.kill_grace)
@@ -205,6 +254,8 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
         require_admin_or_loopback(state.database.store, bind, "--listen", legacy,
                                   insecure_no_auth)
+        allow_plaintext = plaintext_allowed(state, allow_plaintext)
+        check_plaintext(bind, "--listen", bool(cert), allow_plaintext)
         if legacy:
             log.warning("%s is deprecated: it works as an admin token; create a scoped token "
                         "with `herder token create` and unset it", settings.api_token_env)
@@ -215,10 +266,11 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
             coordinator.public_url = f"{scheme}://{bind}:{port}"
-        app = create_app(coordinator, Access(open_access=insecure_no_auth,
-                                             legacy_admin_token=legacy,
-                                             max_body_bytes=settings.max_body_bytes,
-                                             hook_secrets=hook_secrets))
+        coordinator.allow_plaintext = allow_plaintext
+        app = create_app(coordinator, edge_access(
+            Access(open_access=insecure_no_auth, legacy_admin_token=legacy,
+                   max_body_bytes=settings.max_body_bytes, hook_secrets=hook_secrets),
+            bind, settings.public_url))
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     served = announcing_server(uvicorn.Config(
@@ -253,10 +305,11 @@ UNIT_FILE = "/etc/systemd/system/herder-server.service"
               "herder.toml names by variable, from this environment.")
 @click.option("--print", "print_only", is_flag=True,
               help="Print the unit instead; write nothing (the environment file neither).")
+@PLAINTEXT_OPTION
 @pass_state
 def install_systemd(state: State, listen: str | None, tls_cert: str | None,
                     tls_key: str | None, user: str, workdir: str | None, unit_file: str,
-                    environment_file: str, print_only: bool) -> None:
+                    environment_file: str, print_only: bool, allow_plaintext: bool) -> None:
     """Write a systemd unit (Restart=on-failure) for `herder server`, and its environment
     file with the database URL (never on the command line or in the unit)."""
     from herder.cli.root import installed_herder
@@ -275,9 +328,15 @@ def install_systemd(state: State, listen: str | None, tls_cert: str | None,
         if listen is not None:
             listen_address("--listen", listen)
         config = state.config  # a broken herder.toml ends here, not at the unit's start
+        settings = config.settings.server
+        bind, _port = listen_address("--listen", listen or settings.listen)
+        allow_plaintext = plaintext_allowed(state, allow_plaintext)
+        check_plaintext(bind, "--listen", bool(tls_cert or settings.tls_cert), allow_plaintext)
         options: list[str] = []
         if listen:
             options += ["--listen", listen]
+        if allow_plaintext and not settings.allow_plaintext:
+            options.append("--allow-plaintext")
         if tls_cert and tls_key:
             options += ["--tls-cert", os.path.abspath(tls_cert),
                         "--tls-key", os.path.abspath(tls_key)]

@@ -33,6 +33,7 @@ import msgspec
 from herder.backoff import Backoff
 from herder.errors import InputError
 from herder.model import AttemptToken
+from herder.urls import loopback_name
 
 log = logging.getLogger("herder.agent")
 
@@ -153,8 +154,10 @@ def _causes(error: BaseException | None) -> list[BaseException]:
     return found
 
 
-def check_server_url(text: str) -> str:
-    """The server URL without its trailing slash; InputError naming the fix otherwise."""
+def check_server_url(text: str, allow_plaintext: bool = False) -> str:
+    """The server URL without its trailing slash; InputError naming the fix otherwise. A
+    plain http URL off loopback is refused unless `allow_plaintext` (--allow-plaintext):
+    the token, logs and account credentials would cross the network in clear text."""
     url = text.strip()
     parts = urllib.parse.urlsplit(url)
     fix = "use https://HOST:PORT, or http://HOST:PORT for a server without TLS"
@@ -166,6 +169,11 @@ def check_server_url(text: str) -> str:
                          fix)
     if not parts.hostname:
         raise InputError("--server", f"{text!r} names no host", fix)
+    if parts.scheme == "http" and not allow_plaintext and not loopback_name(parts.hostname):
+        raise InputError("--server", f"{url} is plain http off loopback: the token would "
+                         "cross the network in clear text", "use https:// with a TLS server "
+                         "(herder server --tls-cert/--tls-key), or pass --allow-plaintext "
+                         "on a network you trust")
     return url.rstrip("/")
 
 
@@ -218,8 +226,9 @@ class ServerClient:
 
     def __init__(self, server: str, token: str, label: str, verify: bool | str = True,
                  timeout: float = 10.0, *, transport: httpx.BaseTransport | None = None,
-                 retry_base: float = 0.2, retry_cap: float = 30.0) -> None:
-        self.server = check_server_url(server)
+                 retry_base: float = 0.2, retry_cap: float = 30.0,
+                 allow_plaintext: bool = False) -> None:
+        self.server = check_server_url(server, allow_plaintext)
         self.label = label
         self.ca = verify if isinstance(verify, str) else None
         self.retry_base = retry_base

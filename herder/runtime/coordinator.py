@@ -204,6 +204,8 @@ class Coordinator:
         self.preflight_checks = preflight_checks(config.settings.job_types)
         self.scheduler = Scheduler(store, self.fleet, on_assigned=self._assigned)
         self.public_url = config.settings.server.public_url or ""
+        self.allow_plaintext = config.settings.server.allow_plaintext
+        """ssh push hosts may call a plain http public_url (the server's --allow-plaintext)."""
         self.is_leader = False
         self.loops = LoopRegistry()
         # Set when a thread that must live ended: /healthz fails and `on_fatal` ends the
@@ -514,7 +516,8 @@ class Coordinator:
 
         launcher = SshLauncher(
             self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
-            self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}")
+            self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}",
+            allow_plaintext=self.allow_plaintext)
         self.assignment_listeners.append(lambda _hosts: launcher.wake.set())
         loop = self.loops.register("ssh", SSH_INTERVAL)
         backoff = Backoff(base=SSH_INTERVAL, cap=10.0)

@@ -180,6 +180,7 @@ def report_gone(
     backoff: Backoff | None = None,
     transport: httpx.BaseTransport | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    allow_plaintext: bool = False,
 ) -> bool:
     """POST /api/v1/agent/{label}/gone for the dead `worker`; True once the server took it.
 
@@ -190,7 +191,7 @@ def report_gone(
     backoff = backoff or Backoff(base=0.2, cap=1.0)
     deadline = time.monotonic() + budget_seconds
     client = ServerClient(server, token, label, verify=ca or True, timeout=2.0,
-                          transport=transport)
+                          transport=transport, allow_plaintext=allow_plaintext)
     try:
         while True:
             reply = client.request("POST", client.agent_path("/gone"),

@@ -165,8 +165,12 @@ class DeliverySweep:
     after that counts as new, but its jobs' dedup keys still hold."""
 
     def __init__(self, store: Store, retention_seconds: float) -> None:
+        from herder.webhooks import REPLAY_WINDOW
+
         self.store = store
-        self.retention_seconds = retention_seconds
+        # A generic delivery's id is remembered for as long as its timestamp is accepted:
+        # a replay within the window is a duplicate, never new.
+        self.retention_seconds = max(retention_seconds, 2 * REPLAY_WINDOW)
 
     def run_once(self, now: datetime) -> dict[str, int]:
         before = now - timedelta(seconds=self.retention_seconds)

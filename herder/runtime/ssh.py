@@ -68,9 +68,13 @@ def last_line(path: Path, limit: int = 4096) -> str:
 
 
 def remote_command(remote_herder: str, server_url: str, label: str,
-                   token: AttemptToken) -> str:
+                   token: AttemptToken, allow_plaintext: bool = False) -> str:
+    """What ssh runs on the host; `--allow-plaintext` passes on the server's consent to a
+    plain http server URL (run-attempt refuses one off loopback otherwise)."""
+    plaintext = " --allow-plaintext" if allow_plaintext else ""
     return (f"{remote_herder} run-attempt --server {shlex.quote(server_url)} "
-            f"--host {shlex.quote(label)} --job {token.job_id} --attempt {token.attempt}")
+            f"--host {shlex.quote(label)} --job {token.job_id} --attempt {token.attempt}"
+            f"{plaintext}")
 
 
 @dataclass
@@ -91,9 +95,11 @@ class SshLauncher:
         limits: PolicyLimits,
         log_dir: Path,
         worker: str,
+        allow_plaintext: bool = False,
     ) -> None:
         self.store = store
         self.server_url = server_url
+        self.allow_plaintext = allow_plaintext
         self.ssh_command = list(ssh_command)
         self.remote_herder = remote_herder
         self.limits = limits
@@ -133,7 +139,8 @@ class SshLauncher:
 
     def _launch(self, label: str, target: str, job: Job) -> None:
         command = [*self.ssh_command, "-o", "BatchMode=yes", target,
-                   remote_command(self.remote_herder, self.server_url, label, job.token)]
+                   remote_command(self.remote_herder, self.server_url, label, job.token,
+                                  self.allow_plaintext)]
         path = self.log_dir / str(job.id) / f"{job.attempt}.ssh.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

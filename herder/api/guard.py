@@ -1,0 +1,117 @@
+"""The server's edges, pure: which `Host` and `Origin` a loopback server answers (DNS
+rebinding), and how many failed token checks a client may make before it waits.
+
+A loopback server trusts whoever can reach it, and a web page in a browser on the same machine
+can: by DNS rebinding (a name of the attacker's that first resolves to the attacker and then
+to 127.0.0.1) its script reaches the server with a foreign `Host`, and by a form or a simple
+request it reaches it with a foreign `Origin`. Refusing both leaves only callers that named
+the server by its loopback address (or the name an operator declared for a proxy)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+import msgspec
+
+from herder.urls import loopback_name
+
+FAILURE_LIMIT = 20
+"""Different tokens a client may fail with in one window before it waits."""
+FAILURE_WINDOW = 60.0
+"""Seconds: the window, and the longest a client waits."""
+MAX_CLIENTS = 4096
+"""Clients the limiter remembers at most; the oldest is forgotten first."""
+
+
+def host_name(host: str) -> str:
+    """The name of a `Host` value without its port, lowercased (`[::1]:8470` -> `::1`)."""
+    value = host.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    if value.count(":") == 1:
+        return value.partition(":")[0]
+    return value
+
+
+def rebinding_refusal(host: str | None, origin: str | None,
+                      also: Iterable[str] = ()) -> str | None:
+    """Why a request to a loopback server is refused (None when it is not): its `Host` must
+    be a loopback name (or one of `also`, a proxy's name from [server] public_url), and an
+    `Origin`, when sent, must be the same host (or one of `also`)."""
+    names = {name.lower() for name in also}
+    if not host or not (loopback_name(host_name(host)) or host_name(host) in names):
+        shown = (host or "")[:100]
+        return (f"Host {shown!r} is not this loopback server's name: use 127.0.0.1, localhost "
+                "or [::1] (a foreign Host is how DNS rebinding reaches it; behind a proxy, "
+                "set [server] public_url)")
+    if origin is not None:
+        parts = urlsplit(origin if origin != "null" else "")
+        # Its own pages: the Host they were loaded from, or the proxy's public name (a
+        # proxy may pass the server its own loopback address as Host).
+        if parts.netloc.lower() != host.strip().lower() and parts.hostname not in names:
+            return (f"cross-origin request from {origin[:100]!r} refused: a loopback server "
+                    "answers only its own pages")
+    return None
+
+
+def url_host(url: str | None) -> tuple[str, ...]:
+    """The host name of a URL ([server] public_url), for `rebinding_refusal`'s `also`."""
+    name = urlsplit(url).hostname if url else None
+    return (name,) if name else ()
+
+
+class _Count(msgspec.Struct):
+    tokens: set[int]
+    since: float
+
+
+class FailureLimiter:
+    """Failed token checks per client address: after `limit` different tokens failed
+    within `window` seconds the client is refused (429) until the window ends, before any
+    store lookup.
+
+    Different tokens: a guesser tries many, while an agent whose token was revoked retries
+    its one from every thread, and must not shut out the other agents at its address.
+    Memory is bounded: at most `max_clients` addresses of `limit` token hashes each, the
+    least recently failing address forgotten first. A success does not reset the count (a
+    client with one good token must not guess on with others); the window does."""
+
+    def __init__(self, limit: int = FAILURE_LIMIT, window: float = FAILURE_WINDOW,
+                 max_clients: int = MAX_CLIENTS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_clients = max_clients
+        self.clock = clock
+        self._counts: OrderedDict[str, _Count] = OrderedDict()
+
+    def wait(self, client: str) -> int | None:
+        """Whole seconds `client` must wait before its next try; None when it may try."""
+        count = self._counts.get(client)
+        if count is None:
+            return None
+        left = count.since + self.window - self.clock()
+        if left <= 0:
+            del self._counts[client]
+            return None
+        return max(1, math.ceil(left)) if len(count.tokens) >= self.limit else None
+
+    def failed(self, client: str, token: str) -> None:
+        """Count a failed check of `token` by `client` (a token it failed with before in
+        this window counts once)."""
+        now = self.clock()
+        count = self._counts.pop(client, None)
+        if count is None or count.since + self.window <= now:
+            count = _Count(set(), now)
+        if len(count.tokens) < self.limit:
+            count.tokens.add(hash(token))
+        self._counts[client] = count  # the most recent at the end
+        while len(self._counts) > self.max_clients:
+            self._counts.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._counts)
