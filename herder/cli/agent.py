@@ -22,6 +22,7 @@ from herder.cli.root import (
     utcnow,
 )
 from herder.errors import InputError
+from herder.hardening import harden_process, private_folder
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
 
@@ -41,17 +42,35 @@ def token_options(function: Any) -> Any:
 
 
 def agent_token(token: str | None, token_file: str) -> str:
-    """--token / HERDER_AGENT_TOKEN, else the file (refused when others may read it)."""
+    """--token / HERDER_AGENT_TOKEN, else the file (refused when others may read it).
+    A token given as --token itself is in the command line, which every local process
+    (jobs included) can read in /proc/PID/cmdline: deprecated, with a warning."""
     from herder.runtime.agent_client import read_token_file
 
     if token and token.strip():
+        warn_secret_flag("token", "--token", "HERDER_AGENT_TOKEN or --token-file")
         return token.strip()
     return read_token_file(os.path.expanduser(token_file))
 
 
-def forget_token_variable() -> None:
-    """Jobs start from this process's environment: the host token must not be in it."""
-    os.environ.pop("HERDER_AGENT_TOKEN", None)
+def warn_secret_flag(parameter: str, option: str, instead: str) -> None:
+    """Say so when a secret came as a command-line option (not from its variable)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context(silent=True)
+    if context is not None and context.get_parameter_source(parameter) is \
+            ParameterSource.COMMANDLINE:
+        click.echo(f"herder: warning: {option} puts a secret in the command line, which "
+                   f"every process on this machine can read; it is deprecated: use {instead}",
+                   err=True)
+
+
+def forget_token_variable(state: State) -> None:
+    """Jobs and helpers start from this process's environment: no secret may be in it
+    (HERDER_AGENT_TOKEN, HERDER_TOKEN, herder.toml's secret variables)."""
+    from herder.hardening import secret_variables, withdraw_secrets
+
+    withdraw_secrets(secret_variables(state.config.settings))
 
 
 @click.command()
@@ -122,6 +141,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.runner import Runner, RunnerOptions
 
+    harden_process()
     log_to_stderr(log_level, log_format)
     state: State = ctx.obj
     with edge():
@@ -131,7 +151,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             raise InputError("--server", "is required", "pass --server https://host:8470")
         check_server_url(server_url)
         secret = agent_token(token, token_file)
-        forget_token_variable()
+        forget_token_variable(state)
+        private_folder(Path(log_dir) if log_dir else state.config.log_dir)
         drain = duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
         if runtime.kill_grace >= runtime.attempt_lease:
@@ -222,12 +243,14 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.runner import Runner, RunnerOptions
 
+    harden_process()
     log_to_stderr("info")
     runtime = state.config.settings.runtime
     try:
         client = ServerClient(server_url, agent_token(token, token_file), label,
                               verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))
-        forget_token_variable()
+        forget_token_variable(state)
+        private_folder(Path(log_dir) if log_dir else state.config.log_dir)
         client.check(patience=RUN_ATTEMPT_PATIENCE)
     except InputError as exc:
         fail(str(exc), code=1)

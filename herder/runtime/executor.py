@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from herder.hardening import JOB_UMASK
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
@@ -248,7 +249,7 @@ def spawn(
         raise
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb", opener=private_opener) as log:
         workdir = prepared.folder if prepared else job.workdir
         header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
                   f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
@@ -266,6 +267,7 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                umask=JOB_UMASK,  # herder's own is 0077 (herder.hardening)
                 # Joins the attempt's cgroup before exec, so nothing escapes it: two system
                 # calls on a descriptor opened beforehand, under the GIL the child holds,
                 # and glibc's malloc is fork-safe; only set where a cgroup or nice applies.
@@ -302,6 +304,11 @@ def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str
         raise LaunchError("this runner has no workspace root for the job's workspace")
     claim(workspaces.folder(job.token, marker), worker)
     return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces)
+
+
+def private_opener(path: str, flags: int) -> int:
+    """`open(..., opener=)` creating the file 0600: logs may hold what a job printed."""
+    return os.open(path, flags, 0o600)
 
 
 def append_log(path: Path, line: str) -> None:
