@@ -175,7 +175,12 @@ def tighten_sqlite(url: str) -> None:
         tighten(path + suffix, "the database file")
 
 
-def private_folder(path: Path) -> None:
-    """One of herder's state folders (its logs): made 0700 if missing, tightened if not."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+def private_folder(path: Path, field: str = "log_dir") -> None:
+    """One of herder's state folders (its logs): made 0700 if missing, tightened if not;
+    an InputError naming `field` when it cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise InputError(field, f"cannot create {path}: {exc.strerror or exc}",
+                         "point it at a folder herder's user may write") from None
     tighten(path, "the folder")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,7 +23,7 @@ from herder.cli.root import (
     utcnow,
 )
 from herder.errors import InputError
-from herder.hardening import harden_process, private_folder
+from herder.hardening import harden_process
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
 
@@ -63,6 +64,15 @@ def warn_secret_flag(parameter: str, option: str, instead: str) -> None:
         click.echo(f"herder: warning: {option} puts a secret in the command line, which "
                    f"every process on this machine can read; it is deprecated: use {instead}",
                    err=True)
+
+
+def private_logs(state: State, log_dir: str | None) -> Path:
+    """The attempt logs' folder (--log-dir, else herder.toml's), made private to this user."""
+    from herder.hardening import private_folder
+
+    folder = Path(log_dir) if log_dir else state.config.log_dir
+    private_folder(folder, "--log-dir" if log_dir else "herder.log_dir")
+    return folder
 
 
 def forget_token_variable(state: State) -> None:
@@ -135,8 +145,6 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
     """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
     if ctx.invoked_subcommand is not None:
         return
-    from pathlib import Path
-
     from herder.runtime.agent import HttpSource, LocalGate
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.runner import Runner, RunnerOptions
@@ -152,7 +160,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         check_server_url(server_url)
         secret = agent_token(token, token_file)
         forget_token_variable(state)
-        private_folder(Path(log_dir) if log_dir else state.config.log_dir)
+        logs = private_logs(state, log_dir)
         drain = duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
         if runtime.kill_grace >= runtime.attempt_lease:
@@ -182,7 +190,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         )
         source.guardian = guardian
         options = RunnerOptions.from_settings(
-            state.config.settings, label, Path(log_dir) if log_dir else state.config.log_dir,
+            state.config.settings, label, logs,
             concurrency=concurrency, drain_timeout=drain)
         runner = Runner(None, options, source=source)
         source.in_flight = lambda: len(runner.running)
@@ -236,8 +244,6 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
     attempt; 2 the server cannot be reached; 3 RAM contention.
     """
-    from pathlib import Path
-
     from herder.model import AttemptToken, Outcome
     from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
@@ -250,7 +256,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         client = ServerClient(server_url, agent_token(token, token_file), label,
                               verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2))
         forget_token_variable(state)
-        private_folder(Path(log_dir) if log_dir else state.config.log_dir)
+        logs = private_logs(state, log_dir)
         client.check(patience=RUN_ATTEMPT_PATIENCE)
     except InputError as exc:
         fail(str(exc), code=1)
@@ -270,7 +276,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     source.guardian = guardian
     source.learn_lease(lease)
     options = RunnerOptions.from_settings(
-        state.config.settings, label, Path(log_dir) if log_dir else state.config.log_dir,
+        state.config.settings, label, logs,
         concurrency=1, poll_interval=0.2, exit_when_idle=True)
     Runner(None, options, source=source).run()
     if source.handed_back is Outcome.RAM_CONTENTION:

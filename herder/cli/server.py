@@ -91,7 +91,7 @@ def private_files(state: State) -> None:
 
     config = state.config
     tighten_sqlite(config.db_url(state.db))
-    private_folder(config.log_dir)
+    private_folder(config.log_dir, "herder.log_dir")
     withdraw_secrets(secret_variables(config.settings))
 
 
