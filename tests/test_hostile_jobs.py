@@ -179,13 +179,12 @@ def assert_nothing_of_herder(report: Mapping[str, Any], planted_secrets: Mapping
     assert report["own_environ_read"], report
     found = findings(report, {**planted_secrets, "control": control})
     assert any(where.endswith("/environ") for where in found.get("control", ())), report
+    for name, places in found.items():
+        if name != "control":
+            assert places == {allowed_files.get(name)}, (name, places)
     herder_processes = [entry for entry in report["readable_environ"]
                         if any("herder" in part for part in entry["argv"])]
     assert not herder_processes, herder_processes
-    for name, places in found.items():
-        if name == "control":
-            continue
-        assert places == {allowed_files.get(name)}, (name, places)
 
 
 def test_a_hostile_job_under_up_finds_no_secret(unprivileged: Unprivileged) -> None:
@@ -227,10 +226,11 @@ def test_a_hostile_job_under_up_finds_no_secret(unprivileged: Unprivileged) -> N
 @pytest.mark.postgres
 def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secret(
         unprivileged: Unprivileged, postgres_url: str) -> None:
-    """`herder server` (PostgreSQL, a password in its URL) serving a local host, and an agent
-    with its host token: a job on either finds no secret in any process nor in the logs
-    (the server's, its copies of the agent's, the agent's); the agent's token file and the
-    webhook's secret file are the user's own and readable, which `run_as` closes."""
+    """`herder server` (PostgreSQL, a password in its URL) serving a local host, an agent
+    reading its host token from a file and one given it in HERDER_AGENT_TOKEN: a job on each
+    finds no secret in any process nor in the logs (the server's, its copies of the agents',
+    the agents'); the token file and the webhook's secret file are the user's own and
+    readable, which `run_as` closes."""
     run = unprivileged
     planted_secrets = {"db": planted("db"), "legacy": planted("legacy"),
                        "admin": planted("admin"), "hookenv": planted("hookenv"),
@@ -248,6 +248,9 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
                        check=True).stdout.strip()
     planted_secrets["agent"] = added
     token_file = run.write("agent-token", added + "\n", 0o600)
+    planted_secrets["agent_env"] = run_herder("host", "add", "ae", "--ram", "8",
+                                              cwd=run.folder, db=postgres_url,
+                                              check=True).stdout.strip()
     server_env = run.environment({
         "HERDER_DB": with_password,
         "HERDER_API_TOKEN": planted_secrets["legacy"],
@@ -263,24 +266,32 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
     agent_logs = run.folder / "agents"
     agent_logs.mkdir()
     give(agent_logs, run.uid, run.gid, 0o700)
-    agent = run.start("agent", run.environment({}), "agent", "--server", server_url,
-                      "--host", "ah", "--token-file", str(token_file), "--log-dir",
-                      str(agent_logs), "--no-ram-check")
+    agents = [
+        run.start("agent", run.environment({}), "agent", "--server", server_url, "--host",
+                  "ah", "--token-file", str(token_file), "--log-dir", str(agent_logs / "ah"),
+                  "--no-ram-check"),
+        run.start("agent", run.environment({"HERDER_AGENT_TOKEN": planted_secrets["agent_env"]}),
+                  "agent", "--server", server_url, "--host", "ae", "--token-file",
+                  str(run.folder / "none"), "--log-dir", str(agent_logs / "ae"),
+                  "--no-ram-check")]
     jobs = {label: int(run_herder("submit", "--host", label, "--no-check", "--",
                                   *run.scan_job(), cwd=run.folder, db=postgres_url,
                                   check=True).stdout.strip())
-            for label in ("lh", "ah")}
-    local = run.report(run.folder / "server-logs" / str(jobs["lh"]) / "1.log")
-    remote = run.report(agent_logs / str(jobs["ah"]) / "1.log")
-    # The server's copy of the agent's log, once its last chunk is in.
-    wait_for(lambda: hostile_report(run.folder / "server-logs" / str(jobs["ah"]) / "1.log"),
-             30, "the agent's log on the server", run.describe)
-    run.stop(agent)
-    run.stop(server)
+            for label in ("lh", "ah", "ae")}
+    reports = [run.report(run.folder / "server-logs" / str(jobs["lh"]) / "1.log"),
+               *(run.report(agent_logs / label / str(jobs[label]) / "1.log")
+                 for label in ("ah", "ae"))]
+    # The server's copies of the agents' logs, once their last chunks are in.
+    for label in ("ah", "ae"):
+        wait_for(lambda label=label: hostile_report(
+            run.folder / "server-logs" / str(jobs[label]) / "1.log"), 30,
+            f"agent {label}'s log on the server", run.describe)
+    for process in (*agents, server):
+        run.stop(process)
     allowed = {"hookfile": str(secret_file), "agent": str(token_file)}
-    assert_nothing_of_herder(local, planted_secrets, control, run.uid, allowed)
-    assert_nothing_of_herder(remote, planted_secrets, control, run.uid, allowed)
-    for log in ("server-logs", "agents"):
+    for report in reports:
+        assert_nothing_of_herder(report, planted_secrets, control, run.uid, allowed)
+    for log in ("server-logs", "agents/ah", "agents/ae"):
         assert stat.S_IMODE((run.folder / log).stat().st_mode) == 0o700
     for stderr in run.folder.glob("stderr/*"):
         text = stderr.read_text(errors="replace")
