@@ -54,6 +54,10 @@ SECRET_VARIABLES: tuple[str, ...] = ("HERDER_DB", "HERDER_TOKEN", "HERDER_AGENT_
 """Variables that hold a secret whatever herder.toml says (the database URL may carry a
 password); herder.toml adds those it names (`secret_variables`)."""
 
+NEVER_INHERITED: tuple[str, ...] = ("PGPASSWORD",)
+"""Secrets herder cannot withdraw (libpq reads PGPASSWORD at every new connection) but
+no child of herder's gets."""
+
 _withdrawn: dict[str, str] = {}
 
 
@@ -117,12 +121,18 @@ def environment() -> dict[str, str]:
     return {**os.environ, **_withdrawn}
 
 
+def inheritable(name: str) -> bool:
+    """Whether a child of herder's may get this variable of herder's environment."""
+    return (not name.startswith("HERDER_") and name not in NEVER_INHERITED
+            and name not in _withdrawn)
+
+
 def child_environment(source: Mapping[str, str] | None = None) -> dict[str, str]:
     """An environment for a helper that needs the host's (ssh: its agent socket, its
-    config): without herder's own variables and without any withdrawn secret."""
+    config, a workspace's git: its credential helpers): without herder's own variables
+    and without any of its secrets."""
     source = os.environ if source is None else source
-    return {name: value for name, value in source.items()
-            if not name.startswith("HERDER_") and name not in _withdrawn}
+    return {name: value for name, value in source.items() if inheritable(name)}
 
 
 def open_to_others(path: str | os.PathLike[str]) -> int | None:

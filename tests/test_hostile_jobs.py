@@ -47,6 +47,8 @@ from herder.hardening import (
     tighten,
     withdraw_secrets,
 )
+from herder.runtime.executor import passes
+from herder.runtime.workspace import git_environment
 from herder.store import open_store
 
 SCANNER = Path(hostile_scan.__file__).resolve()
@@ -293,6 +295,9 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
         assert_nothing_of_herder(report, planted_secrets, control, run.uid, allowed)
     for log in ("server-logs", "agents/ah", "agents/ae"):
         assert stat.S_IMODE((run.folder / log).stat().st_mode) == 0o700
+    for label in ("lh", "ah", "ae"):  # the local attempt's log, the copies of the agents'
+        copy = run.folder / "server-logs" / str(jobs[label]) / "1.log"
+        assert stat.S_IMODE(copy.stat().st_mode) == 0o600, label
     for stderr in run.folder.glob("stderr/*"):
         text = stderr.read_text(errors="replace")
         assert not any(value in text for value in planted_secrets.values()), stderr
@@ -347,6 +352,7 @@ def test_child_environment_drops_herder_variables_and_withdrawn_secrets(monkeypa
     monkeypatch.setenv("HERDER_DB", "postgresql://u:pw@db/herder")
     monkeypatch.setenv("FORGE_SECRET", "forge")
     monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
+    monkeypatch.setenv("PGPASSWORD", "pg")
     monkeypatch.setattr("herder.hardening._withdrawn", {})
     withdraw_secrets(["FORGE_SECRET"])
     assert "FORGE_SECRET" not in os.environ
@@ -354,6 +360,9 @@ def test_child_environment_drops_herder_variables_and_withdrawn_secrets(monkeypa
     child = child_environment({**os.environ, "FORGE_SECRET": "forge"})
     assert child["SSH_AUTH_SOCK"] == "/run/agent.sock"
     assert "HERDER_DB" not in child and "FORGE_SECRET" not in child
+    assert "PGPASSWORD" not in child  # libpq's: kept by herder, given to no child
+    assert "PGPASSWORD" not in git_environment(os.environ)
+    assert not passes("PGPASSWORD", ["PG*"]) and passes("PGHOST", ["PG*"])
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o602])

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from herder.hardening import JOB_UMASK
+from herder.hardening import JOB_UMASK, NEVER_INHERITED
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
@@ -62,7 +62,7 @@ runner's under it reaches a job, whatever pass_env says."""
 def passes(name: str, patterns: Sequence[str]) -> bool:
     """Whether a variable of the runner's environment may reach a job: named exactly or by
     a `PREFIX*` pattern, and never one of herder's own."""
-    if name.startswith(HERDER_PREFIX):
+    if name.startswith(HERDER_PREFIX) or name in NEVER_INHERITED:
         return False
     return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
                for pattern in patterns)

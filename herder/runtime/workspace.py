@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from herder.errors import InputError
+from herder.hardening import child_environment
 from herder.model import AttemptToken, Job
 from herder.runtime.process import process_alive
 from herder.templates import fill_prompt, render
@@ -97,7 +98,7 @@ def git_environment(source: Mapping[str, str]) -> dict[str, str]:
     """The host's environment for git (its HOME, SSH agent, credential helpers), without
     herder's own variables (database URL, tokens); git never prompts, nor waits on a
     stalled transfer."""
-    env = {name: value for name, value in source.items() if not name.startswith("HERDER_")}
+    env = child_environment(source)
     env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": GIT_PROTOCOLS,
                 "LC_ALL": "C"})
     # A stalled HTTP transfer fails instead of hanging the attempt (unless the host says).
