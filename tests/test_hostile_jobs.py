@@ -450,3 +450,29 @@ def test_the_server_refuses_a_tls_key_open_to_others(tmp_path: Path) -> None:
         f"herder: error: --tls-key: {key} is open to group or others (mode 0640) "
         f"(run chmod 600 {key})")
     assert "hsec-key" not in done.stderr
+
+
+def test_an_account_key_comes_from_the_environment_not_the_command_line(tmp_path: Path) -> None:
+    """`account add --env NAME` takes the value from the environment (off the command line);
+    `--env NAME=VALUE` with a secret-looking name still works, with a warning; a name not
+    set is refused naming it, nothing stored."""
+    url = f"sqlite:///{tmp_path / 'herder.db'}"
+    run_herder("host", "add", "h1", "--ram", "8", cwd=tmp_path, db=url, check=True)
+    key = planted("key")
+    done = run_herder("account", "add", "h1", "a1", "--env", "ANTHROPIC_API_KEY",
+                      "--env", "CLAUDE_CONFIG_DIR=/home/w/.claude-1", cwd=tmp_path, db=url,
+                      env={"ANTHROPIC_API_KEY": key}, check=True)
+    assert "warning" not in done.stderr
+    with open_store(url) as store:
+        assert store.account_env("h1", "a1") == {"ANTHROPIC_API_KEY": key,
+                                                 "CLAUDE_CONFIG_DIR": "/home/w/.claude-1"}
+    done = run_herder("account", "add", "h1", "a2", "--env", f"OPENAI_API_KEY={key}",
+                      cwd=tmp_path, db=url, check=True)
+    assert "--env OPENAI_API_KEY=... puts a secret in the command line" in done.stderr
+    assert key not in done.stderr + done.stdout
+    done = run_herder("account", "add", "h1", "a3", "--env", "UNSET_API_KEY", cwd=tmp_path,
+                      db=url)
+    assert done.returncode == 2
+    assert "--env: UNSET_API_KEY is not set in this environment" in done.stderr
+    with open_store(url) as store:
+        assert [record.account.name for record in store.account_list("h1")] == ["a1", "a2"]
