@@ -57,9 +57,9 @@ JOB_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.e
 where the unprivileged user cannot reach it (a pyenv under /root)."""
 FAST = ('[runtime]\nheartbeat_interval = "0.3s"\nattempt_lease = "3s"\nkill_grace = "1s"\n'
         'poll_interval = "0.2s"\n[fleet]\nscheduler_interval = "0.2s"\n')
-HOOKS = ('[hooks.sources.gh]\nkind = "github"\nsecret_env = "HERDER_HOOK_GH_SECRET"\n'
+HOOKS = ('[hooks.sources.gh]\nkind = "github"\nsecret_env = "GH_HOOK_SECRET"\n'
          '[hooks.sources.gl]\nkind = "gitea"\nsecret_file = "gl.secret"\n'
-         '[alerts]\nurls_env = "HERDER_ALERT_URLS"\n')
+         '[alerts]\nurls_env = "ALERT_URLS"\n')
 
 
 def planted(kind: str) -> str:
@@ -184,8 +184,10 @@ def assert_nothing_of_herder(report: Mapping[str, Any], planted_secrets: Mapping
     for name, places in found.items():
         if name != "control":
             assert places == {allowed_files.get(name)}, (name, places)
+    # herder's processes (`python -m herder.cli ...` and the guardians forked from them);
+    # the shell that stands in for ssh is not one (its environment has no secret: above).
     herder_processes = [entry for entry in report["readable_environ"]
-                        if any("herder" in part for part in entry["argv"])]
+                        if "herder.cli" in entry["argv"][1:3]]
     assert not herder_processes, herder_processes
 
 
@@ -203,8 +205,8 @@ def test_a_hostile_job_under_up_finds_no_secret(unprivileged: Unprivileged) -> N
         "HERDER_DB": f"sqlite:///{run.folder}/herder.db",
         "HERDER_API_TOKEN": planted_secrets["legacy"],
         "HERDER_TOKEN": planted_secrets["admin"],
-        "HERDER_HOOK_GH_SECRET": planted_secrets["hookenv"],
-        "HERDER_ALERT_URLS": f"json://127.0.0.1:9/{planted_secrets['alerts']}",
+        "GH_HOOK_SECRET": planted_secrets["hookenv"],
+        "ALERT_URLS": f"json://127.0.0.1:9/{planted_secrets['alerts']}",
     })
     run.decoy(control)
     label = f"t{secrets.token_hex(4)}"
@@ -243,8 +245,19 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
         netloc=f"{parts.username}:{planted_secrets['db']}@{parts.hostname}:{parts.port}"))
     port = free_port()
     server_url = f"http://127.0.0.1:{port}"
-    run.write("herder.toml", f'[herder]\nlog_dir = "server-logs"\n{FAST}{HOOKS}'
-                             '[hosts.lh]\nram_total_gb = 8\ntransport = "local"\n')
+    # ssh push through a stand-in for ssh that runs the remote command here, as this user;
+    # the remote herder runs on the system Python (the test's may be out of this user's reach).
+    fake_ssh = run.write("fake-ssh", '#!/bin/sh\nfor last; do :; done\nexec /bin/sh -c "$last"\n',
+                         0o755)
+    remote_logs = run.folder / "remote-logs"
+    run.write("remote.toml", f'[herder]\nlog_dir = "{remote_logs}"\n{FAST}')
+    site = [path for path in sys.path if path.endswith("site-packages")]
+    remote = (f"HERDER_TOKEN_FILE={run.folder / 'ssh-token'} PYTHONPATH="
+              f"{':'.join([str(Path(__file__).resolve().parents[1]), *site])} {JOB_PYTHON} "
+              f"-m herder.cli --config {run.folder / 'remote.toml'}")
+    run.write("herder.toml", f'[herder]\nlog_dir = "server-logs"\n{FAST}'  # [fleet] last
+                             f'ssh_command = ["{fake_ssh}"]\nremote_herder = "{remote}"\n'
+                             f'{HOOKS}[hosts.lh]\nram_total_gb = 8\ntransport = "local"\n')
     secret_file = run.write("gl.secret", planted_secrets["hookfile"] + "\n", 0o600)
     added = run_herder("host", "add", "ah", "--ram", "8", cwd=run.folder, db=postgres_url,
                        check=True).stdout.strip()
@@ -253,12 +266,17 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
     planted_secrets["agent_env"] = run_herder("host", "add", "ae", "--ram", "8",
                                               cwd=run.folder, db=postgres_url,
                                               check=True).stdout.strip()
+    planted_secrets["ssh_host"] = run_herder(
+        "host", "add", "sh", "--ram", "8", "--transport", "ssh", "--ssh-target", "fake",
+        cwd=run.folder, db=postgres_url, check=True).stdout.strip()
+    ssh_token = run.write("ssh-token", planted_secrets["ssh_host"] + "\n", 0o600)
+    run_herder("heartbeat", "--host", "sh", cwd=run.folder, db=postgres_url, check=True)
     server_env = run.environment({
         "HERDER_DB": with_password,
         "HERDER_API_TOKEN": planted_secrets["legacy"],
         "HERDER_TOKEN": planted_secrets["admin"],
-        "HERDER_HOOK_GH_SECRET": planted_secrets["hookenv"],
-        "HERDER_ALERT_URLS": f"json://127.0.0.1:9/{planted_secrets['alerts']}",
+        "GH_HOOK_SECRET": planted_secrets["hookenv"],
+        "ALERT_URLS": f"json://127.0.0.1:9/{planted_secrets['alerts']}",
     })
     run.decoy(control)
     server = run.start("server", server_env, "server", "--listen", f"127.0.0.1:{port}")
@@ -279,10 +297,11 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
     jobs = {label: int(run_herder("submit", "--host", label, "--no-check", "--",
                                   *run.scan_job(), cwd=run.folder, db=postgres_url,
                                   check=True).stdout.strip())
-            for label in ("lh", "ah", "ae")}
+            for label in ("lh", "ah", "ae", "sh")}
     reports = [run.report(run.folder / "server-logs" / str(jobs["lh"]) / "1.log"),
                *(run.report(agent_logs / label / str(jobs[label]) / "1.log")
-                 for label in ("ah", "ae"))]
+                 for label in ("ah", "ae")),
+               run.report(remote_logs / str(jobs["sh"]) / "1.log")]
     # The server's copies of the agents' logs, once their last chunks are in.
     for label in ("ah", "ae"):
         wait_for(lambda label=label: hostile_report(
@@ -290,12 +309,13 @@ def test_a_hostile_job_under_server_with_a_local_host_and_an_agent_finds_no_secr
             f"agent {label}'s log on the server", run.describe)
     for process in (*agents, server):
         run.stop(process)
-    allowed = {"hookfile": str(secret_file), "agent": str(token_file)}
+    allowed = {"hookfile": str(secret_file), "agent": str(token_file),
+               "ssh_host": str(ssh_token)}
     for report in reports:
         assert_nothing_of_herder(report, planted_secrets, control, run.uid, allowed)
     for log in ("server-logs", "agents/ah", "agents/ae"):
         assert stat.S_IMODE((run.folder / log).stat().st_mode) == 0o700
-    for label in ("lh", "ah", "ae"):  # the local attempt's log, the copies of the agents'
+    for label in ("lh", "ah", "ae", "sh"):  # the local attempt's log, the copies of the others'
         copy = run.folder / "server-logs" / str(jobs[label]) / "1.log"
         assert stat.S_IMODE(copy.stat().st_mode) == 0o600, label
     for stderr in run.folder.glob("stderr/*"):
