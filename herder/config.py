@@ -952,6 +952,8 @@ class Config(Struct, frozen=True):
     def hook_secrets(self, environ: Mapping[str, str]) -> dict[str, bytes]:
         """Each webhook source's secret, from its variable or file: `herder server` reads
         them at start and refuses to start without one (a source never accepts unsigned)."""
+        from herder.hardening import check_secret_file
+
         secrets: dict[str, bytes] = {}
         for name, source in self.settings.hooks.sources.items():
             where = f"hooks.sources.{name}"
@@ -964,6 +966,7 @@ class Config(Struct, frozen=True):
             else:
                 assert source.secret_file is not None, "checked when the config loaded"
                 path = self.resolve_path(source.secret_file)
+                check_secret_file(path, f"{where}.secret_file")
                 try:
                     secret = path.read_bytes().strip()
                 except OSError as exc:

@@ -698,7 +698,7 @@ def test_agent_with_https_against_a_plain_server_exits_2_in_one_line(
         tmp_path, plain_server) -> None:
     address, _ = plain_server
     result = herder(tmp_path, "agent", "--server", f"https://{address}", "--host", LABEL,
-                    "--token", TOKEN)
+                    env={"HERDER_AGENT_TOKEN": TOKEN})  # --token: a deprecation warning
     assert result.returncode == 2
     assert f"does not answer TLS (a plain http server?) (use http://{address}" in (
         one_line(result))

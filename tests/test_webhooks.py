@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -491,15 +492,42 @@ def test_secrets_come_from_their_variable_or_file_or_the_server_does_not_start(t
     with pytest.raises(InputError) as refused:
         config.hook_secrets(environ)
     assert refused.value.field == "hooks.sources.gitea.secret_file"
-    (tmp_path / "gitea.secret").write_text("")
+    write_secret(tmp_path / "gitea.secret", "")
     with pytest.raises(InputError, match="is empty"):
         config.hook_secrets(environ)
-    (tmp_path / "gitea.secret").write_text("gitea-secret\n")
+    write_secret(tmp_path / "gitea.secret", "gitea-secret\n")
     assert config.hook_secrets(environ) == {"github": b"gh-secret", "gitea": b"gitea-secret",
                                             "ci": b"ci"}
     with pytest.raises(InputError) as refused:
         config.hook_secrets({**environ, "HERDER_HOOK_CI_SECRET": ""})
     assert refused.value.field == "hooks.sources.ci.secret_env"
+
+
+def write_secret(path: Path, text: str) -> None:
+    """A secret file as an operator must leave it: only its owner may read it."""
+    path.write_text(text)
+    path.chmod(0o600)
+
+
+def test_a_secret_file_others_may_read_stops_the_start_naming_the_fix(tmp_path):
+    """Group- or world-readable: refused, naming the file and `chmod 600`, the secret never
+    echoed; the same file made private is read."""
+    path = tmp_path / "herder.toml"
+    path.write_text(hooks_config())
+    config = load_config(path)
+    environ = {"HERDER_HOOK_GITHUB_SECRET": "gh-secret", "HERDER_HOOK_CI_SECRET": "ci"}
+    secret = tmp_path / "gitea.secret"
+    for mode in (0o644, 0o640, 0o604):
+        secret.write_text("gitea-secret-value\n")
+        secret.chmod(mode)
+        with pytest.raises(InputError) as refused:
+            config.hook_secrets(environ)
+        assert refused.value.field == "hooks.sources.gitea.secret_file"
+        assert f"chmod 600 {secret}" in str(refused.value)
+        assert f"mode {mode:04o}" in str(refused.value)
+        assert "gitea-secret-value" not in str(refused.value)
+    secret.chmod(0o600)
+    assert config.hook_secrets(environ)["gitea"] == b"gitea-secret-value"
 
 
 # -- the store -------------------------------------------------------------------------------
@@ -557,7 +585,7 @@ event = "deploy"
 job_type = "dev-issue"
 payload = { repo = "{repo}", issue = "{run}" }
 """)
-    (tmp_path / "gitea.secret").write_text(GITEA_SECRET + "\n")
+    write_secret(tmp_path / "gitea.secret", GITEA_SECRET + "\n")
     fleet.start_server(env={"HERDER_HOOK_GITHUB_SECRET": GITHUB_SECRET,
                             "HERDER_HOOK_CI_SECRET": CI_SECRET})
     return fleet
@@ -694,7 +722,7 @@ def test_concurrent_replays_enqueue_once(make_fleet, tmp_path, store_url):
 
 def test_the_server_refuses_to_start_without_a_secret(make_fleet, tmp_path, sqlite_url):
     fleet = make_fleet(tmp_path, sqlite_url, extra=hooks_config())
-    (tmp_path / "gitea.secret").write_text(GITEA_SECRET)
+    write_secret(tmp_path / "gitea.secret", GITEA_SECRET)
     process = fleet.start_server(env={"HERDER_HOOK_CI_SECRET": CI_SECRET}, wait=False)
     assert fleet.wait_exit(process, 60, "herder server") == 2
     assert "HERDER_HOOK_GITHUB_SECRET is not set" in fleet.stderr_of(process)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import click
@@ -40,8 +41,10 @@ def account() -> None:
 @account.command("add")
 @click.argument("host")
 @click.argument("name")
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
-              help="A variable the account gives a job (repeatable); its value is never shown.")
+@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
+              help="A variable the account gives a job (repeatable); its value is never "
+              "shown. NAME alone takes the value from this environment, off the command "
+              "line (for a key or token).")
 @click.option("--max-sessions", type=int, default=1, show_default=True,
               help="Jobs at once under this account.")
 @click.option("--job-type", "job_types", multiple=True,
@@ -58,8 +61,11 @@ def account_add(state: State, host: str, name: str, env: tuple[str, ...], max_se
         for entry in env:
             key, sep, value = entry.partition("=")
             if not sep:
-                raise InputError("--env", f"{key!r} is not NAME=VALUE with a variable name",
-                                 "e.g. --env CLAUDE_CONFIG_DIR=/home/me/.claude-2")
+                value = environment_value(key)
+            elif SECRET_NAME.search(key):
+                click.echo(f"herder: warning: --env {key}=... puts a secret in the command "
+                           "line, which every process on this machine can read; pass "
+                           f"--env {key} to take it from this environment", err=True)
             variables[key] = value
         argv = None
         if probe is not None:
@@ -70,6 +76,24 @@ def account_add(state: State, host: str, name: str, env: tuple[str, ...], max_se
         state.client.account_add(Account(host, name, variables, max_sessions,
                                          frozenset(job_types) or None, argv, "cli"))
     click.echo(f"account {name} on {host}: saved ({len(variables)} variable(s))")
+
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+"""A variable whose name says it holds a secret."""
+
+
+def environment_value(name: str) -> str:
+    """`--env NAME`: the variable's value here; an InputError when it is not a set name."""
+    import os
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise InputError("--env", f"{name!r} is not NAME or NAME=VALUE with a variable name",
+                         "e.g. --env CLAUDE_CONFIG_DIR=/home/me/.claude-2")
+    value = os.environ.get(name)
+    if value is None:
+        raise InputError("--env", f"{name} is not set in this environment",
+                         f"export {name} first, or pass --env {name}=VALUE")
+    return value
 
 
 @account.command("remove")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,6 +23,7 @@ from herder.cli.root import (
     utcnow,
 )
 from herder.errors import InputError
+from herder.hardening import harden_process
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
 PLAINTEXT_OPTION = click.option(
@@ -45,17 +47,44 @@ def token_options(function: Any) -> Any:
 
 
 def agent_token(token: str | None, token_file: str) -> str:
-    """--token / HERDER_AGENT_TOKEN, else the file (refused when others may read it)."""
+    """--token / HERDER_AGENT_TOKEN, else the file (refused when others may read it).
+    A token given as --token itself is in the command line, which every local process
+    (jobs included) can read in /proc/PID/cmdline: deprecated, with a warning."""
     from herder.runtime.agent_client import read_token_file
 
     if token and token.strip():
+        warn_secret_flag("token", "--token", "HERDER_AGENT_TOKEN or --token-file")
         return token.strip()
     return read_token_file(os.path.expanduser(token_file))
 
 
-def forget_token_variable() -> None:
-    """Jobs start from this process's environment: the host token must not be in it."""
-    os.environ.pop("HERDER_AGENT_TOKEN", None)
+def warn_secret_flag(parameter: str, option: str, instead: str) -> None:
+    """Say so when a secret came as a command-line option (not from its variable)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context(silent=True)
+    if context is not None and context.get_parameter_source(parameter) is \
+            ParameterSource.COMMANDLINE:
+        click.echo(f"herder: warning: {option} puts a secret in the command line, which "
+                   f"every process on this machine can read; it is deprecated: use {instead}",
+                   err=True)
+
+
+def private_logs(state: State, log_dir: str | None) -> Path:
+    """The attempt logs' folder (--log-dir, else herder.toml's), made private to this user."""
+    from herder.hardening import private_folder
+
+    folder = Path(log_dir) if log_dir else state.config.log_dir
+    private_folder(folder, "--log-dir" if log_dir else "herder.log_dir")
+    return folder
+
+
+def forget_token_variable(state: State) -> None:
+    """Jobs and helpers start from this process's environment: no secret may be in it
+    (HERDER_AGENT_TOKEN, HERDER_TOKEN, herder.toml's secret variables)."""
+    from herder.hardening import secret_variables, withdraw_secrets
+
+    withdraw_secrets(secret_variables(state.config.settings))
 
 
 @click.command()
@@ -123,13 +152,12 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
     """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
     if ctx.invoked_subcommand is not None:
         return
-    from pathlib import Path
-
     from herder.runtime.agent import HttpSource, LocalGate
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions
 
+    harden_process()
     log_to_stderr(log_level, log_format)
     state: State = ctx.obj
     with edge():
@@ -140,7 +168,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         plaintext = allow_plaintext or state.allow_plaintext
         check_server_url(server_url, plaintext)
         secret = agent_token(token, token_file)
-        forget_token_variable()
+        forget_token_variable(state)
+        logs = private_logs(state, log_dir)
         drain = duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
         job_user_at_start(runtime.run_as)
@@ -172,7 +201,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         )
         source.guardian = guardian
         options = RunnerOptions.from_settings(
-            state.config.settings, label, Path(log_dir) if log_dir else state.config.log_dir,
+            state.config.settings, label, logs,
             concurrency=concurrency, drain_timeout=drain)
         runner = Runner(None, options, source=source)
         source.in_flight = lambda: len(runner.running)
@@ -229,14 +258,13 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
     attempt; 2 the server cannot be reached; 3 RAM contention.
     """
-    from pathlib import Path
-
     from herder.model import AttemptToken, Outcome
     from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions
 
+    harden_process()
     log_to_stderr("info")
     runtime = state.config.settings.runtime
     with edge():  # exit 2 before anything is fetched: a spawn failure, tried again later
@@ -245,7 +273,8 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         client = ServerClient(server_url, agent_token(token, token_file), label,
                               verify=ca or True, retry_cap=max(runtime.heartbeat_interval, 0.2),
                               allow_plaintext=allow_plaintext or state.allow_plaintext)
-        forget_token_variable()
+        forget_token_variable(state)
+        logs = private_logs(state, log_dir)
         client.check(patience=RUN_ATTEMPT_PATIENCE)
     except InputError as exc:
         fail(str(exc), code=1)
@@ -265,7 +294,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     source.guardian = guardian
     source.learn_lease(lease)
     options = RunnerOptions.from_settings(
-        state.config.settings, label, Path(log_dir) if log_dir else state.config.log_dir,
+        state.config.settings, label, logs,
         concurrency=1, poll_interval=0.2, exit_when_idle=True)
     Runner(None, options, source=source).run()
     if source.handed_back is Outcome.RAM_CONTENTION:

@@ -216,6 +216,13 @@ def new_sqlite_file(url: str) -> str | None:
     return None if path == ":memory:" or os.path.exists(path) else path
 
 
+def has_password(url: str) -> bool:
+    """Whether a database URL carries a password (`scheme://user:password@host/...`)."""
+    _, _, rest = url.partition("://")
+    authority = rest.split("/", 1)[0]
+    return "@" in authority and ":" in authority.rpartition("@")[0]
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -365,6 +372,11 @@ class HerderGroup(click.Group):
 def main(ctx: click.Context, db: str | None, config_path: str | None, server: str | None,
          token_file: str | None, ca: str | None, allow_plaintext: bool) -> None:
     """herder: a job queue and dispatcher for long-running command-line jobs."""
+    if db and has_password(db) and ctx.get_parameter_source("db") is \
+            click.core.ParameterSource.COMMANDLINE:
+        click.echo("herder: warning: --db puts the database password in the command line, "
+                   "which every process on this machine can read; it is deprecated: set "
+                   "HERDER_DB instead", err=True)
     state = State(db, config_path, server, token_file, ca, allow_plaintext)
     ctx.obj = state
     ctx.call_on_close(state.close)

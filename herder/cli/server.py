@@ -12,6 +12,7 @@ import click
 
 from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
 from herder.errors import InputError
+from herder.hardening import check_secret_file, harden_process
 
 STARTUP_FAILURE = 3
 """uvicorn's exit status when its server never started."""
@@ -58,9 +59,11 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
     from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions, default_host, utcnow
 
+    harden_process()
     log_to_stderr(log_level, log_format)
     with edge():
         config = state.config
+        private_files(state)
         # Before the store's threads: the watchdog that stops this runner's jobs if it dies
         # or freezes, before another runner may take them over.
         guardian = start_guardian(config.settings.runtime.kill_grace)
@@ -83,6 +86,23 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
     if alerts is not None:
         alerts.close(flush_seconds=config.settings.alerts.timeout)
     sys.exit(code)
+
+
+def private_files(state: State) -> None:
+    """Before the store's threads and any child: the database file and the log folder
+    private to herder's user (an older herder made them 0644 / 0755), and the secret
+    variables out of the environment (read already, or read through `secret_value`)."""
+    from herder.hardening import (
+        private_folder,
+        secret_variables,
+        tighten_sqlite,
+        withdraw_secrets,
+    )
+
+    config = state.config
+    tighten_sqlite(config.db_url(state.db))
+    private_folder(config.log_dir, "herder.log_dir")
+    withdraw_secrets(secret_variables(config.settings))
 
 
 def listen_address(option: str, address: str) -> tuple[str, int]:
@@ -228,6 +248,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     from herder.runtime.guardian import start_guardian
     from herder.runtime.job_user import job_user_at_start
 
+    harden_process()
     log_to_stderr(log_level, log_format)
     log = logging.getLogger("herder.server")
     with edge():
@@ -239,6 +260,8 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         if bool(cert) != bool(key):
             raise InputError("--tls-cert", "TLS needs both a certificate and a key",
                              "pass --tls-cert and --tls-key together")
+        if key:
+            check_secret_file(key, "--tls-key" if tls_key else "server.tls_key")
         check_declared_hosts(state.config)  # exit 2 naming the key, before any is stored
         runtime = state.config.settings.runtime
         if runtime.run_as is not None or any(
@@ -247,6 +270,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         legacy = os.environ.get(settings.api_token_env) or None
         check_legacy_token(settings.api_token_env, legacy)
         hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
+        private_files(state)
         # Before the store's threads: the watchdog for the jobs of this server's local hosts.
         guardian = start_guardian(state.config.settings.runtime.kill_grace)
         if insecure_no_auth and not loopback(bind):

@@ -22,6 +22,7 @@ import msgspec
 from msgspec.structs import replace
 
 from herder.config import AccountSection, Settings
+from herder.hardening import JOB_UMASK
 from herder.model import Account, AccountRecord, Job, Outcome
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
 from herder.scheduling.accounts import (
@@ -202,7 +203,7 @@ def run_probe(command: ProbeCommand, pass_env: Sequence[str] = ()) -> bool | Non
     try:
         process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
+                                   env=env, start_new_session=True, umask=JOB_UMASK)
     except OSError as exc:
         log.warning("account probe %s could not start: %s", command.argv[0], exc)
         return None

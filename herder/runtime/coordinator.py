@@ -732,7 +732,7 @@ class Coordinator:
             raise Conflict(f"attempt {token} never ran on host {label}")
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             os.pwrite(fd, data, offset)
             return os.fstat(fd).st_size

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import re
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING
 from herder.backoff import Backoff
 from herder.config import AlertsSection
 from herder.errors import ConfigError
+from herder.hardening import secret_value
 from herder.scheduling.alerting import (
     HOUR,
     AlertRules,
@@ -57,7 +57,9 @@ def alert_urls(section: AlertsSection, environ: dict[str, str] | None = None) ->
     """The configured URLs: `urls`, then those in the `urls_env` variable."""
     urls = list(section.urls)
     if section.urls_env:
-        value = (os.environ if environ is None else environ).get(section.urls_env, "")
+        # secret_value: herder withdraws the variable from its environment at start.
+        value = ((secret_value(section.urls_env) if environ is None
+                  else environ.get(section.urls_env)) or "")
         urls += [url for url in re.split(r"[\s,]+", value) if url]
     return urls
 

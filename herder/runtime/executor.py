@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from herder.hardening import JOB_UMASK, NEVER_INHERITED
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.runtime.job_user import JobUser, foreign_folders
 from herder.runtime.memory import AttemptMemory
@@ -107,7 +108,7 @@ runner's under it reaches a job, whatever pass_env says."""
 def passes(name: str, patterns: Sequence[str]) -> bool:
     """Whether a variable of the runner's environment may reach a job: named exactly or by
     a `PREFIX*` pattern, and never one of herder's own."""
-    if name.startswith(HERDER_PREFIX):
+    if name.startswith(HERDER_PREFIX) or name in NEVER_INHERITED:
         return False
     return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
                for pattern in patterns)
@@ -310,7 +311,7 @@ def spawn(
         raise
     # "wb": an attempt runs once, so a leftover file (another database sharing this log
     # folder) is replaced rather than interleaved.
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb", opener=private_opener) as log:
         workdir = prepared.folder if prepared else job.workdir
         header = (f"# herder: job {job.id} attempt {job.attempt} on {host} "
                   f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
@@ -333,6 +334,7 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                umask=JOB_UMASK,  # herder's own is 0077 (herder.hardening)
                 # Run as the run_as user from the start; a workspace's preparing process
                 # switches itself once the checkout is handed over (runtime/workspace.py).
                 **_switch(user, prepared is None),
@@ -365,18 +367,14 @@ def spawn(
                           run_folder=run_folder)
 
 
-JOB_UMASK = 0o022
-"""A run_as job's umask: what it creates is its own to write, readable to herder."""
 
 
 def _switch(user: JobUser | None, now: bool) -> dict[str, Any]:
-    """Popen's arguments that start a job as `user` (or, `now` false, only its umask)."""
-    if user is None:
+    """Popen's arguments that start a job as `user` (none when `now` is false: the
+    preparing process switches itself)."""
+    if user is None or not now:
         return {}
-    if not now:
-        return {"umask": JOB_UMASK}
-    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups),
-            "umask": JOB_UMASK}
+    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
 
 
 def _run_folder(token: AttemptToken, marker: str, worker: str, workspaces: Workspaces | None,
@@ -413,6 +411,11 @@ def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str
         raise LaunchError("this runner has no workspace root for the job's workspace")
     claim(workspaces.folder(job.token, marker), worker)
     return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces, user=user)
+
+
+def private_opener(path: str, flags: int) -> int:
+    """`open(..., opener=)` creating the file 0600: logs may hold what a job printed."""
+    return os.open(path, flags, 0o600)
 
 
 def append_log(path: Path, line: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
+from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
 
 TTL_SECONDS = 45.0
@@ -66,7 +67,7 @@ def run(check: Check, pass_env: Sequence[str] = ()) -> Result:
     try:
         process = subprocess.Popen(check.argv, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   env=env, start_new_session=True)
+                                   env=env, start_new_session=True, umask=JOB_UMASK)
     except OSError as exc:
         return Result(False, f"{check.argv[0]}: {exc.strerror or exc}", started)
     try:

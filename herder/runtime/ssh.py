@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from herder.hardening import child_environment
 from herder.model import (
     LAUNCH_ERROR_CHARS,
     AttemptResult,
@@ -145,8 +146,10 @@ class SshLauncher:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(path, "ab") as output:
+                # The host's environment (ssh agent, config) without herder's secrets.
                 process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           env=child_environment())
         except OSError as exc:  # no ssh client here (`[fleet] ssh_command`): the server's
             log.error("job %d attempt %d: ssh could not start: %s", job.id, job.attempt, exc,
                       extra={"event": "spawn_failed", "job_id": job.id,

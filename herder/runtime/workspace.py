@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from herder.errors import InputError
+from herder.hardening import child_environment
 from herder.model import AttemptToken, Job
 from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
@@ -136,7 +137,7 @@ def git_environment(source: Mapping[str, str]) -> dict[str, str]:
     """The host's environment for git (its HOME, SSH agent, credential helpers), without
     herder's own variables (database URL, tokens); git never prompts, nor waits on a
     stalled transfer."""
-    env = {name: value for name, value in source.items() if not name.startswith("HERDER_")}
+    env = child_environment(source)
     env.update(SAFE_ENVIRONMENT)
     env["LC_ALL"] = "C"
     env.setdefault("GIT_CONFIG_GLOBAL", os.devnull)

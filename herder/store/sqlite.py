@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -127,6 +127,16 @@ def _rows(conn: sqlite3.Connection, sql: str, params: Mapping[str, Any]) -> list
     return _decode(*_fetch(conn, sql, params))
 
 
+def create_private(path: str) -> None:
+    """A new database file is created 0600 (it holds jobs' env and accounts' credentials);
+    SQLite gives its -wal and -shm the database file's mode."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    # There already, or not creatable: then sqlite3 says why, in its own terms.
+    with suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def parse_sqlite_url(url: str) -> tuple[str, str]:
     """`sqlite:///rel/path.db`, `sqlite:////abs/path.db`, optional `?synchronous=normal`."""
     parts = urlsplit(url)
@@ -203,6 +213,7 @@ class SQLiteDriver(Driver):
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open {self.path}: directory {directory} does not exist")
+        create_private(self.path)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
