@@ -639,7 +639,7 @@ class Coordinator:
         self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
         if isinstance(info.get("accounts"), dict):
             record_probes(self.store, label, info["accounts"], stamp)
-        reply = self.store.attempt_heartbeat(running, stamp)
+        reply = self.store.attempt_heartbeat(label, running, stamp)
         host = self.store.host_get(label)
         attempts = self.store.attempt_list_live(label) if with_attempts else []
         return HeartbeatReply(
