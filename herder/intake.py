@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from herder.config import Config, JobTypeSection
+from herder.env_policy import check_submitted_env
 from herder.errors import InputError
 from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
 from herder.submission import SubmitRequest, storable
@@ -154,6 +155,7 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
     if WORKSPACE_VARIABLE in request.env:
         raise InputError(f"env.{WORKSPACE_VARIABLE}", "is set by herder from the job type's "
                          "workspace", "declare a workspace in the job type instead")
+    check_submitted_env(request.env)
     env.update(request.env)
     if workspace is not None:
         if request.workdir is not None:

@@ -23,11 +23,12 @@ from herder.api.tokens import (
     new_token,
     token_hash,
 )
-from herder.config import Config, Settings
-from herder.model import HostRecord, Scope, TokenRecord
+from herder.config import Config, JobTypeSection, Settings
+from herder.model import HostRecord, JobSpec, Scope, TokenRecord
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
+from herder.submission import SubmitRequest
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "submit", "admin")
@@ -261,8 +262,9 @@ def test_an_oversized_body_is_413_and_changes_nothing(api):
 
 def test_a_submit_token_is_held_to_its_job_types_and_priority_floor(api, tmp_path):
     secret = new_token()
+    # issue 23: ad-hoc commands need --allow-adhoc, even for a token limited to "adhoc"
     api.store.token_insert("ci", Scope.SUBMIT, token_hash(secret), NOW,
-                           job_types=frozenset({"adhoc"}), priority_floor=50)
+                           job_types=frozenset({"adhoc"}), priority_floor=50, allow_adhoc=True)
     auth = {"Authorization": f"Bearer {secret}"}
     ok = api.client.post("/api/v1/jobs", json={"command": ["true"], "priority": 60}, headers=auth)
     assert ok.status_code == 201, ok.text
@@ -373,9 +375,15 @@ def test_identify_refuses_unknown_and_revoked_tokens():
 def test_authorize_submit_limits():
     limited = Caller.of(record(Scope.SUBMIT, job_types=frozenset({"dev-issue"}),
                                priority_floor=10))
-    authorize_submit(limited, "dev-issue", 10)
+    job_type = JobTypeSection(command=["true"])
+
+    def submit(caller: Caller, name: str, priority: int) -> None:
+        spec = JobSpec(command=("true",), job_type=name, priority=priority)
+        authorize_submit(caller, SubmitRequest(job_type=name), spec, job_type, {})
+
+    submit(limited, "dev-issue", 10)
     with pytest.raises(Denied, match="job type"):
-        authorize_submit(limited, "review-pr", 50)
+        submit(limited, "review-pr", 50)
     with pytest.raises(Denied, match="floor"):
-        authorize_submit(limited, "dev-issue", 9)
-    authorize_submit(Caller("free", Scope.SUBMIT), "anything", -5)
+        submit(limited, "dev-issue", 9)
+    submit(Caller("free", Scope.SUBMIT), "anything", -5)

@@ -501,6 +501,11 @@ class Store(abc.ABC):
             "by": by})
         return reservation_from_row(rows[0]) if rows else None
 
+    def reservation_active_ci(self, owner: str) -> Reservation | None:
+        """A run's active CI slot, if it holds one."""
+        rows = self.driver.read("reservation_active_ci", {"owner": owner})
+        return reservation_from_row(rows[0]) if rows else None
+
     def reservation_get(self, reservation_id: int) -> Reservation | None:
         rows = self.driver.read("reservation_get", {"id": reservation_id})
         return reservation_from_row(rows[0]) if rows else None
