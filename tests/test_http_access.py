@@ -624,6 +624,8 @@ def test_agent_log_writes_are_capped_and_never_sparse(grants):
     assert job.id == submitted.json()["id"]
     path = f"/api/v1/agent/alpha/attempts/{job.id}/{job.attempt}/log"
     log_file = grants.log_dir / str(job.id) / f"{job.attempt}.log"
+    first = client.post(path, params={"offset": 1}, content=b"x", headers=grants.alpha)
+    assert first.status_code == 416 and not log_file.exists()  # nothing created
     assert client.post(path, content=b"hello\n", headers=grants.alpha).json()["size"] == 6
     sparse = client.post(path, params={"offset": 2**40}, content=b"x", headers=grants.alpha)
     assert sparse.status_code == 416 and "offset" in sparse.json()["detail"]

@@ -730,13 +730,17 @@ class Coordinator:
                                      for a in self.store.attempt_list(token.job_id)):
             raise Conflict(f"attempt {token} never ran on host {label}")
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        refusal = log_write_refusal(offset, len(data), size,
+                                    self.settings.server.max_log_bytes)
+        if refusal is not None:  # refused before anything is created (a log only grows)
+            raise LogRefused(*refusal)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            refusal = log_write_refusal(offset, len(data), os.fstat(fd).st_size,
-                                        self.settings.server.max_log_bytes)
-            if refusal is not None:
-                raise LogRefused(*refusal)
             os.pwrite(fd, data, offset)
             return os.fstat(fd).st_size
         finally:
