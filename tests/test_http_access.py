@@ -34,7 +34,8 @@ from herder.store import Store, open_store
 from herder.submission import SubmitRequest
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "submit", "admin")
+ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "restricted",
+         "submit", "admin")
 
 
 @dataclass
@@ -55,6 +56,10 @@ def make_tokens(store: Store) -> dict[str, str]:
         if role == "revoked":
             store.token_revoke(token_id, NOW)
         tokens[role] = secret
+    # a CI runner's token: submit, limited to one job type (issue 23)
+    tokens["restricted"] = new_token()
+    store.token_insert("restricted", Scope.SUBMIT, token_hash(tokens["restricted"]), NOW,
+                       job_types=frozenset({"dev-issue"}), priority_floor=10)
     return tokens
 
 
@@ -79,7 +84,7 @@ def allowed(scope: Scope | None, role: str) -> bool:
         return True
     if scope is Scope.AGENT:
         return role == "agent_here"
-    ranks = {"read": 1, "submit": 2, "admin": 3}
+    ranks = {"read": 1, "restricted": 2, "submit": 2, "admin": 3}
     needed = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}[scope]
     return ranks.get(role, 0) >= needed
 
