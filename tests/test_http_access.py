@@ -20,15 +20,28 @@ from herder.api.tokens import (
     Caller,
     Denied,
     authorize,
+    authorize_owner,
+    authorize_reservation,
     authorize_submit,
+    held_by,
     identify,
     new_token,
     token_hash,
 )
 from herder.config import Config, JobTypeSection, ServerSection, Settings
 from herder.env_policy import DENIED
-from herder.model import AttemptToken, HostRecord, JobSpec, Scope, TokenRecord, Transport
-from herder.runtime.coordinator import Coordinator
+from herder.model import (
+    AttemptToken,
+    HostRecord,
+    JobSpec,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
+    Scope,
+    TokenRecord,
+    Transport,
+)
+from herder.runtime.coordinator import Coordinator, log_write_refusal
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
 from herder.submission import SubmitRequest
@@ -671,3 +684,31 @@ def test_a_local_host_stays_local_over_the_api(grants):
     same = grants.client.patch("/api/v1/hosts/here", headers=grants.admin,
                                json={"ram_total_gb": 16})
     assert same.status_code == 200
+
+
+def test_log_write_refusal_is_pure_arithmetic():
+    assert log_write_refusal(0, 10, 0, 100) is None
+    assert log_write_refusal(5, 10, 20, 100) is None  # a resent chunk
+    assert log_write_refusal(21, 1, 20, 100)[0] == 416
+    assert log_write_refusal(95, 10, 95, 100)[0] == 413
+    assert log_write_refusal(90, 10, 90, 100) is None  # exactly the cap
+
+
+def test_authorize_owner_and_reservation_bounds():
+    mine = Caller("ci", Scope.SUBMIT, id=7)
+    other = Caller("other", Scope.SUBMIT, id=8)
+    made = Reservation(1, ReservationKind.CI, "run-1", "alpha", "light", 3.0,
+                       ReservationStatus.ACTIVE, NOW, NOW, None, created_by=7)
+    authorize_owner(mine, made)
+    authorize_owner(Caller("root", Scope.ADMIN), made)
+    with pytest.raises(Denied, match="another token") as refused:
+        authorize_owner(other, made)
+    assert refused.value.status == 403
+    budgets = {"light": 3.0, "heavy": 8.0}
+    authorize_reservation(mine, "light", budgets, "light")
+    authorize_reservation(Caller("root", Scope.ADMIN), "heavy", budgets, "light")
+    authorize_reservation(mine, "unknown", budgets, "light")  # the 422 names it later
+    with pytest.raises(Denied, match="max_reservation_weight"):
+        authorize_reservation(mine, "heavy", budgets, "light")
+    assert held_by(mine, 5) == (7, 5) and held_by(Caller("root", Scope.ADMIN, id=1), 5) == (
+        1, None)
