@@ -321,29 +321,34 @@ class Client:
             raise NotFound(f"no account {name!r} on {host!r} (see `herder accounts`)")
         return self.store.account_clear(host, name, datetime.now(UTC))
 
-    def claim_slot(self, run_id: str, label: str, weight: str) -> int:
-        """A CI run's slot id; claiming again returns the same slot."""
+    def claim_slot(self, run_id: str, label: str, weight: str, created_by: int | None = None,
+                   max_held: int | None = None) -> int:
+        """A CI run's slot id; claiming again returns the same slot. `created_by` and
+        `max_held`: the API's token and its cap (herder.api.reservations)."""
         from herder.runtime.coordinator import claim_slot
 
         return claim_slot(self.store, self.config, self._fleet(), run_id, label, weight,
-                          datetime.now(UTC)).id
+                          datetime.now(UTC), created_by, max_held).id
 
-    def release_slot(self, run_id: str) -> bool:
-        return self.store.reservation_release_ci(run_id, datetime.now(UTC)) is not None
+    def release_slot(self, run_id: str, by: int | None = None) -> bool:
+        """Release a run's slot; with `by`, only one that token made."""
+        return self.store.reservation_release_ci(run_id, datetime.now(UTC), by) is not None
 
-    def reserve(self, owner: str, label: str, weight: str, count: int) -> builtins.list[int]:
+    def reserve(self, owner: str, label: str, weight: str, count: int,
+                created_by: int | None = None,
+                max_held: int | None = None) -> builtins.list[int]:
         """Subagent slots for `owner`: the ids of those that fit (maybe fewer than count)."""
         from herder.runtime.coordinator import reserve
 
         return [r.id for r in reserve(self.store, self.config, self._fleet(), owner, label,
-                                      weight, count, datetime.now(UTC))]
+                                      weight, count, datetime.now(UTC), created_by, max_held)]
 
-    def complete_reservation(self, reservation_id: int,
-                             status: ReservationStatus) -> ReservationStatus:
+    def complete_reservation(self, reservation_id: int, status: ReservationStatus,
+                             by: int | None = None) -> ReservationStatus:
         from herder.runtime.coordinator import complete_reservation
 
         return complete_reservation(self.store, reservation_id, status,
-                                    datetime.now(UTC)).status
+                                    datetime.now(UTC), by).status
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
         """Block until the job is done, failed or cancelled (TimeoutError after timeout)."""

@@ -143,6 +143,16 @@ def _names(pattern: re.Pattern[str], message: str) -> Callable[[Any], Any]:
 _env_names = _names(_ENV_NAME, "{name!r} is not a valid environment variable name")
 
 
+def _submit_env(value: list[str]) -> list[str]:
+    from herder.env_policy import allow_entry_refusal
+
+    for entry in value:
+        refusal = allow_entry_refusal(entry)
+        if refusal is not None:
+            raise ValueError(refusal)
+    return value
+
+
 def _one_of(choices: tuple[str, ...]) -> Callable[[Any], Any]:
     def check(value: str | None) -> str | None:
         if value is not None and value not in choices:
@@ -333,6 +343,22 @@ class JobTypeSection(Struct, frozen=True):
     """Log lines that mean an outcome, tried before the default patterns."""
     replace_patterns: bool = False
     """True: `patterns` instead of the default patterns, not before them."""
+    # What a submit token restricted to job types (`--job-types`) may set besides the
+    # payload, a dedup key, a priority within its floor and a delay: nothing else unless
+    # listed here (herder.api.tokens.authorize_submit). Admin and unrestricted submit
+    # tokens are not bound by these; the env deny-list (herder.env_policy) binds everyone.
+    submit_env: Annotated[list[str], rules(check=_submit_env)] = field(default_factory=list)
+    """Variables such a token may set: names or PREFIX* patterns."""
+    allow_workdir: bool = False
+    """Such a token may choose the job's workdir."""
+    allow_host: bool = False
+    """Such a token may pin the job to a host (`affinity`)."""
+    submit_max_weight: str | None = None
+    """Such a token may choose a weight up to this one (by RAM budget); left out: none."""
+    submit_max_timeout: Annotated[Duration | None, rules(gt=0)] = None
+    """Such a token may choose a timeout up to this; left out: none."""
+    submit_max_attempts: Annotated[int | None, rules(ge=1)] = None
+    """Such a token may choose max_attempts up to this; left out: none."""
     """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
     (`herder.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
     # -- what a payload value may become (issue 23: payload values stay values) --
@@ -557,6 +583,13 @@ class ServerSection(Struct, frozen=True):
     needs a read token, as every operator read does."""
     queue_recent: Annotated[int, rules(ge=0, le=1000)] = 20
     """How many of the newest jobs `GET /queue` lists."""
+    max_log_bytes: Annotated[int, rules(ge=1024 * 1024, le=2**40)] = 1024**3
+    """The most log bytes an agent may write for one attempt (413 beyond)."""
+    max_reservations_per_token: Annotated[int, rules(ge=0, le=100_000)] = 32
+    """Active reservations and CI slots one non-admin token may hold at once."""
+    max_reservation_weight: str | None = None
+    """The heaviest weight (by RAM budget) a non-admin token may reserve or claim a slot
+    with; left out: any."""
 
 
 def _hook_template(value: str | None) -> str | None:
@@ -1074,13 +1107,19 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                               "an ssh host needs ssh_target", "set ssh_target = \"user@host\"")
     _check_accounts(config, text)
     _check_hooks(config, text)
+    capped = settings.server.max_reservation_weight
+    if capped is not None and capped not in known:
+        raise ConfigError(_where(config, text, ["server", "max_reservation_weight"]),
+                          f"unknown weight {capped!r}", f"use one of {sorted(known)}")
     for name, job_type in settings.job_types.items():
-        if job_type.weight is not None and job_type.weight not in settings.weights:
-            raise ConfigError(
-                _where(config, text, ["job_types", name, "weight"]),
-                f"unknown weight {job_type.weight!r}",
-                f"define it under [weights] or use one of {sorted(settings.weights)}",
-            )
+        for key in ("weight", "submit_max_weight"):
+            weight = getattr(job_type, key)
+            if weight is not None and weight not in settings.weights:
+                raise ConfigError(
+                    _where(config, text, ["job_types", name, key]),
+                    f"unknown weight {weight!r}",
+                    f"define it under [weights] or use one of {sorted(settings.weights)}",
+                )
         if job_type.shell != isinstance(job_type.command, str):
             raise ConfigError(
                 _where(config, text, ["job_types", name, "command"]),

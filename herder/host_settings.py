@@ -40,6 +40,9 @@ class HostSettings(msgspec.Struct, frozen=True):
 
 def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> HostRecord:
     """The host with `settings` applied; InputError naming the CLI option when one cannot be."""
+    refusal = transport_refusal(host, settings.transport)
+    if refusal is not None:
+        raise InputError("transport", *refusal)
     changes: dict[str, Any] = {}
     for key in ("ram_total_gb", "ram_reserved_gb", "cpus", "ssh_target", "priority_floor",
                 "transport"):
@@ -71,6 +74,20 @@ def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> 
     # in `herder why`.
     _check_feasible(updated, config)
     return updated
+
+
+def transport_refusal(host: HostRecord, transport: Transport | None) -> tuple[str, str] | None:
+    """(problem, fix) when `host add/set` (CLI or API) would make a host local or stop one
+    being local: a local host runs its jobs inside the server's own process tree, so only
+    herder.toml, which the server's operator writes, declares one."""
+    if transport is Transport.LOCAL and host.transport is not Transport.LOCAL:
+        return ("a local host runs jobs in the server's own process tree; only herder.toml "
+                "declares one", f"declare [hosts.{host.label}] with transport = \"local\" "
+                "in herder.toml")
+    if host.transport is Transport.LOCAL and transport not in (None, Transport.LOCAL):
+        return (f"host {host.label!r} is local, as herder.toml declares it",
+                f"change transport under [hosts.{host.label}] in herder.toml")
+    return None
 
 
 def _check_feasible(host: HostRecord, config: Config) -> None:

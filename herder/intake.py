@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from herder.config import Config, JobTypeSection
+from herder.env_policy import check_submitted_env
 from herder.errors import InputError
 from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
 from herder.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX
@@ -175,6 +176,7 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
             raise InputError(f"env.{name}", "is set by herder from the job type (its "
                              "workspace, workdir base or shell values)",
                              "declare it in the job type instead")
+    check_submitted_env(request.env)
     env.update(request.env)
     env.update(herder_env)
     if workspace is not None:

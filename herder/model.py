@@ -349,6 +349,8 @@ class TokenRecord(msgspec.Struct, frozen=True):
     job_types: frozenset[str] | None = None
     priority_floor: int | None = None
     revoked_at: datetime | None = None
+    allow_adhoc: bool = False
+    """submit: may run ad-hoc commands (`--allow-adhoc`), a shell on every host."""
 
 
 class ReservationKind(enum.StrEnum):
@@ -378,6 +380,8 @@ class Reservation(msgspec.Struct, frozen=True):
     created_at: datetime
     expires_at: datetime
     ended_at: datetime | None
+    created_by: int | None = None
+    """The id of the token that made it; None for an admin without a stored token."""
 
 
 class HostUsage(msgspec.Struct, frozen=True):

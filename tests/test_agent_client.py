@@ -477,6 +477,24 @@ def test_a_failing_log_upload_never_holds_the_finish_back(
     source.close()
 
 
+def test_a_log_over_the_servers_cap_stops_shipping_with_one_warning(
+        server, make_source, tmp_path, caplog) -> None:
+    """The server keeps at most max_log_bytes of an attempt (413 beyond): the agent stops
+    shipping that log, says so once, and the finish still goes."""
+    caplog.set_level(logging.INFO, "herder")
+    server.always("log 21.1", status(413, detail="the log would pass server.max_log_bytes"))
+    source = make_source()
+    log_path = tmp_path / "21.log"
+    start(source, 21, log_path)
+    log_path.write_bytes(b"x" * 100)
+    finish(source, 21)
+    wait_delivered(server, "finish 21.1")
+    source.close()
+    assert len(server.requests("log 21.1")) == 1
+    [warning] = lines(caplog, "max_log_bytes")
+    assert warning.levelno == logging.WARNING and "bug" not in warning.getMessage()
+
+
 def test_the_log_backlog_is_bounded_dropping_the_oldest_with_a_marker(
         server, make_source, tmp_path) -> None:
     hang = Hang()

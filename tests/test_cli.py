@@ -201,6 +201,11 @@ MORE_BAD_SUBMITS = {
                              "command: a job type already names its command"),
     "nothing to run": (["submit"], "command: nothing to run"),
     "bad env": (["submit", "--env", "NOEQUALS", "--", "true"], "--env: 'NOEQUALS'"),
+    # issue 23: the env deny-list holds against the database too, whatever the token
+    "denied env": (["submit", "--env", "LD_PRELOAD=/tmp/x.so", "--", "true"],
+                   "env.LD_PRELOAD: LD_PRELOAD (matches LD_*) loads or runs code"),
+    "denied proxy": (["submit", "--env", "https_proxy=http://evil", "--", "true"],
+                     "env.https_proxy: https_proxy (matches *_PROXY) sends"),
     "missing workdir": (["submit", "--workdir", "no-such-dir", "--", "true"], "workdir: "),
     "blank dedup key": (["submit", "--dedup-key", " ", "--", "true"], "dedup_key: is empty"),
 }

@@ -243,8 +243,8 @@ def without_age(table: str) -> list[list[str]]:
     return [row[:7] + row[8:] for row in rows]
 
 
-def token_file(folder: Path, fleet: Any, scope: Scope) -> Path:
-    return Path(fleet.token_file(folder, scope))
+def token_file(folder: Path, fleet: Any, scope: Scope, allow_adhoc: bool = False) -> Path:
+    return Path(fleet.token_file(folder, scope, allow_adhoc))
 
 
 class Operator:
@@ -432,7 +432,9 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
     fleet.add_host("lap-1", "--ram", "16")
     fleet.start_server()
     admin = Operator(tmp_path / "operator", fleet.url, token_file(tmp_path, fleet, Scope.ADMIN))
-    ci = Operator(tmp_path / "ci", fleet.url, token_file(tmp_path, fleet, Scope.SUBMIT))
+    # it submits ad-hoc commands: since issue 23 only a token made with --allow-adhoc may
+    ci = Operator(tmp_path / "ci", fleet.url,
+                  token_file(tmp_path, fleet, Scope.SUBMIT, allow_adhoc=True))
 
     # host add: the token on stdout once, the same lines as against the database
     options = ("--ram", "16", "--reserved", "1", "--cpus", "4", "--job-types", "adhoc",
@@ -473,6 +475,9 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
                  ("host", "add", "bad label", "--ram", "8"), ("host", "add", "lap-9"),
                  ("host", "set", "lap-2", "--weights", "no-such-weight"),
                  ("host", "set", "lap-2", "--transport", "ssh"), ("ram", "nope"),
+                 # issue 23: only herder.toml declares a local host, on either path
+                 ("host", "set", "lap-2", "--transport", "local"),
+                 ("host", "add", "lap-9", "--ram", "8", "--transport", "local"),
                  ("host", "token", "nope"), ("host", "remove", "nope"),
                  # a host that could never take a job (feasibility), refused on both paths
                  ("host", "add", "lap-9", "--ram", "8", "--reserved", "8"),

@@ -368,10 +368,10 @@ class Partition:
         store.attempt_heartbeat = self.attempt_heartbeat
         store.job_claim = self.job_claim
 
-    def attempt_heartbeat(self, tokens, now):
+    def attempt_heartbeat(self, host, tokens, now):
         if self.cut:
             return HeartbeatReply(frozenset(tokens), frozenset())
-        return self._heartbeat(tokens, now)
+        return self._heartbeat(host, tokens, now)
 
     def job_claim(self, host, worker, limit, now):
         return [] if self.cut else self._claim(host, worker, limit, now)

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -25,19 +27,35 @@ from herder.api.tokens import (
     Caller,
     Denied,
     authorize,
+    authorize_owner,
+    authorize_reservation,
     authorize_submit,
+    held_by,
     identify,
     new_token,
     token_hash,
 )
-from herder.config import Config, Settings
-from herder.model import HostRecord, Scope, TokenRecord
-from herder.runtime.coordinator import Coordinator
+from herder.config import Config, JobTypeSection, ServerSection, Settings
+from herder.env_policy import DENIED
+from herder.model import (
+    AttemptToken,
+    HostRecord,
+    JobSpec,
+    Reservation,
+    ReservationKind,
+    ReservationStatus,
+    Scope,
+    TokenRecord,
+    Transport,
+)
+from herder.runtime.coordinator import Coordinator, log_write_refusal
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
+from herder.submission import SubmitRequest
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "submit", "admin")
+ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "restricted",
+         "submit", "admin")
 
 
 @dataclass
@@ -58,6 +76,10 @@ def make_tokens(store: Store) -> dict[str, str]:
         if role == "revoked":
             store.token_revoke(token_id, NOW)
         tokens[role] = secret
+    # a CI runner's token: submit, limited to one job type (issue 23)
+    tokens["restricted"] = new_token()
+    store.token_insert("restricted", Scope.SUBMIT, token_hash(tokens["restricted"]), NOW,
+                       job_types=frozenset({"dev-issue"}), priority_floor=10)
     return tokens
 
 
@@ -82,7 +104,7 @@ def allowed(scope: Scope | None, role: str) -> bool:
         return True
     if scope is Scope.AGENT:
         return role == "agent_here"
-    ranks = {"read": 1, "submit": 2, "admin": 3}
+    ranks = {"read": 1, "restricted": 2, "submit": 2, "admin": 3}
     needed = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}[scope]
     return ranks.get(role, 0) >= needed
 
@@ -285,8 +307,9 @@ def test_an_oversized_body_is_413_and_changes_nothing(api):
 
 def test_a_submit_token_is_held_to_its_job_types_and_priority_floor(api, tmp_path):
     secret = new_token()
+    # issue 23: ad-hoc commands need --allow-adhoc, even for a token limited to "adhoc"
     api.store.token_insert("ci", Scope.SUBMIT, token_hash(secret), NOW,
-                           job_types=frozenset({"adhoc"}), priority_floor=50)
+                           job_types=frozenset({"adhoc"}), priority_floor=50, allow_adhoc=True)
     auth = {"Authorization": f"Bearer {secret}"}
     ok = api.client.post("/api/v1/jobs", json={"command": ["true"], "priority": 60}, headers=auth)
     assert ok.status_code == 201, ok.text
@@ -397,9 +420,319 @@ def test_identify_refuses_unknown_and_revoked_tokens():
 def test_authorize_submit_limits():
     limited = Caller.of(record(Scope.SUBMIT, job_types=frozenset({"dev-issue"}),
                                priority_floor=10))
-    authorize_submit(limited, "dev-issue", 10)
+    job_type = JobTypeSection(command=["true"])
+
+    def submit(caller: Caller, name: str, priority: int) -> None:
+        spec = JobSpec(command=("true",), job_type=name, priority=priority)
+        authorize_submit(caller, SubmitRequest(job_type=name), spec, job_type, {})
+
+    submit(limited, "dev-issue", 10)
     with pytest.raises(Denied, match="job type"):
-        authorize_submit(limited, "review-pr", 50)
+        submit(limited, "review-pr", 50)
     with pytest.raises(Denied, match="floor"):
-        authorize_submit(limited, "dev-issue", 9)
-    authorize_submit(Caller("free", Scope.SUBMIT), "anything", -5)
+        submit(limited, "dev-issue", 9)
+    submit(Caller("free", Scope.SUBMIT), "anything", -5)
+
+
+# -- what each token was given (issue 23) ------------------------------------------------------
+
+FIXED = "agent-issue"
+"""A job type whose argv is fixed and that lets a submitter set nothing else."""
+OPEN = "open"
+"""A job type that lets a submitter set some env, the workdir, the host and bounded values."""
+
+
+@dataclass
+class Grants:
+    client: TestClient
+    store: Store
+    restricted: dict[str, str]
+    """Restricted to FIXED and OPEN."""
+    plain: dict[str, str]
+    """An unrestricted submit token without --allow-adhoc."""
+    adhoc: dict[str, str]
+    """A submit token made with --allow-adhoc."""
+    other: dict[str, str]
+    """Another unrestricted submit token (for others' reservations)."""
+    admin: dict[str, str]
+    alpha: dict[str, str]
+    """alpha's agent token."""
+    log_dir: Path
+
+
+def bearer(store: Store, name: str, scope: Scope, **limits: Any) -> dict[str, str]:
+    secret = new_token()
+    store.token_insert(name, scope, token_hash(secret), NOW, **limits)
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture
+def grants(store_url, tmp_path, monkeypatch) -> Iterator[Grants]:
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(
+        job_types={
+            FIXED: JobTypeSection(command=["echo", "{issue}"]),
+            OPEN: JobTypeSection(command=["echo", "{issue}"], submit_env=["MY_FLAG", "APP_*"],
+                                 allow_workdir=True, allow_host=True, submit_max_weight="light",
+                                 submit_max_timeout=600.0, submit_max_attempts=2)},
+        server=ServerSection(max_log_bytes=1024 * 1024, max_reservations_per_token=3,
+                             max_reservation_weight="heavy"))
+    with open_store(store_url) as store:
+        for label in ("alpha", "beta"):
+            store.host_insert(HostRecord(label=label, ram_total_gb=64.0), NOW)
+        coordinator = Coordinator(store, Config(settings, None), host="server")
+        app = create_app(coordinator, Access(max_body_bytes=2 * 1024 * 1024))
+        yield Grants(
+            TestClient(app, raise_server_exceptions=False), store,
+            restricted=bearer(store, "ci", Scope.SUBMIT, job_types=frozenset({FIXED, OPEN})),
+            plain=bearer(store, "plain", Scope.SUBMIT),
+            adhoc=bearer(store, "shell", Scope.SUBMIT, allow_adhoc=True),
+            other=bearer(store, "other", Scope.SUBMIT),
+            admin=bearer(store, "root", Scope.ADMIN),
+            alpha=bearer(store, "host:alpha", Scope.AGENT, host="alpha"),
+            log_dir=coordinator.log_dir)
+
+
+def jobs_now(store: Store) -> list[Any]:
+    return [(job, store.attempt_list(job.id)) for job in store.job_list()]
+
+
+def refused(grants: Grants, auth: dict[str, str], body: dict[str, Any], status: int,
+            field: str) -> str:
+    """POST a submit that must be refused with `status`, naming `field`; nothing stored."""
+    before = jobs_now(grants.store)
+    response = grants.client.post("/api/v1/jobs", json=body, headers=auth)
+    assert response.status_code == status, (body, response.text)
+    text = response.json().get("detail") or response.json().get("error")
+    assert text.startswith(field), (field, text)
+    assert jobs_now(grants.store) == before
+    return str(text)
+
+
+@pytest.mark.parametrize("name", [example for example, _ in [
+    (pattern.replace("*", "X"), why) for pattern, why in DENIED]])
+def test_no_token_sets_a_denied_variable(grants, name):
+    for auth in (grants.restricted, grants.admin):
+        for body in ({"job_type": OPEN, "payload": {"issue": 1}, "env": {name: "x"}},
+                     {"command": ["true"], "env": {name: "x"}}):
+            if "command" in body and auth is grants.restricted:
+                continue  # refused for the command first (below)
+            refused(grants, auth, body, 422, f"env.{name}")
+
+
+def test_a_restricted_token_sets_only_what_its_job_type_allows(grants):
+    auth = grants.restricted
+    fixed = {"job_type": FIXED, "payload": {"issue": 7}}
+    for extra, field, fix in [
+            ({"env": {"MY_FLAG": "1"}}, "env.MY_FLAG", "submit_env"),
+            ({"workdir": "/tmp"}, "workdir", "allow_workdir"),
+            ({"affinity": "alpha"}, "affinity", "allow_host"),
+            ({"weight": "light"}, "weight", "submit_max_weight"),
+            ({"timeout_seconds": 60}, "timeout", "submit_max_timeout"),
+            ({"max_attempts": 1}, "max_attempts", "submit_max_attempts")]:
+        text = refused(grants, auth, {**fixed, **extra}, 403, field)
+        assert fix in text and f"[job_types.{FIXED}]" in text
+    open_type = {"job_type": OPEN, "payload": {"issue": 7}}
+    for extra, field in [({"env": {"OTHER": "1"}}, "env.OTHER"),
+                         ({"weight": "heavy"}, "weight"),
+                         ({"timeout_seconds": 601}, "timeout"),
+                         ({"max_attempts": 3}, "max_attempts")]:
+        refused(grants, auth, {**open_type, **extra}, 403, field)
+    # what picks and orders the work is the submitter's
+    ok = grants.client.post("/api/v1/jobs", headers=auth, json={
+        **fixed, "dedup_key": "issue-7", "priority": 50, "delay_seconds": 5, "force": True})
+    assert ok.status_code == 201, ok.text
+    allowed_all = grants.client.post("/api/v1/jobs", headers=auth, json={
+        **open_type, "env": {"MY_FLAG": "1", "APP_MODE": "x"}, "workdir": "/tmp",
+        "affinity": "alpha", "weight": "light", "timeout_seconds": 600, "max_attempts": 2})
+    assert allowed_all.status_code == 201, allowed_all.text
+    job = grants.store.job_get(allowed_all.json()["id"])
+    assert job is not None and (job.affinity, job.workdir, job.max_attempts) == (
+        "alpha", "/tmp", 2)
+    assert job.env == {"MY_FLAG": "1", "APP_MODE": "x"}
+    # an unrestricted submit token is not held to the job type's lists
+    free = grants.client.post("/api/v1/jobs", headers=grants.plain, json={
+        **fixed, "env": {"MY_FLAG": "1"}, "affinity": "beta", "weight": "heavy"})
+    assert free.status_code == 201, free.text
+
+
+def test_ad_hoc_commands_need_admin_or_allow_adhoc(grants):
+    body = {"command": ["true"]}
+    refused(grants, grants.restricted, body, 403, "this token may not act on job type")
+    text = refused(grants, grants.plain, body, 403, "command")
+    assert "--allow-adhoc" in text and "shell on every host" in text
+    for auth in (grants.adhoc, grants.admin):
+        assert grants.client.post("/api/v1/jobs", json=body, headers=auth).status_code == 201
+
+
+def test_a_token_ends_only_the_reservations_and_slots_it_made(grants):
+    client, store = grants.client, grants.store
+    made = client.post("/api/v1/reservations", headers=grants.restricted,
+                       json={"owner": "sub", "host": "alpha", "count": 1})
+    assert made.status_code == 201, made.text
+    [mine] = made.json()["reserved"]
+    slot = client.post("/api/v1/slots/claim", headers=grants.restricted,
+                       json={"run_id": "run-1", "host": "alpha", "weight": "light"})
+    assert slot.status_code == 201, slot.text
+    before = store.reservation_list()
+    complete = client.post(f"/api/v1/reservations/{mine}/complete", headers=grants.other,
+                           json={"status": "done"})
+    assert complete.status_code == 403 and "another token" in complete.json()["detail"]
+    for path in ("/api/v1/slots/release", "/api/v1/slots/claim"):
+        taken = client.post(path, headers=grants.other,
+                            json={"run_id": "run-1", "host": "alpha", "weight": "light"})
+        assert taken.status_code == 403, (path, taken.text)
+    assert store.reservation_list() == before
+    ended = client.post(f"/api/v1/reservations/{mine}/complete", headers=grants.restricted,
+                        json={"status": "done"})
+    assert ended.json()["status"] == "done"
+    released = client.post("/api/v1/slots/release", headers=grants.admin,
+                           json={"run_id": "run-1"})
+    assert released.json() == {"released": True}
+    assert store.reservation_list() == []
+
+
+def test_non_admin_tokens_are_capped_on_reservations_and_slots(grants):
+    client, store = grants.client, grants.store
+    heavy = client.post("/api/v1/reservations", headers=grants.other,
+                        json={"owner": "o", "host": "alpha", "count": 1,
+                              "weight": "orchestrator"})
+    assert heavy.status_code == 403 and heavy.json()["detail"].startswith("weight")
+    assert store.reservation_list() == []
+    many = client.post("/api/v1/reservations", headers=grants.other,
+                       json={"owner": "o", "host": "alpha", "count": 10, "weight": "light"})
+    assert many.status_code == 201 and len(many.json()["reserved"]) == 3
+    full = client.post("/api/v1/slots/claim", headers=grants.other,
+                       json={"run_id": "r", "host": "alpha", "weight": "light"})
+    assert full.status_code == 409 and "max_reservations_per_token" in full.text
+    assert len(store.reservation_list()) == 3
+    admin = client.post("/api/v1/reservations", headers=grants.admin,
+                        json={"owner": "o", "host": "alpha", "count": 4,
+                              "weight": "orchestrator"})
+    assert len(admin.json()["reserved"]) == 3  # as many as fit the host, not the cap
+
+
+def on_beta(grants: Grants) -> AttemptToken:
+    """An attempt claimed on host beta (what alpha's token must not touch)."""
+    submitted = grants.client.post("/api/v1/jobs", headers=grants.admin,
+                                   json={"command": ["true"], "affinity": "beta"})
+    job_id = submitted.json()["id"]
+    [job] = grants.store.job_claim("beta", "beta/1/1", 1, datetime.now(UTC))
+    assert job.id == job_id
+    return job.token
+
+
+def test_a_host_token_touches_no_other_hosts_attempt(grants):
+    client, store = grants.client, grants.store
+    token = on_beta(grants)
+    attempt = f"{token.job_id}/{token.attempt}"
+    before = jobs_now(store)
+    beat = client.post("/api/v1/agent/alpha/heartbeat", headers=grants.alpha,
+                       json={"worker": "alpha/1/1", "running": [[token.job_id, token.attempt]]})
+    assert beat.status_code == 200 and beat.json()["live"] == [], beat.text
+    for kind, body in [("start", {"pid": 1}), ("finish", {"outcome": "ok", "exit_code": 0})]:
+        answer = client.post(f"/api/v1/agent/alpha/attempts/{attempt}/{kind}", json=body,
+                             headers=grants.alpha)
+        assert answer.status_code == 409, (kind, answer.text)
+    log = client.post(f"/api/v1/agent/alpha/attempts/{attempt}/log", content=b"x",
+                      headers=grants.alpha)
+    assert log.status_code == 409
+    placed = client.get(f"/api/v1/agent/alpha/attempts/{attempt}", headers=grants.alpha)
+    assert placed.json()["job"] is None
+    assert jobs_now(store) == before  # heartbeat_at (in the attempt list) did not move
+    assert client.post(f"/api/v1/jobs/{token.job_id}/cancel",
+                       headers=grants.admin).status_code == 200
+    cancel_state = jobs_now(store)
+    cancels = client.get("/api/v1/agent/alpha/cancels", params={"jobs": str(token.job_id)},
+                         headers=grants.alpha)
+    assert cancels.json()["cancel"] == []
+    gone = client.post("/api/v1/agent/alpha/gone", params={"worker": "beta/1/1"},
+                       headers=grants.alpha)
+    assert gone.status_code == 422
+    for path, method in [(f"/api/v1/agent/beta/attempts/{attempt}/start", "POST"),
+                         ("/api/v1/agent/beta/heartbeat", "POST"),
+                         (f"/api/v1/agent/beta/attempts/{attempt}/log", "POST")]:
+        assert client.request(method, path, headers=grants.alpha,
+                              json={"worker": "beta/1/1", "pid": 1}).status_code == 403
+    assert jobs_now(store) == cancel_state
+    assert not (grants.log_dir / str(token.job_id)).exists()
+
+
+def test_agent_log_writes_are_capped_and_never_sparse(grants):
+    client, store = grants.client, grants.store
+    submitted = client.post("/api/v1/jobs", headers=grants.admin,
+                            json={"command": ["true"], "affinity": "alpha"})
+    [job] = store.job_claim("alpha", "alpha/1/1", 1, datetime.now(UTC))
+    assert job.id == submitted.json()["id"]
+    path = f"/api/v1/agent/alpha/attempts/{job.id}/{job.attempt}/log"
+    log_file = grants.log_dir / str(job.id) / f"{job.attempt}.log"
+    first = client.post(path, params={"offset": 1}, content=b"x", headers=grants.alpha)
+    assert first.status_code == 416 and not log_file.exists()  # nothing created
+    assert client.post(path, content=b"hello\n", headers=grants.alpha).json()["size"] == 6
+    sparse = client.post(path, params={"offset": 2**40}, content=b"x", headers=grants.alpha)
+    assert sparse.status_code == 416 and "offset" in sparse.json()["detail"]
+    assert log_file.stat().st_size == 6
+    resent = client.post(path, params={"offset": 0}, content=b"hello\n", headers=grants.alpha)
+    assert resent.status_code == 200  # a resent chunk is fine
+    chunk = b"y" * (512 * 1024)
+    assert client.post(path, params={"offset": 6}, content=chunk,
+                       headers=grants.alpha).status_code == 200
+    over = client.post(path, params={"offset": 6 + len(chunk)}, content=chunk,
+                       headers=grants.alpha)
+    assert over.status_code == 413 and "max_log_bytes" in over.json()["detail"]
+    assert log_file.stat().st_size == 6 + len(chunk)
+
+
+@pytest.mark.parametrize("transport", ["local"])
+def test_no_api_route_makes_a_host_local(grants, transport):
+    added = grants.client.post("/api/v1/hosts", headers=grants.admin,
+                               json={"label": "gamma", "ram_total_gb": 8,
+                                     "transport": transport})
+    assert added.status_code == 422 and added.json()["field"] == "transport"
+    assert "herder.toml" in added.json()["error"]
+    changed = grants.client.patch("/api/v1/hosts/alpha", headers=grants.admin,
+                                  json={"transport": transport})
+    assert changed.status_code == 422 and changed.json()["field"] == "transport"
+    assert grants.store.host_get("gamma") is None
+    assert str(grants.store.host_get("alpha").transport) == "agent"
+
+
+def test_a_local_host_stays_local_over_the_api(grants):
+    grants.store.host_insert(HostRecord(label="here", ram_total_gb=8.0,
+                                        transport=Transport.LOCAL), NOW)
+    for transport in ("agent", "ssh"):
+        changed = grants.client.patch("/api/v1/hosts/here", headers=grants.admin,
+                                      json={"transport": transport, "ssh_target": "u@h"})
+        assert changed.status_code == 422 and changed.json()["field"] == "transport"
+    assert grants.store.host_get("here").transport is Transport.LOCAL
+    same = grants.client.patch("/api/v1/hosts/here", headers=grants.admin,
+                               json={"ram_total_gb": 16})
+    assert same.status_code == 200
+
+
+def test_log_write_refusal_is_pure_arithmetic():
+    assert log_write_refusal(0, 10, 0, 100) is None
+    assert log_write_refusal(5, 10, 20, 100) is None  # a resent chunk
+    assert log_write_refusal(21, 1, 20, 100)[0] == 416
+    assert log_write_refusal(95, 10, 95, 100)[0] == 413
+    assert log_write_refusal(90, 10, 90, 100) is None  # exactly the cap
+
+
+def test_authorize_owner_and_reservation_bounds():
+    mine = Caller("ci", Scope.SUBMIT, id=7)
+    other = Caller("other", Scope.SUBMIT, id=8)
+    made = Reservation(1, ReservationKind.CI, "run-1", "alpha", "light", 3.0,
+                       ReservationStatus.ACTIVE, NOW, NOW, None, created_by=7)
+    authorize_owner(mine, made)
+    authorize_owner(Caller("root", Scope.ADMIN), made)
+    with pytest.raises(Denied, match="another token") as refused:
+        authorize_owner(other, made)
+    assert refused.value.status == 403
+    budgets = {"light": 3.0, "heavy": 8.0}
+    authorize_reservation(mine, "light", budgets, "light")
+    authorize_reservation(Caller("root", Scope.ADMIN), "heavy", budgets, "light")
+    authorize_reservation(mine, "unknown", budgets, "light")  # the 422 names it later
+    with pytest.raises(Denied, match="max_reservation_weight"):
+        authorize_reservation(mine, "heavy", budgets, "light")
+    assert held_by(mine, 5) == (7, 5) and held_by(Caller("root", Scope.ADMIN, id=1), 5) == (
+        1, None)

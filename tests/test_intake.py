@@ -8,11 +8,12 @@ import stat
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from herder.config import Config, load_config
+from herder.config import Config, JobTypeSection, load_config
 from herder.errors import ConfigError, InputError
 from herder.intake import parse_assignments, parse_payload, resolve
 from herder.model import JobSpec
@@ -340,8 +341,15 @@ def test_command_is_looked_up_on_the_jobs_own_path(config, tmp_path):
     (bin_dir / "herder-test-tool").write_text("#!/bin/sh\n")
     (bin_dir / "herder-test-tool").chmod(0o755)
     assert rejected(config, request(command=["herder-test-tool"])).field == "command"
-    spec = resolve(config, request(command=["herder-test-tool"], env={"PATH": str(bin_dir)}))
-    assert spec.command == ("herder-test-tool",)
+    # A submitted PATH is refused (issue 23: it picks the program a fixed argv runs); the
+    # job type's own env in herder.toml may set it.
+    assert rejected(config, request(command=["herder-test-tool"],
+                                    env={"PATH": str(bin_dir)})).field == "env.PATH"
+    tool = JobTypeSection(command=["herder-test-tool"], env={"PATH": str(bin_dir)})
+    typed = Config(msgspec.structs.replace(
+        config.settings, job_types={**config.settings.job_types, "tool": tool}), config.path)
+    spec = resolve(typed, request("tool"))
+    assert spec.command == ("herder-test-tool",) and spec.env["PATH"] == str(bin_dir)
 
 
 def test_no_check_skips_the_command_and_workdir_checks(config, tmp_path):

@@ -304,14 +304,27 @@ def test_heartbeat_reports_live_and_cancel_sets(store):
     stranger = AttemptToken(a_id + b_id + 100, 1)
     wrong_attempt = AttemptToken(a_id, 2)
 
-    reply = store.attempt_heartbeat([a.token, b.token, stranger, wrong_attempt], at(5))
+    reply = store.attempt_heartbeat("h1", [a.token, b.token, stranger, wrong_attempt], at(5))
     assert reply.live == {a.token, b.token}
     assert reply.cancel == {b.token}
     assert [x.heartbeat_at for x in store.attempt_list(a_id)] == [at(5)]
     assert [x.heartbeat_at for x in store.attempt_list(b_id)] == [at(5)]
 
-    empty = store.attempt_heartbeat([], at(6))
+    empty = store.attempt_heartbeat("h1", [], at(6))
     assert empty.live == frozenset() and empty.cancel == frozenset()
+
+
+def test_heartbeat_renews_only_the_hosts_own_attempts(store):
+    """Issue 23: host h2's token sent h1's attempt with its heartbeat and renewed it."""
+    a_id, b_id = submit(store, spec(affinity="h1"), spec(affinity="h2"))
+    a = claim_one(store, T0, host="h1")
+    b = claim_one(store, T0, host="h2")
+    before = snapshot(store, a_id)
+    reply = store.attempt_heartbeat("h2", [a.token, b.token], at(5))
+    assert reply.live == {b.token}
+    assert snapshot(store, a_id) == before
+    assert [x.heartbeat_at for x in store.attempt_list(a_id)] == [T0]
+    assert [x.heartbeat_at for x in store.attempt_list(b_id)] == [at(5)]
 
 
 def test_attempt_list_live_lists_unended_attempts(store):
@@ -339,7 +352,7 @@ def test_stale_attempt_token_is_fenced_out(store, first_end):
         (first.token, JobStatus.QUEUED)]
 
     # between the attempts: the old token already is dead
-    assert store.attempt_heartbeat([first.token], at(2)).live == frozenset()
+    assert store.attempt_heartbeat("h1", [first.token], at(2)).live == frozenset()
 
     second = claim_one(store, at(3), host="h2")
     assert second.id == job_id and second.attempt == 2
@@ -347,14 +360,14 @@ def test_stale_attempt_token_is_fenced_out(store, first_end):
     before = snapshot(store, job_id)
 
     late = at(10)
-    assert store.attempt_heartbeat([first.token], late).live == frozenset()
+    assert store.attempt_heartbeat("h1", [first.token], late).live == frozenset()
     assert store.attempt_start(first.token, 101, "/late", late) is False
     ok = Decision(JobStatus.DONE)
     assert store.attempt_finish([AttemptResult(first.token, Outcome.OK, 0, ok)], late) == []
     assert snapshot(store, job_id) == before
 
     # the live token still works after the stale writes bounced
-    assert store.attempt_heartbeat([second.token], late).live == {second.token}
+    assert store.attempt_heartbeat("h2", [second.token], late).live == {second.token}
     assert store.attempt_finish([AttemptResult(second.token, Outcome.OK, 0, ok)], late) == [
         (second.token, JobStatus.DONE)]
     done = get(store, job_id)
@@ -550,7 +563,7 @@ def test_cancel_running_requests_stop_and_requeue_becomes_cancelled(store):
     event = store.event_list(job_id)[-1]
     assert (event.kind, event.from_status, event.to_status, event.attempt) == (
         "cancel_requested", JobStatus.RUNNING, JobStatus.RUNNING, 1)
-    assert store.attempt_heartbeat([job.token], at(3)).cancel == {job.token}
+    assert store.attempt_heartbeat("h1", [job.token], at(3)).cancel == {job.token}
 
     decision = decision_for(store, job_id, Outcome.FAILED, at(4))
     assert decision.status is JobStatus.QUEUED, "precondition: the policy would retry"
@@ -991,7 +1004,7 @@ def test_migration_3_moves_live_attempts_onto_their_job_rows(blank_store_url, mo
         assert (ended.pid, ended.ended_at, ended.exit_code) == (7, at(4), 0)
         # the moved attempt still heartbeats and finishes under its fencing token
         token = AttemptToken(running, 1)
-        assert store.attempt_heartbeat([token], at(6)).live == frozenset({token})
+        assert store.attempt_heartbeat("h1", [token], at(6)).live == frozenset({token})
         assert finish(store, token, Outcome.OK, at(7), exit_code=0) == [(token, JobStatus.DONE)]
         [history] = store.attempt_list(running)
         assert (history.worker, history.pid, history.heartbeat_at, history.ended_at) == (

@@ -283,7 +283,7 @@ def test_postgres_claim_and_finish_settle_on_a_cached_plan(postgres_url):
         # PostgreSQL charges per relation the statement names).
         for _ in range(20):
             jobs = store.job_claim("h1", "w1", 10, T0)
-            store.attempt_heartbeat([job.token for job in jobs], T0)
+            store.attempt_heartbeat("h1", [job.token for job in jobs], T0)
             store.attempt_finish([AttemptResult(job.token, Outcome.OK, 0,
                                                 Decision(JobStatus.DONE)) for job in jobs], T0)
         with store._pool.connection() as conn:

@@ -44,6 +44,21 @@ def test_create_prints_the_token_once_and_stores_only_its_hash(tmp_path, store_u
     assert secret not in table
 
 
+def test_allow_adhoc_is_stored_and_listed(tmp_path, store_url):
+    """Issue 23: only a submit token made with --allow-adhoc runs ad-hoc commands."""
+    ok(run_herder("token", "create", "--scope", "submit", "--name", "shell", "--allow-adhoc",
+                  cwd=tmp_path, db=store_url))
+    ok(run_herder("token", "create", "--scope", "submit", "--name", "plain", cwd=tmp_path,
+                  db=store_url))
+    views = {view["name"]: view for view in listed(tmp_path, store_url)}
+    assert (views["shell"]["allow_adhoc"], views["plain"]["allow_adhoc"]) == (True, False)
+    table = ok(run_herder("token", "list", cwd=tmp_path, db=store_url)).stdout
+    [shell] = [line for line in table.splitlines() if " shell " in line]
+    assert "ad-hoc commands" in shell
+    [plain] = [line for line in table.splitlines() if " plain " in line]
+    assert "ad-hoc" not in plain
+
+
 def test_revoke_stops_a_token_and_list_shows_it_only_with_all(tmp_path, store_url):
     ok(run_herder("token", "create", "--scope", "read", cwd=tmp_path, db=store_url))
     [view] = listed(tmp_path, store_url)
@@ -63,6 +78,8 @@ def test_revoke_stops_a_token_and_list_shows_it_only_with_all(tmp_path, store_ur
     (("--scope", "submit", "--job-types", " , "), "--job-types"),
     (("--scope", "agent", "--host", "ghost"), "no host"),
     (("--scope", "root"), "--scope"),
+    (("--scope", "admin", "--allow-adhoc"), "--allow-adhoc"),
+    (("--scope", "read", "--allow-adhoc"), "--allow-adhoc"),
 ])
 def test_bad_token_requests_exit_2_and_create_nothing(tmp_path, sqlite_url, args, field):
     with open_store(sqlite_url) as store:

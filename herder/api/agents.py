@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 
 from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, call, check_worker
 from herder.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
+from herder.runtime.coordinator import LogRefused
 from herder.runtime.sources import Ending
 from herder.wire import (
     Assignment,
@@ -124,9 +125,14 @@ LOG_BODY = {"requestBody": {"required": False, "content": {"application/octet-st
 async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                     request: Request, service: Service,
                     offset: Annotated[int, Query(ge=0, le=2**40)] = 0) -> LogWritten:
-    """Raw log bytes (the body) written at `offset` of the server's copy."""
+    """Raw log bytes (the body) written at `offset` of the server's copy: 416 for an
+    offset past its end, 413 past `server.max_log_bytes`."""
     data = await request.body()
-    size = await call(service.write_log, label, AttemptToken(job_id, attempt), offset, data)
+    try:
+        size = await call(service.write_log, label, AttemptToken(job_id, attempt), offset,
+                          data)
+    except LogRefused as refused:
+        raise HTTPException(refused.status, refused.reason) from None
     return LogWritten(size=size)
 
 

@@ -28,7 +28,8 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 @router.post("", status_code=201, response_model=Submitted)
 async def submit(body: SubmitBody, caller: Submitter, service: Service) -> Submitted:
     spec = service.resolve_submit(body)
-    authorize_submit(caller, spec.job_type, spec.priority)
+    authorize_submit(caller, body, spec, service.settings.job_types.get(spec.job_type),
+                     service.settings.weights)
     result = await call(service.submit, spec, body.force)
     return Submitted(id=result.job_id, created=result.created, status=result.status)
 

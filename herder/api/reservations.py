@@ -1,10 +1,15 @@
-"""Subagent reservations and CI slots: RAM booked on a host outside the job table."""
+"""Subagent reservations and CI slots: RAM booked on a host outside the job table.
+
+A non-admin token holds at most `server.max_reservations_per_token` of them at once, none
+heavier than `server.max_reservation_weight`, and ends only those it made."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
 from herder.api.depends import ReservationId, Service, Submitter, call
+from herder.api.tokens import authorize_owner, authorize_reservation, held_by
+from herder.errors import NotFound
 from herder.wire import (
     CompleteBody,
     ReservationEnded,
@@ -19,27 +24,50 @@ router = APIRouter(prefix="/api/v1", tags=["reservations"])
 
 
 @router.post("/reservations", status_code=201, response_model=Reserved)
-async def reserve(body: ReserveBody, _caller: Submitter, service: Service) -> Reserved:
+async def reserve(body: ReserveBody, caller: Submitter, service: Service) -> Reserved:
+    server = service.settings.server
+    authorize_reservation(caller, body.weight, service.settings.weights,
+                          server.max_reservation_weight)
+    created_by, max_held = held_by(caller, server.max_reservations_per_token)
     created = await call(service.operations.reserve, body.owner, body.host, body.weight,
-                         body.count)
+                         body.count, created_by, max_held)
     return Reserved(reserved=created, requested=body.count)
 
 
 @router.post("/reservations/{reservation_id}/complete", response_model=ReservationEnded)
-async def complete(reservation_id: ReservationId, body: CompleteBody, _caller: Submitter,
+async def complete(reservation_id: ReservationId, body: CompleteBody, caller: Submitter,
                    service: Service) -> ReservationEnded:
-    status = await call(service.operations.complete_reservation, reservation_id, body.status)
+    existing = await call(service.store.reservation_get, reservation_id)
+    if existing is None:
+        raise NotFound(f"no reservation {reservation_id}")
+    authorize_owner(caller, existing)
+    status = await call(service.operations.complete_reservation, reservation_id, body.status,
+                        existing.created_by)
     return ReservationEnded(id=reservation_id, status=status)
 
 
 @router.post("/slots/claim", status_code=201, response_model=SlotClaimed)
-async def slot_claim(body: SlotBody, _caller: Submitter, service: Service) -> SlotClaimed:
+async def slot_claim(body: SlotBody, caller: Submitter, service: Service) -> SlotClaimed:
     if body.host is None or body.weight is None:
         raise HTTPException(422, "host and weight are required to claim a slot")
-    slot_id = await call(service.operations.claim_slot, body.run_id, body.host, body.weight)
+    server = service.settings.server
+    authorize_reservation(caller, body.weight, service.settings.weights,
+                          server.max_reservation_weight)
+    created_by, max_held = held_by(caller, server.max_reservations_per_token)
+    slot_id = await call(service.operations.claim_slot, body.run_id, body.host, body.weight,
+                         created_by, max_held)
+    if max_held is not None:  # a run id another token holds is not handed over
+        slot = await call(service.store.reservation_get, slot_id)
+        if slot is not None:
+            authorize_owner(caller, slot)
     return SlotClaimed(id=slot_id, run_id=body.run_id, host=body.host)
 
 
 @router.post("/slots/release", response_model=SlotReleased)
-async def slot_release(body: SlotBody, _caller: Submitter, service: Service) -> SlotReleased:
-    return SlotReleased(released=await call(service.operations.release_slot, body.run_id))
+async def slot_release(body: SlotBody, caller: Submitter, service: Service) -> SlotReleased:
+    held = await call(service.store.reservation_active_ci, body.run_id)
+    if held is None:
+        return SlotReleased(released=False)
+    authorize_owner(caller, held)
+    return SlotReleased(released=await call(service.operations.release_slot, body.run_id,
+                                            held.created_by))

@@ -10,11 +10,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from herder.model import Scope, TokenRecord
+from herder.env_policy import allowed
+from herder.intake import ADHOC
+from herder.model import JobSpec, Reservation, Scope, TokenRecord
+
+if TYPE_CHECKING:
+    from herder.config import JobTypeSection
+    from herder.submission import SubmitRequest
+    from herder.wire import SubmitBody
 
 TOKEN_PREFIX = "hdr_"
 OPERATOR_RANK = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}
@@ -55,11 +63,14 @@ class Caller(msgspec.Struct, frozen=True):
     host: str | None = None
     job_types: frozenset[str] | None = None
     priority_floor: int | None = None
+    id: int | None = None
+    """The stored token's id; None for the legacy and the anonymous admin."""
+    allow_adhoc: bool = False
 
     @classmethod
     def of(cls, record: TokenRecord) -> Caller:
         return cls(record.name, record.scope, record.host, record.job_types,
-                   record.priority_floor)
+                   record.priority_floor, record.id, record.allow_adhoc)
 
 
 ANONYMOUS_ADMIN = Caller("anonymous (--insecure-no-auth)", Scope.ADMIN)
@@ -87,11 +98,84 @@ def authorize_job_type(caller: Caller, job_type: str) -> None:
         raise Denied(403, f"this token may not act on job type {job_type!r} (allowed: {allowed})")
 
 
-def authorize_submit(caller: Caller, job_type: str, priority: int) -> None:
-    authorize_job_type(caller, job_type)
-    if caller.priority_floor is not None and priority < caller.priority_floor:
-        raise Denied(403, f"this token may not submit priority {priority}: its floor is "
-                          f"{caller.priority_floor} (lower numbers run first)")
+def authorize_submit(caller: Caller, request: SubmitRequest | SubmitBody, spec: JobSpec,
+                     job_type: JobTypeSection | None, budgets: Mapping[str, float]) -> None:
+    """What a submit token was given. Ad-hoc commands (a shell on every host) need admin or
+    `--allow-adhoc`. A token restricted to job types sets what picks and orders the work
+    (payload, dedup key, priority within its floor, delay, force) and nothing that changes
+    what runs or where unless the job type lets a submitter: `submit_env`,
+    `allow_workdir`, `allow_host`, `submit_max_weight` / `_timeout` / `_attempts`.
+    `request` says what the submitter set, `spec` is it resolved, `budgets` the weights."""
+    authorize_job_type(caller, spec.job_type)
+    if caller.priority_floor is not None and spec.priority < caller.priority_floor:
+        raise Denied(403, f"priority: this token may not submit priority {spec.priority}: "
+                          f"its floor is {caller.priority_floor} (lower numbers run first)")
+    if job_type is None or spec.job_type == ADHOC:
+        if caller.scope is not Scope.ADMIN and not caller.allow_adhoc:
+            raise Denied(403, "command: this token may not submit ad-hoc commands (one is a "
+                              "shell on every host): submit a job type, or use a token "
+                              "created with `herder token create --scope submit "
+                              "--allow-adhoc`")
+        return
+    if caller.job_types is None:
+        return
+    where = f"[job_types.{spec.job_type}]"
+    for name in request.env:
+        if not allowed(name, job_type.submit_env):
+            raise Denied(403, f"env.{name}: this token may not set {name} on job type "
+                              f"{spec.job_type!r}: leave it out, or list it in {where} "
+                              "submit_env")
+    for field, given, allowed_by in (("workdir", request.workdir, "allow_workdir"),
+                                     ("affinity", request.affinity, "allow_host")):
+        if given is not None and not getattr(job_type, allowed_by):
+            raise Denied(403, f"{field}: this token may not choose the {field} of job type "
+                              f"{spec.job_type!r}: leave it out, or set {allowed_by} = true "
+                              f"in {where}")
+    weight_bound = job_type.submit_max_weight
+    if request.weight is not None and (
+            weight_bound is None
+            or budgets.get(request.weight, 0.0) > budgets.get(weight_bound, 0.0)):
+        raise Denied(403, _over("weight", request.weight, weight_bound,
+                                "submit_max_weight", where))
+    for field, value, bound, key in (
+            ("timeout", request.timeout_seconds, job_type.submit_max_timeout,
+             "submit_max_timeout"),
+            ("max_attempts", request.max_attempts, job_type.submit_max_attempts,
+             "submit_max_attempts")):
+        if value is not None and (bound is None or value > bound):
+            raise Denied(403, _over(field, value, bound, key, where))
+
+
+def _over(field: str, value: object, bound: object, key: str, where: str) -> str:
+    if bound is None:
+        return (f"{field}: this token may not choose the {field} ({value}): leave it out, "
+                f"or set {key} in {where}")
+    return f"{field}: {value} is over this job type's {key} ({bound}): pass at most {bound}"
+
+
+def authorize_reservation(caller: Caller, weight: str, budgets: Mapping[str, float],
+                          max_weight: str | None) -> None:
+    """A non-admin token reserves (or claims a slot) no heavier than the server's
+    `max_reservation_weight`; an unknown weight is left to the 422 that names it."""
+    if caller.scope is Scope.ADMIN or max_weight is None or weight not in budgets:
+        return
+    if budgets[weight] > budgets.get(max_weight, 0.0):
+        raise Denied(403, f"weight: this token may reserve at most {max_weight!r}; "
+                          f"{weight!r} books more RAM (server.max_reservation_weight)")
+
+
+def authorize_owner(caller: Caller, reservation: Reservation) -> None:
+    """A non-admin token completes or releases only what it made."""
+    if caller.scope is Scope.ADMIN or reservation.created_by == caller.id:
+        return
+    what = "CI slot" if reservation.kind == "ci" else "reservation"
+    raise Denied(403, f"this {what} ({reservation.owner!r}) was made by another token; only "
+                      "that token or an admin may end it")
+
+
+def held_by(caller: Caller, cap: int) -> tuple[int | None, int | None]:
+    """(created_by, max_held) for what `caller` reserves: admins are not capped."""
+    return caller.id, None if caller.scope is Scope.ADMIN else cap
 
 
 def identify(record: TokenRecord | None) -> Caller:

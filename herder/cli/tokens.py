@@ -40,9 +40,13 @@ def token(state: State) -> None:
 @click.option("--job-types", help="submit: only these job types (comma-separated).")
 @click.option("--priority-floor", type=click.IntRange(-(2**31), 2**31 - 1),
               help="submit: refuse priorities below this (lower numbers run first).")
+@click.option("--allow-adhoc", is_flag=True,
+              help="submit: may also run ad-hoc commands (`herder submit -- CMD`), a shell "
+                   "on every host (with --job-types: only if it lists adhoc).")
 @pass_state
 def token_create(state: State, scope: str, name: str | None, label: str | None,
-                 job_types: str | None, priority_floor: int | None) -> None:
+                 job_types: str | None, priority_floor: int | None,
+                 allow_adhoc: bool) -> None:
     """Create a token and print it once; only its hash is kept."""
     from herder.api.tokens import new_token, token_hash
 
@@ -57,6 +61,10 @@ def token_create(state: State, scope: str, name: str | None, label: str | None,
         if chosen is not Scope.SUBMIT and (job_types is not None or priority_floor is not None):
             raise InputError("--job-types", "limits apply to submit tokens only",
                              "drop --job-types/--priority-floor, or use --scope submit")
+        if allow_adhoc and chosen is not Scope.SUBMIT:
+            raise InputError("--allow-adhoc", "is for submit tokens (admin tokens run "
+                             "ad-hoc commands anyway; read and agent tokens submit nothing)",
+                             "drop --allow-adhoc, or use --scope submit")
         limited = names(job_types)
         if job_types is not None and limited is None:
             raise InputError("--job-types", "names no job type", "e.g. --job-types dev-issue")
@@ -66,7 +74,8 @@ def token_create(state: State, scope: str, name: str | None, label: str | None,
         secret = new_token()
         token_id = store.token_insert(name or (f"host:{label}" if label else chosen.value),
                                       chosen, token_hash(secret), utcnow(), host=label,
-                                      job_types=limited, priority_floor=priority_floor)
+                                      job_types=limited, priority_floor=priority_floor,
+                                      allow_adhoc=allow_adhoc)
     click.echo(f"token {token_id} ({chosen}) created; it is shown once, store it now", err=True)
     click.echo(secret)
 
@@ -90,6 +99,8 @@ def token_list(state: State, show_all: bool, as_json: bool) -> None:
             limits.append("types " + ",".join(sorted(record.job_types)))
         if record.priority_floor is not None:
             limits.append(f"priority >= {record.priority_floor}")
+        if record.allow_adhoc:
+            limits.append("ad-hoc commands")
         revoked = "" if record.revoked_at is None else f"{record.revoked_at:%Y-%m-%d %H:%M}"
         rows.append((str(record.id), record.name, str(record.scope), record.host or "",
                      "; ".join(limits), f"{record.created_at:%Y-%m-%d %H:%M}", revoked))
@@ -103,7 +114,8 @@ def token_view(record: TokenRecord) -> dict[str, Any]:
     return {"id": record.id, "name": record.name, "scope": str(record.scope),
             "host": record.host,
             "job_types": None if record.job_types is None else sorted(record.job_types),
-            "priority_floor": record.priority_floor, "created_at": iso(record.created_at),
+            "priority_floor": record.priority_floor, "allow_adhoc": record.allow_adhoc,
+            "created_at": iso(record.created_at),
             "revoked_at": iso(record.revoked_at)}
 
 

@@ -672,6 +672,10 @@ class LogShipper:
             log.warning("attempt %s: log not shipped, the attempt is no longer live here (%s)",
                         token, reply.problem)
             return "settled"
+        if reply.status == 413:
+            log.warning("attempt %s: the rest of its log is not shipped, it passed the "
+                        "server's max_log_bytes (%s)", token, reply.problem)
+            return "settled"
         if reply.verdict is Verdict.REFUSED:
             log.error("attempt %s: log not shipped, the server refused it (%s); this is a bug "
                       "in herder, please report it", token, reply.problem)

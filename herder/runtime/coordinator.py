@@ -21,7 +21,7 @@ from msgspec.structs import replace
 from herder.backoff import Backoff
 from herder.client import Client
 from herder.config import Config, JobTypeSection
-from herder.errors import Conflict, InputError, NotFound, StoreUnavailable
+from herder.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
 from herder.host_settings import declared_host
 from herder.intake import resolve
 from herder.model import (
@@ -642,7 +642,7 @@ class Coordinator:
         self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
         if isinstance(info.get("accounts"), dict):
             record_probes(self.store, label, info["accounts"], stamp)
-        reply = self.store.attempt_heartbeat(running, stamp)
+        reply = self.store.attempt_heartbeat(label, running, stamp)
         host = self.store.host_get(label)
         attempts = self.store.attempt_list_live(label) if with_attempts else []
         return HeartbeatReply(
@@ -724,13 +724,23 @@ class Coordinator:
         """Write an agent's log bytes at `offset` (idempotent when a chunk is resent).
 
         Late chunks of an attempt that already ended, or was declared lost, are still what
-        ran on that host: they are kept as long as the attempt ran there."""
+        ran on that host: they are kept as long as the attempt ran there. LogRefused when
+        the chunk would end past `server.max_log_bytes` or start past the file's end (a
+        sparse file: a host token could reserve a terabyte with one request)."""
         job = self.store.job_get(token.job_id)
         live_here = job is not None and job.host == label and job.attempt == token.attempt
         if not live_here and not any(a.attempt == token.attempt and a.host == label
                                      for a in self.store.attempt_list(token.job_id)):
             raise Conflict(f"attempt {token} never ran on host {label}")
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        refusal = log_write_refusal(offset, len(data), size,
+                                    self.settings.server.max_log_bytes)
+        if refusal is not None:  # refused before anything is created (a log only grows)
+            raise LogRefused(*refusal)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
@@ -1016,13 +1026,37 @@ def _settled_why(job: Job, now: datetime) -> str | None:
     return None
 
 
+class LogRefused(HerderError):
+    """A log chunk the server does not write: `status` is the HTTP answer (413, 416)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def log_write_refusal(offset: int, length: int, size: int, cap: int) -> tuple[int, str] | None:
+    """Why an agent's chunk of `length` bytes at `offset` is not written to a log file of
+    `size` bytes, as (HTTP status, reason); None when it is. A resent chunk (at or before
+    the end) is fine; one past the end would leave a hole, one past `cap` is too much."""
+    if offset > size:
+        return 416, (f"offset: {offset} is past the end of the log ({size} bytes); send the "
+                     "log from where it ends")
+    if offset + length > cap:
+        return 413, (f"the log would pass server.max_log_bytes ({cap} bytes); the rest of "
+                     "this attempt's log is not kept")
+    return None
+
+
 def complete_reservation(store: Store, reservation_id: int, status: ReservationStatus,
-                         now: datetime) -> Reservation:
+                         now: datetime, by: int | None = None) -> Reservation:
+    """End an active reservation (with `by`: only one that token made) or say how it
+    ended."""
     if status not in (ReservationStatus.DONE, ReservationStatus.FAILED,
                       ReservationStatus.CANCELLED):
         raise InputError("status", f"{status!r} cannot complete a reservation",
                          "use done, failed or cancelled")
-    ended = store.reservation_end(reservation_id, status, now)
+    ended = store.reservation_end(reservation_id, status, now, by)
     if ended is not None:
         return ended
     existing = store.reservation_get(reservation_id)
@@ -1032,25 +1066,34 @@ def complete_reservation(store: Store, reservation_id: int, status: ReservationS
 
 
 def reserve(store: Store, config: Config, fleet: Fleet, owner: str, label: str, weight: str,
-            count: int, now: datetime) -> list[Reservation]:
-    """Up to `count` subagent slots for `owner` on a host, as many as fit its bookable RAM."""
+            count: int, now: datetime, created_by: int | None = None,
+            max_held: int | None = None) -> list[Reservation]:
+    """Up to `count` subagent slots for `owner` on a host, as many as fit its bookable RAM
+    (and, with `max_held`, as keep token `created_by` within that many active ones)."""
     host = store.host_get(label)
     if host is None:
         raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
     config.check_weight(weight)
     return store.reservation_create(
         ReservationKind.SUBAGENT, owner, label, weight, fleet.weights.budget(weight), count,
-        expires(now, config.settings.fleet.reservation_ttl), fleet.bookable(host), now)
+        expires(now, config.settings.fleet.reservation_ttl), fleet.bookable(host), now,
+        created_by, max_held)
 
 
 def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: str,
-               weight: str, now: datetime) -> Reservation:
+               weight: str, now: datetime, created_by: int | None = None,
+               max_held: int | None = None) -> Reservation:
+    """A CI run's slot (the live one when the run holds one); Conflict when token
+    `created_by` already holds `max_held` reservations and slots."""
     if store.host_get(label) is None:
         raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
     config.check_weight(weight)
     created = store.reservation_create(
         ReservationKind.CI, run_id, label, weight, fleet.weights.budget(weight), 1,
-        expires(now, config.settings.fleet.ci_slot_ttl), None, now)
+        expires(now, config.settings.fleet.ci_slot_ttl), None, now, created_by, max_held)
+    if not created:
+        raise Conflict(f"this token holds {max_held} active reservations and slots "
+                       "(server.max_reservations_per_token): release some first")
     return created[0]
 
 

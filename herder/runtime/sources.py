@@ -353,7 +353,7 @@ class StoreSource(WorkSource):
         return True
 
     def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
-        return self.store.attempt_heartbeat(tokens, now)
+        return self.store.attempt_heartbeat(self.host, tokens, now)
 
     def finished(
         self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,

@@ -186,15 +186,16 @@ class Store(abc.ABC):
         """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
 
     def attempt_heartbeat(
-        self, tokens: Sequence[AttemptToken], now: datetime
+        self, host: str, tokens: Sequence[AttemptToken], now: datetime
     ) -> HeartbeatReply:
-        """Mark live attempts as seen; which of the tokens are live, and which of those must
-        stop. All tokens are one statement: their job ids and attempts as two arrays."""
+        """Mark `host`'s live attempts as seen; which of the tokens are live there, and which
+        of those must stop (another host's attempt is not live here, and is not renewed).
+        All tokens are one statement: their job ids and attempts as two arrays."""
         if not tokens:
             return HeartbeatReply(frozenset(), frozenset())
         rows = self.driver.write("attempt_heartbeat", {
             "job_ids": [token.job_id for token in tokens],
-            "attempts": [token.attempt for token in tokens], "now": now})
+            "attempts": [token.attempt for token in tokens], "host": host, "now": now})
         live = {AttemptToken(int(row["job_id"]), int(row["attempt"])): bool(row["cancel_requested"])
                 for row in rows}
         return HeartbeatReply(frozenset(live),
@@ -463,9 +464,12 @@ class Store(abc.ABC):
         expires_at: datetime,
         bookable_gb: float | None,
         now: datetime,
+        created_by: int | None = None,
+        max_held: int | None = None,
     ) -> list[Reservation]:
-        """Book up to `count` slots; with `bookable_gb` only as many as fit. A CI slot is
-        idempotent per owner: claiming it again returns the live one."""
+        """Book up to `count` slots; with `bookable_gb` only as many as fit, with `max_held`
+        only as many as keep token `created_by` within that many active ones. A CI slot is
+        idempotent per owner: claiming it again returns the live one (whoever made it)."""
         created: list[Reservation] = []
         with self.driver.transaction() as transaction:
             if not transaction.fetch("host_lock", {"label": host}):
@@ -474,6 +478,9 @@ class Store(abc.ABC):
                 existing = transaction.fetch("reservation_active_ci", {"owner": owner})
                 if existing:
                     return [reservation_from_row(existing[0])]
+            if max_held is not None and created_by is not None:
+                [held] = transaction.fetch("reservation_count_by", {"created_by": created_by})
+                count = min(count, max(0, max_held - int(held["held"])))
             [booked] = transaction.fetch("host_booked", {"label": host, "now": now})
             fit = slots_that_fit(count, ram_gb, float(booked["booked_gb"]), bookable_gb)
             for _ in range(fit):
@@ -481,22 +488,33 @@ class Store(abc.ABC):
                     "reservation_insert", {
                         "kind": str(kind), "owner": owner, "host": host, "weight": weight,
                         "ram_gb": ram_gb, "detail": Json({}), "now": now,
-                        "expires_at": expires_at}))
+                        "expires_at": expires_at, "created_by": created_by}))
         return created
 
     def reservation_end(
-        self, reservation_id: int, status: ReservationStatus, now: datetime
+        self, reservation_id: int, status: ReservationStatus, now: datetime,
+        by: int | None = None,
     ) -> Reservation | None:
+        """End an active reservation; with `by`, only one that token made."""
         rows = self.driver.write("reservation_end", {
-            "id": reservation_id, "status": str(status), "now": now, "detail": Json({})})
+            "id": reservation_id, "status": str(status), "now": now, "detail": Json({}),
+            "by": by})
+        return reservation_from_row(rows[0]) if rows else None
+
+    def reservation_active_ci(self, owner: str) -> Reservation | None:
+        """A run's active CI slot, if it holds one."""
+        rows = self.driver.read("reservation_active_ci", {"owner": owner})
         return reservation_from_row(rows[0]) if rows else None
 
     def reservation_get(self, reservation_id: int) -> Reservation | None:
         rows = self.driver.read("reservation_get", {"id": reservation_id})
         return reservation_from_row(rows[0]) if rows else None
 
-    def reservation_release_ci(self, owner: str, now: datetime) -> Reservation | None:
-        rows = self.driver.write("reservation_release_ci", {"owner": owner, "now": now})
+    def reservation_release_ci(self, owner: str, now: datetime,
+                               by: int | None = None) -> Reservation | None:
+        """Release a run's active CI slot; with `by`, only one that token made."""
+        rows = self.driver.write("reservation_release_ci", {"owner": owner, "now": now,
+                                                            "by": by})
         return reservation_from_row(rows[0]) if rows else None
 
     def reservation_list(self, host: str | None = None) -> list[Reservation]:
@@ -508,12 +526,12 @@ class Store(abc.ABC):
 
     def token_insert(self, name: str, scope: Scope, token_hash: str, now: datetime,
                      host: str | None = None, job_types: frozenset[str] | None = None,
-                     priority_floor: int | None = None) -> int:
+                     priority_floor: int | None = None, allow_adhoc: bool = False) -> int:
         """The new token's id; the hash is unique (a duplicate raises)."""
         [row] = self.driver.write("token_insert", {
             "name": name, "scope": str(scope), "token_hash": token_hash, "host": host,
             "job_types": None if job_types is None else Json(sorted(job_types)),
-            "priority_floor": priority_floor, "now": now})
+            "priority_floor": priority_floor, "allow_adhoc": allow_adhoc, "now": now})
         return int(row["id"])
 
     def token_get(self, token_hash: str) -> TokenRecord | None:
@@ -912,6 +930,7 @@ def token_from_row(row: Mapping[str, Any]) -> TokenRecord:
         created_at=row["created_at"], host=row["host"],
         job_types=None if job_types is None else frozenset(job_types),
         priority_floor=row["priority_floor"], revoked_at=row["revoked_at"],
+        allow_adhoc=bool(row["allow_adhoc"]),
     )
 
 
@@ -927,6 +946,7 @@ def reservation_from_row(row: Mapping[str, Any]) -> Reservation:
         created_at=row["created_at"],
         expires_at=row["expires_at"],
         ended_at=row["ended_at"],
+        created_by=None if row["created_by"] is None else int(row["created_by"]),
     )
 
 

@@ -376,10 +376,12 @@ class FleetHarness(HarnessBase):
             self._admin_token = secret
         return self._admin_token
 
-    def token_file(self, folder: Path, scope: Scope) -> Path:
-        """A new API token of `scope` in a mode-0600 file in `folder`."""
+    def token_file(self, folder: Path, scope: Scope, allow_adhoc: bool = False) -> Path:
+        """A new API token of `scope` in a mode-0600 file in `folder` (`allow_adhoc`: a
+        submit token that may run ad-hoc commands)."""
         secret = new_token()
-        self.store.token_insert(f"cli-{scope}", scope, token_hash(secret), datetime.now(UTC))
+        self.store.token_insert(f"cli-{scope}", scope, token_hash(secret), datetime.now(UTC),
+                                allow_adhoc=allow_adhoc)
         path = folder / f"{scope}-token"
         path.write_text(secret + "\n")
         path.chmod(0o600)

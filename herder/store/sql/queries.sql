@@ -138,9 +138,9 @@ RETURNING id AS job_id;
 
 -- name: reservation_insert
 INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
-                                 expires_at)
+                                 expires_at, created_by)
 VALUES (:kind, :owner, :host, :weight, :ram_gb, :detail, :now,
-        :expires_at)
+        :expires_at, :created_by)
 ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
 RETURNING *;
 
@@ -148,9 +148,16 @@ RETURNING *;
 SELECT * FROM herder_reservations WHERE kind = 'ci' AND owner = :owner AND status = 'active';
 
 -- name: reservation_release_ci
+-- :by set: only a slot that token made (a non-admin token releases only its own).
 UPDATE herder_reservations SET status = 'released', ended_at = :now
 WHERE kind = 'ci' AND owner = :owner AND status = 'active'
+  AND (CAST(:by AS BIGINT) IS NULL OR created_by = CAST(:by AS BIGINT))
 RETURNING *;
+
+-- name: reservation_count_by
+-- The active reservations and slots a token holds (its cap, `server.token_max_reservations`).
+SELECT count(*) AS held FROM herder_reservations
+WHERE created_by = :created_by AND status = 'active';
 
 -- name: reservation_get
 SELECT * FROM herder_reservations WHERE id = :id;
@@ -166,8 +173,9 @@ WHERE status = 'active' AND expires_at <= :now
 RETURNING id;
 
 -- name: token_insert
-INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor, created_at)
-VALUES (:name, :scope, :token_hash, :host, :job_types, :priority_floor, :now)
+INSERT INTO herder_tokens (name, scope, token_hash, host, job_types, priority_floor,
+                           allow_adhoc, created_at)
+VALUES (:name, :scope, :token_hash, :host, :job_types, :priority_floor, :allow_adhoc, :now)
 RETURNING id;
 
 -- name: token_get

@@ -89,10 +89,12 @@ WITH picked AS (
 SELECT * FROM claimed ORDER BY priority, id;
 
 -- name: attempt_heartbeat
--- heartbeat_at is in no index, so this is a HOT update of the job row.
+-- heartbeat_at is in no index, so this is a HOT update of the job row. Only attempts on
+-- %(host)s: a host's token renews nothing of another host.
 UPDATE herder_jobs j SET heartbeat_at = %(now)s
 FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS t(job_id, attempt)
 WHERE j.id = t.job_id AND j.attempt = t.attempt AND j.status IN ('claimed', 'running')
+  AND j.host = %(host)s
 RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 
 -- name: attempt_finish
@@ -185,6 +187,7 @@ LIMIT %(limit)s;
 UPDATE herder_reservations SET status = %(status)s, ended_at = %(now)s,
     detail = detail || %(detail)s
 WHERE id = %(id)s AND status = 'active'
+  AND (%(by)s::bigint IS NULL OR created_by = %(by)s::bigint)
 RETURNING *;
 
 -- Fleet: alerts ----------------------------------------------------------------------------

@@ -96,10 +96,11 @@ WITH claimed(id, attempt) AS (SELECT CAST(key AS INTEGER), value FROM json_each(
 -- name: attempt_heartbeat
 -- :job_ids and :attempts are JSON arrays of the tokens' halves, in the same order; each
 -- job row is found by its rowid. json_each has an `id` column too, hence the table's name.
+-- Only attempts on :host: a host's token renews nothing of another host.
 UPDATE herder_jobs SET heartbeat_at = :now
 FROM json_each(:attempts) AS t
 WHERE herder_jobs.id = :job_ids ->> t.key AND herder_jobs.attempt = t.value
-  AND herder_jobs.status IN ('claimed', 'running')
+  AND herder_jobs.status IN ('claimed', 'running') AND herder_jobs.host = :host
 RETURNING herder_jobs.id AS job_id, herder_jobs.attempt, herder_jobs.cancel_requested;
 
 -- name: attempt_finish
@@ -189,6 +190,7 @@ LIMIT :limit;
 UPDATE herder_reservations SET status = :status, ended_at = :now,
     detail = json_patch(detail, :detail)
 WHERE id = :id AND status = 'active'
+  AND (CAST(:by AS INTEGER) IS NULL OR created_by = CAST(:by AS INTEGER))
 RETURNING *;
 
 -- Fleet: alerts ----------------------------------------------------------------------------
