@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -496,3 +498,73 @@ def test_an_account_key_comes_from_the_environment_not_the_command_line(tmp_path
     assert "--env: UNSET_API_KEY is not set in this environment" in done.stderr
     with open_store(url) as store:
         assert [record.account.name for record in store.account_list("h1")] == ["a1", "a2"]
+
+
+def test_a_hostile_job_under_a_root_runner_with_run_as_finds_no_secret(tmp_path: Path) -> None:
+    """`herder up` run by root with `[runtime] run_as = "nobody"`: the job runs as nobody and
+    finds none of the planted secrets, in any process nor in any file, the ones a same-user
+    job could read included (the database, the token file, the webhook's secret file, the
+    logs): run_as is the boundary for files."""
+    uid, gid = unprivileged_ids()
+    folder = Path(tempfile.mkdtemp(prefix="herder-hostile-root-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)  # the job may pass through (its scanner is here), not read 0600s
+        scanner = folder / "scan.py"
+        scanner.write_text(SCANNER.read_text())
+        planted_secrets = {"legacy": planted("legacy"), "admin": planted("admin"),
+                           "hookenv": planted("hookenv"), "hookfile": planted("hookfile"),
+                           "alerts": planted("alerts"), "agent": planted("agent")}
+        control = planted("control")
+        (folder / "herder.toml").write_text(
+            f'[herder]\nlog_dir = "logs"\n[runtime]\nrun_as = "nobody"\n'
+            f'{FAST.removeprefix("[runtime]")}{HOOKS}')
+        (folder / "herder.toml").chmod(0o600)
+        secret_file = folder / "gl.secret"
+        secret_file.write_text(planted_secrets["hookfile"] + "\n")
+        secret_file.chmod(0o600)
+        token_file = folder / "agent-token"
+        token_file.write_text(planted_secrets["agent"] + "\n")
+        token_file.chmod(0o600)
+        env = clean_environment({
+            "HOME": str(folder),
+            "HERDER_DB": f"sqlite:///{folder}/herder.db",
+            "HERDER_API_TOKEN": planted_secrets["legacy"],
+            "HERDER_TOKEN": planted_secrets["admin"],
+            "GH_HOOK_SECRET": planted_secrets["hookenv"],
+            "ALERT_URLS": f"json://127.0.0.1:9/{planted_secrets['alerts']}",
+        })
+        herder = [sys.executable, "-m", "herder.cli", "--config", str(folder / "herder.toml")]
+        label = f"t{secrets.token_hex(4)}"
+        database = folder / "herder.db"
+        job_argv = ["/bin/sh", "-c", f'exec "{JOB_PYTHON}" -I "{scanner}" "{database}" '
+                    f'"{token_file}" "{secret_file}" "{folder / "logs"}" '
+                    f'"{folder / "herder.toml"}"']
+        submitted = subprocess.run([*herder, "submit", "--host", label, "--", *job_argv],
+                                   cwd=folder, env=env, capture_output=True, text=True,
+                                   timeout=60, check=True)
+        job = int(submitted.stdout.strip())
+        processes = StartedProcesses(tmp_path)
+        try:
+            processes.start("decoy", as_user(["sleep", "600"], uid, gid), folder,
+                            {"PATH": os.environ["PATH"], "DECOY_SECRET": control})
+            up = processes.start("up", [*herder, "up", "--host", label, "--ui", "--ui-listen",
+                                        f"127.0.0.1:{free_port()}"], folder, env)
+            log = folder / "logs" / str(job) / "1.log"
+            report: dict[str, Any] = wait_for(
+                lambda: hostile_report(log), 60, f"the hostile job's report in {log}",
+                lambda: "\n".join(processes.tails(40)))
+            kill_group(up, signal.SIGTERM)
+            up.wait(timeout=30)
+            stderr = processes.stderr_of(up)
+        finally:
+            processes.close()
+        assert not any(value in stderr for value in planted_secrets.values())
+        assert_nothing_of_herder(report, planted_secrets, control, uid, {})
+        # Every file named was refused: the database, the token file, the secret file,
+        # herder.toml (the log folder is 0700, so its files are not even listed).
+        assert report["counts"]["files"] == 0, report
+        assert report["counts"]["files_refused"] >= 4, report
+        assert stat.S_IMODE((folder / "logs").stat().st_mode) == 0o700
+        assert stat.S_IMODE(database.stat().st_mode) == 0o600
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
