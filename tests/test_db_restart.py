@@ -153,9 +153,14 @@ def server_on(make_fleet: Any, root: Path, cluster: PostgresCluster, transport: 
     open_store(url).close()
     root.mkdir()
     # Leases longer than the outages: riding them out is the point, not lease expiry.
-    fleet: FleetHarness = make_fleet(root, url, runtime={"attempt_lease": "60s"})
-    fleet.add_host("host-a", "--ram", "16", "--prime-workers", "2", "--night-workers", "2",
-                   "--transport", transport)
+    # A local host is declared in herder.toml (never with host add); an agent host is added.
+    local = ('[hosts.host-a]\nram_total_gb = 16\ntransport = "local"\n'
+             '[hosts.host-a.prime]\nmax_workers = 2\n[hosts.host-a.night]\nmax_workers = 2\n')
+    fleet: FleetHarness = make_fleet(root, url, runtime={"attempt_lease": "60s"},
+                                     extra=local if transport == "local" else "")
+    if transport != "local":
+        fleet.add_host("host-a", "--ram", "16", "--prime-workers", "2", "--night-workers", "2",
+                       "--transport", transport)
     fleet.start_server()
     if transport == "agent":
         fleet.start_agent("host-a")

@@ -50,7 +50,7 @@ def agent_job_type(folder: Path, extra: str = "") -> str:
     script.write_text(FAKE_AGENT)
     script.chmod(0o755)
     return (f'[job_types.agent]\ncommand = ["{script}", "{{mode}}", "{{arg}}"]\n'
-            f'weight = "light"\npreflight = false\n{extra}')
+            f'weight = "light"\npreflight = false\noption_fields = ["arg"]\n{extra}')
 
 
 @pytest.fixture

@@ -254,7 +254,14 @@ printf '%s' '{"outcome": "failed", "failure_reason": "said_by_nobody", "summary"
 @as_root
 def test_a_job_runs_as_run_as_writes_its_result_and_reaches_none_of_herders_files(
         tmp_path, sqlite_url, open_root):
-    h = run_as_harness(tmp_path, sqlite_url, open_root)
+    probe = open_root.parent / "probe.sh"
+    probe.write_text(PROBE)
+    probe.chmod(0o755)
+    # An account's or the job type's folders come in its env (a submitter may not set HOME).
+    h = run_as_harness(tmp_path, sqlite_url, open_root, extra=(
+        f'[job_types.probe]\ncommand = ["/bin/sh", "{probe}", "{{a}}", "{{b}}", "{{c}}", '
+        f'"{{d}}", "{{e}}"]\npreflight = false\nworkdir = "{open_root.parent}"\n'
+        f'env = {{HOME = "{open_root.parent}", CLAUDE_CONFIG_DIR = "{tmp_path}"}}\n'))
     token_file = tmp_path / "agent-token"
     token_file.write_text("hsk_secret\n")
     token_file.chmod(0o600)
@@ -272,9 +279,9 @@ def test_a_job_runs_as_run_as_writes_its_result_and_reaches_none_of_herders_file
         assert all(path.exists() for path in secrets)  # root reads them: the job may not
         # An account's folders come in its env: its own HOME wins over the user's, and a
         # folder the user does not own is named (not shown) in the log.
-        job_id = h.submit([*shell(PROBE), "probe", *map(str, secrets)],
-                          workdir=str(open_root.parent), max_attempts=1,
-                          env={"HOME": str(open_root.parent), "CLAUDE_CONFIG_DIR": str(tmp_path)})
+        job_id = h.client.submit("probe", payload=dict(zip("abcde", map(str, secrets),
+                                                           strict=True)),
+                                 max_attempts=1).job_id
         job = h.wait_status(job_id, JobStatus.FAILED)
         up.send_signal(signal.SIGTERM)
         h.wait_exit(up, 30, "herder up")

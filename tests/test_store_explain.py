@@ -149,7 +149,7 @@ def test_sqlite_heartbeat_and_cancel_reads_find_jobs_by_key(sqlite_url):
         _sqlite_fill(conn, 100, analyze=False)
         queries = load_queries("sqlite")
         for name, params in (
-                ("attempt_heartbeat", {"now": T0.timestamp(), "job_ids": "[1, 2]",
+                ("attempt_heartbeat", {"now": T0.timestamp(), "job_ids": "[1, 2]", "host": "h1",
                                        "attempts": "[1, 1]"}),
                 ("job_cancel_requested", {"job_ids": "[1, 2]"})):
             plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + queries[name],
@@ -250,7 +250,8 @@ def test_postgres_batch_finish_looks_jobs_up_by_key(postgres_url, rows):
         queries = load_queries("postgres")
         for query, params_of in ((queries["attempt_finish"], params),
                                  (queries["attempt_heartbeat"],
-                                  {"job_ids": ids, "attempts": [1] * 100, "now": T0})):
+                                  {"job_ids": ids, "attempts": [1] * 100, "now": T0,
+                                   "host": "h1"})):
             plan = _generic_plan(conn, query, params_of)
             nodes = list(_plan_nodes(plan))
             shown = json.dumps(plan, indent=1)

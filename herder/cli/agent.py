@@ -154,7 +154,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         return
     from herder.runtime.agent import HttpSource, LocalGate
     from herder.runtime.agent_client import ServerClient, check_server_url
-    from herder.runtime.job_user import job_user_at_start
+    from herder.runtime.job_user import job_user_at_start, warn_root
     from herder.runtime.runner import Runner, RunnerOptions
 
     harden_process()
@@ -172,7 +172,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         logs = private_logs(state, log_dir)
         drain = duration(drain_timeout, "--drain-timeout")
         runtime = state.config.settings.runtime
-        job_user_at_start(runtime.run_as)
+        job_user_at_start(runtime.run_as, warn=False)
         if runtime.kill_grace >= runtime.attempt_lease:
             logging.getLogger("herder.agent").warning(
                 "kill_grace (%.0fs) is not shorter than attempt_lease (%.0fs): after a crash "
@@ -183,6 +183,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
         # server that is not up yet is waited for.
         client.check()
+        warn_root(runtime.run_as)
         # Then, before any thread exists: the guardian that cleans up if this agent dies
         # (and tells the server, so its jobs are rerun at once).
         from herder.runtime.guardian import report_gone, start_guardian

@@ -78,14 +78,21 @@ def resolve(name: str | None, euid: int,
                    home=entry.pw_dir, shell=entry.pw_shell)
 
 
-def job_user_at_start(name: str | None, euid: int | None = None) -> JobUser | None:
+def job_user_at_start(name: str | None, euid: int | None = None, *,
+                      warn: bool = True) -> JobUser | None:
     """`resolve` for a process about to run jobs, warning when a root runner has no
-    run_as (its jobs run as root: allowed, never quiet)."""
+    run_as (its jobs run as root: allowed, never quiet). `warn` false leaves the warning to
+    `warn_root`, once a setup that cannot work has said so in its one line."""
     euid = os.geteuid() if euid is None else euid
     user = resolve(name, euid)
-    if name is None and euid == 0:
-        log.warning(ROOT_WARNING)
+    if warn:
+        warn_root(name, euid)
     return user
+
+
+def warn_root(name: str | None, euid: int | None = None) -> None:
+    if name is None and (os.geteuid() if euid is None else euid) == 0:
+        log.warning(ROOT_WARNING)
 
 
 def passable(user: JobUser, folder: Path) -> Path | None:

@@ -90,11 +90,13 @@ SELECT * FROM claimed ORDER BY priority, id;
 
 -- name: attempt_heartbeat
 -- heartbeat_at is in no index, so this is a HOT update of the job row. Only attempts on
--- %(host)s: a host's token renews nothing of another host.
+-- %(host)s: a host's token renews nothing of another host. IS NOT DISTINCT FROM (the same
+-- test for a host that is never null) is no index condition, so the rows are still found
+-- by their key, not through the host's active jobs.
 UPDATE herder_jobs j SET heartbeat_at = %(now)s
 FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS t(job_id, attempt)
 WHERE j.id = t.job_id AND j.attempt = t.attempt AND j.status IN ('claimed', 'running')
-  AND j.host = %(host)s
+  AND j.host IS NOT DISTINCT FROM %(host)s::text
 RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 
 -- name: attempt_finish

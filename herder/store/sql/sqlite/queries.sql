@@ -96,11 +96,12 @@ WITH claimed(id, attempt) AS (SELECT CAST(key AS INTEGER), value FROM json_each(
 -- name: attempt_heartbeat
 -- :job_ids and :attempts are JSON arrays of the tokens' halves, in the same order; each
 -- job row is found by its rowid. json_each has an `id` column too, hence the table's name.
--- Only attempts on :host: a host's token renews nothing of another host.
+-- Only attempts on :host: a host's token renews nothing of another host. The unary + keeps
+-- that check off the host index, so each row is still found by its rowid.
 UPDATE herder_jobs SET heartbeat_at = :now
 FROM json_each(:attempts) AS t
 WHERE herder_jobs.id = :job_ids ->> t.key AND herder_jobs.attempt = t.value
-  AND herder_jobs.status IN ('claimed', 'running') AND herder_jobs.host = :host
+  AND herder_jobs.status IN ('claimed', 'running') AND +herder_jobs.host = :host
 RETURNING herder_jobs.id AS job_id, herder_jobs.attempt, herder_jobs.cancel_requested;
 
 -- name: attempt_finish
