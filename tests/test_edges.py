@@ -196,9 +196,10 @@ def test_an_https_public_url_makes_the_cookie_secure_and_host_prefixed(app_of):
     assert "Path=/" in cookie and "Domain" not in cookie
     session = client.cookies[SECURE_COOKIE]
     # The browser sends it back over https only; the plain name is not read here.
-    answered = client.get("/api/v1/dashboard/session", cookies={SECURE_COOKIE: session})
+    answered = TestClient(client.app, cookies={SECURE_COOKIE: session}).get(
+        "/api/v1/dashboard/session")
     assert answered.status_code == 200
-    plain = TestClient(client.app).get("/api/v1/dashboard/session", cookies={COOKIE: session})
+    plain = TestClient(client.app, cookies={COOKIE: session}).get("/api/v1/dashboard/session")
     assert plain.status_code == 401
 
 
