@@ -44,17 +44,23 @@ from herder.model import (
 )
 from herder.runtime.accounts import (
     probe_commands,
-    probe_loop,
     record_probes,
     sync_accounts,
 )
 from herder.runtime.delivery import Alerts, start_alerts
 from herder.runtime.guardian import GuardianLink
+from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import DeliverySweep, PickupWatch, Rescuer, lost_result
+from herder.runtime.maintenance import (
+    DeliverySweep,
+    PickupWatch,
+    Rescuer,
+    WorkerId,
+    lost_result,
+)
 from herder.runtime.metrics import FleetSample, HostSample, Metrics
 from herder.runtime.preflight import default_check
-from herder.runtime.runner import Runner, RunnerOptions, default_host
+from herder.runtime.runner import default_host
 from herder.runtime.scheduler import (
     Fleet,
     Scheduler,
@@ -67,7 +73,6 @@ from herder.runtime.scheduler import (
     take_snapshot,
 )
 from herder.runtime.sources import (
-    AssignmentSource,
     Ending,
     PolicyLimits,
     bind_jobs,
@@ -111,29 +116,6 @@ RELAY_INTERVAL = 1.0  # the assignment relay's longest wait on the store's NOTIF
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
 long-polls of those hosts' agents, the ssh launcher its loop."""
-
-
-@dataclass
-class _LocalHost:
-    """A local host served by this process: its runner, and the event that ends its
-    runner's, heartbeat's and probes' threads."""
-
-    runner: Runner
-    stop: threading.Event
-
-    def resize(self, concurrency: int) -> bool:
-        """Take the host's workers as they are now (`herder host set`); True if changed.
-        The runner reads its options at each pass."""
-        if self.runner.options.concurrency == concurrency:
-            return False
-        self.runner.options = replace(self.runner.options, concurrency=concurrency)
-        return True
-
-
-def local_concurrency(host: HostRecord) -> int:
-    """Attempts a local host's runner may run at once: its larger window's workers (the
-    scheduler places within the window that is open)."""
-    return max(host.prime_max_workers, host.night_max_workers, 1)
 
 
 @dataclass
@@ -216,7 +198,11 @@ class Coordinator:
         self._poke = threading.Event()
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()  # threads are spawned from several threads
-        self._local: dict[str, _LocalHost] = {}
+        self._local: dict[str, LocalChild] = {}
+        self.local_url: str | None = None
+        """Where the local hosts' agents reach this server (`serve_local_at`)."""
+        self._local_url_known = threading.Event()
+        self._local_stopping = False
         self.relay_listening = threading.Event()
         """Set once this replica listens for the leader's placements (PostgreSQL only)."""
         self._sync_lock = threading.Lock()
@@ -265,56 +251,71 @@ class Coordinator:
             self._spawn(self._assignment_relay, "herder-assignments")
 
     def sync_local_hosts(self) -> dict[str, int]:
-        """Serve every host whose transport is `local` from this process, and no other, each
-        with its current workers: how many were started, stopped and resized."""
+        """Serve every host whose transport is `local` from this process (each by a child
+        agent, `herder.runtime.local_child`), and no other: how many were started and
+        stopped. The child takes its workers from the server with each heartbeat."""
         hosts = self.store.host_list()
-        wanted = {host.label: host for host in hosts if host.transport is Transport.LOCAL}
-        counts = {"started": 0, "stopped": 0, "resized": 0}
+        wanted = {host.label for host in hosts if host.transport is Transport.LOCAL}
+        counts = {"started": 0, "stopped": 0}
         with self._sync_lock:  # one pass at a time; readers use the snapshots below
-            if self._stop.is_set():
+            if self._stop.is_set() or self._local_stopping:
                 return counts
             for label in [label for label in self._local if label not in wanted]:
-                self._stop_local(self._local.pop(label))
+                self._local.pop(label).stop()
                 log.info("local host %s is no longer served here (removed or not local)",
                          label)
                 counts["stopped"] += 1
-            for label, host in wanted.items():
-                served = self._local.get(label)
-                if served is None:
-                    self._local[label] = self._serve_local(host)
-                    log.info("serving local host %s", label)
-                    counts["started"] += 1
-                elif served.resize(local_concurrency(host)):
-                    counts["resized"] += 1
+            for label in sorted(wanted - set(self._local)):
+                self._local[label] = self._serve_local(label)
+                log.info("serving local host %s", label)
+                counts["started"] += 1
             self._served = frozenset(self._local)
             self._known = frozenset(host.label for host in hosts)
         return counts
 
-    def _serve_local(self, host: HostRecord) -> _LocalHost:
-        runtime = self.settings.runtime
-        options = RunnerOptions.from_settings(
-            self.settings, host.label, self.log_dir, concurrency=local_concurrency(host),
-            attempt_lease=self.lease_seconds)
-        # Shared: every replica serves the local hosts, and another machine's runner may
-        # hold this host's attempts.
-        rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
-                          runtime.max_lost, shared=True)
-        source = AssignmentSource(self.store, host.label, self.limits, rescuer)
-        source.guardian = self.guardian
-        source.on_started = self._observe_start
-        served = _LocalHost(Runner(None, options, source=source), threading.Event())
-        self._spawn(functools.partial(served.runner.run, install_signals=False),
-                    f"herder-local-{host.label}", served.stop)
-        self._spawn(functools.partial(self._local_heartbeat, host.label, served.stop),
-                    f"herder-heartbeat-{host.label}", served.stop)
-        self._spawn(functools.partial(probe_loop, self.store, self.settings, host.label,
-                                      served.stop, utcnow),
-                    f"herder-probes-{host.label}", served.stop)
-        return served
+    def _serve_local(self, label: str) -> LocalChild:
+        from herder.runtime.process import process_start_time
 
-    def _stop_local(self, served: _LocalHost) -> None:
-        served.stop.set()
-        served.runner.request_shutdown()
+        pid = os.getpid()
+        config_path = self.config.path
+        child = LocalChild(
+            self.store, label, url=self._wait_local_url, machine=self.host,
+            server_worker=str(WorkerId(self.host, pid, process_start_time(pid) or 0)),
+            log_dir=self.log_dir,
+            config_path=str(config_path.resolve()) if config_path is not None else None,
+            loops=self.loops, heartbeat_interval=self.settings.runtime.heartbeat_interval,
+            lease_seconds=self.lease_seconds)
+        self._spawn(functools.partial(child.run, self._stop), f"herder-local-{label}",
+                    child.stopped)
+        return child
+
+    def serve_local_at(self, url: str) -> None:
+        """The plain-HTTP loopback URL of this server's API: its local hosts' agents start
+        once it is known (the server knows it once it listens)."""
+        self.local_url = url
+        self._local_url_known.set()
+
+    def _wait_local_url(self, timeout: float) -> str | None:
+        self._local_url_known.wait(timeout)
+        return self.local_url
+
+    def local_children(self) -> dict[str, LocalChild]:
+        """The local hosts served here and their agents (tests, `/healthz`)."""
+        with self._sync_lock:
+            return dict(self._local)
+
+    def stop_local(self, timeout: float = 60.0) -> None:
+        """Stop every local host's agent while the API still answers, so each hands its
+        attempts back (and its guardian is quiet) before the server goes."""
+        with self._sync_lock:
+            children = list(self._local.values())
+            self._local_stopping = True
+        for child in children:
+            child.stop()
+        deadline = time.monotonic() + timeout
+        for child in children:
+            while child.process is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _local_hosts_loop(self) -> None:
         loop = self.loops.register("local-hosts", LOCAL_HOSTS_INTERVAL)
@@ -368,7 +369,7 @@ class Coordinator:
         self._local_wake.set()
         with self._sync_lock:
             for served in self._local.values():
-                self._stop_local(served)
+                served.stop()
         deadline = time.monotonic() + timeout
         with self._threads_lock:
             threads = list(self._threads)
@@ -579,20 +580,6 @@ class Coordinator:
             if waker is not None:
                 _close_quietly(waker)
 
-    def _local_heartbeat(self, label: str, stop: threading.Event) -> None:
-        interval = min(self.settings.runtime.heartbeat_interval, 30.0)
-        loop = self.loops.register(f"heartbeat:{label}", interval)
-        # Retries come sooner than the next beat, so one failed write costs no missed beat.
-        backoff = Backoff(base=min(interval / 4, 1.0), cap=interval)
-        def beat() -> None:
-            self.store.host_heartbeat(label, utcnow(), {"via": "server", "pid": os.getpid()})
-
-        while not (self._stop.is_set() or stop.is_set()):
-            delay = run_cycle(loop, backoff, f"local heartbeat for {label}", beat)
-            stop.wait(interval if delay is None else delay)
-        if not self._stop.is_set():
-            loop.unregister()  # a host no longer served is no part of the health
-
     # -- what the API asks ------------------------------------------------------------------------
 
     def _job_on_host(self, label: str, token: AttemptToken) -> Job:
@@ -670,12 +657,6 @@ class Coordinator:
             raise Conflict(f"attempt {token} cannot start: it is no longer claimed "
                            "(cancelled or declared lost)")
         self.metrics.started(token.attempt, job.created_at, now)
-
-    def _observe_start(self, token: AttemptToken, now: datetime) -> None:
-        """An attempt of a local host started (the HTTP path observes in `start_attempt`)."""
-        job = self.store.job_get(token.job_id) if token.attempt == 1 else None
-        if job is not None:
-            self.metrics.started(token.attempt, job.created_at, now)
 
     def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
                        exit_code: int | None, retry_after: float | None,
