@@ -40,6 +40,10 @@ TOKEN_PREFIX = "local child "
 """The name of a local child's token starts so: `local child LABEL SERVER-WORKER`."""
 MAX_CONCURRENCY = 1024
 """The child's upper bound: the host's window cap, which the server sends, is the limit."""
+SELF = "/proc/self/exe" if os.path.exists("/proc/self/exe") else None
+"""The interpreter this server runs, started again whatever its path: herder's user may
+not be able to search the folders of the path it was started by (a symlink into /root);
+argv[0] stays that path, so the interpreter finds its virtualenv."""
 STOP_GRACE = 30.0
 """How long a stopped child may take to hand its attempts back before SIGKILL."""
 
@@ -161,7 +165,7 @@ class LocalChild:
                 launch = ChildLaunch(self.label, url, read_end, str(folder), self.config_path,
                                      os.getpid())
                 self.process = subprocess.Popen(
-                    agent_argv(sys.executable, launch), env=child_environment(),
+                    agent_argv(sys.executable, launch), executable=SELF, env=child_environment(),
                     pass_fds=(read_end,), stdin=subprocess.DEVNULL)
                 self.starts += 1
         finally:
