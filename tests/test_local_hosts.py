@@ -106,6 +106,15 @@ def test_a_local_host_runs_its_jobs_in_a_child_agent_that_holds_no_secret(
     log = (fleet.root / "server-logs" / str(job_id) / "1.log")
     wait_for(lambda: log.exists() and "finished" in log.read_text(), 30,
              "the child's log to reach the server")
+    # Switched to another transport: the child is stopped and its own token revoked.
+    since = process_start_time(agent_pid)
+    assert since is not None
+    fleet.cli("host", "set", "lh", "--transport", "agent")
+    wait_for(lambda: not process_alive(agent_pid, since), 60, "the child to stop",
+             fleet.describe)
+    wait_for(lambda: not live_child_tokens(fleet), 30, "its token to be revoked")
+    assert [t.id for t in fleet.store.token_list() if t.revoked_at is None
+            and t.host == "lh"] != [], "the host's own token is the operator's, not revoked"
 
 
 def test_a_killed_child_is_restarted_and_its_attempt_handled_as_an_agents(
@@ -144,9 +153,9 @@ def test_a_killed_child_is_restarted_and_its_attempt_handled_as_an_agents(
     [agent] = child_agents(fleet)
     since = process_start_time(agent)
     fleet.cli("host", "remove", "lh")
-    # Its token is revoked once the supervisor has reaped it.
-    wait_for(lambda: not live_child_tokens(fleet), 60, "the child to stop", fleet.describe)
-    assert since is not None and not process_alive(agent, since)
+    assert since is not None
+    wait_for(lambda: not process_alive(agent, since), 60, "the child to stop", fleet.describe)
+    assert not live_child_tokens(fleet)  # `host remove` revokes every token of the host
     view = wait_for(lambda: (v := fleet._http.get("/healthz").json())
                     and "heartbeat:lh" not in v["loops"] and v, 30,
                     "the removed host to leave the health report")
