@@ -244,3 +244,27 @@ def dead_pid() -> int:
     """A pid with no process started 1 tick after boot here (a worker is pid and start
     time: even were this pid in use, its start time would differ)."""
     return int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+
+
+def test_a_tls_server_gives_its_local_hosts_agent_a_plain_loopback_listener(
+        make_fleet, tmp_path, sqlite_url):
+    """Over TLS the child could not trust the certificate for 127.0.0.1: the server also
+    listens on a plain-HTTP loopback port of the kernel's choosing, for its children only
+    to know of, and the job runs there."""
+    from test_tls import make_certificate
+
+    fleet = local_fleet(make_fleet, tmp_path / "fleet", sqlite_url)
+    cert, key = make_certificate(tmp_path)
+    server = fleet.start("server", "server", "--listen", f"127.0.0.1:{fleet.port}",
+                         "--tls-cert", str(cert), "--tls-key", str(key))
+    fleet.server = server
+    job_id = int(fleet.cli("submit", "--host", "lh", "--no-check", "--", "echo",
+                           "over loopback").stdout)
+    done = wait_for(lambda: (j := fleet.store.job_get(job_id)) and j.status.terminal and j,
+                    60, "the job to end", fleet.describe)
+    assert (done.status, done.host) == (JobStatus.DONE, "lh")
+    [agent] = child_agents(fleet)
+    argv = process_argv(agent)
+    url = argv[argv.index("--server") + 1]
+    assert url.startswith("http://127.0.0.1:") and url != f"http://127.0.0.1:{fleet.port}"
+    assert f"local hosts' agents reach the API on {url}" in fleet.stderr_of(server)
