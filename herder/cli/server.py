@@ -246,7 +246,6 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     from herder.host_settings import check_declared_hosts
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
-    from herder.runtime.guardian import start_guardian
     from herder.runtime.job_user import job_user_at_start
 
     harden_process()
@@ -267,13 +266,11 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         runtime = state.config.settings.runtime
         if runtime.run_as is not None or any(
                 host.transport == "local" for host in state.config.settings.hosts.values()):
-            job_user_at_start(runtime.run_as)  # its local hosts run jobs here
+            job_user_at_start(runtime.run_as)  # its local hosts' agents run jobs here
         legacy = os.environ.get(settings.api_token_env) or None
         check_legacy_token(settings.api_token_env, legacy)
         hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
         private_files(state)
-        # Before the store's threads: the watchdog for the jobs of this server's local hosts.
-        guardian = start_guardian(state.config.settings.runtime.kill_grace)
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
@@ -287,7 +284,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         if insecure_no_auth:
             log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
         check_urls(state.config.settings.alerts)  # exit 2 naming the key, before listening
-        coordinator = Coordinator(state.database.store, state.config, label, guardian=guardian)
+        coordinator = Coordinator(state.database.store, state.config, label)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
             coordinator.public_url = f"{scheme}://{bind}:{port}"

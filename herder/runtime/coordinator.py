@@ -48,7 +48,6 @@ from herder.runtime.accounts import (
     sync_accounts,
 )
 from herder.runtime.delivery import Alerts, start_alerts
-from herder.runtime.guardian import GuardianLink
 from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import (
@@ -170,11 +169,8 @@ def utcnow() -> datetime:
 
 
 class Coordinator:
-    def __init__(self, store: Store, config: Config, host: str | None = None,
-                 guardian: GuardianLink | None = None) -> None:
+    def __init__(self, store: Store, config: Config, host: str | None = None) -> None:
         self.store = store
-        self.guardian = guardian
-        """The server process's guardian (`herder.runtime.guardian`), for its local hosts."""
         self.config = config
         self.settings = config.settings
         self.fleet = Fleet.from_settings(config.settings)

@@ -30,7 +30,7 @@ import msgspec
 from herder.backoff import Backoff
 from herder.hardening import child_environment
 from herder.model import Scope
-from herder.runtime.loop_health import LoopRegistry
+from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.store import Store
 
@@ -173,11 +173,8 @@ class LocalChild:
         log.info("local host %s is served by its agent, pid %d", self.label,
                  self.process.pid if self.process else 0)
 
-    def _watch(self, loop: object, backoff: Backoff) -> str:
+    def _watch(self, loop: Loop, backoff: Backoff) -> str:
         """Until the child ends, is stopped, or stops heartbeating: its health as a loop."""
-        from herder.runtime.loop_health import Loop
-
-        assert isinstance(loop, Loop)
         process = self.process
         began = time.monotonic()
         while process is not None and not self.stopped.is_set():
