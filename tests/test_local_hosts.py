@@ -268,3 +268,27 @@ def test_a_tls_server_gives_its_local_hosts_agent_a_plain_loopback_listener(
     url = argv[argv.index("--server") + 1]
     assert url.startswith("http://127.0.0.1:") and url != f"http://127.0.0.1:{fleet.port}"
     assert f"local hosts' agents reach the API on {url}" in fleet.stderr_of(server)
+
+
+def test_a_stopping_server_stops_its_child_while_its_api_still_answers(
+        make_fleet, tmp_path, store_url):
+    """SIGTERM to the server alone: it stops its local host's agent first, which hands its
+    running attempt back through the API that still answers (the agent's own report, not
+    its guardian's: the job is requeued at once), and the child's token is revoked before
+    the server exits (uvicorn ends it by the signal it caught)."""
+    fleet = local_fleet(make_fleet, tmp_path / "fleet", store_url)
+    server = fleet.start_server()
+    started = tmp_path / "started"
+    job_id = fleet.submit(["sh", "-c", f"touch {started}; exec sleep 600"], affinity="lh")
+    wait_for(started.exists, 60, "the local job to start", fleet.describe)
+    [agent] = child_agents(fleet)
+    since = process_start_time(agent)
+    assert since is not None
+    os.kill(server.pid, signal.SIGTERM)
+    assert fleet.wait_exit(server, 60, "the server to stop") == -signal.SIGTERM
+    assert not process_alive(agent, since)
+    assert not fleet.job_processes(job_id)
+    job = fleet.store.job_get(job_id)
+    assert job is not None and job.status is JobStatus.QUEUED, fleet.describe()
+    assert "attempt 1.1 reported: queued" in fleet.stderr_of(server)
+    assert not live_child_tokens(fleet)

@@ -198,7 +198,7 @@ class Coordinator:
         self.local_url: str | None = None
         """Where the local hosts' agents reach this server (`serve_local_at`)."""
         self._local_url_known = threading.Event()
-        self._local_stopping = False
+        self._scheduler_thread: threading.Thread | None = None
         self.relay_listening = threading.Event()
         """Set once this replica listens for the leader's placements (PostgreSQL only)."""
         self._sync_lock = threading.Lock()
@@ -233,7 +233,7 @@ class Coordinator:
     def start(self) -> None:
         self.sync_hosts()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._spawn(self._scheduler_loop, "herder-scheduler")
+        self._scheduler_thread = self._spawn(self._scheduler_loop, "herder-scheduler")
         self.alerts = start_alerts(self.store, self.settings.alerts, self._stop, utcnow,
                                    lambda: self.is_leader, self._scheduler_age)
         # Always: an ssh host added while the server runs (`herder host add`, the API) is
@@ -254,7 +254,7 @@ class Coordinator:
         wanted = {host.label for host in hosts if host.transport is Transport.LOCAL}
         counts = {"started": 0, "stopped": 0}
         with self._sync_lock:  # one pass at a time; readers use the snapshots below
-            if self._stop.is_set() or self._local_stopping:
+            if self._stop.is_set():
                 return counts
             for label in [label for label in self._local if label not in wanted]:
                 self._local.pop(label).stop()
@@ -302,16 +302,21 @@ class Coordinator:
 
     def stop_local(self, timeout: float = 60.0) -> None:
         """Stop every local host's agent while the API still answers, so each hands its
-        attempts back (and its guardian is quiet) before the server goes."""
+        attempts back (and its guardian is quiet) before the server goes. The loops stop
+        first: a job handed back is not placed again here, for a stopping agent's last
+        long-poll to take."""
+        self._stop.set()
+        self._poke.set()
+        self._local_wake.set()
+        deadline = time.monotonic() + timeout
+        if self._scheduler_thread is not None:
+            self._scheduler_thread.join(max(0.0, deadline - time.monotonic()))
         with self._sync_lock:
             children = list(self._local.values())
-            self._local_stopping = True
         for child in children:
             child.stop()
-        deadline = time.monotonic() + timeout
         for child in children:
-            while child.process is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            child.ended.wait(max(0.0, deadline - time.monotonic()))
 
     def _local_hosts_loop(self) -> None:
         loop = self.loops.register("local-hosts", LOCAL_HOSTS_INTERVAL)
@@ -332,7 +337,7 @@ class Coordinator:
         loop.unregister()
 
     def _spawn(self, target: Callable[[], object], name: str,
-               until: threading.Event | None = None) -> None:
+               until: threading.Event | None = None) -> threading.Thread:
         """Run `target` in a thread that must live as long as the server (or until `until`
         is set): if it ends before, the process is taken down (`on_fatal`) so a supervisor
         restarts it, rather than serving on without it."""
@@ -350,6 +355,7 @@ class Coordinator:
         # Threads of hosts no longer served have ended: keep only those stop() must join.
         with self._threads_lock:
             self._threads = [*[t for t in self._threads if t.is_alive()], thread]
+        return thread
 
     def _fatal(self, reason: str) -> None:
         log.critical("%s; stopping so a supervisor restarts herder", reason)

@@ -108,6 +108,8 @@ class LocalChild:
         self.interval = min(heartbeat_interval, 30.0)
         self.lease_seconds = lease_seconds
         self.stopped = threading.Event()
+        self.ended = threading.Event()
+        """Set once the supervisor is done: the child reaped, its token revoked."""
         self.process: subprocess.Popen[bytes] | None = None
         self.token_id: int | None = None
         self.starts = 0
@@ -118,10 +120,9 @@ class LocalChild:
     def run(self, server_stopping: threading.Event) -> None:
         loop = self.loops.register(f"heartbeat:{self.label}", self.interval)
         backoff = Backoff(base=1.0, cap=30.0)
-        revoke_leftovers(self.store, self.label, self.machine, _now())
         try:
             while not self.stopped.is_set():
-                url = self.url(self.interval)
+                url = self.url(min(self.interval, 1.0))
                 if url is None:
                     continue  # the server does not listen yet
                 try:
@@ -144,10 +145,12 @@ class LocalChild:
             self._end_child()
             if not server_stopping.is_set():
                 loop.unregister()  # a host no longer served is no part of the health
+            self.ended.set()
 
     def _launch(self, url: str) -> None:
         from herder.api.tokens import new_token, token_hash
 
+        revoke_leftovers(self.store, self.label, self.machine, _now())
         token = new_token()
         read_end, write_end = os.pipe()
         try:
