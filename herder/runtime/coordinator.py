@@ -935,7 +935,7 @@ def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
         booked_gb=usage.booked_gb if usage else 0.0,
         measured_available_gb=measured_available_gb(host),
         health=fleet.health(host, now), enabled=host.enabled,
-        agent_up=host.transport is Transport.AGENT and "worker" in info
+        agent_up=host.transport.pulls and "worker" in info
         and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
 
 
