@@ -292,3 +292,30 @@ def test_a_stopping_server_stops_its_child_while_its_api_still_answers(
     assert job is not None and job.status is JobStatus.QUEUED, fleet.describe()
     assert "attempt 1.1 reported: queued" in fleet.stderr_of(server)
     assert not live_child_tokens(fleet)
+
+
+def test_a_killed_server_takes_its_child_along_and_the_next_revokes_its_token(
+        make_fleet, tmp_path, sqlite_url):
+    """SIGKILL to the server alone: its child agent dies with it (parent-death signal) and
+    the child's guardian kills the job, so nothing runs on with a live token; the next
+    server here revokes the dead one's child token and serves the host with a new child."""
+    fleet = local_fleet(make_fleet, tmp_path / "fleet", sqlite_url)
+    server = fleet.start_server()
+    started = tmp_path / "started"
+    job_id = fleet.submit(["sh", "-c", f"touch {started}; exec sleep 600"], affinity="lh")
+    wait_for(started.exists, 60, "the local job to start", fleet.describe)
+    job = wait_for(lambda: fleet.job_processes(job_id), 30, "the job's process")[0]
+    [agent] = child_agents(fleet)
+    since = process_start_time(agent)
+    assert since is not None
+    [old_token] = live_child_tokens(fleet)
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait(30)
+    wait_for(lambda: not process_alive(agent, since), 30, "the child to die with the server")
+    wait_for(lambda: not job.alive(), 30, "its guardian to kill the job", fleet.describe)
+    fleet.start_server()
+    # The leftover is revoked before the new child's token is minted.
+    [new_token] = wait_for(lambda: live_child_tokens(fleet) != [old_token]
+                           and live_child_tokens(fleet), 30, "the new server's child token",
+                           fleet.describe)
+    assert new_token.id != old_token.id

@@ -29,7 +29,7 @@ import msgspec
 
 from herder.backoff import Backoff
 from herder.hardening import child_environment
-from herder.model import Scope
+from herder.model import HostRecord, Scope
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.store import Store
@@ -177,9 +177,14 @@ class LocalChild:
                  self.process.pid if self.process else 0)
 
     def _watch(self, loop: Loop, backoff: Backoff) -> str:
-        """Until the child ends, is stopped, or stops heartbeating: its health as a loop."""
+        """Until the child ends, is stopped, or stops heartbeating: its health as a loop.
+        The host's heartbeat must be fresh (within 3 heartbeat intervals); the child is
+        replaced once it has not been for a lease, counted from its start, its last fresh
+        heartbeat or the store's last failure (an outage is not the child's doing)."""
         process = self.process
-        began = time.monotonic()
+        patience = max(self.lease_seconds, 3 * self.interval)
+        judged = time.monotonic()  # when the child was last seen well, or not judgeable
+        began = judged
         while process is not None and not self.stopped.is_set():
             code = process.poll()
             if code is not None:
@@ -188,15 +193,14 @@ class LocalChild:
                 host = self.store.host_get(self.label)
             except Exception as exc:
                 loop.failed(exc)
+                judged = time.monotonic()
             else:
-                fresh = (host is not None and host.last_heartbeat is not None
-                         and _now() - host.last_heartbeat
-                         < timedelta(seconds=max(3 * self.interval, 1.0)))
-                if fresh:
+                if heartbeat_fresh(host, _now(), max(3 * self.interval, 1.0)):
                     loop.succeeded()
-                    if time.monotonic() - began > self.lease_seconds:
-                        backoff.reset()
-                elif time.monotonic() - began > max(self.lease_seconds, 3 * self.interval):
+                    judged = time.monotonic()
+                    if judged - began > self.lease_seconds:
+                        backoff.reset()  # it ran well for a while: a new death starts over
+                elif time.monotonic() - judged > patience:
                     return "sent no heartbeat within the lease (its token revoked, or wedged)"
             self.stopped.wait(min(self.interval, 1.0))
         return "was stopped"
@@ -232,6 +236,12 @@ class LocalChild:
     def pid(self) -> int | None:
         process = self.process
         return process.pid if process is not None else None
+
+
+def heartbeat_fresh(host: HostRecord | None, now: datetime, seconds: float) -> bool:
+    """Whether the host heartbeated within `seconds` of `now`. Pure."""
+    return (host is not None and host.last_heartbeat is not None
+            and now - host.last_heartbeat < timedelta(seconds=seconds))
 
 
 class ChildExited(RuntimeError):
