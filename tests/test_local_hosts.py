@@ -11,6 +11,7 @@ import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from support.processes import (
     process_argv,
     process_environment,
@@ -319,3 +320,27 @@ def test_a_killed_server_takes_its_child_along_and_the_next_revokes_its_token(
                            and live_child_tokens(fleet), 30, "the new server's child token",
                            fleet.describe)
     assert new_token.id != old_token.id
+
+
+@pytest.mark.postgres
+def test_each_replica_serves_the_local_host_with_a_child_and_token_of_its_own(
+        make_fleet, tmp_path, postgres_url):
+    """Two servers over one PostgreSQL: each starts its own child for the local host, with
+    a token named after its own server process; a job runs through one of them."""
+    first = local_fleet(make_fleet, tmp_path / "a", postgres_url)
+    (tmp_path / "b").mkdir()
+    second = make_fleet(tmp_path / "b", postgres_url, runtime={"attempt_lease": "20s"})
+    first.start_server()
+    second.start_server()
+    children = wait_for(lambda: (found := [child_agents(first), child_agents(second)])
+                        and all(len(pids) == 1 for pids in found) and found, 60,
+                        "a child under each server", first.describe)
+    assert children[0] != children[1]
+    tokens = wait_for(lambda: len(t := live_child_tokens(first)) == 2 and t, 30,
+                      "a token per child")
+    servers = {first.server.pid, second.server.pid}  # type: ignore[union-attr]
+    assert {int(t.name.split("/")[-2]) for t in tokens} == servers
+    job_id = first.submit(["true"], affinity="lh")
+    done = wait_for(lambda: (j := first.store.job_get(job_id)) and j.status.terminal and j,
+                    60, "the job to end", first.describe)
+    assert (done.status, done.host) == (JobStatus.DONE, "lh")
