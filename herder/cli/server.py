@@ -447,7 +447,7 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
         async def loopback_url(self, bound: list[tuple[object, ...]]) -> str:
             """Where the local hosts' agents reach the API over plain loopback HTTP."""
             for name in bound:
-                if scheme == "http" and loopback(str(name[0])):
+                if scheme == "http" and isinstance(name, tuple) and loopback(str(name[0])):
                     return listen_url("http", name)
             settings, state, lifespan = self.config, self.server_state, self.lifespan
 

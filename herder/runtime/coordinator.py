@@ -295,11 +295,6 @@ class Coordinator:
         self._local_url_known.wait(timeout)
         return self.local_url
 
-    def local_children(self) -> dict[str, LocalChild]:
-        """The local hosts served here and their agents (tests, `/healthz`)."""
-        with self._sync_lock:
-            return dict(self._local)
-
     def stop_local(self, timeout: float = 60.0) -> None:
         """Stop every local host's agent while the API still answers, so each hands its
         attempts back (and its guardian is quiet) before the server goes. The loops stop
