@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 from support.processes import (
     process_argv,
     process_environment,
@@ -31,7 +32,13 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-from herder.runtime.local_child import ChildLaunch, agent_argv, revoke_leftovers, token_name
+from herder.runtime.local_child import (
+    ChildLaunch,
+    agent_argv,
+    heartbeat_fresh,
+    revoke_leftovers,
+    token_name,
+)
 from herder.runtime.maintenance import Rescuer, WorkerId, local_worker_alive, rescue_plan
 from herder.runtime.process import process_alive, process_start_time
 
@@ -344,3 +351,12 @@ def test_each_replica_serves_the_local_host_with_a_child_and_token_of_its_own(
     done = wait_for(lambda: (j := first.store.job_get(job_id)) and j.status.terminal and j,
                     60, "the job to end", first.describe)
     assert (done.status, done.host) == (JobStatus.DONE, "lh")
+
+
+def test_a_heartbeat_is_fresh_within_its_window_only() -> None:
+    now = datetime.now(UTC)
+    beat = replace(LOCAL, last_heartbeat=now - timedelta(seconds=2))
+    assert heartbeat_fresh(beat, now, 3.0)
+    assert not heartbeat_fresh(beat, now, 2.0)
+    assert not heartbeat_fresh(LOCAL, now, 3.0)  # never heartbeated
+    assert not heartbeat_fresh(None, now, 3.0)  # removed
