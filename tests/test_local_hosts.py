@@ -360,3 +360,21 @@ def test_a_heartbeat_is_fresh_within_its_window_only() -> None:
     assert not heartbeat_fresh(beat, now, 2.0)
     assert not heartbeat_fresh(LOCAL, now, 3.0)  # never heartbeated
     assert not heartbeat_fresh(None, now, 3.0)  # removed
+
+
+def test_a_child_whose_token_is_revoked_is_replaced(make_fleet, tmp_path, sqlite_url):
+    """`herder host token lh` revokes every token of the host, the child's too: refused, it
+    sends no heartbeat, and the server replaces it (new token) within a lease."""
+    fleet = local_fleet(make_fleet, tmp_path / "fleet", sqlite_url)
+    fleet.start_server()
+    [old_token] = wait_for(lambda: live_child_tokens(fleet), 30, "the child's token")
+    [old_agent] = wait_for(lambda: child_agents(fleet), 30, "the child")
+    fleet.cli("host", "token", "lh")
+    [new_token] = wait_for(lambda: live_child_tokens(fleet), 90, "a new child's token",
+                           fleet.describe)
+    assert new_token.id != old_token.id
+    assert child_agents(fleet) != [old_agent]
+    job_id = fleet.submit(["true"], affinity="lh")
+    done = wait_for(lambda: (j := fleet.store.job_get(job_id)) and j.status.terminal and j,
+                    60, "the job to end", fleet.describe)
+    assert done.status is JobStatus.DONE
