@@ -112,7 +112,6 @@ class LocalChild:
         """Set once the supervisor is done: the child reaped, its token revoked."""
         self.process: subprocess.Popen[bytes] | None = None
         self.token_id: int | None = None
-        self.starts = 0
         self._lock = threading.Lock()
 
     # -- the supervisor's thread ----------------------------------------------------------------
@@ -170,11 +169,10 @@ class LocalChild:
                 self.process = subprocess.Popen(
                     agent_argv(sys.executable, launch), executable=SELF, env=child_environment(),
                     pass_fds=(read_end,), stdin=subprocess.DEVNULL)
-                self.starts += 1
+                log.info("local host %s is served by its agent, pid %d", self.label,
+                         self.process.pid)
         finally:
             os.close(read_end)
-        log.info("local host %s is served by its agent, pid %d", self.label,
-                 self.process.pid if self.process else 0)
 
     def _watch(self, loop: Loop, backoff: Backoff) -> str:
         """Until the child ends, is stopped, or stops heartbeating: its health as a loop.
@@ -231,11 +229,6 @@ class LocalChild:
     def stop(self) -> None:
         """Ask the supervisor to stop the child (it hands back its attempts) and end."""
         self.stopped.set()
-
-    @property
-    def pid(self) -> int | None:
-        process = self.process
-        return process.pid if process is not None else None
 
 
 def heartbeat_fresh(host: HostRecord | None, now: datetime, seconds: float) -> bool:
