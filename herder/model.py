@@ -305,6 +305,12 @@ class Transport(enum.StrEnum):
     AGENT = "agent"
     SSH = "ssh"
 
+    @property
+    def pulls(self) -> bool:
+        """An agent heartbeats for the host and asks for its work: an agent host, or a
+        server's local host (served by a child agent)."""
+        return self is not Transport.SSH
+
 
 class HostRecord(msgspec.Struct, frozen=True):
     """A host as stored: its configuration plus its last heartbeat (never the token)."""

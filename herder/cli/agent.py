@@ -144,14 +144,19 @@ def heartbeat(state: State, label: str, server: str | None, token: str | None,
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @LOG_FORMAT_OPTION
+@click.option("--parent-pid", type=int, hidden=True,
+              help="A local host's agent under `herder server`: die with this parent.")
 @click.pass_context
 def agent(ctx: click.Context, server_url: str | None, token: str | None, token_file: str,
           label: str | None, concurrency: int, job_types: str | None, weights: str | None,
           priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
-          log_dir: str | None, allow_plaintext: bool, log_level: str, log_format: str) -> None:
+          log_dir: str | None, allow_plaintext: bool, log_level: str, log_format: str,
+          parent_pid: int | None) -> None:
     """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
     if ctx.invoked_subcommand is not None:
         return
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     from herder.runtime.agent import HttpSource, LocalGate
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.job_user import job_user_at_start, warn_root
@@ -207,6 +212,18 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         runner = Runner(None, options, source=source)
         source.in_flight = lambda: len(runner.running)
         sys.exit(runner.run())
+
+
+def die_with_parent(parent: int) -> None:
+    """A local host's agent ends with the server that started it (SIGKILL, as the server's
+    own jobs would have: its guardian then kills its jobs), not orphaned with a stale token."""
+    import ctypes
+    import signal
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
+    if os.getppid() != parent:  # the server died before the line above
+        sys.exit(1)
 
 
 @agent.command("install-systemd")

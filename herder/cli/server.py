@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from herder.api.depends import Access
     from herder.config import Settings
+    from herder.runtime.coordinator import Coordinator
     from herder.store import Store
 
 
@@ -245,7 +246,6 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     from herder.host_settings import check_declared_hosts
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
-    from herder.runtime.guardian import start_guardian
     from herder.runtime.job_user import job_user_at_start
 
     harden_process()
@@ -266,13 +266,11 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         runtime = state.config.settings.runtime
         if runtime.run_as is not None or any(
                 host.transport == "local" for host in state.config.settings.hosts.values()):
-            job_user_at_start(runtime.run_as)  # its local hosts run jobs here
+            job_user_at_start(runtime.run_as)  # its local hosts' agents run jobs here
         legacy = os.environ.get(settings.api_token_env) or None
         check_legacy_token(settings.api_token_env, legacy)
         hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
         private_files(state)
-        # Before the store's threads: the watchdog for the jobs of this server's local hosts.
-        guardian = start_guardian(state.config.settings.runtime.kill_grace)
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
@@ -286,7 +284,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         if insecure_no_auth:
             log.warning("--insecure-no-auth: anyone who can reach %s has admin rights", address)
         check_urls(state.config.settings.alerts)  # exit 2 naming the key, before listening
-        coordinator = Coordinator(state.database.store, state.config, label, guardian=guardian)
+        coordinator = Coordinator(state.database.store, state.config, label)
         if not coordinator.public_url:
             scheme = "https" if cert else "http"
             coordinator.public_url = f"{scheme}://{bind}:{port}"
@@ -300,7 +298,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     served = announcing_server(uvicorn.Config(
         app, host=bind, port=port, log_level="warning", ssl_certfile=cert,
         ssl_keyfile=key, timeout_graceful_shutdown=5, **extra), "https" if cert else "http",
-        log)
+        log, coordinator)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
         served.run()
     if not served.started:
@@ -419,10 +417,15 @@ def write_private(path: str, text: str) -> None:
         out.write(text)
 
 
-def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger
-                      ) -> uvicorn.Server:
+def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
+                      coordinator: Coordinator | None = None) -> uvicorn.Server:
     """A uvicorn server that logs "listening on URL" once its sockets are bound, with the
-    address and port they really have (uvicorn's own line is off at log level warning)."""
+    address and port they really have (uvicorn's own line is off at log level warning).
+    With a coordinator: its local hosts' agents get a plain-HTTP loopback URL of the API
+    (the listener itself when it is one, else one more on 127.0.0.1, port chosen by the
+    kernel), and are stopped while the API still answers them."""
+    import asyncio
+
     import uvicorn
 
     from herder.urls import listen_url
@@ -432,11 +435,38 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger
             await super().startup(sockets)
             if not self.started:
                 return
-            for server in self.servers:
-                for bound in server.sockets:
-                    url = listen_url(scheme, bound.getsockname())
-                    log.info("listening on %s", url,
-                             extra={"event": "server_listening", "url": url})
+            bound = [sock.getsockname() for server in self.servers
+                     for sock in server.sockets]
+            for name in bound:
+                url = listen_url(scheme, name)
+                log.info("listening on %s", url,
+                         extra={"event": "server_listening", "url": url})
+            if coordinator is not None:
+                coordinator.serve_local_at(await self.loopback_url(bound))
+
+        async def loopback_url(self, bound: list[tuple[object, ...]]) -> str:
+            """Where the local hosts' agents reach the API over plain loopback HTTP."""
+            for name in bound:
+                if scheme == "http" and isinstance(name, tuple) and loopback(str(name[0])):
+                    return listen_url("http", name)
+            settings, state, lifespan = self.config, self.server_state, self.lifespan
+
+            def protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+                return settings.http_protocol_class(  # type: ignore[call-arg]
+                    config=settings, server_state=state, app_state=lifespan.state,
+                    _loop=_loop)
+
+            extra = await asyncio.get_running_loop().create_server(
+                protocol, host="127.0.0.1", port=0, backlog=settings.backlog)
+            self.servers.append(extra)  # closed with the others at shutdown
+            url = listen_url("http", extra.sockets[0].getsockname())
+            log.info("local hosts' agents reach the API on %s", url)
+            return url
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if coordinator is not None:
+                await asyncio.to_thread(coordinator.stop_local)
+            await super().shutdown(sockets)
 
     return Announcing(config)
 

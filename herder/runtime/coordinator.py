@@ -44,17 +44,22 @@ from herder.model import (
 )
 from herder.runtime.accounts import (
     probe_commands,
-    probe_loop,
     record_probes,
     sync_accounts,
 )
 from herder.runtime.delivery import Alerts, start_alerts
-from herder.runtime.guardian import GuardianLink
+from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import DeliverySweep, PickupWatch, Rescuer, lost_result
+from herder.runtime.maintenance import (
+    DeliverySweep,
+    PickupWatch,
+    Rescuer,
+    WorkerId,
+    lost_result,
+)
 from herder.runtime.metrics import FleetSample, HostSample, Metrics
 from herder.runtime.preflight import default_check
-from herder.runtime.runner import Runner, RunnerOptions, default_host
+from herder.runtime.runner import default_host
 from herder.runtime.scheduler import (
     Fleet,
     Scheduler,
@@ -67,7 +72,6 @@ from herder.runtime.scheduler import (
     take_snapshot,
 )
 from herder.runtime.sources import (
-    AssignmentSource,
     Ending,
     PolicyLimits,
     bind_jobs,
@@ -111,29 +115,6 @@ RELAY_INTERVAL = 1.0  # the assignment relay's longest wait on the store's NOTIF
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
 long-polls of those hosts' agents, the ssh launcher its loop."""
-
-
-@dataclass
-class _LocalHost:
-    """A local host served by this process: its runner, and the event that ends its
-    runner's, heartbeat's and probes' threads."""
-
-    runner: Runner
-    stop: threading.Event
-
-    def resize(self, concurrency: int) -> bool:
-        """Take the host's workers as they are now (`herder host set`); True if changed.
-        The runner reads its options at each pass."""
-        if self.runner.options.concurrency == concurrency:
-            return False
-        self.runner.options = replace(self.runner.options, concurrency=concurrency)
-        return True
-
-
-def local_concurrency(host: HostRecord) -> int:
-    """Attempts a local host's runner may run at once: its larger window's workers (the
-    scheduler places within the window that is open)."""
-    return max(host.prime_max_workers, host.night_max_workers, 1)
 
 
 @dataclass
@@ -188,11 +169,8 @@ def utcnow() -> datetime:
 
 
 class Coordinator:
-    def __init__(self, store: Store, config: Config, host: str | None = None,
-                 guardian: GuardianLink | None = None) -> None:
+    def __init__(self, store: Store, config: Config, host: str | None = None) -> None:
         self.store = store
-        self.guardian = guardian
-        """The server process's guardian (`herder.runtime.guardian`), for its local hosts."""
         self.config = config
         self.settings = config.settings
         self.fleet = Fleet.from_settings(config.settings)
@@ -216,7 +194,11 @@ class Coordinator:
         self._poke = threading.Event()
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()  # threads are spawned from several threads
-        self._local: dict[str, _LocalHost] = {}
+        self._local: dict[str, LocalChild] = {}
+        self.local_url: str | None = None
+        """Where the local hosts' agents reach this server (`serve_local_at`)."""
+        self._local_url_known = threading.Event()
+        self._scheduler_thread: threading.Thread | None = None
         self.relay_listening = threading.Event()
         """Set once this replica listens for the leader's placements (PostgreSQL only)."""
         self._sync_lock = threading.Lock()
@@ -251,7 +233,7 @@ class Coordinator:
     def start(self) -> None:
         self.sync_hosts()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._spawn(self._scheduler_loop, "herder-scheduler")
+        self._scheduler_thread = self._spawn(self._scheduler_loop, "herder-scheduler")
         self.alerts = start_alerts(self.store, self.settings.alerts, self._stop, utcnow,
                                    lambda: self.is_leader, self._scheduler_age)
         # Always: an ssh host added while the server runs (`herder host add`, the API) is
@@ -265,56 +247,71 @@ class Coordinator:
             self._spawn(self._assignment_relay, "herder-assignments")
 
     def sync_local_hosts(self) -> dict[str, int]:
-        """Serve every host whose transport is `local` from this process, and no other, each
-        with its current workers: how many were started, stopped and resized."""
+        """Serve every host whose transport is `local` from this process (each by a child
+        agent, `herder.runtime.local_child`), and no other: how many were started and
+        stopped. The child takes its workers from the server with each heartbeat."""
         hosts = self.store.host_list()
-        wanted = {host.label: host for host in hosts if host.transport is Transport.LOCAL}
-        counts = {"started": 0, "stopped": 0, "resized": 0}
+        wanted = {host.label for host in hosts if host.transport is Transport.LOCAL}
+        counts = {"started": 0, "stopped": 0}
         with self._sync_lock:  # one pass at a time; readers use the snapshots below
             if self._stop.is_set():
                 return counts
             for label in [label for label in self._local if label not in wanted]:
-                self._stop_local(self._local.pop(label))
+                self._local.pop(label).stop()
                 log.info("local host %s is no longer served here (removed or not local)",
                          label)
                 counts["stopped"] += 1
-            for label, host in wanted.items():
-                served = self._local.get(label)
-                if served is None:
-                    self._local[label] = self._serve_local(host)
-                    log.info("serving local host %s", label)
-                    counts["started"] += 1
-                elif served.resize(local_concurrency(host)):
-                    counts["resized"] += 1
+            for label in sorted(wanted - set(self._local)):
+                self._local[label] = self._serve_local(label)
+                log.info("serving local host %s", label)
+                counts["started"] += 1
             self._served = frozenset(self._local)
             self._known = frozenset(host.label for host in hosts)
         return counts
 
-    def _serve_local(self, host: HostRecord) -> _LocalHost:
-        runtime = self.settings.runtime
-        options = RunnerOptions.from_settings(
-            self.settings, host.label, self.log_dir, concurrency=local_concurrency(host),
-            attempt_lease=self.lease_seconds)
-        # Shared: every replica serves the local hosts, and another machine's runner may
-        # hold this host's attempts.
-        rescuer = Rescuer(self.store, host.label, self.lease_seconds, runtime.kill_grace,
-                          runtime.max_lost, shared=True)
-        source = AssignmentSource(self.store, host.label, self.limits, rescuer)
-        source.guardian = self.guardian
-        source.on_started = self._observe_start
-        served = _LocalHost(Runner(None, options, source=source), threading.Event())
-        self._spawn(functools.partial(served.runner.run, install_signals=False),
-                    f"herder-local-{host.label}", served.stop)
-        self._spawn(functools.partial(self._local_heartbeat, host.label, served.stop),
-                    f"herder-heartbeat-{host.label}", served.stop)
-        self._spawn(functools.partial(probe_loop, self.store, self.settings, host.label,
-                                      served.stop, utcnow),
-                    f"herder-probes-{host.label}", served.stop)
-        return served
+    def _serve_local(self, label: str) -> LocalChild:
+        from herder.runtime.process import process_start_time
 
-    def _stop_local(self, served: _LocalHost) -> None:
-        served.stop.set()
-        served.runner.request_shutdown()
+        pid = os.getpid()
+        config_path = self.config.path
+        child = LocalChild(
+            self.store, label, url=self._wait_local_url, machine=self.host,
+            server_worker=str(WorkerId(self.host, pid, process_start_time(pid) or 0)),
+            log_dir=self.log_dir,
+            config_path=str(config_path.resolve()) if config_path is not None else None,
+            loops=self.loops, heartbeat_interval=self.settings.runtime.heartbeat_interval,
+            lease_seconds=self.lease_seconds)
+        self._spawn(functools.partial(child.run, self._stop), f"herder-local-{label}",
+                    child.stopped)
+        return child
+
+    def serve_local_at(self, url: str) -> None:
+        """The plain-HTTP loopback URL of this server's API: its local hosts' agents start
+        once it is known (the server knows it once it listens)."""
+        self.local_url = url
+        self._local_url_known.set()
+
+    def _wait_local_url(self, timeout: float) -> str | None:
+        self._local_url_known.wait(timeout)
+        return self.local_url
+
+    def stop_local(self, timeout: float = 60.0) -> None:
+        """Stop every local host's agent while the API still answers, so each hands its
+        attempts back (and its guardian is quiet) before the server goes. The loops stop
+        first: a job handed back is not placed again here, for a stopping agent's last
+        long-poll to take."""
+        self._stop.set()
+        self._poke.set()
+        self._local_wake.set()
+        deadline = time.monotonic() + timeout
+        if self._scheduler_thread is not None:
+            self._scheduler_thread.join(max(0.0, deadline - time.monotonic()))
+        with self._sync_lock:
+            children = list(self._local.values())
+        for child in children:
+            child.stop()
+        for child in children:
+            child.ended.wait(max(0.0, deadline - time.monotonic()))
 
     def _local_hosts_loop(self) -> None:
         loop = self.loops.register("local-hosts", LOCAL_HOSTS_INTERVAL)
@@ -335,7 +332,7 @@ class Coordinator:
         loop.unregister()
 
     def _spawn(self, target: Callable[[], object], name: str,
-               until: threading.Event | None = None) -> None:
+               until: threading.Event | None = None) -> threading.Thread:
         """Run `target` in a thread that must live as long as the server (or until `until`
         is set): if it ends before, the process is taken down (`on_fatal`) so a supervisor
         restarts it, rather than serving on without it."""
@@ -353,6 +350,7 @@ class Coordinator:
         # Threads of hosts no longer served have ended: keep only those stop() must join.
         with self._threads_lock:
             self._threads = [*[t for t in self._threads if t.is_alive()], thread]
+        return thread
 
     def _fatal(self, reason: str) -> None:
         log.critical("%s; stopping so a supervisor restarts herder", reason)
@@ -368,7 +366,7 @@ class Coordinator:
         self._local_wake.set()
         with self._sync_lock:
             for served in self._local.values():
-                self._stop_local(served)
+                served.stop()
         deadline = time.monotonic() + timeout
         with self._threads_lock:
             threads = list(self._threads)
@@ -579,20 +577,6 @@ class Coordinator:
             if waker is not None:
                 _close_quietly(waker)
 
-    def _local_heartbeat(self, label: str, stop: threading.Event) -> None:
-        interval = min(self.settings.runtime.heartbeat_interval, 30.0)
-        loop = self.loops.register(f"heartbeat:{label}", interval)
-        # Retries come sooner than the next beat, so one failed write costs no missed beat.
-        backoff = Backoff(base=min(interval / 4, 1.0), cap=interval)
-        def beat() -> None:
-            self.store.host_heartbeat(label, utcnow(), {"via": "server", "pid": os.getpid()})
-
-        while not (self._stop.is_set() or stop.is_set()):
-            delay = run_cycle(loop, backoff, f"local heartbeat for {label}", beat)
-            stop.wait(interval if delay is None else delay)
-        if not self._stop.is_set():
-            loop.unregister()  # a host no longer served is no part of the health
-
     # -- what the API asks ------------------------------------------------------------------------
 
     def _job_on_host(self, label: str, token: AttemptToken) -> Job:
@@ -670,12 +654,6 @@ class Coordinator:
             raise Conflict(f"attempt {token} cannot start: it is no longer claimed "
                            "(cancelled or declared lost)")
         self.metrics.started(token.attempt, job.created_at, now)
-
-    def _observe_start(self, token: AttemptToken, now: datetime) -> None:
-        """An attempt of a local host started (the HTTP path observes in `start_attempt`)."""
-        job = self.store.job_get(token.job_id) if token.attempt == 1 else None
-        if job is not None:
-            self.metrics.started(token.attempt, job.created_at, now)
 
     def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
                        exit_code: int | None, retry_after: float | None,
@@ -962,7 +940,7 @@ def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
         booked_gb=usage.booked_gb if usage else 0.0,
         measured_available_gb=measured_available_gb(host),
         health=fleet.health(host, now), enabled=host.enabled,
-        agent_up=host.transport is Transport.AGENT and "worker" in info
+        agent_up=host.transport.pulls and "worker" in info
         and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
 
 

@@ -18,7 +18,7 @@ import msgspec
 from msgspec.structs import replace
 
 from herder.config import FleetSection, Settings
-from herder.model import HostRecord, Transport
+from herder.model import HostRecord
 from herder.runtime.accounts import FLEET_STOPPED, AccountRules
 from herder.scheduling.alerting import in_start_grace
 from herder.scheduling.breaker import (
@@ -140,8 +140,8 @@ class Fleet(msgspec.Struct, frozen=True):
 
     def agent_down(self, host: HostRecord, now: datetime) -> str | None:
         """Why a host whose agent heartbeats is not live for placement; None when it is,
-        and for hosts no agent heartbeats for (ssh and local hosts, cron's `herder
-        heartbeat`), which go by the health thresholds alone."""
+        and for hosts no agent heartbeats for (ssh hosts, cron's `herder heartbeat`),
+        which go by the health thresholds alone. A server's local hosts have agents."""
         info = _agent_info(host)
         if info is None:
             return None
@@ -159,10 +159,11 @@ class Fleet(msgspec.Struct, frozen=True):
 
 
 def _agent_info(host: HostRecord) -> dict[str, Any] | None:
-    """The heartbeat info of a host an agent heartbeats for; None for the others (ssh and
-    local hosts, cron's `herder heartbeat`), which go by the health thresholds alone."""
+    """The heartbeat info of a host an agent heartbeats for (an agent host, or a server's
+    local host); None for the others (ssh hosts, cron's `herder heartbeat`), which go by
+    the health thresholds alone."""
     info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    if host.transport is not Transport.AGENT or "worker" not in info:
+    if not host.transport.pulls or "worker" not in info:
         return None
     return info
 
@@ -200,7 +201,7 @@ def host_spec(host: HostRecord) -> HostSpec:
     # An agent that is draining or has stopped takes no work, whatever its heartbeat's age;
     # a stopped agent's host is refused by liveness, which names it (agent_down).
     state = agent_state(host)
-    available = state is None or (state == "stopped" and host.transport is Transport.AGENT)
+    available = state is None or (state == "stopped" and host.transport.pulls)
     return replace(
         HostSpec.configured(host),
         enabled=host.enabled and available,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import msgspec
@@ -339,18 +339,8 @@ class StoreSource(WorkSource):
         self.limits = limits
         self.rescuer = rescuer
 
-    on_started: Callable[[AttemptToken, datetime], None] | None = None
-    """Told each attempt that started (the server's metrics); its failure is only logged."""
-
     def started(self, token: AttemptToken, pid: int, log_path: str, now: datetime) -> bool:
-        if not self.store.attempt_start(token, pid, log_path, now):
-            return False
-        if self.on_started is not None:
-            try:
-                self.on_started(token, now)
-            except Exception as exc:  # a metric must never undo a recorded start
-                log.warning("attempt %s: start not observed (%s)", token, type(exc).__name__)
-        return True
+        return self.store.attempt_start(token, pid, log_path, now)
 
     def heartbeat(self, tokens: Sequence[AttemptToken], now: datetime) -> HeartbeatReply:
         return self.store.attempt_heartbeat(self.host, tokens, now)

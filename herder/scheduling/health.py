@@ -130,7 +130,7 @@ def host_liveness(last_heartbeat: datetime | None, agent_info: Mapping[str, Any]
     """A host's liveness by the rule placement uses. Pure.
 
     `agent_info` is the agent's last heartbeat info for a host an agent heartbeats for
-    (None for ssh, local and cron hosts, which go by the health thresholds): live until
+    (None for ssh and cron hosts, which go by the health thresholds): live until
     it has missed `missed_heartbeats` beats, late once it has missed one."""
     if last_heartbeat is None:
         return HostLiveness(LivenessState.UNKNOWN)
