@@ -78,10 +78,11 @@ def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> 
 
 def transport_refusal(host: HostRecord, transport: Transport | None) -> tuple[str, str] | None:
     """(problem, fix) when `host add/set` (CLI or API) would make a host local or stop one
-    being local: a local host runs its jobs inside the server's own process tree, so only
-    herder.toml, which the server's operator writes, declares one."""
+    being local: a local host runs its jobs on the server's own machine (under a child
+    agent the server starts), so only herder.toml, which the server's operator writes,
+    declares one."""
     if transport is Transport.LOCAL and host.transport is not Transport.LOCAL:
-        return ("a local host runs jobs in the server's own process tree; only herder.toml "
+        return ("a local host runs jobs on the server's own machine; only herder.toml "
                 "declares one", f"declare [hosts.{host.label}] with transport = \"local\" "
                 "in herder.toml")
     if host.transport is Transport.LOCAL and transport not in (None, Transport.LOCAL):
