@@ -28,6 +28,7 @@ from support.waits import wait_for
 
 from herder.errors import InputError
 from herder.model import Enforcement, JobStatus, Outcome
+from herder.runtime import workspace
 from herder.runtime.executor import RESULT_NAME, collect_result, job_environment
 from herder.runtime.job_user import JobUser, foreign_folders, passable, resolve
 from herder.runtime.memory import detect
@@ -158,6 +159,31 @@ def test_a_result_is_collected_only_from_a_plain_file_of_its_own(tmp_path, plant
         assert not copied.exists()
     assert not folder.exists() and not (folder.parent / "7.2-x.owner").exists()
     assert collect_result(folder, log) is None  # none written: nothing to say
+
+
+@pytest.mark.parametrize("planted", ["link", "dangling link", "plain"])
+def test_the_preparing_process_writes_its_result_only_into_a_new_file(tmp_path, planted):
+    """Before it becomes the run_as user, the preparing process is root writing into the
+    user's folder: a link planted there (by another job of that user, who can work out
+    the folder's name) is never followed, nor a file there overwritten."""
+    target = tmp_path / "shadow"
+    target.write_text("root:x:0\n")
+    result = tmp_path / "runs" / "7.2-x" / RESULT_NAME
+    result.parent.mkdir(parents=True)
+    if planted == "link":
+        result.symlink_to(target)
+    elif planted == "dangling link":
+        result.symlink_to(tmp_path / "created-by-root")
+    else:
+        result.write_text("{}")
+    workspace._result({"HERDER_RESULT": str(result)}, {"outcome": "workspace_failed"})
+    assert target.read_text() == "root:x:0\n"
+    assert not (tmp_path / "created-by-root").exists()
+    if planted == "plain":
+        assert result.read_text() == "{}"
+    fresh = result.with_name("fresh.json")
+    workspace._result({"HERDER_RESULT": str(fresh)}, {"outcome": "workspace_failed"})
+    assert json.loads(fresh.read_text()) == {"outcome": "workspace_failed"}
 
 
 @pytest.mark.parametrize("command", [

@@ -166,9 +166,15 @@ class LocalChild:
                 folder = self.log_dir / "agents" / self.label
                 launch = ChildLaunch(self.label, url, read_end, str(folder), self.config_path,
                                      os.getpid())
-                self.process = subprocess.Popen(
-                    agent_argv(sys.executable, launch), executable=SELF, env=child_environment(),
-                    pass_fds=(read_end,), stdin=subprocess.DEVNULL)
+                try:
+                    self.process = subprocess.Popen(
+                        agent_argv(sys.executable, launch), executable=SELF,
+                        env=child_environment(), pass_fds=(read_end,), stdin=subprocess.DEVNULL)
+                except OSError:
+                    # Nobody holds the token: it must not stay live until the next start.
+                    self.store.token_revoke(self.token_id, _now())
+                    self.token_id = None
+                    raise
                 log.info("local host %s is served by its agent, pid %d", self.label,
                          self.process.pid)
         finally:

@@ -378,10 +378,17 @@ def _reclaim(folder: Path) -> None:
 
 
 def _result(env: Mapping[str, str], result: Mapping[str, Any]) -> None:
+    """The preparing process's own verdict. Under run_as it is still root here and the
+    result's folder is the job user's, where another job of that user may have planted a
+    link: the file is created new, never through a link, never over one that exists."""
     path = env.get("HERDER_RESULT")
-    if path:
-        with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps(result))
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(result))
 
 
 # -- after the attempt (the runner) ------------------------------------------------------------
