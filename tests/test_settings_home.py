@@ -78,14 +78,15 @@ def test_herder_ups_runner_spends_spawn_failures_as_the_config_says(tmp_path):
 
 
 def test_runner_options_are_built_from_settings_in_one_place():
-    """`herder up`, `herder agent`, `run-attempt` and the server's local hosts all call
-    RunnerOptions.from_settings; nothing else spells the options out."""
+    """`herder up`, `herder agent` and `run-attempt` (the server's local hosts are served
+    by `herder agent` children) all call RunnerOptions.from_settings; nothing else spells
+    the options out."""
     builders = sorted(str(path.relative_to(HERDER.parent)) for path in HERDER.rglob("*.py")
                       if re.search(r"(?<!class )\bRunnerOptions\(", path.read_text()))
     assert builders == []
     callers = sorted(path.name for path in HERDER.rglob("*.py")
                      if "RunnerOptions.from_settings(" in path.read_text())
-    assert callers == ["agent.py", "coordinator.py", "server.py"]
+    assert callers == ["agent.py", "server.py"]
 
 
 def test_the_pure_cores_defaults_are_the_settings_defaults():
