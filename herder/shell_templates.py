@@ -84,7 +84,6 @@ WRAPPERS: dict[str, tuple[int, frozenset[str]]] = {
         ("doas", 0, ["-u", "-C"])]}
 """Programs that run the command named by their first other word (after their options
 and `positional` arguments such as timeout's duration): that word is a command's place."""
-_NUMBER = re.compile(r"^[0-9.]+[smhd]?$")
 
 
 def command_position(words: Sequence[str]) -> bool:
@@ -105,7 +104,7 @@ def command_position(words: Sequence[str]) -> bool:
             return False
         elif word.startswith("-") and word != "-":
             takes_argument = word in wrapper[1]
-        elif "=" in word or _NUMBER.match(word):
+        elif "=" in word:  # env's NAME=value
             continue
         elif positional:
             positional -= 1
