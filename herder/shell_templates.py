@@ -4,9 +4,12 @@ to environment variables (`"${HERDER_P_TITLE}"`) that carry the payload's values
 A value is never spliced into the script's text, so the shell never parses it: the script
 is the same for every submit and the values reach it as `HERDER_P_<FIELD>` in the job's env.
 An expanded variable is still code where the script hands text to an evaluator (`eval`,
-`sh -c "..."`, `ssh`, `sudo`, `xargs`, a heredoc fed to `python`), so `shell_problem`
+`sh -c "..."`, `flock -c`, `ssh`, `sudo`, `xargs`, a heredoc fed to `python`, bash's
+arithmetic), and still chooses the program in a command's place, so `shell_problem`
 refuses at load a placeholder used in such a construct. That check is lexical and
-conservative: it reads the script's words, not what it does at run time.
+conservative: it reads the script's words, not what it does at run time. A word that a
+placeholder opens is an argument the payload starts, so `render_shell` refuses at submit
+a value that would make it start with '-'.
 
 Pure functions over the template text: the config load (refusals) and the submit path (the
 rendered script and its variables) read the same scan.
