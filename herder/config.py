@@ -364,8 +364,8 @@ class JobTypeSection(Struct, frozen=True):
     # -- what a payload value may become (issue 23: payload values stay values) --
     option_fields: Annotated[list[str], rules(check=_names(
         _ENV_NAME, "{name!r} is not a payload field name"))] = field(default_factory=list)
-    """Payload fields whose value may start with '-' where it forms a whole argv item (or
-    a whole word of a shell script): fields meant to carry options."""
+    """Payload fields whose value may start with '-' where it opens an argv item or a word
+    of a shell script (`{x}`, `"{x}"`, `{x}{y}`): fields meant to carry options."""
     workdir_base: str | None = None
     """The folder a templated `workdir` must stay inside (required when workdir names a
     field); a relative workdir is taken under it."""

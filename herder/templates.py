@@ -17,7 +17,6 @@ from herder.errors import InputError
 
 _FORMATTER = string.Formatter()
 _PROMPT_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_WHOLE = re.compile(r"^\{(\w+)\}$")
 
 CommandPart = str | Sequence[str]
 """An argv item, or an optional group: a list of items kept only when every field its
@@ -89,15 +88,31 @@ def is_set(context: Mapping[str, Any], name: str) -> bool:
     return context.get(name) not in (None, "")
 
 
-def whole_item_refusal(name: str, value: str, where: str, options: Collection[str]) -> None:
-    """A value that is a whole argv item is read by the program as an option when it starts
-    with '-' (`--basetemp=/home`); refused unless its field is one of `options`."""
-    if value.startswith("-") and name not in options:
-        raise InputError(
-            f"payload.{name}", f"{value[:40]!r} starts with '-' and {where} passes it as a "
-            "whole argument, where the program would read it as an option",
-            f"pass a value that does not start with '-', or list {name!r} in the job type's "
-            "option_fields if it is meant to carry options")
+def leading_fields(template: str) -> list[str]:
+    """The fields whose placeholders open the item, before any literal text (`{a}{b}-x`:
+    a and b): what decides whether the rendered item starts with '-'."""
+    names: list[str] = []
+    for literal, name, _spec, _conversion in _FORMATTER.parse(template):
+        if literal or name is None:
+            break
+        names.append(name)
+    return names
+
+
+def leading_dash_refusal(names: Sequence[str], rendered: str, where: str,
+                         options: Collection[str]) -> None:
+    """An argument that starts with payload text is read by the program as an option when
+    it starts with '-' (`--basetemp=/home`), whether the value is the whole argument, the
+    first of several joined (`{a}{b}` with a empty) or quoted (`"{path}"`); refused unless
+    every field that opens it is one of `options`."""
+    if not names or not rendered.startswith("-") or all(name in options for name in names):
+        return
+    name = next(name for name in names if name not in options)
+    raise InputError(
+        f"payload.{name}", f"{rendered[:40]!r} starts with '-' and {where} passes it at the "
+        "start of an argument, where the program would read it as an option",
+        f"pass a value that does not start with '-', or list {name!r} in the job type's "
+        "option_fields if it is meant to carry options")
 
 
 def render_argv(parts: Sequence[CommandPart], context: Mapping[str, Any], where: str,
@@ -106,8 +121,8 @@ def render_argv(parts: Sequence[CommandPart], context: Mapping[str, Any], where:
     """A job type's argv list filled from `context`, and the indexes of the items that
     still hold a `keep` placeholder. An optional group (a nested list) is left out unless
     every field it names is set; a plain item's missing field is an input error. An item
-    that is one placeholder alone may not start with '-' unless its field is in `options`
-    (None: no check, for text herder itself filled)."""
+    that starts with a placeholder may not render to text that starts with '-' unless its
+    opening fields are all in `options` (None: no check, for text herder itself filled)."""
     argv: list[str] = []
     deferred: list[int] = []
     for part in parts:
@@ -121,9 +136,8 @@ def render_argv(parts: Sequence[CommandPart], context: Mapping[str, Any], where:
             if holds:
                 deferred.append(len(argv))
             rendered = render(item, context, where, keep if holds else ())
-            whole = _WHOLE.match(item)
-            if options is not None and whole and not holds:
-                whole_item_refusal(whole.group(1), rendered, where, options)
+            if options is not None and not holds:
+                leading_dash_refusal(leading_fields(item), rendered, where, options)
             argv.append(rendered)
     return tuple(argv), tuple(deferred)
 

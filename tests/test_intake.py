@@ -480,6 +480,23 @@ command = "cat <<EOF > said.txt\\nTitle: {title}\\nEOF\\nprintf '%s' {title} >> 
 shell = true
 command = "ls {path} --color={when}"
 
+[job_types.quoted]
+shell = true
+command = 'pytest "{path}"'
+
+[job_types.joined]
+command = ["pytest", "{a}{b}", ["--tb={tb}"]]
+
+[job_types.shelljoined]
+shell = true
+command = 'pytest {a}{b}'
+
+[job_types.words]
+shell = true
+command = '''printf '%s\\n' "{a}" {a}{b} "{a}"-x "{a} t" x"{a}" "--k={a}" {o}{a} \\
+  "$(printf '%s' "{b}")" > words.txt'''
+option_fields = ["o"]
+
 [job_types.contexts]
 shell = true
 command = '''
@@ -507,6 +524,13 @@ def values(tmp_path, monkeypatch) -> Config:
     ("tests", {"path": -3}, "payload.path"),
     ("flags", {"extra": "-la", "path": "-R"}, "payload.path"),
     ("shellflag", {"path": "--hyperlink", "when": "never"}, "payload.path"),
+    ("quoted", {"path": "--basetemp=/home"}, "payload.path"),
+    ("joined", {"a": "", "b": "--basetemp=/home"}, "payload.a"),
+    ("joined", {"a": "-", "b": "-basetemp=/home"}, "payload.a"),
+    ("shelljoined", {"a": "", "b": "--basetemp=/home"}, "payload.a"),
+    ("words", {"a": "", "b": "x", "o": ""}, "payload.a"),
+    ("words", {"a": "-v t", "b": "x", "o": ""}, "payload.a"),
+    ("words", {"a": "a", "b": "-x", "o": ""}, "payload.b"),
 ])
 def test_a_value_that_would_be_an_option_is_refused_at_submit(values, job_type, payload, field):
     """A placeholder that is a whole argument: `--basetemp=/home` would make pytest delete
@@ -528,6 +552,41 @@ def test_an_embedded_value_an_opted_out_field_and_herders_prompt_may_start_with_
     spec = resolve(values, request("shellflag", payload={"path": "src", "when": "-x"}),
                    check_command=False)
     assert spec.env["HERDER_P_WHEN"] == "-x"
+
+
+def test_a_word_that_payload_text_opens_is_checked_and_one_it_does_not_open_is_not(values):
+    """Quoted (`"{path}"`, the form the docs recommend) or joined (`{a}{b}` with a empty),
+    the program still receives one argument `--basetemp=/home`: the rule is about where
+    the argument starts, not about quoting. `x{a}` and `--tb={tb}` start with the job
+    type's own text."""
+    spec = resolve(values, request("joined", payload={"a": "t", "b": "-x", "tb": "-short"}),
+                   check_command=False)
+    assert spec.command == ("pytest", "t-x", "--tb=-short")
+    spec = resolve(values, request("quoted", payload={"path": "tests/-x"}), check_command=False)
+    assert spec.env["HERDER_P_PATH"] == "tests/-x"
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=st.sampled_from(["", "-", "--x", "a", " -a", "-a b", "a-"]),
+       b=st.sampled_from(["", "-", "--basetemp=/home", "b"]),
+       o=st.sampled_from(["", "-o", "o"]))
+def test_no_argument_the_payload_opens_reaches_a_real_shell_as_an_option(values, tmp_path, a, b, o):
+    """Whatever the values, either the submit is refused naming the field or no argument
+    that payload text opens starts with '-' (only `{o}`, an option field, may; and
+    `"--k={a}"` is the job type's own option)."""
+    try:
+        spec = resolve(values, request("words", payload={"a": a, "b": b, "o": o}),
+                       check_command=False)
+    except InputError as error:
+        assert error.field in ("payload.a", "payload.b")
+        assert "starts with '-'" in error.problem
+        return
+    run_rendered(spec, tmp_path)
+    words = (tmp_path / "words.txt").read_text().split("\n")[:-1]
+    opened = [word for index, word in enumerate(words) if index not in (4, 5, 6)]
+    assert not [word for word in opened if word.startswith("-")], words
+    assert words[6] == o + a
 
 
 @pytest.mark.parametrize("repo", ["../../../../root", "/root", "app/../../x", "app/../../base2",
