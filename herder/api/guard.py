@@ -10,6 +10,7 @@ the server by its loopback address (or the name an operator declared for a proxy
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -102,24 +103,30 @@ class FailureLimiter:
         self.max_verified = max_verified
         self._counts: OrderedDict[str, _Count] = OrderedDict()
         self._verified: OrderedDict[str, float] = OrderedDict()  # key -> when it checked out
+        self._lock = threading.Lock()  # the event loop, and a local child's thread (verified)
 
     def wait(self, client: str, key: str | None = None) -> int | None:
         """Whole seconds `client` must wait before its next try; None when it may try
         (always when `key`, the presented token's hash, checked out within the TTL: its
         lookup then decides)."""
-        count = self._counts.get(client)
-        if count is None:
-            return None
-        left = count.since + self.window - self.clock()
-        if left <= 0:
-            del self._counts[client]
-            return None
-        if len(count.tokens) < self.limit or (key is not None and self.known(key)):
-            return None
-        return max(1, math.ceil(left))
+        with self._lock:
+            count = self._counts.get(client)
+            if count is None:
+                return None
+            left = count.since + self.window - self.clock()
+            if left <= 0:
+                del self._counts[client]
+                return None
+            if len(count.tokens) < self.limit or (key is not None and self._known(key)):
+                return None
+            return max(1, math.ceil(left))
 
     def known(self, key: str) -> bool:
         """Whether the token whose hash is `key` checked out within the TTL."""
+        with self._lock:
+            return self._known(key)
+
+    def _known(self, key: str) -> bool:
         since = self._verified.get(key)
         if since is None:
             return False
@@ -129,26 +136,29 @@ class FailureLimiter:
         return True
 
     def verified(self, key: str) -> None:
-        """Remember that the token whose hash is `key` checked out (now)."""
-        self._verified.pop(key, None)
-        self._verified[key] = self.clock()  # the most recent at the end
-        while len(self._verified) > self.max_verified:
-            self._verified.popitem(last=False)
+        """Remember that the token whose hash is `key` checked out (now), or was minted by
+        this server for its own local agent."""
+        with self._lock:
+            self._verified.pop(key, None)
+            self._verified[key] = self.clock()  # the most recent at the end
+            while len(self._verified) > self.max_verified:
+                self._verified.popitem(last=False)
 
     def failed(self, client: str, token: str) -> None:
         """Count a failed check of `token` (a token, or its hash) by `client` (a token it
         failed with before in this window counts once); a token that fails is no longer
         known-good."""
-        self._verified.pop(token, None)
-        now = self.clock()
-        count = self._counts.pop(client, None)
-        if count is None or count.since + self.window <= now:
-            count = _Count(set(), now)
-        if len(count.tokens) < self.limit:
-            count.tokens.add(hash(token))
-        self._counts[client] = count  # the most recent at the end
-        while len(self._counts) > self.max_clients:
-            self._counts.popitem(last=False)
+        with self._lock:
+            self._verified.pop(token, None)
+            now = self.clock()
+            count = self._counts.pop(client, None)
+            if count is None or count.since + self.window <= now:
+                count = _Count(set(), now)
+            if len(count.tokens) < self.limit:
+                count.tokens.add(hash(token))
+            self._counts[client] = count  # the most recent at the end
+            while len(self._counts) > self.max_clients:
+                self._counts.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._counts)

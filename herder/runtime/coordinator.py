@@ -207,6 +207,9 @@ class Coordinator:
         self._local_wake = threading.Event()
         self.log_dir = config.log_dir
         self.log_grace = LOG_GRACE
+        self.on_local_token: Callable[[str], None] = lambda key: None
+        """Told the hash of each token minted for a local host's agent (the API's failure
+        limiter takes it as known-good)."""
         """How long after an attempt ended its host may still ship its log."""
         self.operations = Client.over(store, config)
         """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
@@ -282,7 +285,7 @@ class Coordinator:
             log_dir=self.log_dir,
             config_path=str(config_path.resolve()) if config_path is not None else None,
             loops=self.loops, heartbeat_interval=self.settings.runtime.heartbeat_interval,
-            lease_seconds=self.lease_seconds)
+            lease_seconds=self.lease_seconds, on_minted=self.on_local_token)
         self._spawn(functools.partial(child.run, self._stop), f"herder-local-{label}",
                     child.stopped)
         return child
