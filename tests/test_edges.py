@@ -18,7 +18,7 @@ from support.ports import free_port
 from support.waits import wait_for
 
 from herder.api.app import Access, create_app
-from herder.api.guard import FailureLimiter, host_name, rebinding_refusal
+from herder.api.guard import FailureLimiter, host_name, proxy_options, rebinding_refusal
 from herder.api.sessions import COOKIE, SECURE_COOKIE
 from herder.api.tokens import new_token, token_hash
 from herder.config import Config, Settings
@@ -30,6 +30,8 @@ from herder.runtime.ssh import remote_command
 from herder.store import open_store
 
 EVIL = "rebind.evil.example"
+TRUST_LOCAL_PROXY = {"FORWARDED_ALLOW_IPS": "127.0.0.1"}
+"""A proxy on this machine, trusted as an operator would name it."""
 
 # -- pure ---------------------------------------------------------------------------------------
 
@@ -327,7 +329,7 @@ def test_failed_token_checks_are_throttled_per_client(make_fleet, tmp_path, stor
     client: one that guesses is held, with any token not seen lately; another client is
     not, nor one that retries its one revoked token, nor a known-good token."""
     fleet = make_fleet(tmp_path, store_url)
-    fleet.start_server()
+    fleet.start_server(env=TRUST_LOCAL_PROXY)
     revoked = {"X-Forwarded-For": "203.0.113.9"}
     bad = new_token()
     assert {fleet.api("GET", "/api/v1/jobs", token=bad, headers=revoked).status_code
@@ -347,11 +349,37 @@ def test_failed_token_checks_are_throttled_per_client(make_fleet, tmp_path, stor
     assert "refused (429)" in fleet.stderr_of(fleet.server)
 
 
-def test_a_session_cookie_over_a_tls_proxy_is_secure(make_fleet, tmp_path, store_url):
-    """A TLS proxy on this machine says X-Forwarded-Proto: https (uvicorn trusts 127.0.0.1
-    by default, --forwarded-allow-ips / FORWARDED_ALLOW_IPS otherwise)."""
+def test_without_forwarded_allow_ips_no_forwarded_header_is_trusted(make_fleet, tmp_path,
+                                                                      store_url):
+    """uvicorn alone would trust 127.0.0.1: any process on this machine could name any
+    client's address (and have it throttled) or claim TLS. herder trusts no proxy unless
+    FORWARDED_ALLOW_IPS names it: the addresses below are all this test's own, 127.0.0.1."""
     fleet = make_fleet(tmp_path, store_url)
     fleet.start_server()
+    read = fleet.token_file(tmp_path, Scope.READ).read_text().strip()
+    claimed = fleet.api("POST", "/ui/login", token="", data={"token": read},
+                        headers={"X-Forwarded-Proto": "https"})
+    assert claimed.status_code == 303, claimed.text
+    assert claimed.headers["set-cookie"].startswith(f"{COOKIE}=")
+    assert "Secure" not in claimed.headers["set-cookie"]
+    statuses = [fleet.api("GET", "/api/v1/jobs", token=new_token(),
+                          headers={"X-Forwarded-For": f"203.0.113.{index}"}).status_code
+                for index in range(21)]
+    assert statuses == [401] * 20 + [429]  # one client, whatever address it names
+
+
+def test_proxy_options_trust_only_what_forwarded_allow_ips_names():
+    assert proxy_options({}) == {"proxy_headers": False}
+    assert proxy_options({"FORWARDED_ALLOW_IPS": " "}) == {"proxy_headers": False}
+    assert proxy_options({"FORWARDED_ALLOW_IPS": "10.0.0.5"}) == {
+        "proxy_headers": True, "forwarded_allow_ips": "10.0.0.5"}
+
+
+def test_a_session_cookie_over_a_tls_proxy_is_secure(make_fleet, tmp_path, store_url):
+    """A TLS proxy on this machine says X-Forwarded-Proto: https, trusted from the
+    addresses FORWARDED_ALLOW_IPS names."""
+    fleet = make_fleet(tmp_path, store_url)
+    fleet.start_server(env=TRUST_LOCAL_PROXY)
     read = fleet.token_file(tmp_path, Scope.READ).read_text().strip()
     proxied = {"X-Forwarded-Proto": "https"}
     signed = fleet.api("POST", "/ui/login", token="", data={"token": read}, headers=proxied)

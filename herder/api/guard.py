@@ -13,7 +13,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -67,6 +68,17 @@ def url_host(url: str | None) -> tuple[str, ...]:
     """The host name of a URL ([server] public_url), for `rebinding_refusal`'s `also`."""
     name = urlsplit(url).hostname if url else None
     return (name,) if name else ()
+
+
+def proxy_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """uvicorn's proxy-header options: X-Forwarded-For and X-Forwarded-Proto are trusted
+    only from the addresses an operator lists in FORWARDED_ALLOW_IPS, from none without it.
+    uvicorn's own default trusts 127.0.0.1, so any process on the server's machine (a job
+    on a local host) could name any client's address and have it throttled."""
+    trusted = environ.get("FORWARDED_ALLOW_IPS", "").strip()
+    if not trusted:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": trusted}
 
 
 class _Count(msgspec.Struct):
