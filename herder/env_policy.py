@@ -46,8 +46,25 @@ DENIED: tuple[tuple[str, str], ...] = (
     ("RUBYLIB", RUNS_CODE), ("LUA_INIT*", RUNS_CODE), ("LUA_PATH*", RUNS_CODE),
     ("LUA_CPATH*", RUNS_CODE), ("PHPRC", RUNS_CODE), ("PHP_INI_SCAN_DIR", RUNS_CODE),
     ("JAVA_TOOL_OPTIONS", RUNS_CODE), ("_JAVA_OPTIONS", RUNS_CODE),
-    ("JDK_JAVA_OPTIONS", RUNS_CODE), ("RUSTC_WRAPPER", RUNS_CODE),
-    ("RUSTC_WORKSPACE_WRAPPER", RUNS_CODE), ("OPENSSL_*", RUNS_CODE),
+    ("JDK_JAVA_OPTIONS", RUNS_CODE), ("OPENSSL_*", RUNS_CODE), ("ZDOTDIR", RUNS_CODE),
+    # toolchains and builds: Go, Rust, C, make (not a bare GO*: GOOGLE_API_KEY is a key)
+    ("GOFLAGS", RUNS_CODE), ("GOPROXY", REDIRECTS), ("GONOPROXY", REDIRECTS),
+    ("GOTOOLCHAIN", RUNS_CODE), ("GONOSUMDB", TRUSTS), ("GONOSUMCHECK", TRUSTS),
+    ("GOPRIVATE", TRUSTS), ("GOINSECURE", TRUSTS), ("GOSUMDB", TRUSTS),
+    ("GOAUTH", RUNS_CODE), ("GOVCS", CONFIG), ("GOENV", CONFIG), ("GOROOT", RUNS_CODE),
+    ("GOPATH", RUNS_CODE), ("GOBIN", RUNS_CODE), ("GOEXPERIMENT", CONFIG),
+    ("GOCACHE", RUNS_CODE), ("GOMODCACHE", RUNS_CODE), ("CGO_*", RUNS_CODE),
+    ("CARGO", RUNS_CODE), ("CARGO_*", RUNS_CODE), ("RUSTC", RUNS_CODE), ("RUSTC_*", RUNS_CODE),
+    ("RUSTDOC", RUNS_CODE), ("RUSTFLAGS", RUNS_CODE), ("RUSTDOCFLAGS", RUNS_CODE),
+    ("RUSTUP_*", RUNS_CODE), ("CC", RUNS_CODE), ("CXX", RUNS_CODE), ("CPP", RUNS_CODE),
+    ("LD", RUNS_CODE), ("AR", RUNS_CODE), ("CFLAGS", RUNS_CODE), ("CXXFLAGS", RUNS_CODE),
+    ("CPPFLAGS", RUNS_CODE), ("LDFLAGS", RUNS_CODE), ("MAKEFLAGS", RUNS_CODE),
+    ("MFLAGS", RUNS_CODE), ("MAKEFILES", RUNS_CODE), ("CMAKE_*", RUNS_CODE),
+    # package managers: their hooks, indexes and registries
+    ("UV_*", CONFIG), ("PIP_*", CONFIG), ("PIPX_*", CONFIG), ("POETRY_*", CONFIG),
+    ("YARN_*", CONFIG), ("BUN_*", CONFIG), ("DENO_*", CONFIG),
+    # the agent CLIs' own switches (Claude Code's provider, endpoints and permissions)
+    ("CLAUDE_CODE_*", CONFIG),
     # programs that other programs start
     ("GIT_*", RUNS_CODE), ("*_ASKPASS", RUNS_CODE), ("EDITOR", RUNS_CODE),
     ("VISUAL", RUNS_CODE), ("PAGER", RUNS_CODE), ("MANPAGER", RUNS_CODE),
@@ -56,7 +73,8 @@ DENIED: tuple[tuple[str, str], ...] = (
     # where traffic goes, and whom it trusts
     ("*_PROXY", REDIRECTS), ("*_BASE_URL", REDIRECTS), ("*_API_BASE", REDIRECTS),
     ("*_API_URL", REDIRECTS), ("*_ENDPOINT", REDIRECTS), ("*_ENDPOINT_URL", REDIRECTS),
-    ("*_INDEX_URL", REDIRECTS), ("DOCKER_HOST", REDIRECTS), ("KUBECONFIG", CONFIG),
+    ("*_INDEX_URL", REDIRECTS), ("AWS_ENDPOINT_URL*", REDIRECTS), ("GH_HOST", REDIRECTS),
+    ("DOCKER_HOST", REDIRECTS), ("KUBECONFIG", CONFIG),
     ("SSL_CERT_*", TRUSTS), ("*_CA_BUNDLE", TRUSTS), ("CURL_HOME", CONFIG),
     ("WGETRC", CONFIG),
     # whose files and configuration the job uses

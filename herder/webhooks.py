@@ -112,6 +112,12 @@ def verify(kind: str, secret: bytes, headers: Mapping[str, str], body: bytes,
                         _token(lowered, scheme.delivery, DELIVERY_ID_LENGTH))
     signed = body
     if scheme.timestamp is not None:
+        if "." in delivery.delivery_id:
+            # The timestamp is digits and the body comes last; an id without a dot makes
+            # the split of timestamp.delivery.event.body unique (else a body signed for id
+            # 123, event issue.opened would verify as id 123.issue, event opened).
+            raise Refused(400, f"the {scheme.delivery} header may not contain '.' (it "
+                          "separates the signed fields): use letters, digits, - or _")
         stamp = _timestamp(lowered, scheme.timestamp)
         signed = signed_text(stamp, delivery.delivery_id, delivery.event, body)
     expected = signature(secret, signed).encode()

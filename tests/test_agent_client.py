@@ -495,6 +495,24 @@ def test_a_log_over_the_servers_cap_stops_shipping_with_one_warning(
     assert warning.levelno == logging.WARNING and "bug" not in warning.getMessage()
 
 
+def test_a_log_the_server_closed_stops_shipping_with_one_warning(
+        server, make_source, tmp_path, caplog) -> None:
+    """An attempt that ended longer ago than the server's grace has its log closed (410):
+    the agent stops shipping it, says so once (not as a bug), and the finish still goes."""
+    caplog.set_level(logging.INFO, "herder")
+    server.always("log 22.1", status(410, detail="the attempt ended at ...: its log is closed"))
+    source = make_source()
+    log_path = tmp_path / "22.log"
+    start(source, 22, log_path)
+    log_path.write_bytes(b"x" * 100)
+    finish(source, 22)
+    wait_delivered(server, "finish 22.1")
+    source.close()
+    assert len(server.requests("log 22.1")) == 1
+    [warning] = lines(caplog, "log is closed")
+    assert warning.levelno == logging.WARNING and "bug" not in warning.getMessage()
+
+
 def test_the_log_backlog_is_bounded_dropping_the_oldest_with_a_marker(
         server, make_source, tmp_path) -> None:
     hang = Hang()

@@ -18,7 +18,7 @@ from support.ports import free_port
 from support.waits import wait_for
 
 from herder.api.app import Access, create_app
-from herder.api.guard import FailureLimiter, host_name, rebinding_refusal
+from herder.api.guard import FailureLimiter, host_name, proxy_options, rebinding_refusal
 from herder.api.sessions import COOKIE, SECURE_COOKIE
 from herder.api.tokens import new_token, token_hash
 from herder.config import Config, Settings
@@ -30,6 +30,8 @@ from herder.runtime.ssh import remote_command
 from herder.store import open_store
 
 EVIL = "rebind.evil.example"
+TRUST_LOCAL_PROXY = {"FORWARDED_ALLOW_IPS": "127.0.0.1"}
+"""A proxy on this machine, trusted as an operator would name it."""
 
 # -- pure ---------------------------------------------------------------------------------------
 
@@ -128,6 +130,36 @@ def test_the_limiter_remembers_a_bounded_number_of_clients():
     assert limiter.wait("10.0.3.231") == 60  # the newest are held
 
 
+def test_a_token_that_checked_out_lately_passes_a_throttled_address():
+    """An address is not an identity: whoever fails from it must not lock out the agents
+    that share it; a token not seen lately still waits, and one that fails is forgotten."""
+    clock = Clock()
+    limiter = FailureLimiter(limit=2, window=600.0, clock=clock, verified_ttl=300.0)
+    limiter.verified("good")
+    for guess in ("g1", "g2"):
+        limiter.failed("a", guess)
+    assert limiter.wait("a") == 600 and limiter.wait("a", "unseen") == 600
+    assert limiter.wait("a", "good") is None
+    clock.now += 299
+    assert limiter.wait("a", "good") is None
+    clock.now += 1
+    assert limiter.wait("a", "good") == 300 and not limiter.known("good")  # its TTL ended
+    limiter.verified("good")
+    limiter.failed("a", "good")  # revoked since: no longer known-good
+    assert not limiter.known("good") and limiter.wait("a", "good") is not None
+
+
+def test_the_limiter_remembers_a_bounded_number_of_verified_tokens():
+    limiter = FailureLimiter(limit=1, window=60.0, clock=Clock(), max_verified=100)
+    for index in range(1000):
+        limiter.verified(f"t{index}")
+    limiter.verified("t900")  # used again: the most recent
+    assert not limiter.known("t0") and not limiter.known("t899")
+    assert limiter.known("t900") and limiter.known("t999")
+    limiter.verified("t1000")
+    assert limiter.known("t900")  # the least recently used went first
+
+
 @pytest.mark.parametrize("url", ["http://192.0.2.1:8470", "http://coordinator:8470",
                                  "http://[2001:db8::1]:8470", "http://127.0.0.1.nip.io"])
 def test_a_client_refuses_plain_http_off_loopback(url):
@@ -182,6 +214,32 @@ def test_a_throttled_client_is_refused_before_any_store_lookup(app_of, monkeypat
     assert len(lookups) == 3  # refused before the store was asked
     login = client.post("/ui/login", data={"token": secret})
     assert login.status_code == 429 and len(lookups) == 3
+
+
+def test_a_known_good_token_passes_a_throttled_client_and_its_lookup_decides(app_of,
+                                                                             monkeypatch):
+    make, store = app_of
+    client, coordinator = make(Access(failure_limit=3))
+    known, unseen = new_token(), new_token()
+    known_id = store.token_insert("ops", Scope.READ, token_hash(known), datetime.now(UTC))
+    store.token_insert("ops", Scope.READ, token_hash(unseen), datetime.now(UTC))
+    assert client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {known}"}
+                      ).status_code == 200
+    assert [client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {new_token()}"}
+                       ).status_code for _ in range(3)] == [401, 401, 401]
+    lookups: list[str] = []
+    original = coordinator.token
+    monkeypatch.setattr(coordinator, "token", lambda key: lookups.append(key) or original(key))
+    passed = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {known}"})
+    assert passed.status_code == 200 and lookups == [token_hash(known)]
+    held = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {unseen}"})
+    assert held.status_code == 429 and len(lookups) == 1  # never seen: no lookup
+    # Revoked since it checked out: the lookup decides (401), and it is known no more.
+    assert store.token_revoke(known_id, datetime.now(UTC))
+    revoked = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {known}"})
+    assert revoked.status_code == 401 and len(lookups) == 2
+    again = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {known}"})
+    assert again.status_code == 429 and len(lookups) == 2
 
 
 def test_an_https_public_url_makes_the_cookie_secure_and_host_prefixed(app_of):
@@ -268,10 +326,10 @@ def test_a_json_body_needs_a_json_content_type(make_fleet, tmp_path, store_url):
 
 def test_failed_token_checks_are_throttled_per_client(make_fleet, tmp_path, store_url):
     """From behind the local proxy uvicorn trusts (127.0.0.1), X-Forwarded-For names the
-    client: one that guesses is held, another with a good token is not, nor one that
-    retries its one revoked token."""
+    client: one that guesses is held, with any token not seen lately; another client is
+    not, nor one that retries its one revoked token, nor a known-good token."""
     fleet = make_fleet(tmp_path, store_url)
-    fleet.start_server()
+    fleet.start_server(env=TRUST_LOCAL_PROXY)
     revoked = {"X-Forwarded-For": "203.0.113.9"}
     bad = new_token()
     assert {fleet.api("GET", "/api/v1/jobs", token=bad, headers=revoked).status_code
@@ -280,18 +338,48 @@ def test_failed_token_checks_are_throttled_per_client(make_fleet, tmp_path, stor
     statuses = [fleet.api("GET", "/api/v1/jobs", token=new_token(), headers=guesser).status_code
                 for _ in range(21)]
     assert statuses == [401] * 20 + [429]
-    held = fleet.api("GET", "/api/v1/jobs", headers=guesser)  # even with a good token
+    unseen = fleet.token_file(tmp_path, Scope.READ).read_text().strip()
+    held = fleet.api("GET", "/api/v1/jobs", token=unseen, headers=guesser)  # good, not seen
     assert held.status_code == 429 and 1 <= int(held.headers["Retry-After"]) <= 60
     other = fleet.api("GET", "/api/v1/jobs", headers={"X-Forwarded-For": "203.0.113.8"})
     assert other.status_code == 200
+    # The admin token checked out just now: it passes the guesser's address (an agent that
+    # shares an address with a guesser, or whose address a local process forged, goes on).
+    assert fleet.api("GET", "/api/v1/jobs", headers=guesser).status_code == 200
     assert "refused (429)" in fleet.stderr_of(fleet.server)
 
 
-def test_a_session_cookie_over_a_tls_proxy_is_secure(make_fleet, tmp_path, store_url):
-    """A TLS proxy on this machine says X-Forwarded-Proto: https (uvicorn trusts 127.0.0.1
-    by default, --forwarded-allow-ips / FORWARDED_ALLOW_IPS otherwise)."""
+def test_without_forwarded_allow_ips_no_forwarded_header_is_trusted(make_fleet, tmp_path,
+                                                                      store_url):
+    """uvicorn alone would trust 127.0.0.1: any process on this machine could name any
+    client's address (and have it throttled) or claim TLS. herder trusts no proxy unless
+    FORWARDED_ALLOW_IPS names it: the addresses below are all this test's own, 127.0.0.1."""
     fleet = make_fleet(tmp_path, store_url)
     fleet.start_server()
+    read = fleet.token_file(tmp_path, Scope.READ).read_text().strip()
+    claimed = fleet.api("POST", "/ui/login", token="", data={"token": read},
+                        headers={"X-Forwarded-Proto": "https"})
+    assert claimed.status_code == 303, claimed.text
+    assert claimed.headers["set-cookie"].startswith(f"{COOKIE}=")
+    assert "Secure" not in claimed.headers["set-cookie"]
+    statuses = [fleet.api("GET", "/api/v1/jobs", token=new_token(),
+                          headers={"X-Forwarded-For": f"203.0.113.{index}"}).status_code
+                for index in range(21)]
+    assert statuses == [401] * 20 + [429]  # one client, whatever address it names
+
+
+def test_proxy_options_trust_only_what_forwarded_allow_ips_names():
+    assert proxy_options({}) == {"proxy_headers": False}
+    assert proxy_options({"FORWARDED_ALLOW_IPS": " "}) == {"proxy_headers": False}
+    assert proxy_options({"FORWARDED_ALLOW_IPS": "10.0.0.5"}) == {
+        "proxy_headers": True, "forwarded_allow_ips": "10.0.0.5"}
+
+
+def test_a_session_cookie_over_a_tls_proxy_is_secure(make_fleet, tmp_path, store_url):
+    """A TLS proxy on this machine says X-Forwarded-Proto: https, trusted from the
+    addresses FORWARDED_ALLOW_IPS names."""
+    fleet = make_fleet(tmp_path, store_url)
+    fleet.start_server(env=TRUST_LOCAL_PROXY)
     read = fleet.token_file(tmp_path, Scope.READ).read_text().strip()
     proxied = {"X-Forwarded-Proto": "https"}
     signed = fleet.api("POST", "/ui/login", token="", data={"token": read}, headers=proxied)

@@ -46,13 +46,29 @@ def test_every_entry_refuses_its_names_in_any_case(pattern, why):
     "HERDER_WORKSPACE", "CLAUDE_CONFIG_DIR", "GCONV_PATH", "GLIBC_TUNABLES",
     "JAVA_TOOL_OPTIONS", "OPENSSL_CONF", "SSH_ASKPASS", "npm_config_script_shell",
     "BASH_FUNC_ls%%", "", "1X", "A-B", "A=B",
+    # toolchains, builds, package managers and agent CLIs (the review after issue 23)
+    "GOFLAGS", "GOPROXY", "goproxy", "GOTOOLCHAIN", "GONOSUMDB", "GOPRIVATE", "GOINSECURE",
+    "GOSUMDB", "GOENV", "GOROOT", "GOPATH", "GOEXPERIMENT", "GOCACHE", "GOAUTH",
+    "CGO_CFLAGS", "CGO_LDFLAGS", "CARGO_HOME", "CARGO_BUILD_RUSTC_WRAPPER",
+    "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER", "CARGO_REGISTRIES_CRATES_IO_PROTOCOL",
+    "RUSTC", "RUSTC_WRAPPER", "RUSTC_BOOTSTRAP", "RUSTFLAGS", "RUSTDOCFLAGS",
+    "RUSTUP_TOOLCHAIN", "RUSTUP_DIST_SERVER", "CC", "cc", "CXX", "CPP", "LD", "CFLAGS",
+    "CXXFLAGS", "LDFLAGS", "CPPFLAGS", "MAKEFLAGS", "MFLAGS", "MAKEFILES",
+    "CMAKE_C_COMPILER_LAUNCHER", "AWS_ENDPOINT_URL_S3", "UV_INDEX", "UV_PYTHON",
+    "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE", "PIPX_HOME", "POETRY_REPOSITORIES_X_URL",
+    "YARN_NPM_REGISTRY_SERVER", "BUN_CONFIG_REGISTRY", "DENO_CERT", "ZDOTDIR",
+    "CLAUDE_CODE_USE_BEDROCK", "GH_HOST", "GITHUB_API_URL",
 ])
 def test_the_attacks_the_issue_names_are_refused(name):
     assert env_refusal(name) is not None
 
 
 @pytest.mark.parametrize("name", ["MY_FLAG", "CI", "TERM", "LANG", "DEBUG", "ISSUE_URL",
-                                  "ANTHROPIC_MODEL", "RUST_LOG", "NODE_ENV", "TZ"])
+                                  "ANTHROPIC_MODEL", "RUST_LOG", "NODE_ENV", "TZ",
+                                  # near the new entries, yet not them: a key is not a hook
+                                  "GOOGLE_API_KEY", "GOOS", "GH_ENTERPRISE_TOKEN", "GH_TOKEN",
+                                  "CCACHE_DISABLE", "LDAP_URI", "CARGOES", "RUST_BACKTRACE",
+                                  "MAKE_TARGET", "ARCH"])
 def test_ordinary_variables_pass(name):
     assert env_refusal(name) is None
     check_submitted_env({name: "value"})

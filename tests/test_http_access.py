@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,13 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
-from herder.runtime.coordinator import Coordinator, log_write_refusal
+from herder.runtime.agent_client import LOG_GIVE_UP
+from herder.runtime.coordinator import (
+    LOG_GRACE,
+    Coordinator,
+    late_log_refusal,
+    log_write_refusal,
+)
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
 from herder.submission import SubmitRequest
@@ -708,6 +714,44 @@ def test_a_local_host_stays_local_over_the_api(grants):
     same = grants.client.patch("/api/v1/hosts/here", headers=grants.admin,
                                json={"ram_total_gb": 16})
     assert same.status_code == 200
+
+
+def test_an_ended_attempts_log_is_closed_after_a_grace(grants):
+    """The agent ships the tail right after the finish: taken within the grace, refused
+    (410, what the agent takes as "stop shipping") after it, the file unchanged."""
+    client, store = grants.client, grants.store
+    submitted = client.post("/api/v1/jobs", headers=grants.admin,
+                            json={"command": ["true"], "affinity": "alpha"})
+    [job] = store.job_claim("alpha", "alpha/1/1", 1, datetime.now(UTC))
+    assert job.id == submitted.json()["id"]
+    attempt = f"/api/v1/agent/alpha/attempts/{job.id}/{job.attempt}"
+    assert client.post(f"{attempt}/start", json={"pid": 1},
+                       headers=grants.alpha).status_code == 200
+    assert client.post(f"{attempt}/log", content=b"live\n",
+                       headers=grants.alpha).json()["size"] == 5
+    assert client.post(f"{attempt}/finish", json={"outcome": "ok", "exit_code": 0},
+                       headers=grants.alpha).status_code == 200
+    [ended] = store.attempt_list(job.id)
+    assert ended.ended_at is not None
+    tail = client.post(f"{attempt}/log", params={"offset": 5}, content=b"tail\n",
+                       headers=grants.alpha)
+    assert tail.status_code == 200 and tail.json()["size"] == 10  # within the grace
+    coordinator = client.app.state.coordinator
+    coordinator.log_grace = timedelta(0)  # as if the grace had passed since it ended
+    late = client.post(f"{attempt}/log", params={"offset": 10}, content=b"x" * 1000,
+                       headers=grants.alpha)
+    assert late.status_code == 410 and "ended" in late.json()["detail"]
+    log_file = grants.log_dir / str(job.id) / f"{job.attempt}.log"
+    assert log_file.read_bytes() == b"live\ntail\n"
+
+
+def test_late_log_refusal_is_pure_arithmetic():
+    ended = datetime(2026, 1, 1, tzinfo=UTC)
+    grace = timedelta(minutes=15)
+    assert late_log_refusal(None, ended + timedelta(days=9), grace) is None  # live
+    assert late_log_refusal(ended, ended + grace, grace) is None
+    assert late_log_refusal(ended, ended + grace + timedelta(seconds=1), grace)[0] == 410
+    assert LOG_GRACE.total_seconds() > LOG_GIVE_UP  # past the agent's last retry of a tail
 
 
 def test_log_write_refusal_is_pure_arithmetic():

@@ -21,6 +21,8 @@ from support.processes import (
 )
 from support.waits import wait_for
 
+from herder.api.app import Access, create_app
+from herder.config import Config, Settings
 from herder.hardening import SECRET_VARIABLES
 from herder.model import (
     AttemptToken,
@@ -32,13 +34,16 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
+from herder.runtime.coordinator import Coordinator
 from herder.runtime.local_child import (
     ChildLaunch,
+    LocalChild,
     agent_argv,
     heartbeat_fresh,
     revoke_leftovers,
     token_name,
 )
+from herder.runtime.loop_health import LoopRegistry
 from herder.runtime.maintenance import Rescuer, WorkerId, local_worker_alive, rescue_plan
 from herder.runtime.process import process_alive, process_start_time
 
@@ -192,6 +197,33 @@ def test_a_left_over_token_of_a_dead_server_here_is_revoked(store):
     assert revoke_leftovers(store, "late", "here", now) == 1
     live = {t.id for t in store.token_list() if t.revoked_at is None}
     assert dead not in live and {elsewhere, alive} <= live
+
+
+def test_the_api_knows_the_token_it_minted_for_its_local_child(store, tmp_path):
+    """A job on the server's machine that fails tokens throttles 127.0.0.1, the address its
+    host's agent shares: the token minted for a new child is known-good at once, so the
+    child is looked up (and passes) instead of waiting out the throttle."""
+    store.host_insert(LOCAL, datetime.now(UTC))
+    coordinator = Coordinator(store, Config(Settings(), None), host="here")
+    app = create_app(coordinator, Access(failure_limit=1), run_coordinator=False)
+    failures = app.state.failures
+    failures.failed("127.0.0.1", "a guess")
+    pid = os.getpid()
+    child = LocalChild(store, "late", url=lambda seconds: None, machine="here",
+                       server_worker=str(WorkerId("here", pid, process_start_time(pid) or 0)),
+                       log_dir=tmp_path, config_path=None, loops=LoopRegistry(),
+                       heartbeat_interval=1.0, lease_seconds=20.0,
+                       on_minted=coordinator.on_local_token)
+    child._launch("http://127.0.0.1:9")  # a real child agent, with nothing to reach
+    try:
+        [record] = [t for t in store.token_list() if t.name.startswith("local child late ")]
+        minted = [key for key in failures._verified if store.token_get(key) == record]
+        assert len(minted) == 1
+        assert failures.wait("127.0.0.1", minted[0]) is None
+        assert failures.wait("127.0.0.1", "another token") is not None
+    finally:
+        child._end_child()
+    assert store.token_get(minted[0]).revoked_at is not None
 
 
 def test_the_childs_command_line_names_the_token_fd_not_the_token() -> None:

@@ -233,6 +233,26 @@ def test_a_generic_signature_covers_the_timestamp_the_delivery_and_the_event():
         verify("generic", SECRET, body_only, body, now=now)
 
 
+def test_a_generic_delivery_id_with_a_dot_is_refused_400():
+    """timestamp.delivery.event.body splits one way only when the id has no dot: a body
+    signed for delivery 123, event issue.opened must not verify as 123.issue, opened."""
+    body = b"{}"
+    now = 1_800_000_000.0
+    signed = generic_headers(body, "issue.opened", "123", at=now)
+    assert verify("generic", SECRET, signed, body, now=now).delivery_id == "123"
+    shifted = {**signed, "X-Herder-Delivery": "123.issue", "X-Herder-Event": "opened"}
+    assert signed_text(signed["X-Herder-Timestamp"], "123.issue", "opened", body) == (
+        signed_text(signed["X-Herder-Timestamp"], "123", "issue.opened", body))
+    for headers in (shifted, generic_headers(body, "deploy", "run.1", at=now)):
+        with pytest.raises(Refused) as refused:
+            verify("generic", SECRET, headers, body, now=now)
+        assert refused.value.status == 400 and "x-herder-delivery" in refused.value.reason
+    # A forge's delivery ids are its own and sign nothing: a dot there is not refused.
+    forge = {"X-GitHub-Event": "push", "X-GitHub-Delivery": "a.b",
+             "X-Hub-Signature-256": "sha256=" + signature(SECRET, body)}
+    assert verify("github", SECRET, forge, body).delivery_id == "a.b"
+
+
 @pytest.mark.parametrize(("offset", "accepted"), [
     (0, True), (REPLAY_WINDOW, True), (-REPLAY_WINDOW, True), (REPLAY_WINDOW + 1, False),
     (-REPLAY_WINDOW - 1, False), (-86400, False)])

@@ -126,7 +126,8 @@ async def token_caller(request: Request, token: str) -> Caller:
     failed too often (refused before any store lookup)."""
     failures: FailureLimiter = request.app.state.failures
     address = client_address(request)
-    wait = failures.wait(address)
+    key = token_hash(token)
+    wait = failures.wait(address, key)  # a token that checked out lately is let through
     if wait is not None:
         raise Throttled(wait)
     try:
@@ -134,12 +135,15 @@ async def token_caller(request: Request, token: str) -> Caller:
             raise Denied(401, "unknown token")
         access: Access = request.app.state.access
         if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
-            return LEGACY_ADMIN
-        return identify(await call(coordinator(request).token, token_hash(token)))
+            caller = LEGACY_ADMIN
+        else:
+            caller = identify(await call(coordinator(request).token, key))
     except Denied as refused:
         if refused.status == 401:
-            failures.failed(address, token)
+            failures.failed(address, key)
         raise
+    failures.verified(key)
+    return caller
 
 
 async def session_caller(request: Request) -> Caller | None:

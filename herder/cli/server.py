@@ -141,6 +141,7 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     import uvicorn
 
     from herder.api.app import Access, create_app
+    from herder.api.guard import proxy_options
     from herder.runtime.coordinator import Coordinator
 
     bind, port = listen_address("--ui-listen", address)
@@ -152,7 +153,8 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     app = create_app(coordinator, edge_access(Access(), bind, settings.public_url),
                      run_coordinator=False)
     server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
-                                           log_config=None, timeout_graceful_shutdown=2))
+                                           log_config=None, timeout_graceful_shutdown=2,
+                                           **proxy_options(os.environ)))
     thread = threading.Thread(target=server.run, name="herder-dashboard", daemon=True)
     thread.start()
     while not server.started:  # listening, or failed to (the port is taken)
@@ -243,6 +245,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     import uvicorn
 
     from herder.api.app import Access, create_app
+    from herder.api.guard import proxy_options
     from herder.host_settings import check_declared_hosts
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
@@ -297,7 +300,8 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     served = announcing_server(uvicorn.Config(
         app, host=bind, port=port, log_level="warning", ssl_certfile=cert,
-        ssl_keyfile=key, timeout_graceful_shutdown=5, **extra), "https" if cert else "http",
+        ssl_keyfile=key, timeout_graceful_shutdown=5, **proxy_options(os.environ), **extra),
+        "https" if cert else "http",
         log, coordinator)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
         served.run()

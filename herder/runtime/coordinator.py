@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from msgspec.structs import replace
@@ -206,6 +206,11 @@ class Coordinator:
         self._known: frozenset[str] = frozenset()  # every host the last pass saw
         self._local_wake = threading.Event()
         self.log_dir = config.log_dir
+        self.log_grace = LOG_GRACE
+        self.on_local_token: Callable[[str], None] = lambda key: None
+        """Told the hash of each token minted for a local host's agent (the API's failure
+        limiter takes it as known-good)."""
+        """How long after an attempt ended its host may still ship its log."""
         self.operations = Client.over(store, config)
         """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
         them against the database, for the API's routes."""
@@ -280,7 +285,7 @@ class Coordinator:
             log_dir=self.log_dir,
             config_path=str(config_path.resolve()) if config_path is not None else None,
             loops=self.loops, heartbeat_interval=self.settings.runtime.heartbeat_interval,
-            lease_seconds=self.lease_seconds)
+            lease_seconds=self.lease_seconds, on_minted=self.on_local_token)
         self._spawn(functools.partial(child.run, self._stop), f"herder-local-{label}",
                     child.stopped)
         return child
@@ -702,14 +707,23 @@ class Coordinator:
         """Write an agent's log bytes at `offset` (idempotent when a chunk is resent).
 
         Late chunks of an attempt that already ended, or was declared lost, are still what
-        ran on that host: they are kept as long as the attempt ran there. LogRefused when
-        the chunk would end past `server.max_log_bytes` or start past the file's end (a
-        sparse file: a host token could reserve a terabyte with one request)."""
-        job = self.store.job_get(token.job_id)
-        live_here = job is not None and job.host == label and job.attempt == token.attempt
-        if not live_here and not any(a.attempt == token.attempt and a.host == label
-                                     for a in self.store.attempt_list(token.job_id)):
-            raise Conflict(f"attempt {token} never ran on host {label}")
+        ran on that host: they are kept for `log_grace` after it ended (the agent ships the
+        tail right after the finish), then refused (410: the agent stops shipping), so a
+        host token cannot fill the disk through every attempt its host ever ran.
+        LogRefused when the chunk would end past `server.max_log_bytes` or start past the
+        file's end (a sparse file: a host token could reserve a terabyte with one
+        request)."""
+        ran = next((a for a in self.store.attempt_list(token.job_id)
+                    if a.attempt == token.attempt and a.host == label), None)
+        if ran is None:
+            job = self.store.job_get(token.job_id)
+            if (job is None or job.host != label or job.attempt != token.attempt
+                    or job.status.terminal):
+                raise Conflict(f"attempt {token} never ran on host {label}")
+        else:
+            late = late_log_refusal(ran.ended_at, utcnow(), self.log_grace)
+            if late is not None:
+                raise LogRefused(*late)
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
         try:
             size = path.stat().st_size
@@ -1011,6 +1025,22 @@ class LogRefused(HerderError):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+LOG_GRACE = timedelta(minutes=15)
+"""How long after an attempt ended (or was declared lost) its log chunks are still taken:
+the agent ships the tail right after the finish and gives up retrying it after
+agent_client.LOG_GIVE_UP (10 minutes); the rest is margin for a slow round."""
+
+
+def late_log_refusal(ended_at: datetime | None, now: datetime,
+                     grace: timedelta) -> tuple[int, str] | None:
+    """(410, why) for a log chunk of an attempt that ended more than `grace` before
+    `now`; None while it is live or within the grace."""
+    if ended_at is None or now - ended_at <= grace:
+        return None
+    return 410, (f"the attempt ended at {iso(ended_at)}, more than "
+                 f"{grace.total_seconds():.0f}s ago: its log is closed")
 
 
 def log_write_refusal(offset: int, length: int, size: int, cap: int) -> tuple[int, str] | None:
