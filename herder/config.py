@@ -721,6 +721,26 @@ class AlertsSection(Struct, frozen=True):
         return f"AlertsSection({shown})"
 
 
+def _merge_weights(value: Any) -> Any:
+    """[weights] adds to and overrides the defaults, so one entry cannot silently drop the
+    others (and shrink the escalation chain); `name = false` removes a weight."""
+    if not isinstance(value, dict):
+        return value
+    merged: dict[str, Any] = dict(DEFAULT_WEIGHTS)
+    for name, budget in value.items():
+        if budget is False:
+            if name not in merged:
+                raise Invalid(["weights", name], f"{name!r} is not a default weight, so "
+                              "there is nothing to remove; delete this line")
+            del merged[name]
+        elif budget is True:
+            raise Invalid(["weights", name], "a weight is a RAM budget in GB; use a number, "
+                          "or false to remove a default weight")
+        else:
+            merged[name] = budget
+    return merged
+
+
 def _weights(value: dict[str, float]) -> dict[str, float]:
     if not value:
         raise ValueError("at least one weight is needed")
@@ -738,7 +758,7 @@ class Settings(Struct, frozen=True):
     herder: HerderSection = HerderSection()
     runtime: RuntimeSection = RuntimeSection()
     defaults: DefaultsSection = DefaultsSection()
-    weights: Annotated[dict[str, float], rules(check=_weights)] = field(
+    weights: Annotated[dict[str, float], rules(before=_merge_weights, check=_weights)] = field(
         default_factory=lambda: dict(DEFAULT_WEIGHTS))
     job_types: Annotated[dict[str, JobTypeSection], rules(
         check=_names(_NAME, "{name!r} is not a valid job type name"))] = field(default_factory=dict)
@@ -1054,8 +1074,8 @@ def _where(config: Config, text: str, loc: list[str]) -> str:
 
 def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
     """What one key cannot check alone: keys against each other, weights against
-    [weights], files next to herder.toml. The default chain and shedding name default
-    weights, so only those written in the file must exist."""
+    [weights], files next to herder.toml. [weights] merges over the defaults, so the
+    default chain and shedding name existing weights unless one was removed with `false`."""
     settings = config.settings
     runtime = settings.runtime
     if runtime.fence_margin is not None and runtime.fence_margin >= runtime.attempt_lease:
@@ -1081,16 +1101,15 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
             raise ConfigError(_where(config, text, ["runtime", "nice", name]),
                               f"unknown weight {name!r}", f"use one of {sorted(known)}")
     written = data.get("fleet", {})
-    for name in settings.fleet.escalation if "escalation" in written else ():
+    for name in settings.fleet.escalation:
         if name not in known:
             raise ConfigError(_where(config, text, ["fleet", "escalation"]),
-                              f"unknown weight {name!r}",
+                              _unknown_in(name, "escalation" in written, "escalation chain"),
                               f"use weights from [weights]: {sorted(known)}")
-    shedding = settings.fleet.shedding if "shedding" in written else ()
-    for _ratio, weight in shedding:
+    for _ratio, weight in settings.fleet.shedding:
         if weight is not None and weight not in known:
             raise ConfigError(_where(config, text, ["fleet", "shedding"]),
-                              f"unknown weight {weight!r}",
+                              _unknown_in(weight, "shedding" in written, "shedding steps"),
                               f"use \"any\" or one of {sorted(known)}")
     for label, host in settings.hosts.items():
         for window in ("prime", "night"):
@@ -1134,6 +1153,15 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                     f"{prompt} does not exist",
                     "create the file or fix the path (relative to herder.toml)",
                 )
+
+
+def _unknown_in(weight: str, written: bool, what: str) -> str:
+    """A default chain or shedding step that names a weight removed with `= false` is
+    refused like a written one, saying where the name came from."""
+    if written:
+        return f"unknown weight {weight!r}"
+    return (f"unknown weight {weight!r} in the default {what} (removed under [weights]); "
+            "write this key without it")
 
 
 def _check_hooks(config: Config, text: str) -> None:

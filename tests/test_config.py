@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 from support.cli import ok, run_herder
 
-from herder.config import Config, Settings, load_config, parse_duration, sample_config
+from herder.config import (
+    ESCALATION_CHAIN,
+    Config,
+    Settings,
+    load_config,
+    parse_duration,
+    sample_config,
+)
 from herder.errors import ConfigError, InputError
+from herder.runtime.sources import OutcomeRules
 from herder.urls import DEFAULT_DB
 
 MARK = "# <-"
@@ -35,6 +43,13 @@ def marked_line(text: str) -> int:
     found = [n for n, line in enumerate(text.splitlines(), 1) if MARK in line]
     assert len(found) == 1, found
     return found[0]
+
+
+def refused(path: Path) -> str:
+    """The message of the ConfigError that loading `path` raises."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    return str(raised.value)
 
 
 # -- the sample -------------------------------------------------------------------------------
@@ -129,12 +144,15 @@ command = ["python3", "train.py"]
 weight = "tiny"
 """)
     config = load_config(path)
+    # Added to the defaults: subagent, never written, is still there.
     assert config.settings.weights == {"gpu": 16.0, "tiny": 0.5, "light": 3.0, "heavy": 8.0,
-                                       "playwright": 6.0, "orchestrator": 12.0}
+                                       "playwright": 6.0, "orchestrator": 12.0,
+                                       "subagent": 0.0}
     assert config.settings.defaults.weight == "gpu"
     config.check_weight("tiny")
-    with pytest.raises(InputError, match="unknown weight 'subagent'"):
-        config.check_weight("subagent")
+    config.check_weight("subagent")
+    with pytest.raises(InputError, match="unknown weight 'huge'"):
+        config.check_weight("huge")
 
 
 # -- durations --------------------------------------------------------------------------------
@@ -287,12 +305,10 @@ weight = "enormous"  # <-
 build.command = ["make"]
 build.weight = "enormous"  # <-
 """),
-    "unknown weight after custom weights": ("job_types.build.weight", """
+    "a weight removed with false": ("job_types.build.weight", """
 [weights]
 light = 2
-heavy = 4
-playwright = 6
-orchestrator = 12
+subagent = false
 
 [job_types.build]
 command = ["make"]
@@ -346,14 +362,12 @@ def test_invalid_toml_names_file_and_line(tmp_path, text):
     assert message.startswith(f"{path}:{marked_line(text)}: invalid TOML: "), message
 
 
-def test_custom_weights_without_the_default_weight_name_defaults_weight(tmp_path):
-    """[weights] replaces the built-in classes, so the implicit default "light" is gone."""
-    path = write(tmp_path, "[weights]\ngpu = 16\n")
-    with pytest.raises(ConfigError) as raised:
-        load_config(path)
-    message = str(raised.value)
+def test_removing_the_default_weight_names_defaults_weight(tmp_path):
+    """`light = false` removes the implicit default "light": the load says which key."""
+    path = write(tmp_path, "[weights]\ngpu = 16\nlight = false\n")
+    message = refused(path)
     assert message.startswith(f"{path}: defaults.weight: unknown weight 'light'"), message
-    assert "['gpu']" in message
+    assert "'gpu'" in message and "'heavy'" in message
 
 
 def test_first_of_several_errors_is_reported_with_its_own_line(tmp_path):
@@ -608,10 +622,11 @@ def test_export_of_a_field_that_cannot_be_an_environment_name_is_rejected(tmp_pa
     assert ":3: job_types.x.export" in str(error.value)
 
 
-def test_custom_weights_without_the_default_chain_still_load(tmp_path):
+def test_custom_weights_beside_the_default_chain_load(tmp_path):
     path = tmp_path / "herder.toml"
     path.write_text('[defaults]\nweight = "small"\n[weights]\nsmall = 1\nbig = 4\n')
-    assert load_config(path).settings.weights == {"small": 1.0, "big": 4.0}
+    assert load_config(path).settings.weights == {**Settings().weights,
+                                                  "small": 1.0, "big": 4.0}
     path.write_text('[weights]\nlight = 1\n[fleet]\nescalation = ["light", "huge"]\n')
     with pytest.raises(ConfigError, match=r"fleet\.escalation"):
         load_config(path)
@@ -645,3 +660,92 @@ def test_unknown_weight_in_shedding_is_rejected(tmp_path):
     path.write_text('[fleet]\nshedding = [[0.5, "huge"]]\n')
     with pytest.raises(ConfigError, match=r"fleet\.shedding"):
         load_config(path)
+
+
+# -- [weights] merges over the defaults (issue 24) ---------------------------------------------
+
+
+def test_one_weight_entry_keeps_the_others_and_the_default_chain(tmp_path):
+    path = write(tmp_path, "[weights]\nlight = 0.25\n")
+    settings = load_config(path).settings
+    assert settings.weights == {**Settings().weights, "light": 0.25}
+    assert settings.weights["heavy"] == Settings().weights["heavy"]
+    assert settings.fleet.escalation == list(ESCALATION_CHAIN)
+    rules = OutcomeRules.from_settings(settings)
+    assert rules.weights is not None
+    assert rules.weights.chain == ESCALATION_CHAIN
+    assert rules.weights.budget("light") == 0.25
+    assert rules.weights.budget("orchestrator") == 12.0
+
+
+def test_an_override_changes_only_its_own_budget(tmp_path):
+    path = write(tmp_path, "[weights]\nheavy = 10\n")
+    weights = load_config(path).settings.weights
+    assert weights["heavy"] == 10.0
+    assert {k: v for k, v in weights.items() if k != "heavy"} == {
+        k: v for k, v in Settings().weights.items() if k != "heavy"}
+
+
+def test_false_removes_a_weight(tmp_path):
+    path = write(tmp_path, "[weights]\nsubagent = false\n")
+    weights = load_config(path).settings.weights
+    assert "subagent" not in weights
+    assert set(weights) == set(Settings().weights) - {"subagent"}
+
+
+def test_a_removed_weight_in_the_default_chain_is_refused_naming_the_key(tmp_path):
+    path = write(tmp_path, "[weights]\nplaywright = false\n")
+    message = refused(path)
+    assert message.startswith(f"{path}: fleet.escalation: unknown weight 'playwright'"), message
+    assert "default escalation chain" in message
+
+
+def test_a_removed_weight_in_a_written_chain_is_refused_naming_its_line(tmp_path):
+    text = """
+[weights]
+playwright = false
+
+[fleet]
+escalation = ["light", "heavy", "playwright"]  # <-
+"""
+    path = write(tmp_path, text)
+    message = refused(path)
+    assert message.startswith(
+        f"{path}:{marked_line(text)}: fleet.escalation: unknown weight 'playwright'"), message
+    path.write_text('[weights]\nplaywright = false\n[fleet]\n'
+                    'escalation = ["light", "heavy", "orchestrator"]\n')
+    assert "playwright" not in load_config(path).settings.weights
+
+
+def test_a_removed_weight_in_the_default_shedding_is_refused_naming_the_key(tmp_path):
+    # heavy is in the default chain and shedding; a written chain without it leaves shedding.
+    path = write(tmp_path, '[weights]\nheavy = false\n[fleet]\n'
+                 'escalation = ["light", "playwright", "orchestrator"]\n')
+    with pytest.raises(ConfigError, match=r"fleet\.shedding: unknown weight 'heavy' in the "
+                                          r"default shedding steps"):
+        load_config(path)
+
+
+def test_a_removed_weight_used_by_a_job_type_is_refused(tmp_path):
+    text = """
+[weights]
+subagent = false
+
+[job_types.helper]
+command = ["true"]
+weight = "subagent"  # <-
+"""
+    path = write(tmp_path, text)
+    assert refused(path).startswith(
+        f"{path}:{marked_line(text)}: job_types.helper.weight: unknown weight 'subagent'")
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[weights]\ngpu = false  # <-\n", "not a default weight"),
+    ("[weights]\nlight = true  # <-\n", "use a number, or false"),
+])
+def test_weight_false_on_an_unknown_name_and_true_are_refused(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    message = refused(path)
+    assert message.startswith(f"{path}:{marked_line(text)}: weights."), message
+    assert needle in message

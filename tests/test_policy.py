@@ -9,7 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
+from herder.config import load_config
 from herder.model import Action, Budget, JobStatus, Outcome
+from herder.runtime.scheduler import Fleet
+from herder.runtime.sources import OutcomeRules
 from herder.scheduling.policy import (
     DEFAULT_RULES,
     SPAWN_OUTCOMES,
@@ -384,3 +387,20 @@ def test_every_default_rule_is_usable():
 ])
 def test_a_rule_that_cannot_work_says_why(rule: Rule, problem: str):
     assert any(problem in text for text in rule.problems()), rule.problems()
+
+
+def test_one_weight_override_still_escalates_an_oom_to_the_next_weight(tmp_path):
+    """Issue 24: `[weights] light = 0.25` alone once left a chain of only light, so an
+    attempt stopped for memory held its weight with a 5-minute backoff. The chain the
+    runner and the scheduler build from such a file still goes light -> heavy."""
+    path = tmp_path / "herder.toml"
+    path.write_text("[weights]\nlight = 0.25\n")
+    settings = load_config(path).settings
+    rules = OutcomeRules.from_settings(settings).weights
+    assert rules is not None
+    for table in (rules, Fleet.from_settings(settings).weights):
+        assert table.heavier("light") == "heavy"
+        decision = decide(Outcome.OOM, replace(state(), weight="light",
+                                               heavier=table.heavier("light")), NOW)
+        assert (decision.status, decision.weight, decision.available_at) == (
+            JobStatus.QUEUED, "heavy", NOW)

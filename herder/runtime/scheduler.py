@@ -97,13 +97,14 @@ class Fleet(msgspec.Struct, frozen=True):
             bookable_fraction=fleet.bookable_fraction,
             strategy=fleet.strategy,
             starvation_wait_seconds=fleet.starvation_wait,
-            # The default steps name default weights; a config without them sheds nothing.
+            # A loaded herder.toml names only existing weights here (the load refuses
+            # others); Settings built in code without them shed nothing at those steps.
             shedding=Shedding(tuple((ratio, weight if weight in settings.weights else None)
                                     for ratio, weight in fleet.shedding)),
             schedule=schedule,
         )
         return cls(
-            # The default chain keeps only the weights this config defines.
+            # The chain keeps only the weights these Settings define.
             weights=WeightTable(dict(settings.weights),
                                 tuple(w for w in fleet.escalation if w in settings.weights)),
             policy=policy,
