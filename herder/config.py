@@ -699,13 +699,14 @@ class AlertsSection(Struct, frozen=True):
     max_per_hour: Annotated[int, rules(ge=1)] = 30
     """Messages past this in an hour wait (across keys): a storm cannot flood a channel."""
     queue_size: Annotated[int, rules(ge=1)] = 200
-    """Messages waiting for delivery; past it the oldest is dropped (logged and counted)."""
+    """Messages waiting for delivery, per URL; past it the URL's oldest is dropped (logged
+    and counted)."""
     retries: Annotated[int, rules(ge=0)] = 3
     """Tries after the first for a URL that fails (a 5xx, a timeout)."""
     retry_backoff: Annotated[Duration, rules(gt=0)] = 2.0
     """The first wait before a retry; doubled each time, up to a minute."""
     timeout: Annotated[Duration, rules(gt=0)] = 10.0
-    """A URL's connect and read timeout (a slow endpoint only delays the sender thread)."""
+    """A URL's connect and read timeout (a slow endpoint only delays its own sender thread)."""
     interval: Annotated[Duration, rules(gt=0)] = 2.0
     """How often the leader looks for alerts to send."""
     scheduler_silence: Annotated[Duration, rules(gt=0)] = 300.0

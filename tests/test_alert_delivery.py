@@ -342,6 +342,58 @@ def test_a_hanging_endpoint_never_blocks_submit_and_a_full_queue_drops_the_oldes
     assert receiver.titles() == [f"herder ALERT: {key}" for key in ("k0", "k3", "k4")]
 
 
+def test_a_hanging_url_delays_only_itself():
+    """Issue 24 item 4: the working URL gets the alert while the one that accepts and never
+    answers is still hanging, well before it times out and gives up."""
+    hanging, working = Receiver(), Receiver()
+    try:
+        hanging.hang()
+        urls = [hanging.url, working.url]  # the hanging one first: a serial sender waited
+        with running(Delivery(urls, section(retries=2, timeout=60.0))) as delivery:
+            delivery.submit(notice("job:1:failed"))
+            wait_for(hanging.hung.is_set, 60, "the alert to reach the hanging receiver")
+            wait_for(lambda: working.messages, 60, "the working receiver to get the alert")
+            assert hanging.hung.is_set() and hanging.requests == 0  # still hanging
+            assert delivery.counts.failed == 0 and delivery.counts.retried == 0
+            assert working.titles() == ["herder ALERT: job:1:failed"]
+            delivery.submit(notice("job:2:failed"))  # the next one is not held up either
+            wait_for(lambda: len(working.messages) == 2, 60, "the second alert to arrive")
+            assert hanging.requests == 0
+            hanging.release()
+            wait_for(lambda: delivery.flush(0) and delivery.counts.sent == 4, 60,
+                     "the released receiver to take both")
+        assert hanging.titles() == ["herder ALERT: job:1:failed", "herder ALERT: job:2:failed"]
+    finally:
+        hanging.close()
+        working.close()
+
+
+def test_a_url_that_fails_forever_is_dropped_after_its_retries_and_logged_without_its_secret(
+        caplog: pytest.LogCaptureFixture):
+    failing, working = Receiver(), Receiver()
+    try:
+        failing.statuses.extend([500] * 100)
+        port = failing.server.server_address[1]
+        secret_url = f"json://127.0.0.1:{port}/hook/SECRET-TOKEN-42"
+        caplog.set_level("WARNING", logger="herder.alerts")
+        with running(Delivery([secret_url, working.url], section(retries=2))) as delivery:
+            delivery.submit(notice("k1"))
+            wait_for(lambda: delivery.counts.failed == 1, 60, "the failing URL to give up")
+            assert failing.requests == 3 and delivery.counts.retried == 2
+            wait_for(lambda: working.messages, 60, "the working receiver to get the alert")
+            delivery.submit(notice("k2"))
+            wait_for(lambda: delivery.counts.failed == 2 and len(working.messages) == 2, 60,
+                     "the second alert: dropped for one URL, sent to the other")
+        assert working.titles() == ["herder ALERT: k1", "herder ALERT: k2"]
+        assert failing.requests == 6 and delivery.counts.sent == 2
+        text = caplog.text
+        assert "could not be sent to json:// (URL #1) after 3 tries" in text
+        assert "SECRET" not in text and "/hook" not in text and str(port) not in text
+    finally:
+        failing.close()
+        working.close()
+
+
 # -- the service: the store's rows to the receiver (both backends) --------------------------
 
 

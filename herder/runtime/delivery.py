@@ -7,10 +7,11 @@ the store) and by the account probes; the store is the one place they all meet. 
 row sent is a conditional update, so a restart, a new leader or two `herder up` processes
 never send one twice, and an alert opened while no one was delivering is sent on start.
 
-Delivery never blocks its caller: `Delivery.submit` appends to a bounded queue (the oldest
-message is dropped when it is full, logged and counted) and one sender thread does the
-network I/O, with a timeout and retries per URL. A URL may hold a token: only its scheme is
-ever logged.
+Delivery never blocks its caller: `Delivery.submit` appends to a bounded queue per URL (the
+oldest message is dropped when it is full, logged and counted) and each URL's own sender thread
+does its network I/O, with its timeout and retries, so an endpoint that hangs or fails forever
+delays and drops only its own messages. A URL may hold a token: only its scheme and position
+are ever logged.
 """
 
 from __future__ import annotations
@@ -90,12 +91,14 @@ def _quiet_apprise() -> None:
 
 @dataclass
 class DeliveryCounts:
+    """Per URL and message: one notice to two URLs counts twice."""
+
     sent: int = 0
     failed: int = 0
-    """Messages that no URL took after every retry."""
+    """Messages a URL did not take after every retry (dropped for that URL only)."""
     retried: int = 0
     dropped: int = 0
-    """Messages dropped from a full queue (the oldest first)."""
+    """Messages dropped from a URL's full queue (the oldest first)."""
 
 
 Send = Callable[[str, Notice, float], bool]
@@ -115,8 +118,81 @@ def apprise_send(url: str, notice: Notice, timeout: float) -> bool:
     return bool(plugin.notify(body=notice.body, title=notice.title, notify_type=kind))
 
 
+class _UrlSender:
+    """One URL's bounded queue and the thread that sends it: a URL that hangs or fails
+    forever delays and drops only its own messages, never another URL's."""
+
+    def __init__(self, delivery: Delivery, index: int, url: str) -> None:
+        self.delivery = delivery
+        self.url = url
+        self.label = f"{scheme_of(url)}:// (URL #{index + 1})"
+        """What is logged: the scheme and the position, never the rest (it may hold a token)."""
+        self.queue: collections.deque[Notice] = collections.deque()
+        self.busy = False
+        self.thread = threading.Thread(target=self._run, name=f"herder-alert-sender-{index}",
+                                       daemon=True)
+
+    def submit(self, notice: Notice) -> None:
+        """Queue a notice (under the delivery's lock); a full queue drops its oldest."""
+        section = self.delivery.section
+        if len(self.queue) >= section.queue_size:
+            dropped = self.queue.popleft()
+            self.delivery.counts.dropped += 1
+            log.error("alert queue of %s full (%d): dropped %s %s", self.label,
+                      section.queue_size, dropped.kind, dropped.key)
+        self.queue.append(notice)
+
+    def idle(self) -> bool:
+        return not self.queue and not self.busy
+
+    def _run(self) -> None:
+        delivery = self.delivery
+        ready, stop = delivery._ready, delivery._stop
+        while not stop.is_set():
+            with ready:
+                while not self.queue and not stop.is_set():
+                    ready.wait()
+                if stop.is_set():
+                    return
+                notice = self.queue.popleft()
+                self.busy = True
+            try:
+                taken = self._send_with_retries(notice)
+            except Exception as exc:  # a bug in a plugin must not end the sender
+                taken = False  # the type only: a plugin's message may quote the URL
+                log.error("alert %s to %s: delivery failed (%s)", notice.key, self.label,
+                          type(exc).__name__)
+            with ready:
+                if taken:
+                    delivery.counts.sent += 1
+                else:
+                    delivery.counts.failed += 1
+                self.busy = False
+                ready.notify_all()
+
+    def _send_with_retries(self, notice: Notice) -> bool:
+        section, stop = self.delivery.section, self.delivery._stop
+        backoff = Backoff(base=section.retry_backoff, cap=RETRY_CAP)
+        for attempt in range(section.retries + 1):
+            if self.delivery.send(self.url, notice, section.timeout):
+                return True
+            if attempt == section.retries or stop.is_set():
+                break
+            with self.delivery._ready:
+                self.delivery.counts.retried += 1
+            delay = backoff.next()
+            log.warning("alert %s to %s failed; retry %d/%d in %.1fs", notice.key,
+                        self.label, attempt + 1, section.retries, delay)
+            if stop.wait(delay):
+                break
+        log.error("alert %s (%s) could not be sent to %s after %d tries: dropped for this "
+                  "URL", notice.key, notice.kind, self.label, section.retries + 1)
+        return False
+
+
 class Delivery:
-    """A bounded queue of notices and the one thread that sends them to every URL."""
+    """A bounded queue and a sender thread per URL: each URL gets every notice, with its own
+    timeout and retries, so a hanging or dead endpoint delays only itself."""
 
     def __init__(self, urls: Sequence[str], section: AlertsSection,
                  send: Send = apprise_send) -> None:
@@ -124,44 +200,42 @@ class Delivery:
         self.section = section
         self.send = send
         self.counts = DeliveryCounts()
-        self._queue: collections.deque[Notice] = collections.deque()
         self._ready = threading.Condition()
+        """One lock for every URL's queue and the counts; each sender waits on it."""
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._busy = False
+        self._senders = [_UrlSender(self, index, url) for index, url in enumerate(self.urls)]
 
     def start(self) -> Delivery:
         _quiet_apprise()
-        self._thread = threading.Thread(target=self._run, name="herder-alert-sender",
-                                        daemon=True)
-        self._thread.start()
+        for sender in self._senders:
+            sender.thread.start()
         log.info("alerts go to %d URL(s): %s", len(self.urls),
                  ", ".join(scheme_of(url) for url in self.urls) or "none")
         return self
 
     def submit(self, notice: Notice) -> None:
-        """Queue a notice; never waits. A full queue drops its oldest message."""
+        """Queue a notice for every URL; never waits. A URL's full queue drops its oldest."""
         with self._ready:
-            if len(self._queue) >= self.section.queue_size:
-                dropped = self._queue.popleft()
-                self.counts.dropped += 1
-                log.error("alert queue full (%d): dropped %s %s", self.section.queue_size,
-                          dropped.kind, dropped.key)
-            self._queue.append(notice)
-            self._ready.notify()
+            if not self._senders:
+                self.counts.sent += 1
+            for sender in self._senders:
+                sender.submit(notice)
+            self._ready.notify_all()
 
     def waiting(self) -> int:
+        """Messages queued, summed over the URLs."""
         with self._ready:
-            return len(self._queue)
+            return sum(len(sender.queue) for sender in self._senders)
 
     def flush(self, timeout: float) -> bool:
-        """Wait up to `timeout` for every queued message to be sent (a process about to
-        exit); True when none is left."""
+        """Wait up to `timeout` for every URL's queue to be sent (a process about to exit);
+        True when none is left."""
         deadline = time.monotonic() + timeout
         with self._ready:
-            while self._queue or self._busy:
+            while not all(sender.idle() for sender in self._senders):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
+                if remaining <= 0 or not all(sender.thread.is_alive() or sender.idle()
+                                             for sender in self._senders):
                     return False
                 self._ready.wait(remaining)
             return True
@@ -170,52 +244,10 @@ class Delivery:
         self._stop.set()
         with self._ready:
             self._ready.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with self._ready:
-                while not self._queue and not self._stop.is_set():
-                    self._ready.wait()
-                if self._stop.is_set():
-                    return
-                notice = self._queue.popleft()
-                self._busy = True
-            try:
-                self._deliver(notice)
-            except Exception:  # a bug in a plugin must not end the sender
-                self.counts.failed += 1
-                log.exception("alert %s: delivery failed", notice.key)
-            with self._ready:
-                self._busy = False
-                self._ready.notify_all()
-
-    def _deliver(self, notice: Notice) -> None:
-        delivered = False
-        for url in self.urls:
-            delivered = self._send_with_retries(url, notice) or delivered
-        if delivered or not self.urls:
-            self.counts.sent += 1
-        else:
-            self.counts.failed += 1
-
-    def _send_with_retries(self, url: str, notice: Notice) -> bool:
-        backoff = Backoff(base=self.section.retry_backoff, cap=RETRY_CAP)
-        for attempt in range(self.section.retries + 1):
-            if self.send(url, notice, self.section.timeout):
-                return True
-            if attempt == self.section.retries or self._stop.is_set():
-                break
-            self.counts.retried += 1
-            delay = backoff.next()
-            log.warning("alert %s to %s:// failed; retry %d/%d in %.1fs", notice.key,
-                        scheme_of(url), attempt + 1, self.section.retries, delay)
-            if self._stop.wait(delay):
-                break
-        log.error("alert %s (%s) could not be sent to %s:// after %d tries", notice.key,
-                  notice.kind, scheme_of(url), self.section.retries + 1)
-        return False
+        deadline = time.monotonic() + timeout
+        for sender in self._senders:
+            if sender.thread.ident is not None:
+                sender.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class AlertService:
