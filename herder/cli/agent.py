@@ -157,12 +157,12 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         return
     if parent_pid is not None:
         die_with_parent(parent_pid)
+    harden_process()  # first: the imports below take tens of milliseconds
     from herder.runtime.agent import HttpSource, LocalGate
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.job_user import job_user_at_start, warn_root
     from herder.runtime.runner import Runner, RunnerOptions
 
-    harden_process()
     log_to_stderr(log_level, log_format)
     state: State = ctx.obj
     with edge():
@@ -276,13 +276,13 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
     attempt; 2 the server cannot be reached; 3 RAM contention.
     """
+    harden_process()  # first: the imports below take tens of milliseconds
     from herder.model import AttemptToken, Outcome
     from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions
 
-    harden_process()
     log_to_stderr("info")
     runtime = state.config.settings.runtime
     with edge():  # exit 2 before anything is fetched: a spawn failure, tried again later

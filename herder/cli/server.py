@@ -52,6 +52,7 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
        ui: bool, ui_listen: str, allow_plaintext: bool, log_level: str,
        log_format: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
+    harden_process()  # first: the imports below take tens of milliseconds
     import threading
     import time
 
@@ -60,7 +61,6 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
     from herder.runtime.job_user import job_user_at_start
     from herder.runtime.runner import Runner, RunnerOptions, default_host, utcnow
 
-    harden_process()
     log_to_stderr(log_level, log_format)
     with edge():
         config = state.config
@@ -242,6 +242,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     if ctx.invoked_subcommand is not None:
         return
     state: State = ctx.obj
+    harden_process()  # first: the imports below take tens of milliseconds
     import uvicorn
 
     from herder.api.app import Access, create_app
@@ -251,7 +252,6 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     from herder.runtime.delivery import check_urls
     from herder.runtime.job_user import job_user_at_start
 
-    harden_process()
     log_to_stderr(log_level, log_format)
     log = logging.getLogger("herder.server")
     with edge():
