@@ -477,12 +477,16 @@ def test_a_failing_log_upload_never_holds_the_finish_back(
     source.close()
 
 
-def test_a_log_over_the_servers_cap_stops_shipping_with_one_warning(
-        server, make_source, tmp_path, caplog) -> None:
-    """The server keeps at most max_log_bytes of an attempt (413 beyond): the agent stops
-    shipping that log, says so once, and the finish still goes."""
+@pytest.mark.parametrize(("code", "detail", "said"), [
+    (413, "the log would pass server.max_log_bytes", "max_log_bytes"),
+    (410, "the attempt ended at ...: its log is closed", "log is closed")])
+def test_a_log_the_server_refuses_for_good_stops_shipping_with_one_warning(
+        server, make_source, tmp_path, caplog, code, detail, said) -> None:
+    """A log over the server's max_log_bytes (413), or of an attempt that ended longer ago
+    than the server's grace (410): the agent stops shipping that log, says so once (not as
+    a bug), and the finish still goes."""
     caplog.set_level(logging.INFO, "herder")
-    server.always("log 21.1", status(413, detail="the log would pass server.max_log_bytes"))
+    server.always("log 21.1", status(code, detail=detail))
     source = make_source()
     log_path = tmp_path / "21.log"
     start(source, 21, log_path)
@@ -491,25 +495,7 @@ def test_a_log_over_the_servers_cap_stops_shipping_with_one_warning(
     wait_delivered(server, "finish 21.1")
     source.close()
     assert len(server.requests("log 21.1")) == 1
-    [warning] = lines(caplog, "max_log_bytes")
-    assert warning.levelno == logging.WARNING and "bug" not in warning.getMessage()
-
-
-def test_a_log_the_server_closed_stops_shipping_with_one_warning(
-        server, make_source, tmp_path, caplog) -> None:
-    """An attempt that ended longer ago than the server's grace has its log closed (410):
-    the agent stops shipping it, says so once (not as a bug), and the finish still goes."""
-    caplog.set_level(logging.INFO, "herder")
-    server.always("log 22.1", status(410, detail="the attempt ended at ...: its log is closed"))
-    source = make_source()
-    log_path = tmp_path / "22.log"
-    start(source, 22, log_path)
-    log_path.write_bytes(b"x" * 100)
-    finish(source, 22)
-    wait_delivered(server, "finish 22.1")
-    source.close()
-    assert len(server.requests("log 22.1")) == 1
-    [warning] = lines(caplog, "log is closed")
+    [warning] = lines(caplog, said)
     assert warning.levelno == logging.WARNING and "bug" not in warning.getMessage()
 
 

@@ -664,12 +664,18 @@ def test_a_host_token_touches_no_other_hosts_attempt(grants):
     assert not (grants.log_dir / str(token.job_id)).exists()
 
 
-def test_agent_log_writes_are_capped_and_never_sparse(grants):
-    client, store = grants.client, grants.store
-    submitted = client.post("/api/v1/jobs", headers=grants.admin,
-                            json={"command": ["true"], "affinity": "alpha"})
-    [job] = store.job_claim("alpha", "alpha/1/1", 1, datetime.now(UTC))
+def claimed_on_alpha(grants):
+    """A job submitted over the API and claimed by alpha's agent worker."""
+    submitted = grants.client.post("/api/v1/jobs", headers=grants.admin,
+                                   json={"command": ["true"], "affinity": "alpha"})
+    [job] = grants.store.job_claim("alpha", "alpha/1/1", 1, datetime.now(UTC))
     assert job.id == submitted.json()["id"]
+    return job
+
+
+def test_agent_log_writes_are_capped_and_never_sparse(grants):
+    client = grants.client
+    job = claimed_on_alpha(grants)
     path = f"/api/v1/agent/alpha/attempts/{job.id}/{job.attempt}/log"
     log_file = grants.log_dir / str(job.id) / f"{job.attempt}.log"
     first = client.post(path, params={"offset": 1}, content=b"x", headers=grants.alpha)
@@ -720,10 +726,7 @@ def test_an_ended_attempts_log_is_closed_after_a_grace(grants):
     """The agent ships the tail right after the finish: taken within the grace, refused
     (410, what the agent takes as "stop shipping") after it, the file unchanged."""
     client, store = grants.client, grants.store
-    submitted = client.post("/api/v1/jobs", headers=grants.admin,
-                            json={"command": ["true"], "affinity": "alpha"})
-    [job] = store.job_claim("alpha", "alpha/1/1", 1, datetime.now(UTC))
-    assert job.id == submitted.json()["id"]
+    job = claimed_on_alpha(grants)
     attempt = f"/api/v1/agent/alpha/attempts/{job.id}/{job.attempt}"
     assert client.post(f"{attempt}/start", json={"pid": 1},
                        headers=grants.alpha).status_code == 200
