@@ -15,11 +15,14 @@ from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import OutcomeRules
 from herder.scheduling.policy import (
     DEFAULT_RULES,
+    FAILURE_REASONS,
+    QUIET_REASONS,
     SPAWN_OUTCOMES,
     RetryState,
     Rule,
     backoff_seconds,
     decide,
+    quiet_ending,
 )
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -191,6 +194,9 @@ def test_requeue_waits_exactly_the_backoff_and_never_before_now(outcome, retry, 
         assert decision.available_at >= now
         expected = backoff_seconds(retry.failures + 1, retry.backoff_base_seconds,
                                    retry.backoff_max_seconds)
+        if decision.weight is not None:  # a timeout's one escalation goes at once
+            assert (outcome, retry.escalations) == (Outcome.TIMEOUT, 0)
+            expected = 0.0
         assert decision.available_at == now + timedelta(seconds=expected)
     else:
         assert retry.failures + 1 == retry.max_attempts
@@ -404,3 +410,64 @@ def test_one_weight_override_still_escalates_an_oom_to_the_next_weight(tmp_path)
                                                heavier=table.heavier("light")), NOW)
         assert (decision.status, decision.weight, decision.available_at) == (
             JobStatus.QUEUED, "heavy", NOW)
+
+
+# -- seed rows (issue 24) ---------------------------------------------------------------------
+
+
+def test_a_timeout_moves_up_one_weight_once_then_retries_and_fails_as_a_failure():
+    """Seed 004's retry_count row: an implementation timeout escalates the weight; herder
+    does it once in a job's life, then timeouts spend attempts with the job's backoff."""
+    first = decide(Outcome.TIMEOUT, replace(state(max_attempts=3), weight="light",
+                                            heavier="heavy"), NOW)
+    assert (first.status, first.weight, first.available_at, first.spend_failure,
+            first.failure_reason) == (JobStatus.QUEUED, "heavy", NOW, True, "timeout")
+    held = decide(Outcome.TIMEOUT, replace(state(failures=1, max_attempts=3), weight="heavy",
+                                           heavier="playwright", escalations=1), NOW)
+    assert (held.status, held.weight, held.available_at) == (
+        JobStatus.QUEUED, None, NOW + timedelta(seconds=20))
+    last = decide(Outcome.TIMEOUT, replace(state(failures=2, max_attempts=3), weight="heavy",
+                                           heavier="playwright", escalations=1), NOW)
+    assert (last.status, last.failure_reason, last.actionable, last.weight) == (
+        JobStatus.FAILED, "timeout", True, None)
+    # At the top of the chain there is nothing to move to: a plain retry.
+    top = decide(Outcome.TIMEOUT, replace(state(), weight="orchestrator", heavier=None), NOW)
+    assert (top.status, top.weight, top.available_at) == (
+        JobStatus.QUEUED, None, NOW + timedelta(seconds=10))
+    # The last attempt fails even when a heavier weight exists.
+    spent = decide(Outcome.TIMEOUT, replace(state(failures=0, max_attempts=1),
+                                            weight="light", heavier="heavy"), NOW)
+    assert (spent.status, spent.weight) == (JobStatus.FAILED, None)
+
+
+@pytest.mark.parametrize("outcome", sorted(SPAWN_OUTCOMES), ids=str)
+def test_the_spawn_failure_cap_fails_the_job_for_a_human(outcome: Outcome):
+    """Seed 004: MAX_SPAWN_FAILURES -> failed + human action; a RAM-contention cap is
+    actionable like the others (before, it failed quietly)."""
+    capped = decide(outcome, replace(state(), spawn_failures=4, escalations=1), NOW,
+                    max_spawn_failures=5)
+    assert (capped.status, capped.actionable, capped.human_action) == (
+        JobStatus.FAILED, True, True)
+    assert capped.failure_reason == FAILURE_REASONS[outcome]
+    # Below the cap it is only a retry: nothing to alert on yet.
+    retry = decide(outcome, replace(state(), spawn_failures=0, escalations=1), NOW,
+                   max_spawn_failures=5)
+    assert retry.status is JobStatus.QUEUED
+
+
+@pytest.mark.parametrize("reason", sorted(QUIET_REASONS))
+def test_a_jobs_own_mutex_collision_or_stale_duplicate_ends_it_quietly(reason: str):
+    """Seed 004's taxonomy: neither is retried, neither is actionable, neither alerts."""
+    for outcome, claimed in ((Outcome.FAILED, Outcome.FAILED), (Outcome.FAILED, None),
+                             (Outcome.OK, None)):
+        decision = quiet_ending(outcome, claimed, reason)
+        assert decision is not None
+        assert (decision.status, decision.failure_reason, decision.actionable,
+                decision.human_action, decision.spend_failure) == (
+            JobStatus.FAILED, reason, False, False, False)
+    # The job's explicit word for another outcome stands, and so do herder's own endings.
+    assert quiet_ending(Outcome.OK, Outcome.OK, reason) is None
+    assert quiet_ending(Outcome.TRANSIENT, Outcome.TRANSIENT, reason) is None
+    assert quiet_ending(Outcome.TIMEOUT, None, reason) is None
+    assert quiet_ending(Outcome.FAILED, None, "implementation_error") is None
+    assert quiet_ending(Outcome.FAILED, None, None) is None

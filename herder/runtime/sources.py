@@ -40,7 +40,7 @@ from herder.scheduling.classification import (
     Pattern,
     verdict,
 )
-from herder.scheduling.policy import DEFAULT_RULES, RetryState, Rule, decide
+from herder.scheduling.policy import DEFAULT_RULES, RetryState, Rule, decide, quiet_ending
 from herder.store import Store, Waker
 
 log = logging.getLogger("herder.sources")
@@ -134,7 +134,7 @@ def decide_for(
     `ending`), and the policy's decision, as the store applies them; `resume_at` is when a
     wait ends unless the ending says."""
     report: dict[str, object] = {}
-    reason = None
+    reason = claimed = None
     if ending is not None and ending.launch_error:
         report["launch_error"] = ending.launch_error  # nothing ran: nothing to classify
     elif ending is not None:
@@ -142,6 +142,7 @@ def decide_for(
                         limits.rules.exit_codes.get(job.job_type, {}),
                         limits.rules.patterns.get(job.job_type, DEFAULT_PATTERNS))
         outcome, reason = found.outcome, found.failure_reason
+        claimed = found.result.outcome if found.result is not None else None
         resume_at = found.resume_at or resume_at
         if found.retry_after is not None:
             retry_after = max(retry_after or 0.0, found.retry_after)
@@ -155,6 +156,7 @@ def decide_for(
                       max_spawn_failures=limits.max_spawn_failures,
                       spawn_backoff_seconds=limits.spawn_backoff_seconds, resume_at=resume_at,
                       rules=limits.rules.policies.get(job.job_type, DEFAULT_RULES))
+    decision = quiet_ending(outcome, claimed, reason) or decision
     if reason and decision.status is not JobStatus.DONE:
         decision = replace(decision, failure_reason=reason)  # the job's own word
     if decision.note:  # e.g. "cannot find capacity for orchestrator"

@@ -69,7 +69,10 @@ DEFAULT_RULES: Mapping[Outcome, Rule] = {
     # The job's own faults spend its attempts, with its backoff.
     Outcome.FAILED: Rule(Action.RETRY, Budget.ATTEMPTS, "implementation_error",
                          actionable=True),
-    Outcome.TIMEOUT: Rule(Action.RETRY, Budget.ATTEMPTS, "timeout", actionable=True),
+    # A timeout may mean too little room: one step up the chain, then as a failure (seed
+    # 004's retry_count row).
+    Outcome.TIMEOUT: Rule(Action.ESCALATE, Budget.ATTEMPTS, "timeout", actionable=True,
+                          escalations=1),
     Outcome.STUCK: Rule(Action.RETRY, Budget.ATTEMPTS, "stuck", actionable=True),
     Outcome.LAUNCH_FAILED: Rule(Action.RETRY, Budget.ATTEMPTS, "launch_failed",
                                 actionable=True),
@@ -86,20 +89,41 @@ DEFAULT_RULES: Mapping[Outcome, Rule] = {
     # Capacity: a heavier weight, bounded by the chain (needs_heavier) or once (oom).
     Outcome.NEEDS_HEAVIER: Rule(Action.ESCALATE, Budget.NONE, "spawn_oom", actionable=True),
     Outcome.OOM: Rule(Action.ESCALATE, Budget.SPAWN, "spawn_oom", actionable=True,
-                      escalations=1),
-    # Host trouble spends spawn failures, never the job's attempts (seed 004).
-    Outcome.RAM_CONTENTION: Rule(Action.RETRY, Budget.SPAWN, "spawn_ram", avoid_host=True),
+                      human_action=True, escalations=1),
+    # Host trouble spends spawn failures, never the job's attempts (seed 004); a job that
+    # reaches max_spawn_failures fails for a human to look at the hosts (the flags of a
+    # retrying rule only count when its budget runs out).
+    Outcome.RAM_CONTENTION: Rule(Action.RETRY, Budget.SPAWN, "spawn_ram", actionable=True,
+                                 human_action=True, avoid_host=True),
     Outcome.WORKSPACE_FAILED: Rule(Action.RETRY, Budget.SPAWN, "spawn_git_auth",
-                                   actionable=True, avoid_host=True),
+                                   actionable=True, human_action=True, avoid_host=True),
     Outcome.UNREACHABLE: Rule(Action.RETRY, Budget.SPAWN, "spawn_ssh_failure",
-                              actionable=True, avoid_host=True),
+                              actionable=True, human_action=True, avoid_host=True),
     Outcome.SPAWN_FAILED: Rule(Action.RETRY, Budget.SPAWN, "spawn_failed", actionable=True,
-                               avoid_host=True),
+                               human_action=True, avoid_host=True),
     # Not the job's doing: at once, on its own budget.
     Outcome.LOST: Rule(Action.RETRY, Budget.LOST, "lost", delay=0.0),
     # A host's allow-list said no (an agent re-checking its assignment): elsewhere, soon.
     Outcome.REFUSED: Rule(Action.RETRY, Budget.NONE, "refused", delay=1.0, avoid_host=True),
 }
+
+QUIET_REASONS = frozenset({"mutex_collision", "stale_duplicate"})
+"""A job's own `failure_reason` ($HERDER_RESULT) that ends it at once, neither retried nor
+actionable: a sibling holds its work (mutex_collision), or the work is already done or moot
+(stale_duplicate). Seed 004 keeps both out of the alert count."""
+
+
+def quiet_ending(outcome: Outcome, claimed: Outcome | None, reason: str | None
+                 ) -> Decision | None:
+    """The end of a job that said one of the QUIET_REASONS on its own (it ended `failed`,
+    or exited 0 without naming an outcome); None for every other ending, which the rules
+    decide. A job that named another outcome is taken at that word."""
+    if reason not in QUIET_REASONS:
+        return None
+    if outcome is Outcome.FAILED or (outcome is Outcome.OK and claimed is None):
+        return Decision(JobStatus.FAILED, failure_reason=reason)
+    return None
+
 
 # Kept for the spawn path and the tests that name them.
 FAILURE_REASONS = {outcome: rule.failure_reason for outcome, rule in DEFAULT_RULES.items()
