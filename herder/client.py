@@ -147,7 +147,7 @@ class Client:
         fleet = Fleet.from_settings(self.config.settings)
         check_job(spec.job_type, spec.weight, spec.priority, spec.affinity,
                   [HostSpec.configured(host) for host in hosts], fleet.weights,
-                  fleet.policy.bookable_fraction)
+                  fleet.policy.bookable_fraction, fleet.policy.pinned.get(spec.job_type))
 
     def get(self, job_id: int) -> Job:
         job = self.store.job_get(job_id)

@@ -282,6 +282,20 @@ def _exit_codes(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
+def _pinned_hosts(value: list[str] | None) -> list[str] | None:
+    if value is None:
+        return value
+    if not value:
+        raise ValueError("names no host, so the type could never run; name at least one "
+                         "host label, or leave hosts out for any host")
+    for label in value:
+        if not _NAME.match(label):
+            raise ValueError(f"{label!r} is not a valid host label")
+    if len(set(value)) != len(value):
+        raise ValueError("names a host twice; name each once")
+    return value
+
+
 def _preflight(value: list[str] | bool) -> list[str] | bool:
     if isinstance(value, list) and not value:
         raise ValueError("the preflight command is empty; give an argv list like "
@@ -353,6 +367,9 @@ class JobTypeSection(Struct, frozen=True):
     """Such a token may choose the job's workdir."""
     allow_host: bool = False
     """Such a token may pin the job to a host (`affinity`)."""
+    hosts: Annotated[list[str] | None, rules(check=_pinned_hosts)] = None
+    """The only hosts that run this type (seed 000's hard affinity per type); left out:
+    any host. A submit's `affinity` must be one of them."""
     submit_max_weight: str | None = None
     """Such a token may choose a weight up to this one (by RAM budget); left out: none."""
     submit_max_timeout: Annotated[Duration | None, rules(gt=0)] = None
@@ -1140,6 +1157,7 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                     f"unknown weight {weight!r}",
                     f"define it under [weights] or use one of {sorted(settings.weights)}",
                 )
+        _check_pinned(config, text, name, job_type)
         if job_type.shell != isinstance(job_type.command, str):
             raise ConfigError(
                 _where(config, text, ["job_types", name, "command"]),
@@ -1186,6 +1204,19 @@ def _check_hooks(config: Config, text: str) -> None:
                 raise ConfigError(_where(config, text, [*where, "rules", str(index)]),
                                   f"weight: unknown weight {rule.weight!r}",
                                   f"use one of {sorted(settings.weights)}")
+
+
+def _check_pinned(config: Config, text: str, name: str, job_type: JobTypeSection) -> None:
+    """A type pinned to a host herder.toml declares must be one that host admits. A label
+    the file does not declare may be a host added with `herder host add`, so it is not
+    refused here (`herder server` warns at start when the store has no such host either)."""
+    for label in job_type.hosts or ():
+        host = config.settings.hosts.get(label)
+        if host is not None and host.job_types is not None and name not in host.job_types:
+            raise ConfigError(
+                _where(config, text, ["job_types", name, "hosts"]),
+                f"host {label!r} refuses job type {name!r} (hosts.{label}.job_types)",
+                f"add {name!r} to hosts.{label}.job_types, or pin the type to another host")
 
 
 def _check_accounts(config: Config, text: str) -> None:

@@ -105,6 +105,12 @@ def resolve(config: Config, request: SubmitRequest | SubmitBody, now: datetime |
                 "command", "a job type already names its command",
                 "drop the arguments after --, or drop the job type",
             )
+        if job_type.hosts is not None and request.affinity is not None and (
+                request.affinity not in job_type.hosts):
+            raise InputError(
+                "affinity", f"--host {request.affinity}: job type {request.job_type} runs "
+                f"only on {', '.join(job_type.hosts)} (job_types.{request.job_type}.hosts)",
+                "pass one of those with --host, or leave --host out")
     elif not request.command:
         raise InputError(
             "command", "nothing to run", "name a job type, or give a command after --"

@@ -243,6 +243,28 @@ def test_allow_lists_and_floor_and_affinity_reasons():
         "wsl1", Reason.AFFINITY, "job bound to another host")
 
 
+def test_a_job_type_pinned_to_hosts_runs_only_there_and_why_names_them():
+    """Seed 000's hard affinity per type: infra-task runs on bms-4 alone, whatever else
+    has room; a bound job of the type (`--host`) is refused elsewhere for the same reason."""
+    pins = {"infra-task": frozenset({"bms-4"})}
+    hosts = [BMS4, VPS_H1, LAP1]
+    assert placed(place(snap([job(1, job_type="infra-task")], hosts))) == {1: "lap1"}
+    plan = place(snap([job(1, job_type="infra-task"), job(2)], hosts, pinned=pins))
+    assert placed(plan) == {1: "bms-4", 2: "lap1"}  # best fit, but for the pin
+    full = {**idle(*hosts), "bms-4": HostLoad("bms-4", HEALTHY, 6, 0.0)}
+    plan = place(snap([job(1, job_type="infra-task"), job(2),
+                       job(3, job_type="infra-task", affinity="lap1")], hosts, full,
+                      pinned=pins))
+    assert placed(plan) == {2: "lap1"}
+    detail = "job type infra-task runs only on bms-4"
+    assert reasons(plan, 1) == {"bms-4": Reason.SLOTS_FULL, "vps-h1": Reason.JOB_TYPE_PINNED,
+                                "lap1": Reason.JOB_TYPE_PINNED}
+    assert plan.waiting[1][1] == Rejection("vps-h1", Reason.JOB_TYPE_PINNED, detail)
+    assert plan.waiting[3][2] == Rejection("lap1", Reason.JOB_TYPE_PINNED, detail)
+    assert detail in explain(1, plan, snap([job(1, job_type="infra-task")], hosts, full,
+                                          pinned=pins))
+
+
 def test_unknown_weight_is_refused_everywhere():
     plan = place(snap([job(1, "mystery")], [BMS4, VPS_H1]))
     assert set(reasons(plan, 1).values()) == {Reason.UNKNOWN_WEIGHT}
@@ -658,6 +680,8 @@ class Reference:
             (Reason.WINDOW_CLOSED, caps.max_workers <= 0),
             (Reason.JOB_TYPE_NOT_ALLOWED, host.allowed_job_types is not None
              and job.job_type not in host.allowed_job_types),
+            (Reason.JOB_TYPE_PINNED, job.job_type in self.snapshot.policy.pinned
+             and host.label not in self.snapshot.policy.pinned[job.job_type]),
             (Reason.WEIGHT_NOT_ALLOWED, host.allowed_weights is not None
              and job.weight not in host.allowed_weights),
             (Reason.PRIORITY_FLOOR, host.priority_floor is not None
@@ -799,6 +823,9 @@ def snapshots(draw) -> Snapshot:
         bookable_fraction=draw(st.sampled_from([0.8, 0.5, 1.0])),
         strategy=draw(st.sampled_from(["best_fit", "spread"])),
         starvation_wait_seconds=draw(st.sampled_from([600.0, 0.0, 300.0, 1e9])),
+        pinned=draw(st.sampled_from([{}, {}, {"review-pr": frozenset({"a", "b"})},
+                                     {"infra-task": frozenset({"bms-4"}),
+                                      "dev-issue": frozenset({"ghost"})}])),
     )
     weights = draw(st.sampled_from([DEFAULT_WEIGHTS, ODD_WEIGHTS]))
     return Snapshot(now, jobs, hosts, loads, weights, policy)

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -234,6 +234,7 @@ class Coordinator:
             else:
                 self.store.host_update(replace(record, enabled=existing.enabled), now)
         sync_accounts(self.store, self.settings, now)
+        warn_unknown_pinned(self.settings.job_types, {h.label for h in self.store.host_list()})
 
     def start(self) -> None:
         self.sync_hosts()
@@ -884,6 +885,24 @@ class Coordinator:
 
     def why(self, job_id: int) -> str:
         return why(self.store, self.fleet, job_id, utcnow())
+
+
+def warn_unknown_pinned(job_types: Mapping[str, JobTypeSection],
+                        registered: Collection[str]) -> int:
+    """Warn once at start for each job type pinned to hosts (`hosts = [...]`) that are not
+    registered: herder.toml cannot refuse them, since `herder host add` may add them later,
+    but a typo would keep the type's jobs waiting. How many types it warned for."""
+    warned = 0
+    for name, job_type in job_types.items():
+        missing = [label for label in job_type.hosts or () if label not in registered]
+        if missing:
+            warned += 1
+            log.warning("job_types.%s.hosts names %s, not a registered host: its jobs run "
+                        "only on the others%s (`herder host add LABEL` registers one)",
+                        name, ", ".join(missing),
+                        "" if len(missing) < len(job_type.hosts or ())
+                        else " and wait until one is registered")
+    return warned
 
 
 # -- shared by the CLI (direct store access) and the server ---------------------------------------

@@ -102,6 +102,9 @@ class Fleet(msgspec.Struct, frozen=True):
             shedding=Shedding(tuple((ratio, weight if weight in settings.weights else None)
                                     for ratio, weight in fleet.shedding)),
             schedule=schedule,
+            pinned={name: frozenset(job_type.hosts)
+                    for name, job_type in settings.job_types.items()
+                    if job_type.hosts is not None},
         )
         return cls(
             # The chain keeps only the weights these Settings define.

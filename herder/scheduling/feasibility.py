@@ -19,12 +19,22 @@ from herder.scheduling.placement import HostSpec
 
 def check_job(job_type: str, weight: str, priority: int, affinity: str | None,
               hosts: Sequence[HostSpec], weights: WeightTable,
-              bookable_fraction: float) -> None:
+              bookable_fraction: float, pinned: Collection[str] | None = None) -> None:
     """Raise InputError (naming the field and the fix) for a job no registered host can
     ever take; nothing without hosts (`herder up` runs whatever is queued) or for an
-    unknown weight (the config's check names it)."""
+    unknown weight (the config's check names it). `pinned`: the only hosts its type runs
+    on (`[job_types.NAME] hosts`)."""
     if not hosts or not weights.known(weight):
         return
+    if pinned is not None and affinity is None:
+        registered = [spec for spec in hosts if spec.label in pinned]
+        if not registered:
+            raise InputError("job_type", f"job type {job_type} runs only on "
+                             f"{', '.join(sorted(pinned))} (job_types.{job_type}.hosts), "
+                             "and none of them is a registered host",
+                             "register one (`herder host add LABEL`), or change "
+                             f"job_types.{job_type}.hosts in herder.toml")
+        hosts = registered
     budget = weights.budget(weight)
     if affinity is not None:
         host = next((spec for spec in hosts if spec.label == affinity), None)

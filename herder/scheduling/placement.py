@@ -71,6 +71,8 @@ class Reason(enum.StrEnum):
     AGENT_DOWN = "agent_down"
     WINDOW_CLOSED = "window_closed"
     JOB_TYPE_NOT_ALLOWED = "job_type_not_allowed"
+    JOB_TYPE_PINNED = "job_type_pinned"
+    """The job's type runs only on other hosts (`[job_types.NAME] hosts`)."""
     PREFLIGHT_FAILED = "preflight_failed"
     BREAKER_OPEN = "breaker_open"
     NO_HEALTHY_ACCOUNT = "no_healthy_account"
@@ -160,6 +162,8 @@ class PlacementPolicy(msgspec.Struct, frozen=True):
     starvation_wait_seconds: float = FleetSection().starvation_wait
     shedding: Shedding = SEED_SHEDDING
     schedule: WindowSchedule = DEFAULT_SCHEDULE
+    pinned: Mapping[str, frozenset[str]] = msgspec.field(default_factory=dict)
+    """Job type -> the only hosts that run it (seed 000's hard affinity per type)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -340,6 +344,10 @@ class _Cycle:
 
         # Classes of hosts that accept work and give every queued job the same verdict.
         self.queue_types = frozenset(job.job_type for job in snapshot.jobs)
+        self.pinned = {job_type: (hosts, f"job type {job_type} runs only on "
+                                         f"{', '.join(sorted(hosts))}")
+                       for job_type, hosts in policy.pinned.items()
+                       if job_type in self.queue_types}
         self.queue_weights = frozenset(job.weight for job in snapshot.jobs)
         self.queue_priorities = sorted({job.priority for job in snapshot.jobs})
         self.capped: dict[str | None, frozenset[str]] = {}
@@ -384,6 +392,9 @@ class _Cycle:
             self.queue_types & spec.allowed_job_types)
         if host.blocked:
             types = types.difference(host.blocked)
+        if self.pinned:
+            types = types.difference(job_type for job_type, (hosts, _) in self.pinned.items()
+                                     if spec.label not in hosts)
         weights = self.queue_weights if spec.allowed_weights is None else (
             self.queue_weights & spec.allowed_weights)
         floor = 0 if spec.priority_floor is None else bisect_left(
@@ -416,6 +427,9 @@ class _Cycle:
                                           else "closed in prime time")
         if spec.allowed_job_types is not None and shape.job_type not in spec.allowed_job_types:
             return Reason.JOB_TYPE_NOT_ALLOWED, f"refuses job type {shape.job_type}"
+        pinned = self.pinned.get(shape.job_type)
+        if pinned is not None and spec.label not in pinned[0]:
+            return Reason.JOB_TYPE_PINNED, pinned[1]
         blocked = host.blocked.get(shape.job_type)
         if blocked is not None:
             return blocked
@@ -792,6 +806,7 @@ _EXPLAIN_ORDER = (
     Reason.DRAINED,
     Reason.UNKNOWN_WEIGHT,
     Reason.AFFINITY,
+    Reason.JOB_TYPE_PINNED,
 )
 _MORE = {
     Reason.RAM: "hosts short of RAM",
@@ -811,6 +826,7 @@ _MORE = {
     Reason.DRAINED: "hosts drained",
     Reason.UNKNOWN_WEIGHT: "hosts",
     Reason.AFFINITY: "hosts bound elsewhere",
+    Reason.JOB_TYPE_PINNED: "hosts not the job type's",
 }
 _LIST_ALL_UP_TO = 6
 
@@ -886,6 +902,8 @@ def _phrase(rejection: Rejection) -> str:
         return f"{host} full ({detail})"
     if reason is Reason.SHED:
         return f"{host} shed ({detail})"
+    if reason is Reason.JOB_TYPE_PINNED:
+        return f"{host} not used ({detail})"
     return f"{host} {detail}"
 
 
