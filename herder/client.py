@@ -335,13 +335,15 @@ class Client:
         return self.store.reservation_release_ci(run_id, datetime.now(UTC), by) is not None
 
     def reserve(self, owner: str, label: str, weight: str, count: int,
-                created_by: int | None = None,
-                max_held: int | None = None) -> builtins.list[int]:
-        """Subagent slots for `owner`: the ids of those that fit (maybe fewer than count)."""
+                created_by: int | None = None, max_held: int | None = None,
+                job: int | None = None) -> builtins.list[int]:
+        """Subagent slots for `owner`: the ids of those that fit (maybe fewer than count);
+        booked for `job`, none past its weight's cap (Conflict)."""
         from herder.runtime.coordinator import reserve
 
         return [r.id for r in reserve(self.store, self.config, self._fleet(), owner, label,
-                                      weight, count, datetime.now(UTC), created_by, max_held)]
+                                      weight, count, datetime.now(UTC), created_by, max_held,
+                                      job)]
 
     def complete_reservation(self, reservation_id: int, status: ReservationStatus,
                              by: int | None = None) -> ReservationStatus:

@@ -538,6 +538,22 @@ DEFAULT_WEIGHTS: Mapping[str, float] = types.MappingProxyType({
 """GB of RAM one attempt of each weight books on its host."""
 
 
+SEED_SUBAGENT_CAPS: Mapping[str, int] = types.MappingProxyType({
+    "light": 0, "heavy": 16, "playwright": 16, "orchestrator": 10,
+})
+"""Subagent slots one job of each weight may hold on a host: seed 004's
+max_subagents_for_weight on its 32 GB host (1 GB slots in the 80 % cap beside the job's own
+RAM; light: none)."""
+
+
+def _subagent_caps(value: dict[str, int | bool]) -> dict[str, int | bool]:
+    for name, cap in value.items():
+        if cap is True or (cap is not False and cap < 0):
+            raise ValueError(f"{name} = {str(cap).lower()}: give a number of slots (0 or "
+                             "more), or false for no cap")
+    return value
+
+
 class FleetSection(Struct, frozen=True):
     """[fleet]: placement, health and retry rules of `herder server`'s scheduler."""
 
@@ -574,6 +590,10 @@ class FleetSection(Struct, frozen=True):
     intervals + 5 s, see herder.runtime.scheduler.pickup_timeout_seconds)."""
     reservation_ttl: Duration = 10800.0
     ci_slot_ttl: Duration = 28800.0
+    max_subagents_for_weight: Annotated[dict[str, int | bool], rules(
+        check=_subagent_caps)] = field(default_factory=dict)
+    """Weight -> the subagent slots a job of it may hold on a host, over SEED_SUBAGENT_CAPS
+    (`subagent_caps`); false: no cap."""
     ssh_command: list[str] = field(default_factory=lambda: ["ssh"])
     remote_herder: str = "herder"
 
@@ -1129,6 +1149,10 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
             raise ConfigError(_where(config, text, ["fleet", "shedding"]),
                               _unknown_in(weight, "shedding" in written, "shedding steps"),
                               f"use \"any\" or one of {sorted(known)}")
+    for name in settings.fleet.max_subagents_for_weight:
+        if name not in known:
+            raise ConfigError(_where(config, text, ["fleet", "max_subagents_for_weight", name]),
+                              f"unknown weight {name!r}", f"use one of {sorted(known)}")
     for label, host in settings.hosts.items():
         for window in ("prime", "night"):
             weight = getattr(host, window).max_weight
@@ -1172,6 +1196,16 @@ def _cross_check(config: Config, text: str, data: dict[str, Any]) -> None:
                     f"{prompt} does not exist",
                     "create the file or fix the path (relative to herder.toml)",
                 )
+
+
+def subagent_caps(settings: Settings) -> dict[str, int]:
+    """Weight -> the subagent slots one job of it may hold on a host: the seed's, for the
+    weights these settings define, with [fleet] max_subagents_for_weight over them; a
+    weight without an entry (or with false) has no cap."""
+    caps: dict[str, int | bool] = {name: cap for name, cap in SEED_SUBAGENT_CAPS.items()
+                                   if name in settings.weights}
+    caps.update(settings.fleet.max_subagents_for_weight)
+    return {name: int(cap) for name, cap in caps.items() if cap is not False}
 
 
 def _unknown_in(weight: str, written: bool, what: str) -> str:

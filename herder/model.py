@@ -388,6 +388,8 @@ class Reservation(msgspec.Struct, frozen=True):
     ended_at: datetime | None
     created_by: int | None = None
     """The id of the token that made it; None for an admin without a stored token."""
+    job_id: int | None = None
+    """The job a subagent slot was booked for; None when none was named."""
 
 
 class HostUsage(msgspec.Struct, frozen=True):

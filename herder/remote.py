@@ -328,10 +328,12 @@ class RemoteClient:
         return SlotReleased.model_validate(self.json(
             "POST", "/api/v1/slots/release", json={"run_id": run_id})).released
 
-    def reserve(self, owner: str, label: str, weight: str, count: int) -> builtins.list[int]:
+    def reserve(self, owner: str, label: str, weight: str, count: int,
+                job: int | None = None) -> builtins.list[int]:
         return Reserved.model_validate(self.json(
             "POST", "/api/v1/reservations",
-            json={"owner": owner, "host": label, "weight": weight, "count": count})).reserved
+            json={"owner": owner, "host": label, "weight": weight, "count": count,
+                  **({} if job is None else {"job": job})})).reserved
 
     def complete_reservation(self, reservation_id: int,
                              status: ReservationStatus) -> ReservationStatus:

@@ -698,6 +698,8 @@ class ReserveBody(Body):
     host: str = Field(max_length=200)
     count: int = Field(ge=1, le=1000)
     weight: str = Field(default="subagent", max_length=200)
+    job: int | None = Field(default=None, ge=1, le=BIGINT_MAX)
+    """The running job that books them: its weight caps them (max_subagents_for_weight)."""
 
 
 class Reserved(Reply):

@@ -12,12 +12,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from support.cli import herder_argv
 from support.local import Harness, shell
 
 from herder.client import Client
-from herder.config import load_config
-from herder.errors import ConfigError, InputError
-from herder.model import HostRecord, JobStatus, Outcome
+from herder.config import Settings, load_config, subagent_caps
+from herder.errors import ConfigError, Conflict, InputError
+from herder.model import HostRecord, JobSpec, JobStatus, Outcome, ReservationStatus
 from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.scheduler import Fleet, Scheduler
 
@@ -186,3 +187,97 @@ def test_a_pinned_type_runs_only_on_its_hosts_through_the_store(store, tmp_path:
     with caplog.at_level(logging.WARNING, "herder.coordinator"):
         Coordinator(store, load_config(path)).sync_hosts()
     assert "job_types.infra.hosts names ops-9, not a registered host" in caplog.text
+
+
+# -- max_subagents_for_weight (seed 004) ------------------------------------------------------
+
+
+def test_subagent_caps_are_the_seeds_with_the_file_over_them(tmp_path: Path):
+    assert subagent_caps(Settings()) == {"light": 0, "heavy": 16, "playwright": 16,
+                                         "orchestrator": 10}
+    path = tmp_path / "herder.toml"
+    path.write_text("[weights]\nplaywright = false\ngpu = 16\n\n[fleet]\n"
+                    'escalation = ["light", "heavy", "orchestrator"]\n'
+                    'shedding = [[0.5, "heavy"], [0.0, "light"]]\n'
+                    "max_subagents_for_weight = { heavy = 4, gpu = 2, orchestrator = false }\n")
+    assert subagent_caps(load_config(path).settings) == {"light": 0, "heavy": 4, "gpu": 2}
+    for written, message in (("{ heavy = -1 }", "heavy = -1: give a number of slots"),
+                             ("{ heavy = true }", "heavy = true: give a number of slots"),
+                             ("{ huge = 3 }", "fleet.max_subagents_for_weight.huge: unknown "
+                                              "weight 'huge'")):
+        path.write_text(f"[fleet]\nmax_subagents_for_weight = {written}\n")
+        with pytest.raises(ConfigError) as caught:
+            load_config(path)
+        assert "max_subagents_for_weight" in str(caught.value)
+        assert message in str(caught.value), str(caught.value)
+
+
+def running_job(store, weight: str) -> int:  # type: ignore[no-untyped-def]
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",), weight=weight)],
+                                                   datetime.now(UTC))]
+    claimed = store.job_claim("bms-4", "w1", 1, datetime.now(UTC))
+    assert [job.id for job in claimed] == [job_id]
+    return job_id
+
+
+def test_a_jobs_subagent_slots_on_a_host_are_capped_by_its_weight(store, tmp_path: Path):
+    path = tmp_path / "herder.toml"
+    path.write_text("[fleet]\nmax_subagents_for_weight = { heavy = 3 }\n")
+    client = Client.over(store, load_config(path))
+    now = datetime.now(UTC)
+    for label in ("bms-4", "vps-i1"):
+        store.host_insert(HostRecord(label, 32), now)
+    heavy = running_job(store, "heavy")
+    assert len(client.reserve("parent", "bms-4", "subagent", 2, job=heavy)) == 2
+    with pytest.raises(Conflict) as caught:
+        client.reserve("parent", "bms-4", "subagent", 2, job=heavy)
+    text = str(caught.value)
+    assert f"job {heavy} (heavy) holds 2 subagent slot(s) on bms-4" in text, text
+    assert "[fleet] max_subagents_for_weight.heavy = 3" in text, text
+    assert len(store.reservation_list("bms-4")) == 2  # all or none: nothing booked
+    assert len(client.reserve("parent", "bms-4", "subagent", 1, job=heavy)) == 1
+    # The cap is per host, and a completed slot no longer counts.
+    assert len(client.reserve("parent", "vps-i1", "subagent", 3, job=heavy)) == 3
+    client.complete_reservation(store.reservation_list("bms-4")[0].id, ReservationStatus.DONE)
+    [again] = client.reserve("parent", "bms-4", "subagent", 1, job=heavy)
+    assert store.reservation_get(again).job_id == heavy  # type: ignore[union-attr]
+    # light books none by default (seed 004: max_subagents_for_weight('vps-i1', 'light') = 0)
+    light = running_job(store, "light")
+    with pytest.raises(Conflict, match=r"max_subagents_for_weight\.light = 0"):
+        client.reserve("child", "bms-4", "subagent", 1, job=light)
+    # A booking for no job is capped by the token's limits alone, as before.
+    assert len(client.reserve("ci", "bms-4", "subagent", 5)) == 5
+    # Only a running job books: one that is queued or unknown is refused naming `job`.
+    [queued] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], now)]
+    for job_id in (queued, 999_999):
+        with pytest.raises(InputError) as refused:
+            client.reserve("parent", "bms-4", "subagent", 1, job=job_id)
+        assert refused.value.field == "job"
+
+
+def test_a_job_books_its_subagents_under_herder_up_within_its_weights_cap(tmp_path: Path,
+                                                                         store_url: str):
+    """The job itself runs `herder reserve`: $HERDER_JOB_ID names it, so its weight caps what
+    it books (2 for heavy here) and the refusal is one line, exit 2."""
+    h = Harness(tmp_path, store_url,
+                extra_config="[fleet]\nmax_subagents_for_weight = { heavy = 2 }\n")
+    try:
+        h.cli("host", "add", h.host, "--ram", "32")
+        herder = " ".join(herder_argv(db=store_url, config=h.config))
+        script = (f"{herder} reserve fan-out --host {h.host} --count 3 2> over.txt; "
+                  f"echo \"exit $?\" >> over.txt; "
+                  f"{herder} reserve fan-out --host {h.host} --count 2 > booked.txt")
+        job_id = h.submit(shell(script), weight="heavy", max_attempts=1)
+        up = h.up()
+        try:
+            h.wait_status(job_id, JobStatus.DONE, timeout=60)
+        finally:
+            stop(h, up)
+        over = (tmp_path / "over.txt").read_text()
+        assert f"job {job_id} (heavy) holds 0 subagent slot(s) on {h.host}" in over, over
+        assert "max_subagents_for_weight.heavy = 2" in over and over.endswith("exit 2\n"), over
+        booked = (tmp_path / "booked.txt").read_text().split()
+        assert len(booked) == 2
+        assert {r.job_id for r in h.store.reservation_list(h.host)} == {job_id}
+    finally:
+        h.close()

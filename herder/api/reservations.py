@@ -30,7 +30,7 @@ async def reserve(body: ReserveBody, caller: Submitter, service: Service) -> Res
                           server.max_reservation_weight)
     created_by, max_held = held_by(caller, server.max_reservations_per_token)
     created = await call(service.operations.reserve, body.owner, body.host, body.weight,
-                         body.count, created_by, max_held)
+                         body.count, created_by, max_held, body.job)
     return Reserved(reserved=created, requested=body.count)
 
 

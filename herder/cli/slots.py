@@ -41,11 +41,15 @@ def slots_release(state: State, run_id: str) -> None:
 @click.option("--host", "label", required=True)
 @click.option("--count", type=click.IntRange(1, 1000), required=True)
 @click.option("--weight", default="subagent", show_default=True)
+@click.option("--job", "job_id", type=click.IntRange(1, 2**63 - 1), envvar="HERDER_JOB_ID",
+              help="The running job that books them (default: $HERDER_JOB_ID, set inside a "
+              "job): its weight caps them ([fleet] max_subagents_for_weight).")
 @pass_state
-def reserve(state: State, owner: str, label: str, count: int, weight: str) -> None:
+def reserve(state: State, owner: str, label: str, count: int, weight: str,
+            job_id: int | None) -> None:
     """Reserve subagent slots for OWNER (e.g. a parent job); prints the ids that fit."""
     with edge():
-        created = state.client.reserve(owner, label, weight, count)
+        created = state.client.reserve(owner, label, weight, count, job=job_id)
     for reservation_id in created:
         click.echo(reservation_id)
     if len(created) < count:

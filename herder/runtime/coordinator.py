@@ -20,7 +20,7 @@ from msgspec.structs import replace
 
 from herder.backoff import Backoff
 from herder.client import Client
-from herder.config import Config, JobTypeSection
+from herder.config import Config, JobTypeSection, subagent_caps
 from herder.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
 from herder.host_settings import declared_host
 from herder.intake import resolve
@@ -83,7 +83,7 @@ from herder.scheduling.breaker import Breaker
 from herder.scheduling.health import shown_health
 from herder.scheduling.placement import Plan, Snapshot, explain, place
 from herder.store import Store, Waker, as_unavailable
-from herder.store.base import ASSIGNED, DeliveryRecord, Lease
+from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached, Lease
 from herder.submission import SubmitRequest
 from herder.views import iso
 from herder.webhooks import Delivery
@@ -1094,17 +1094,34 @@ def complete_reservation(store: Store, reservation_id: int, status: ReservationS
 
 def reserve(store: Store, config: Config, fleet: Fleet, owner: str, label: str, weight: str,
             count: int, now: datetime, created_by: int | None = None,
-            max_held: int | None = None) -> list[Reservation]:
+            max_held: int | None = None, job_id: int | None = None) -> list[Reservation]:
     """Up to `count` subagent slots for `owner` on a host, as many as fit its bookable RAM
-    (and, with `max_held`, as keep token `created_by` within that many active ones)."""
+    (and, with `max_held`, as keep token `created_by` within that many active ones). Booked
+    for job `job_id`, all or none within its weight's `max_subagents_for_weight` there."""
     host = store.host_get(label)
     if host is None:
         raise InputError("host", f"unknown host {label!r}", "see `herder hosts`")
     config.check_weight(weight)
-    return store.reservation_create(
-        ReservationKind.SUBAGENT, owner, label, weight, fleet.weights.budget(weight), count,
-        expires(now, config.settings.fleet.reservation_ttl), fleet.bookable(host), now,
-        created_by, max_held)
+    cap = job_weight = None
+    if job_id is not None:
+        job = store.job_get(job_id)
+        if job is None:
+            raise InputError("job", f"no job {job_id}", "name the job that books the slots")
+        if job.status not in (JobStatus.CLAIMED, JobStatus.RUNNING):
+            raise InputError("job", f"job {job_id} is {job.status}: only a running job books "
+                             "subagent slots", "name the running job that books them")
+        job_weight = job.weight
+        cap = subagent_caps(config.settings).get(job_weight)
+    try:
+        return store.reservation_create(
+            ReservationKind.SUBAGENT, owner, label, weight, fleet.weights.budget(weight), count,
+            expires(now, config.settings.fleet.reservation_ttl), fleet.bookable(host), now,
+            created_by, max_held, job_id, cap)
+    except JobCapReached as reached:
+        raise Conflict(
+            f"job {job_id} ({job_weight}) holds {reached.held} subagent slot(s) on {label}; "
+            f"{count} more would pass [fleet] max_subagents_for_weight.{job_weight} = {cap}: "
+            "complete some first (`herder complete`), or raise the cap") from None
 
 
 def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: str,

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from msgspec.structs import fields
 
-from herder.errors import InputError, StoreUnavailable
+from herder.errors import Conflict, InputError, StoreUnavailable
 from herder.model import (
     Account,
     AccountHealth,
@@ -466,10 +466,14 @@ class Store(abc.ABC):
         now: datetime,
         created_by: int | None = None,
         max_held: int | None = None,
+        job_id: int | None = None,
+        job_cap: int | None = None,
     ) -> list[Reservation]:
         """Book up to `count` slots; with `bookable_gb` only as many as fit, with `max_held`
         only as many as keep token `created_by` within that many active ones. A CI slot is
-        idempotent per owner: claiming it again returns the live one (whoever made it)."""
+        idempotent per owner: claiming it again returns the live one (whoever made it).
+        With `job_cap`, JobCapReached (nothing booked) when job `job_id` would hold more
+        than that many live subagent slots on the host."""
         created: list[Reservation] = []
         with self.driver.transaction() as transaction:
             if not transaction.fetch("host_lock", {"label": host}):
@@ -478,6 +482,11 @@ class Store(abc.ABC):
                 existing = transaction.fetch("reservation_active_ci", {"owner": owner})
                 if existing:
                     return [reservation_from_row(existing[0])]
+            if job_cap is not None and job_id is not None:
+                [row] = transaction.fetch("reservation_count_for_job", {
+                    "job_id": job_id, "host": host, "now": now})
+                if int(row["held"]) + count > job_cap:
+                    raise JobCapReached(int(row["held"]))
             if max_held is not None and created_by is not None:
                 [held] = transaction.fetch("reservation_count_by", {"created_by": created_by})
                 count = min(count, max(0, max_held - int(held["held"])))
@@ -488,7 +497,8 @@ class Store(abc.ABC):
                     "reservation_insert", {
                         "kind": str(kind), "owner": owner, "host": host, "weight": weight,
                         "ram_gb": ram_gb, "detail": Json({}), "now": now,
-                        "expires_at": expires_at, "created_by": created_by}))
+                        "expires_at": expires_at, "created_by": created_by,
+                        "job_id": job_id}))
         return created
 
     def reservation_end(
@@ -934,6 +944,15 @@ def token_from_row(row: Mapping[str, Any]) -> TokenRecord:
     )
 
 
+class JobCapReached(Conflict):
+    """A job's subagent slots on a host would pass its weight's cap; `held`: how many it
+    holds there now."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__(f"the job holds {held} subagent slot(s) on the host")
+        self.held = held
+
+
 def reservation_from_row(row: Mapping[str, Any]) -> Reservation:
     return Reservation(
         id=int(row["id"]),
@@ -947,6 +966,7 @@ def reservation_from_row(row: Mapping[str, Any]) -> Reservation:
         expires_at=row["expires_at"],
         ended_at=row["ended_at"],
         created_by=None if row["created_by"] is None else int(row["created_by"]),
+        job_id=None if row.get("job_id") is None else int(row["job_id"]),
     )
 
 

@@ -138,9 +138,9 @@ RETURNING id AS job_id;
 
 -- name: reservation_insert
 INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
-                                 expires_at, created_by)
+                                 expires_at, created_by, job_id)
 VALUES (:kind, :owner, :host, :weight, :ram_gb, :detail, :now,
-        :expires_at, :created_by)
+        :expires_at, :created_by, :job_id)
 ON CONFLICT (owner) WHERE kind = 'ci' AND status = 'active' DO NOTHING
 RETURNING *;
 
@@ -158,6 +158,12 @@ RETURNING *;
 -- The active reservations and slots a token holds (its cap, `server.token_max_reservations`).
 SELECT count(*) AS held FROM herder_reservations
 WHERE created_by = :created_by AND status = 'active';
+
+-- name: reservation_count_for_job
+-- The live subagent slots a job holds on a host (its cap, `fleet.max_subagents_for_weight`).
+SELECT count(*) AS held FROM herder_reservations
+WHERE job_id = :job_id AND host = :host AND kind = 'subagent' AND status = 'active'
+  AND expires_at > :now;
 
 -- name: reservation_get
 SELECT * FROM herder_reservations WHERE id = :id;
