@@ -467,7 +467,9 @@ def test_a_jobs_own_mutex_collision_or_stale_duplicate_ends_it_quietly(reason: s
             JobStatus.FAILED, reason, False, False, False)
     # The job's explicit word for another outcome stands, and so do herder's own endings.
     assert quiet_ending(Outcome.OK, Outcome.OK, reason) is None
-    assert quiet_ending(Outcome.TRANSIENT, Outcome.TRANSIENT, reason) is None
+    assert quiet_ending(Outcome.FAILED, Outcome.TRANSIENT, reason) is None
     assert quiet_ending(Outcome.TIMEOUT, None, reason) is None
+    assert quiet_ending(Outcome.CANCELLED, None, reason) is None
+    assert quiet_ending(Outcome.LOST, None, reason) is None
     assert quiet_ending(Outcome.FAILED, None, "implementation_error") is None
     assert quiet_ending(Outcome.FAILED, None, None) is None

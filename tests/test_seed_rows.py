@@ -70,6 +70,8 @@ def test_a_timeout_moves_the_job_up_one_weight_then_fails_it(seed_harness: Harne
 @pytest.mark.parametrize(("reason", "ending"), [
     ("mutex_collision", "exit 1"),  # the seed's worker: the lock is held
     ("stale_duplicate", "exit 0"),  # the work already shipped; no outcome named
+    # the job's word wins over what its log would have said (a rate limit: a retry)
+    ("mutex_collision", "echo 'API Error: 429 rate_limit_error'; exit 1"),
 ])
 def test_a_jobs_own_quiet_reason_ends_it_without_a_retry_or_an_alert(
         seed_harness: Harness, reason: str, ending: str):

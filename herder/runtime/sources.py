@@ -135,6 +135,7 @@ def decide_for(
     wait ends unless the ending says."""
     report: dict[str, object] = {}
     reason = claimed = None
+    ended = outcome  # as the runner saw it, before the signals are weighed
     if ending is not None and ending.launch_error:
         report["launch_error"] = ending.launch_error  # nothing ran: nothing to classify
     elif ending is not None:
@@ -156,7 +157,7 @@ def decide_for(
                       max_spawn_failures=limits.max_spawn_failures,
                       spawn_backoff_seconds=limits.spawn_backoff_seconds, resume_at=resume_at,
                       rules=limits.rules.policies.get(job.job_type, DEFAULT_RULES))
-    decision = quiet_ending(outcome, claimed, reason) or decision
+    decision = quiet_ending(ended, claimed, reason) or decision
     if reason and decision.status is not JobStatus.DONE:
         decision = replace(decision, failure_reason=reason)  # the job's own word
     if decision.note:  # e.g. "cannot find capacity for orchestrator"

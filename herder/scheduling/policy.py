@@ -113,14 +113,16 @@ actionable: a sibling holds its work (mutex_collision), or the work is already d
 (stale_duplicate). Seed 004 keeps both out of the alert count."""
 
 
-def quiet_ending(outcome: Outcome, claimed: Outcome | None, reason: str | None
+def quiet_ending(ended: Outcome, claimed: Outcome | None, reason: str | None
                  ) -> Decision | None:
-    """The end of a job that said one of the QUIET_REASONS on its own (it ended `failed`,
-    or exited 0 without naming an outcome); None for every other ending, which the rules
-    decide. A job that named another outcome is taken at that word."""
-    if reason not in QUIET_REASONS:
+    """The end of a job that said one of the QUIET_REASONS on its own: it exited by itself
+    (the runner saw it end `ok` or `failed`, whatever its exit code and log say) and named
+    no outcome but `failed`. None for every other ending, which the rules decide: a job
+    that named another outcome is taken at that word, and a timeout, cancel or loss is
+    herder's."""
+    if reason not in QUIET_REASONS or claimed not in (None, Outcome.FAILED):
         return None
-    if outcome is Outcome.FAILED or (outcome is Outcome.OK and claimed is None):
+    if ended in (Outcome.OK, Outcome.FAILED):
         return Decision(JobStatus.FAILED, failure_reason=reason)
     return None
 
