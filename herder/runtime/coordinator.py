@@ -630,7 +630,8 @@ class Coordinator:
         stamp = utcnow()
         self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
         if isinstance(info.get("accounts"), dict):
-            record_probes(self.store, label, info["accounts"], stamp)
+            record_probes(self.store, label, info["accounts"], stamp,
+                          info.get("account_usage"))
         reply = self.store.attempt_heartbeat(label, running, stamp)
         host = self.store.host_get(label)
         attempts = self.store.attempt_list_live(label) if with_attempts else []
