@@ -178,6 +178,26 @@ def test_the_accounts_view_shows_usage_and_the_exclusion():
     assert account_view(fine, NOW, 1800).detail == "healthy (usage 12%)"
 
 
+def test_placement_names_the_nearly_spent_accounts_it_passes_over():
+    """`herder why` and the fleet-stopped alert: the host refuses the type and each
+    account's reason is listed, its headroom included."""
+    from herder.scheduling.placement import Reason
+
+    rules = AccountRules({"fix": None})
+    spent = [AccountRecord(Account("h1", "a"), AccountHealth(
+                 dead_token=False, usage=Usage(99.5, at(3600)))),
+             AccountRecord(Account("h1", "b"), AccountHealth(
+                 dead_token=False, usage=Usage(96.0, at(3 * 86400))))]
+    reason, detail = rules.blocked(spent, ["h1"], NOW)["h1"]["fix"]
+    assert reason is Reason.NO_HEALTHY_ACCOUNT
+    assert detail == ("no healthy account for fix (0 of 2): a (near_limit: usage 99.5%, "
+                      "resets 2030-01-01T13:00:00Z), b (near_limit: usage 96% with its reset "
+                      "more than a day away, resets 2030-01-04T12:00:00Z)")
+    fine = [*spent, AccountRecord(Account("h1", "c"), AccountHealth(
+        dead_token=False, usage=Usage(94.0, at(3 * 86400))))]
+    assert rules.blocked(fine, ["h1"], NOW) == {}
+
+
 # -- rotation, pure ---------------------------------------------------------------------------
 
 FIRST = ("h1", "first")
