@@ -86,13 +86,13 @@ def test_a_probe_may_add_its_quota_usage_and_reset():
     (float("nan"), None), (float("inf"), None), ({"v": 1}, None),
     (None, "tomorrow"), (None, "2030-01-01T17:00:00"), (None, "2030-13-01T00:00:00Z"),
     (None, False), (None, -1e20), (None, 1e20), (None, "9" * 100), (None, [2030]),
-    (None, "1970-01-01T00:00:00Z"),
+    (None, "1970-01-01T00:00:00Z"), (10**400, -10**400), (None, 10**400),
 ])
 def test_bad_usage_fields_are_unknown_and_keep_the_booleans(percent: object,
                                                              resets_at: object):
     """Out of range, the wrong type, not finite, no offset, far past or future: unknown."""
     text = json.dumps({**BOOLEANS, "usage_percent": percent, "resets_at": resets_at},
-                      allow_nan=True)
+                      allow_nan=True)  # NaN and Infinity: Python's json reads them back
     found = coerce_probe(text)
     assert found is not None and not found.dead
     assert found.usage == Usage()

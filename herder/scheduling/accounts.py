@@ -56,6 +56,7 @@ FAR_RESET = timedelta(days=1)
 not chosen either: it would run dry long before its reset (seed 004)."""
 EARLIEST_RESET = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST_RESET = datetime(9000, 1, 1, tzinfo=UTC)
+"""A reset outside these is a probe's garbage (unknown), and stays storable everywhere."""
 
 
 class AccountState(enum.StrEnum):
@@ -110,7 +111,7 @@ def coerce_usage(percent: object, resets_at: object) -> Usage:
     anything else is unknown (fail-open), each field on its own."""
     found = None
     if isinstance(percent, int | float) and not isinstance(percent, bool) and (
-            math.isfinite(percent) and 0 <= percent <= 100):
+            0 <= percent <= 100 and math.isfinite(percent)):  # range first: a huge int
         found = float(percent)
     return Usage(found, _reset_time(resets_at))
 
