@@ -31,6 +31,7 @@ from herder.model import (
 )
 from herder.runtime.accounts import (
     AccountRules,
+    accounts_why,
     record_probes,
     sync_account_alerts,
     usage_report,
@@ -379,6 +380,10 @@ def test_all_accounts_blocked_one_after_the_other_wait_for_the_earliest_reset(st
     assert waiting is not None and waiting.available_at == at(600)  # first's reset
     assert (waiting.failures, waiting.transient_attempts, waiting.spawn_failures) == (0, 0, 0)
     assert not store.job_claim("h1", "w1", 1, at(599))
+    assert accounts_why(store, LIMITS.rules.accounts, "adhoc", at(4)) == (
+        "accounts: h1/first depleted until 2030-01-01T12:10:00Z, "
+        "h1/second depleted until 2030-01-01T14:00:00Z")
+    assert accounts_why(store, LIMITS.rules.accounts, "other", at(4)) is None
     assert open_alerts(store).keys() == {"account:h1:first", "account:h1:second"}
     # first's reset passes: it serves the job, its alert clears, second's stays.
     third = claim_and_bind(store, at(600))

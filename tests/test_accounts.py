@@ -134,6 +134,9 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
             assert (job.status, job.available_at) == (JobStatus.QUEUED, reset_first)
             assert (job.failures, job.spawn_failures, job.transient_attempts) == (0, 0, 0)
             assert {f"account:{h.host}:first", f"account:{h.host}:second"} <= alert_keys(store)
+            why = h.cli("why", str(drained)).stdout
+            assert "after usage_blocked" in why and f"{h.host}/alpha dead_token" in why, why
+            assert f"{h.host}/first depleted until" in why, why
 
             # No healthy account: a new job waits for first's reset with nothing spent, and
             # the fleet-stopped alert names the host and each account's state.
@@ -252,6 +255,8 @@ def test_a_server_rotates_jobs_over_accounts_an_agent_probes(make_fleet, tmp_pat
     assert (account_of(store, drained, 1), account_of(store, drained, 2)) == (
         "first", "second")
     assert (job.available_at, job.failure_reason) == (reset_first, "usage_blocked")
+    why = fleet.why(drained)
+    assert "alpha/first depleted until" in why and "alpha/second depleted until" in why, why
     assert (job.failures, job.spawn_failures, job.transient_attempts) == (0, 0, 0)
 
     waiting = fleet.submit(job_type="agent")

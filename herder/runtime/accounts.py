@@ -121,6 +121,18 @@ class AccountRules(msgspec.Struct, frozen=True):
         return found
 
 
+def accounts_why(store: Store, rules: AccountRules, job_type: str, now: datetime) -> str | None:
+    """The accounts that could serve `job_type` and each one's state (its headroom, why it
+    is passed over), for `herder why` of a job waiting for one; None for types without."""
+    if job_type not in rules.needs:
+        return None
+    names = rules.needs[job_type]
+    shown = [f"{r.account.host}/{r.account.name} "
+             f"{state_of(r.health, now, rules.cooldown)[1]}"
+             for r in store.account_list() if r.account.serves(job_type, names)]
+    return f"accounts: {', '.join(shown)}" if shown else "accounts: none serves it"
+
+
 def _of(choice: Choice) -> str:
     """How many accounts were weighed, for the alert (none usable of that many)."""
     return f" (0 of {len(choice.refusals)})" if choice.refusals else ""
