@@ -425,6 +425,14 @@ class Account(msgspec.Struct, frozen=True):
                 and (names is None or self.name in names))
 
 
+class Usage(msgspec.Struct, frozen=True):
+    """How much of its quota an account has used and when that resets, as its probe last
+    said; None: unknown."""
+
+    percent: float | None = None
+    resets_at: datetime | None = None
+
+
 class AccountHealth(msgspec.Struct, frozen=True):
     """What is known about an account's health; the defaults know nothing (healthy)."""
 
@@ -433,6 +441,7 @@ class AccountHealth(msgspec.Struct, frozen=True):
     dead_token: bool | None = None
     """The last probe's verdict; None when no probe ran or it said nothing usable."""
     probed_at: datetime | None = None
+    usage: Usage = Usage()
 
 
 class AccountRecord(msgspec.Struct, frozen=True):

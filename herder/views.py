@@ -32,7 +32,8 @@ def account_view(record: AccountRecord, now: datetime, cooldown: float) -> Accou
         sessions=record.sessions, max_sessions=account.max_sessions,
         job_types=None if account.job_types is None else sorted(account.job_types),
         source=account.source, depleted_until=health.depleted_until,
-        auth_revoked_at=health.auth_revoked_at, dead_token=health.dead_token)
+        auth_revoked_at=health.auth_revoked_at, dead_token=health.dead_token,
+        usage_percent=health.usage.percent, usage_resets_at=health.usage.resets_at)
 
 
 def alert_view(alert: Alert) -> AlertView:

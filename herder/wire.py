@@ -364,6 +364,9 @@ class AccountView(Reply):
     depleted_until: Timestamp | None
     auth_revoked_at: Timestamp | None
     dead_token: bool | None
+    usage_percent: float | None = None
+    """The share of its quota used, as its probe last said (None: unknown)."""
+    usage_resets_at: Timestamp | None = None
 
 
 class AlertView(Reply):

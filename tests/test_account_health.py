@@ -15,7 +15,7 @@ from herder.config import load_config
 from herder.errors import ConfigError
 from herder.model import Account, AccountHealth
 from herder.runtime.accounts import ProbeCommand, Prober, account_needs, run_probe
-from herder.scheduling.accounts import AccountState, coerce_probe, pick, state_of
+from herder.scheduling.accounts import AccountState, Probe, coerce_probe, pick, state_of
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 GOOD = '{"credentials_present": true, "has_refresh_token": true, "access_expired": true}'
@@ -104,8 +104,10 @@ def test_a_hanging_probe_is_killed_at_its_timeout_and_says_nothing(tmp_path: Pat
     dead.write_text("#!/bin/sh\necho '{\"credentials_present\": false, "
                     "\"has_refresh_token\": false, \"access_expired\": true}'\n")
     dead.chmod(0o755)
-    assert run_probe(ProbeCommand((str(dead),), 5, 300)) is True
-    assert run_probe(ProbeCommand(("/bin/sh", "-c", f"echo '{GOOD}'"), 5, 300)) is False
+    found = run_probe(ProbeCommand((str(dead),), 5, 300))
+    assert found is not None and found.dead is True
+    found = run_probe(ProbeCommand(("/bin/sh", "-c", f"echo '{GOOD}'"), 5, 300))
+    assert found is not None and found.dead is False
     assert run_probe(ProbeCommand(("/bin/sh", "-c", f"echo '{GOOD}'; exit 3"), 5, 300)) is None
     assert run_probe(ProbeCommand((str(tmp_path / "missing"),), 5, 300)) is None
 
@@ -114,15 +116,17 @@ def test_the_prober_runs_each_probe_once_per_interval():
     calls: list[tuple[str, ...]] = []
     clock = [0.0]
 
-    def runner(command: ProbeCommand, _env: object) -> bool | None:
+    fine = Probe(True, True, False)
+
+    def runner(command: ProbeCommand, _env: object) -> Probe | None:
         calls.append(command.argv)
-        return False
+        return fine
 
     prober = Prober(runner=runner, clock=lambda: clock[0])
     probes = {"a": ProbeCommand(("a",), 1, 300), "b": ProbeCommand(("b",), 1, 60)}
-    assert prober.refresh(probes) == {"a": False, "b": False}
+    assert prober.refresh(probes) == {"a": fine, "b": fine}
     clock[0] = 100.0
-    assert prober.refresh(probes) == {"b": False}
+    assert prober.refresh(probes) == {"b": fine}
     assert prober.refresh({"a": probes["a"]}) == {}
     assert prober.view() == {"a": False}
     assert calls == [("a",), ("b",), ("b",)]

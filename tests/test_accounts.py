@@ -1,8 +1,11 @@
-"""Issue 15 item 1 end to end: accounts rotate when one hits its usage limit, a job waits
-without spending anything while every account is depleted (and the fleet-stopped alert names
-the host and its accounts), and the first account is used again once its reset passes;
-probes that print garbage or hang keep their account, one that finds a dead token removes
-it. Under `herder up` on both backends, and through a server and an agent."""
+"""Accounts end to end (issue 15 item 1, issue 24 item 1): the job that hits its account's
+usage limit, or finds its login revoked, runs again at once under another account with
+nothing spent; once every account is blocked it waits for the earliest reset without
+spending anything (and the fleet-stopped alert names the host and its accounts), and the
+first account is used again once its reset passes. Each depleted or revoked account raises
+`account:<host>:<name>`, cleared with it. Probes that print garbage or hang keep their
+account, one that finds a dead token removes it, one that reports its quota ranks it. Under
+`herder up` on both backends, and through a server and an agent."""
 
 from __future__ import annotations
 
@@ -21,8 +24,13 @@ from herder.model import JobStatus
 FAKE_AGENT = """\
 #!/bin/sh
 # A stand-in for an AI agent CLI under an account: $WHO names the account (its env);
-# a file named after it in $LIMITS holds the reset time of a usage limit it has hit.
+# a file named after it in $LIMITS holds the reset time of a usage limit it has hit, one
+# named $WHO.revoked says its login was revoked.
 echo "$WHO" >> "$RUNS"
+if [ -f "$LIMITS/$WHO.revoked" ]; then
+  echo "API Error: 401 OAuth access token has been revoked. Please run /login"
+  exit 1
+fi
 if [ -f "$LIMITS/$WHO" ]; then
   echo "Claude AI usage limit reached|$(cat "$LIMITS/$WHO")"
   exit 1
@@ -72,6 +80,10 @@ def account_of(store, job_id: int, attempt: int) -> str:  # type: ignore[no-unty
     return str(event.detail["account"])
 
 
+def alert_keys(store) -> set[str]:  # type: ignore[no-untyped-def]
+    return {alert.key for alert in store.alert_list()}
+
+
 def limit(folder: Path, account: str, seconds: float) -> datetime:
     """The account's next run hits its usage limit, which resets in `seconds`."""
     reset = int(time.time() + seconds)
@@ -98,29 +110,35 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
             assert (probed["alpha"].dead_token, probed["first"].dead_token,
                     probed["second"].dead_token) == (True, None, None)
 
-            # first hits its usage limit: depleted until the reset it printed.
+            # first hits its usage limit: depleted until the reset it printed, and the job
+            # runs again at once under second (alpha's token is dead), nothing spent.
             reset_first = limit(tmp_path, "first", 60)
             blocked = h.client.submit("agent").job_id
-            job = wait_for(lambda: (j := h.job(blocked)).failure_reason == "usage_blocked"
-                           and j, 60, "the usage limit to be judged", h.describe)
-            assert account_of(store, blocked, 1) == "first"
-            assert (job.failures, job.spawn_failures) == (0, 0)
+            job = h.wait_status(blocked, JobStatus.DONE, timeout=30)
+            assert datetime.now(UTC) < reset_first, "it waited for first's reset"
+            assert (account_of(store, blocked, 1), account_of(store, blocked, 2)) == (
+                "first", "second")
+            assert (job.attempt, job.failures, job.spawn_failures, job.transient_attempts) == (
+                2, 0, 0, 0)
             [first] = [r for r in store.account_list(h.host) if r.account.name == "first"]
             assert first.health.depleted_until == reset_first
+            assert f"account:{h.host}:first" in alert_keys(store)
 
-            # The next job runs under second (alpha's token is dead, first is depleted).
-            second_job = h.client.submit("agent").job_id
-            h.wait_status(second_job, JobStatus.DONE)
-            assert account_of(store, second_job, 1) == "second"
-
-            # second hits its limit too, with a later reset.
+            # second hits its limit too, with a later reset: no account can serve the job,
+            # so it waits for the earliest reset (first's), nothing spent.
             limit(tmp_path, "second", 3600)
             drained = h.client.submit("agent").job_id
-            wait_for(lambda: h.job(drained).failure_reason == "usage_blocked", 60,
-                     "second's usage limit to be judged", h.describe)
+            job = wait_for(lambda: (j := h.job(drained)).failure_reason == "usage_blocked"
+                           and j, 60, "second's usage limit to be judged", h.describe)
             assert account_of(store, drained, 1) == "second"
+            assert (job.status, job.available_at) == (JobStatus.QUEUED, reset_first)
+            assert (job.failures, job.spawn_failures, job.transient_attempts) == (0, 0, 0)
+            assert {f"account:{h.host}:first", f"account:{h.host}:second"} <= alert_keys(store)
+            why = h.cli("why", str(drained)).stdout
+            assert "after usage_blocked" in why and f"{h.host}/alpha dead_token" in why, why
+            assert f"{h.host}/first depleted until" in why, why
 
-            # No healthy account: the job waits for first's reset with nothing spent, and
+            # No healthy account: a new job waits for first's reset with nothing spent, and
             # the fleet-stopped alert names the host and each account's state.
             waiting = h.client.submit("agent").job_id
             job = wait_for(lambda: (j := h.job(waiting)).failure_reason
@@ -139,21 +157,24 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
                 "alpha": "dead_token", "first": "depleted", "second": "depleted"}
             assert SECRET not in h.cli("accounts").stdout
 
-            # first's reset passes: it is used again, and the success clears it.
+            # first's reset passes: it is used again, the success clears it and its alert.
             (tmp_path / "limits" / "first").unlink()
             h.wait_status(waiting, JobStatus.DONE, timeout=90)
             assert account_of(store, waiting, 2) == "first"
             assert "account=first" in h.cli("show", str(waiting)).stdout
-            h.wait_status(blocked, JobStatus.DONE, timeout=60)
+            h.wait_status(drained, JobStatus.DONE, timeout=60)
+            assert account_of(store, drained, 2) == "first"
             [first] = [r for r in store.account_list(h.host) if r.account.name == "first"]
             assert first.health.depleted_until is None and first.sessions == 0
-            assert not [a for a in store.alert_list() if a.key == "fleet:stopped"]
+            keys = alert_keys(store)
+            assert "fleet:stopped" not in keys and f"account:{h.host}:first" not in keys
+            assert f"account:{h.host}:second" in keys  # still depleted
             assert "alpha" not in runs(tmp_path)
         finally:
             up.send_signal(signal.SIGTERM)
             h.wait_exit(up, 30, "herder up")
         # The account's secret reached the job and nothing else.
-        for job_id in (blocked, second_job, drained, waiting):
+        for job_id in (blocked, drained, waiting):
             for event in store.event_list(job_id):
                 assert SECRET not in json.dumps(dict(event.detail))
             assert SECRET not in h.cli("show", str(job_id), "--json").stdout
@@ -163,21 +184,25 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_server_places_jobs_on_accounts_an_agent_probes(make_fleet, tmp_path: Path,
-                                                          store_url: str):
-    """Through `herder server` and `herder agent`: accounts added with the CLI, probed by
-    the agent (garbage keeps the account); while every account of the only host is
-    depleted the job is not placed at all (attempt 0), `why` and the fleet-stopped alert say
-    so, and it runs under first once an operator clears first (the test under `herder up`
-    waits for a reset to pass instead)."""
+def test_a_server_rotates_jobs_over_accounts_an_agent_probes(make_fleet, tmp_path: Path,
+                                                             store_url: str):
+    """Through `herder server` and `herder agent`: accounts added with the CLI, first probed
+    by the agent with its quota (so it is ranked first); a usage limit and then a revoked
+    login on first each send the job to second at once, nothing spent, and raise first's
+    alert; with both accounts limited one after the other the job waits for the earlier
+    reset; while every account is depleted a new job is not placed at all (attempt 0), `why`
+    and the fleet-stopped alert say so, and it runs under first once an operator clears
+    first (the test under `herder up` waits for a reset to pass instead)."""
     fleet = make_fleet(tmp_path, store_url, fleet={"alert_grace": "0s"},
                        extra=job_type(tmp_path))
     fleet.add_hosts({"alpha": ("--ram", "16")})
-    garbage = tmp_path / "garbage-probe"
-    garbage.write_text("#!/bin/sh\necho '{\"credentials_present\": true}'\n")
-    garbage.chmod(0o755)
+    probe = tmp_path / "usage-probe"
+    usage = ('{"credentials_present": true, "has_refresh_token": true, "access_expired": '
+             'false, "usage_percent": 40, "resets_at": "2999-01-01T00:00:00Z"}')
+    probe.write_text(f"#!/bin/sh\necho '{usage}'\n")
+    probe.chmod(0o755)
     fleet.cli("account", "add", "alpha", "first", "--env", "WHO=first", "--env",
-              f"API_KEY={SECRET}", "--probe", str(garbage))
+              f"API_KEY={SECRET}", "--probe", str(probe))
     fleet.cli("account", "add", "alpha", "second", "--env", "WHO=second")
     bad = fleet.cli("account", "add", "alpha", "third", "--env", "9X=1", check=False)
     assert bad.returncode == 2 and "--env" in bad.stderr
@@ -186,19 +211,53 @@ def test_a_server_places_jobs_on_accounts_an_agent_probes(make_fleet, tmp_path: 
     fleet.start_agent("alpha")
     store = fleet.store
     wait_for(lambda: [r for r in store.account_list("alpha") if r.account.name == "first"
-                      and r.health.probed_at is not None], 60, "the agent's probe of first",
-             fleet.describe)
+                      and r.health.usage.percent == 40.0], 60,
+             "the agent's probe of first, with its usage", fleet.describe)
+    assert "healthy (usage 40%)" in fleet.cli("accounts").stdout
 
+    # A usage limit on first: the job runs again under second at once, nothing spent.
     limit(tmp_path, "first", 3600)
     blocked = fleet.submit(job_type="agent")
-    wait_for(lambda: fleet.job(blocked).failure_reason == "usage_blocked", 60,
-             "first's usage limit", fleet.describe)
-    assert account_of(store, blocked, 1) == "first"
-    limit(tmp_path, "second", 3600)
+    job = fleet.wait_status(blocked, JobStatus.DONE, timeout=30)
+    assert (account_of(store, blocked, 1), account_of(store, blocked, 2)) == (
+        "first", "second")
+    assert (job.attempt, job.failures, job.spawn_failures, job.transient_attempts) == (
+        2, 0, 0, 0)
+    assert "account:alpha:first" in alert_keys(store)
+
+    # first is logged in again (its limit too): its alert clears.
+    (tmp_path / "limits" / "first").unlink()
+    assert "cleared" in fleet.cli("account", "clear", "alpha", "first").stdout
+    wait_for(lambda: "account:alpha:first" not in alert_keys(store), 30,
+             "first's alert to clear", fleet.describe)
+
+    # A revoked login on first: the job runs under second, no human is asked.
+    (tmp_path / "limits" / "first.revoked").write_text("")
+    revoked = fleet.submit(job_type="agent")
+    job = fleet.wait_status(revoked, JobStatus.DONE, timeout=30)
+    assert (account_of(store, revoked, 1), account_of(store, revoked, 2)) == (
+        "first", "second")
+    assert (job.failures, job.human_action) == (0, False)
+    keys = alert_keys(store)
+    assert "account:alpha:first" in keys and f"job:{revoked}:human_action" not in keys
+    [first] = [r for r in store.account_list("alpha") if r.account.name == "first"]
+    assert first.health.auth_revoked_at is not None
+
+    # Both accounts limited, one after the other: the job waits for the earlier reset.
+    (tmp_path / "limits" / "first.revoked").unlink()
+    fleet.cli("account", "clear", "alpha", "first")
+    reset_first = limit(tmp_path, "first", 3600)
+    limit(tmp_path, "second", 7200)
     drained = fleet.submit(job_type="agent")
-    wait_for(lambda: fleet.job(drained).failure_reason == "usage_blocked", 60,
-             "second's usage limit", fleet.describe)
-    assert account_of(store, drained, 1) == "second"
+    job = wait_for(lambda: (j := fleet.job(drained)).attempt == 2
+                   and j.status is JobStatus.QUEUED and j, 60,
+                   "both accounts' usage limits", fleet.describe)
+    assert (account_of(store, drained, 1), account_of(store, drained, 2)) == (
+        "first", "second")
+    assert (job.available_at, job.failure_reason) == (reset_first, "usage_blocked")
+    why = fleet.why(drained)
+    assert "alpha/first depleted until" in why and "alpha/second depleted until" in why, why
+    assert (job.failures, job.spawn_failures, job.transient_attempts) == (0, 0, 0)
 
     waiting = fleet.submit(job_type="agent")
     [alert] = wait_for(lambda: [a for a in store.alert_list() if a.key == "fleet:stopped"],

@@ -1,6 +1,8 @@
 """Accounts in the shell: declare them from herder.toml, bind a claimed attempt to the best
-account of its host (or end it as `no_healthy_account`), learn health from outcomes, and
-probe credentials on the host. The decisions are herder.scheduling.accounts'.
+account of its host (or end it as `no_healthy_account`), learn health from outcomes (and
+send a job whose account failed it to another account at once), keep each account's alert
+in step with its health, and probe credentials on the host. The decisions are
+herder.scheduling.accounts'.
 
 An account's env may hold secrets: it goes from the store into the job's environment and
 nowhere else (never a log line, an event or an API answer; only account names are shown).
@@ -9,6 +11,7 @@ nowhere else (never a log line, an event or an API answer; only account names ar
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -23,13 +26,21 @@ from msgspec.structs import replace
 
 from herder.config import AccountSection, Settings
 from herder.hardening import JOB_UMASK
-from herder.model import Account, AccountRecord, Job, Outcome
+from herder.model import Account, AccountRecord, AttemptResult, Job, Outcome, Usage
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
 from herder.scheduling.accounts import (
     AUTH_REVOKED_COOLDOWN_SECONDS,
+    ROTATING,
+    UNHEALTHY_ALERTED,
+    AccountState,
     Choice,
+    Probe,
     coerce_probe,
+    coerce_usage,
     pick,
+    rotated,
+    rotation,
+    state_of,
 )
 from herder.scheduling.placement import Reason
 from herder.store import Store
@@ -38,6 +49,8 @@ log = logging.getLogger("herder.accounts")
 
 FLEET_STOPPED = "fleet:stopped"
 """The fleet-stopped alert's key (the scheduler raises it too, for hosts)."""
+ACCOUNT_ALERT = "account:"
+"""An unhealthy account's alert key: `account:<host>:<name>`."""
 PROBE_OUTPUT_LIMIT = 4096
 """A probe prints one small JSON object; more than this is garbage, read no further."""
 
@@ -108,6 +121,18 @@ class AccountRules(msgspec.Struct, frozen=True):
         return found
 
 
+def accounts_why(store: Store, rules: AccountRules, job_type: str, now: datetime) -> str | None:
+    """The accounts that could serve `job_type` and each one's state (its headroom, why it
+    is passed over), for `herder why` of a job waiting for one; None for types without."""
+    if job_type not in rules.needs:
+        return None
+    names = rules.needs[job_type]
+    shown = [f"{r.account.host}/{r.account.name} "
+             f"{state_of(r.health, now, rules.cooldown)[1]}"
+             for r in store.account_list() if r.account.serves(job_type, names)]
+    return f"accounts: {', '.join(shown)}" if shown else "accounts: none serves it"
+
+
 def _of(choice: Choice) -> str:
     """How many accounts were weighed, for the alert (none usable of that many)."""
     return f" (0 of {len(choice.refusals)})" if choice.refusals else ""
@@ -168,21 +193,92 @@ def _alert_when_no_host_can(store: Store, rules: AccountRules, job_type: str,
 
 
 def learn_from_outcome(store: Store, job: Job, outcome: Outcome, resume_at: datetime | None,
-                       now: datetime) -> None:
+                       now: datetime, cooldown: float = AUTH_REVOKED_COOLDOWN_SECONDS,
+                       ) -> tuple[str, str] | None:
     """What an ended attempt says of the account it ran under: the usage limit depletes it
-    until `resume_at`, a revoked login stamps it, a success clears both."""
+    until `resume_at`, a revoked login stamps it (each raising the account's alert), a
+    success clears both (and the alert, once it is healthy). The account it marked, if any."""
     bound = store.attempt_get_account(job.token)
     if bound is None:
-        return
+        return None
     host, name = bound
+    marked = None
     if outcome is Outcome.USAGE_BLOCKED and resume_at is not None:
-        store.account_mark_depleted(host, name, resume_at, now)
+        if store.account_mark_depleted(host, name, resume_at, now):
+            marked = bound
         log.warning("account %s on %s is depleted until %s", name, host, resume_at)
     elif outcome is Outcome.AUTH_REVOKED:
-        store.account_mark_revoked(host, name, now)
+        if store.account_mark_revoked(host, name, now):
+            marked = bound
         log.warning("account %s on %s: its login was revoked", name, host)
     elif outcome is Outcome.OK:
         store.account_clear(host, name, now)
+    if marked is not None or outcome is Outcome.OK:
+        sync_account_alerts(store, now, cooldown, host, name)
+    return marked
+
+
+def rotate(store: Store, rules: AccountRules, job: Job, result: AttemptResult,
+           marked: tuple[str, str], hosts: frozenset[str] | None,
+           now: datetime) -> AttemptResult:
+    """`result` for a job whose account (`marked`) just hit its limit or lost its login:
+    run again at once, nothing spent, when another account (of `hosts`, those that may run
+    it; None: any) can serve it; else wait for the earliest reset (herder.scheduling
+    .accounts.rotated)."""
+    if result.outcome not in ROTATING:
+        return result
+    found = rotation(store.account_list(), marked, job.job_type,
+                     rules.needs.get(job.job_type), now, hosts, rules.cooldown)
+    decision = rotated(result.decision, result.outcome, found, marked, now)
+    if decision is result.decision:
+        return result
+    if found.serves is not None:
+        log.warning("job %d: account %s on %s failed it (%s); it runs again at once under "
+                    "account %s on %s", job.id, marked[1], marked[0], result.outcome,
+                    found.serves[1], found.serves[0])
+    report = json.loads(result.report) if result.report else {}
+    report = {**(report if isinstance(report, dict) else {}), "note": decision.note}
+    return replace(result, decision=decision, report=json.dumps(report, sort_keys=True))
+
+
+def sync_account_alerts(store: Store, now: datetime,
+                        cooldown: float = AUTH_REVOKED_COOLDOWN_SECONDS,
+                        host: str | None = None, name: str | None = None) -> dict[str, int]:
+    """Keep `account:<host>:<name>` open while the account is depleted, revoked or has a dead
+    token, and clear it once it is healthy again (its reset passed, a success, `herder
+    account clear`, a new probe) or removed; only `host`'s `name` when given. Counts."""
+    counts = {"opened": 0, "cleared": 0}
+    unhealthy = {}
+    for record in store.account_list(host):
+        account = record.account
+        if name is not None and account.name != name:
+            continue
+        state, why = state_of(record.health, now, cooldown)
+        if state in UNHEALTHY_ALERTED:
+            key = f"{ACCOUNT_ALERT}{account.host}:{account.name}"
+            unhealthy[key] = _account_message(account, state, why)
+    for key, message in unhealthy.items():
+        if store.alert_open(key, message, now):
+            counts["opened"] += 1
+            log.error("ALERT: %s", message)
+    prefix = ACCOUNT_ALERT if host is None else f"{ACCOUNT_ALERT}{host}:"
+    for alert in store.alert_list(open_only=True, limit=100_000):
+        if not alert.key.startswith(prefix) or alert.key in unhealthy:
+            continue
+        if name is not None and alert.key != f"{prefix}{name}":
+            continue
+        if store.alert_clear(alert.key, now):
+            counts["cleared"] += 1
+            log.warning("alert cleared: %s is usable again", alert.key)
+    return counts
+
+
+def _account_message(account: Account, state: AccountState, why: str) -> str:
+    act = (" (its quota resets by itself)" if state is AccountState.DEPLETED else
+           f": a human must log it in again, then `herder account clear {account.host} "
+           f"{account.name}`")
+    return (f"account {account.name} on {account.host} is {why}{act}; jobs run under the "
+            "other accounts meanwhile")
 
 
 # -- the probe ---------------------------------------------------------------------------------
@@ -194,10 +290,11 @@ class ProbeCommand(msgspec.Struct, frozen=True):
     interval: float
 
 
-def run_probe(command: ProbeCommand, pass_env: Sequence[str] = ()) -> bool | None:
-    """Run a probe in a session of its own with a job's environment allow-list; True when
-    it positively says the token is dead, None when it says nothing usable (it failed,
-    hung past its timeout and was killed, or printed anything but the three booleans)."""
+def run_probe(command: ProbeCommand, pass_env: Sequence[str] = ()) -> Probe | None:
+    """Run a probe in a session of its own with a job's environment allow-list: what it
+    said (`.dead` when it positively says the token is dead, `.usage` its quota), or None
+    when it says nothing usable (it failed, hung past its timeout and was killed, or
+    printed anything but the three booleans and the usage keys)."""
     patterns = (*BASE_ENVIRONMENT, *pass_env)
     env = {name: value for name, value in os.environ.items() if passes(name, patterns)}
     try:
@@ -218,8 +315,7 @@ def run_probe(command: ProbeCommand, pass_env: Sequence[str] = ()) -> bool | Non
         return None
     if process.returncode != 0:
         return None
-    found = coerce_probe(stdout[:PROBE_OUTPUT_LIMIT].decode(errors="replace"))
-    return None if found is None else found.dead
+    return coerce_probe(stdout[:PROBE_OUTPUT_LIMIT].decode(errors="replace"))
 
 
 class Prober:
@@ -227,15 +323,15 @@ class Prober:
     (so a probe runs at most once per interval, whatever asks)."""
 
     def __init__(self, pass_env: Sequence[str] = (),
-                 runner: Callable[[ProbeCommand, Sequence[str]], bool | None] = run_probe,
+                 runner: Callable[[ProbeCommand, Sequence[str]], Probe | None] = run_probe,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.pass_env = tuple(pass_env)
         self.runner = runner
         self.clock = clock
         self._lock = threading.Lock()
-        self.results: dict[str, tuple[bool | None, float]] = {}
+        self.results: dict[str, tuple[Probe | None, float]] = {}
 
-    def refresh(self, probes: Mapping[str, ProbeCommand]) -> dict[str, bool | None]:
+    def refresh(self, probes: Mapping[str, ProbeCommand]) -> dict[str, Probe | None]:
         """Run the probes that are due; the accounts whose verdict was just taken."""
         with self._lock:
             for name in [n for n in self.results if n not in probes]:
@@ -253,7 +349,25 @@ class Prober:
     def view(self) -> dict[str, bool | None]:
         """Account -> dead_token (None: unknown), for the host's heartbeat."""
         with self._lock:
-            return {name: dead for name, (dead, _) in self.results.items()}
+            return dead_tokens({name: probe for name, (probe, _) in self.results.items()})
+
+    def usage_view(self) -> dict[str, dict[str, object]]:
+        """Account -> its quota (heartbeat `account_usage`), where its probe said."""
+        with self._lock:
+            return usage_report({name: probe for name, (probe, _) in self.results.items()})
+
+
+def dead_tokens(results: Mapping[str, Probe | None]) -> dict[str, bool | None]:
+    return {name: None if probe is None else probe.dead for name, probe in results.items()}
+
+
+def usage_report(results: Mapping[str, Probe | None]) -> dict[str, dict[str, object]]:
+    """The usage the probes reported, as the heartbeat carries it (JSON values)."""
+    return {name: {"usage_percent": probe.usage.percent,
+                   "resets_at": None if probe.usage.resets_at is None
+                   else probe.usage.resets_at.isoformat()}
+            for name, probe in results.items()
+            if probe is not None and probe.usage != Usage()}
 
 
 def probe_commands(records: Sequence[AccountRecord], settings: Settings,
@@ -274,14 +388,21 @@ def probe_commands(records: Sequence[AccountRecord], settings: Settings,
 
 
 def record_probes(store: Store, host: str, results: Mapping[str, object],
-                  now: datetime) -> None:
+                  now: datetime, usage: Mapping[str, object] | None = None) -> None:
     """Store what the host's probes said (from its heartbeat: untrusted, so only booleans
-    and null are taken, for accounts the host has)."""
+    and null are taken, for accounts the host has; usage values that are not a percentage
+    and a time are unknown)."""
     known = {r.account.name: r.health for r in store.account_list(host)}
+    usage = usage if isinstance(usage, Mapping) else {}
     for name, dead in results.items():
-        if name in known and (dead is None or isinstance(dead, bool)) and (
-                known[name].dead_token != dead or known[name].probed_at is None):
-            store.account_record_probe(host, name, dead, now)
+        if name not in known or not (dead is None or isinstance(dead, bool)):
+            continue
+        given = usage.get(name)
+        said = coerce_usage(given.get("usage_percent"), given.get("resets_at")) if (
+            isinstance(given, Mapping)) else Usage()
+        health = known[name]
+        if health.dead_token != dead or health.usage != said or health.probed_at is None:
+            store.account_record_probe(host, name, dead, now, said)
 
 
 def probe_loop(store: Store, settings: Settings, host: str, stop: threading.Event,
@@ -294,7 +415,7 @@ def probe_loop(store: Store, settings: Settings, host: str, stop: threading.Even
             commands = probe_commands(store.account_list(host), settings)
             fresh = prober.refresh(commands)
             if fresh:
-                record_probes(store, host, fresh, clock())
+                record_probes(store, host, dead_tokens(fresh), clock(), usage_report(fresh))
             wait = min((c.interval for c in commands.values()), default=60.0)
         except Exception:
             log.exception("account probes failed; trying again")

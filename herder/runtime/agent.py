@@ -354,7 +354,8 @@ class HttpSource(WorkSource):
             info={"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
                   "draining": self.draining.is_set(), "stopped": self.stopped,
                   "gate": self.gate.view(), "preflight_failed": self.preflight.failed(),
-                  "accounts": self.prober.view()})
+                  "accounts": self.prober.view(),
+                  "account_usage": self.prober.usage_view()})
         answer = self.client.call("POST", "/heartbeat", retry=retry, stop=self._stop,
                                   timeout=self.runner_timeout, json=body.model_dump(mode="json"))
         reply = wire.HeartbeatReply.model_validate(answer)

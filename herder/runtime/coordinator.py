@@ -43,6 +43,7 @@ from herder.model import (
     launch_failure,
 )
 from herder.runtime.accounts import (
+    accounts_why,
     probe_commands,
     record_probes,
     sync_accounts,
@@ -631,7 +632,8 @@ class Coordinator:
         stamp = utcnow()
         self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
         if isinstance(info.get("accounts"), dict):
-            record_probes(self.store, label, info["accounts"], stamp)
+            record_probes(self.store, label, info["accounts"], stamp,
+                          info.get("account_usage"))
         reply = self.store.attempt_heartbeat(label, running, stamp)
         host = self.store.host_get(label)
         attempts = self.store.attempt_list_live(label) if with_attempts else []
@@ -987,7 +989,11 @@ def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
         return text
     # A job that waits or failed because its last attempt could not start says why.
     launch = launch_failure(store.attempt_list(job_id), store.event_list(job_id))
-    return text + (f"; {launch}" if launch else "")
+    text += f"; {launch}" if launch else ""
+    if job.status is JobStatus.QUEUED and job.available_at > now:
+        accounts = accounts_why(store, fleet.accounts, job.job_type, now)  # its reset, say
+        text += f"; {accounts}" if accounts else ""
+    return text
 
 
 def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,

@@ -19,7 +19,7 @@ from msgspec.structs import replace
 
 from herder.config import FleetSection, Settings
 from herder.model import HostRecord
-from herder.runtime.accounts import FLEET_STOPPED, AccountRules
+from herder.runtime.accounts import FLEET_STOPPED, AccountRules, sync_account_alerts
 from herder.scheduling.alerting import in_start_grace
 from herder.scheduling.breaker import (
     PAUSE_SECONDS,
@@ -311,6 +311,8 @@ class Scheduler:
             self.on_assigned(hosts_with_work)
         healthy = self._alert(snapshot, now)
         self._alert_stopped(plan, now, healthy > 0)
+        if self.fleet.accounts.needs:  # each unhealthy account's alert, cleared with it
+            sync_account_alerts(self.store, now, self.fleet.accounts.cooldown)
         summary = {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
                    "healthy_hosts": healthy}
         # The dispatcher's heartbeat (seed 004): INFO when it placed work or a minute passed.

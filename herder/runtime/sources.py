@@ -29,7 +29,13 @@ from herder.model import (
     MemoryUse,
     Outcome,
 )
-from herder.runtime.accounts import AccountRules, bind_accounts, learn_from_outcome
+from herder.runtime.accounts import (
+    AccountRules,
+    bind_accounts,
+    learn_from_outcome,
+    rotate,
+    sync_account_alerts,
+)
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
 from herder.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
@@ -178,7 +184,11 @@ def record_ending(
     result = decide_for(job, outcome, now, limits, retry_after, ending, exit_code, resume_at)
     accounts = job.job_type in limits.rules.accounts.needs
     if accounts:  # before the finish: the job row names the account while it is live
-        learn_from_outcome(store, job, result.outcome, result.decision.available_at, now)
+        rules = limits.rules.accounts
+        marked = learn_from_outcome(store, job, result.outcome, result.decision.available_at,
+                                    now, rules.cooldown)
+        if marked is not None:  # another account may serve it at once (issue 24)
+            result = rotate(store, rules, job, result, marked, hosts_for(store, job), now)
     applied = store.attempt_finish([result], now)
     if accounts:
         store.job_clear_account(job.id)
@@ -189,6 +199,16 @@ def record_ending(
     alert_on_ending(store, job, result, now, limits,
                     ending.launch_error if ending is not None else None)
     return status
+
+
+def hosts_for(store: Store, job: Job) -> frozenset[str] | None:
+    """The hosts that may run `job` as configured (enabled, allowing its type); None when
+    none is registered (`herder up` alone)."""
+    hosts = store.host_list()
+    if not hosts:
+        return None
+    return frozenset(host.label for host in hosts if host.enabled and (
+        host.allowed_job_types is None or job.job_type in host.allowed_job_types))
 
 
 def log_ending(job: Job, result: AttemptResult, status: JobStatus) -> None:
@@ -375,6 +395,11 @@ class StoreSource(WorkSource):
 
 class ClaimSource(StoreSource):
     """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE."""
+
+    def maintain(self, now: datetime) -> None:
+        super().maintain(now)
+        if self.limits.rules.accounts.needs:  # no scheduler here to clear them
+            sync_account_alerts(self.store, now, self.limits.rules.accounts.cooldown)
 
     def take(self, free: int, now: datetime) -> list[Job]:
         return self.bind(self.store.job_claim(self.host, self.worker, free, now), now)

@@ -43,6 +43,7 @@ from herder.model import (
     Scope,
     TokenRecord,
     Transport,
+    Usage,
 )
 from herder.store.driver import SQL, Driver, Json, Transaction, Waker
 
@@ -644,9 +645,13 @@ class Store(abc.ABC):
                                       {"host": host, "name": name, "now": now}))
 
     def account_record_probe(self, host: str, name: str, dead_token: bool | None,
-                             now: datetime) -> bool:
+                             now: datetime, usage: Usage | None = None) -> bool:
+        """What the account's probe said: its token's verdict and its quota (unknown
+        fields None)."""
+        usage = usage or Usage()
         return bool(self.driver.write("account_record_probe", {
-            "host": host, "name": name, "dead_token": dead_token, "now": now}))
+            "host": host, "name": name, "dead_token": dead_token, "now": now,
+            "usage_percent": usage.percent, "usage_resets_at": usage.resets_at}))
 
     def attempt_bind_account(self, token: AttemptToken, host: str, account: str,
                              max_sessions: int, now: datetime) -> bool:
@@ -976,8 +981,11 @@ def account_from_row(row: Mapping[str, Any]) -> AccountRecord:
                       None if job_types is None else frozenset(job_types),
                       None if probe is None else tuple(probe), row["source"])
     dead = row["dead_token"]
+    percent = row["usage_percent"]
     health = AccountHealth(row["depleted_until"], row["auth_revoked_at"],
-                           None if dead is None else bool(dead), row["probed_at"])
+                           None if dead is None else bool(dead), row["probed_at"],
+                           Usage(None if percent is None else float(percent),
+                                 row["usage_resets_at"]))
     return AccountRecord(account, health, int(row["sessions"]))
 
 

@@ -249,7 +249,7 @@ DELETE FROM herder_accounts WHERE host = :host AND name = :name RETURNING name;
 -- name: account_list
 -- Never the env: its values may be secrets (only account_env reads them, to bind).
 SELECT a.host, a.name, a.max_sessions, a.job_types, a.probe, a.source, a.depleted_until,
-       a.auth_revoked_at, a.dead_token, a.probed_at,
+       a.auth_revoked_at, a.dead_token, a.probed_at, a.usage_percent, a.usage_resets_at,
        (SELECT count(*) FROM herder_jobs j
         WHERE j.host = a.host AND j.account = a.name
           AND j.status IN ('claimed', 'running')) AS sessions
@@ -276,7 +276,8 @@ WHERE host = :host AND name = :name
 RETURNING name;
 
 -- name: account_record_probe
-UPDATE herder_accounts SET dead_token = :dead_token, probed_at = :now, updated_at = :now
+UPDATE herder_accounts SET dead_token = :dead_token, usage_percent = :usage_percent,
+    usage_resets_at = :usage_resets_at, probed_at = :now, updated_at = :now
 WHERE host = :host AND name = :name RETURNING name;
 
 -- name: attempt_bind_account
