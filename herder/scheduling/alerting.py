@@ -148,3 +148,28 @@ def in_start_grace(leader_since: datetime | None, now: datetime, grace_seconds: 
     chance to check in yet, so "no healthy host" and "fleet stopped" would be false alarms.
     None (not leading yet) is within it."""
     return leader_since is None or (now - leader_since).total_seconds() < grace_seconds
+
+
+class LowRam(msgspec.Struct, frozen=True):
+    """A host's RAM-spike watch after one look. `below_since`: since when its measured
+    available RAM has stayed below the threshold (None: it is not, or nobody knows);
+    `alert`: open it (True), clear it (False), or leave it as it is (None)."""
+
+    below_since: datetime | None
+    alert: bool | None
+
+
+def ram_spike(measured_gb: float | None, below_since: datetime | None, now: datetime,
+              threshold_gb: float, hold_seconds: float) -> LowRam:
+    """Seed 004's "RAM headroom below 4 GB for 5 minutes": measured available RAM below
+    `threshold_gb` for `hold_seconds` opens the alert; back at or above it clears it. An
+    unknown measurement (no agent, a stale heartbeat) restarts the clock and changes
+    nothing; a threshold of 0 turns the alert off."""
+    if threshold_gb <= 0:
+        return LowRam(None, False)
+    if measured_gb is None:
+        return LowRam(None, None)
+    if measured_gb >= threshold_gb:
+        return LowRam(None, False)
+    since = now if below_since is None or below_since > now else below_since
+    return LowRam(since, True if (now - since).total_seconds() >= hold_seconds else None)
