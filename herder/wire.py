@@ -14,9 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, StrictInt, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 
 from herder.model import (
     BIGINT_MAX,
@@ -688,6 +697,33 @@ class LogWritten(Reply):
 
 class PushHeartbeat(Reply):
     ok: bool
+
+
+class TroubleBody(Body):
+    """`POST /api/v1/agent/{label}/trouble`: an agent back from trouble with its server says
+    what it was (herder.scheduling.alerting.Trouble): the server raises it as the alert
+    `agent:<label>:<kind>`, or only records it when the agent's own alert URLs sent it."""
+
+    kind: Literal["unreachable", "token_refused"]
+    since: AwareDatetime
+    until: AwareDatetime
+    problem: str = Field(max_length=300)
+    delivered: bool = False
+    """The agent's own [alerts] urls took the alert while the server could not."""
+
+    @field_validator("until")
+    @classmethod
+    def _after_since(cls, value: AwareDatetime, info: ValidationInfo) -> AwareDatetime:
+        since = info.data.get("since")
+        if since is not None and value < since:
+            raise ValueError("until must not be before since")
+        return value
+
+
+class TroubleRecorded(Reply):
+    key: str
+    raised: bool
+    """True: left open for the server's alert delivery; False: recorded only."""
 
 
 # -- reservations and CI slots -----------------------------------------------------------------

@@ -51,6 +51,7 @@ from herder.runtime.delivery import Alerts, start_alerts
 from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import (
+    AgentTroubleSweep,
     DeliverySweep,
     PickupWatch,
     RamSpikeWatch,
@@ -82,6 +83,7 @@ from herder.runtime.sources import (
 )
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.accounts import state_of
+from herder.scheduling.alerting import Trouble
 from herder.scheduling.breaker import Breaker
 from herder.scheduling.health import shown_health
 from herder.scheduling.placement import Plan, Snapshot, explain, place
@@ -134,6 +136,7 @@ class _SchedulerCycle:
     pickup: PickupWatch | None = None
     deliveries: DeliverySweep | None = None
     ram: RamSpikeWatch | None = None
+    troubles: AgentTroubleSweep | None = None
 
 
 def _terminate_this_process() -> None:
@@ -474,6 +477,7 @@ class Coordinator:
             cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
             cycle.ram = RamSpikeWatch(self.store, self.settings.alerts.ram_low_gb,
                                       self.settings.alerts.ram_low_for, self.measured_ram)
+            cycle.troubles = AgentTroubleSweep(self.store, self.settings.alerts.window)
         began = time.perf_counter()
         self.scheduler.run_once(now)
         self.metrics.cycle_seconds.observe(time.perf_counter() - began)
@@ -496,8 +500,9 @@ class Coordinator:
             expired = self.store.reservation_expire(now)
             assert cycle.deliveries is not None
             cycle.deliveries.run_once(now)
-            assert cycle.ram is not None
+            assert cycle.ram is not None and cycle.troubles is not None
             cycle.ram.run_once(now)
+            cycle.troubles.run_once(now)
             self.store.statistics_refresh()
             if any(rescued.values()) or expired:
                 log.info("maintenance: %s, %d reservations expired", rescued, expired)
@@ -655,6 +660,24 @@ class Coordinator:
             attempts=[(a.attempt.job_id, a.attempt.attempt, a.attempt.worker)
                       for a in attempts],
             lease_seconds=self.lease_seconds)
+
+    def agent_trouble(self, label: str, trouble: Trouble, until: datetime,
+                      delivered: bool) -> tuple[str, bool]:
+        """An agent back from trouble with this server says what it was: raised as the alert
+        `agent:<label>:<kind>` (sent by the leader, then cleared by AgentTroubleSweep), or,
+        when the agent's own alert URLs sent it already, only recorded (one closed row:
+        nothing is sent twice). Its key, and whether it was raised."""
+        key = trouble.key(label)
+        message = (f"{trouble.describe(label)} from {trouble.since:%Y-%m-%d %H:%M:%S} to "
+                   f"{until:%H:%M:%S} UTC; it is back")
+        now = utcnow()
+        log.error("ALERT: %s", message, extra={"event": "agent_trouble", "host": label})
+        if delivered:
+            self.store.alert_record(key, message, now)
+            return key, False
+        self.store.alert_clear(key, now)  # an earlier report's: each stretch is its own row
+        self.store.alert_open(key, message, now)
+        return key, True
 
     def push_heartbeat(self, label: str) -> None:
         """A heartbeat from cron's `herder heartbeat` on a push host."""

@@ -271,3 +271,27 @@ class RamSpikeWatch:
                 counts["cleared"] += 1
         self.below_since = below
         return counts
+
+
+class AgentTroubleSweep:
+    """Clears the `agent:` alerts agents raise once back from trouble (they are over when
+    raised): once their opening was sent, which sends the "resolved" notice, or after the
+    alert window when nothing sends them (no alert URLs), so `herder alerts` shows them
+    meanwhile."""
+
+    def __init__(self, store: Store, window_seconds: float) -> None:
+        self.store = store
+        self.window_seconds = window_seconds
+
+    def run_once(self, now: datetime) -> dict[str, int]:
+        cutoff = now - timedelta(seconds=self.window_seconds)
+        cleared = 0
+        for alert in self.store.alert_list(open_only=True, limit=1_000_000):
+            if (alert.key.startswith(AGENT_TROUBLE_PREFIX)
+                    and (alert.sent_at is not None or alert.opened_at <= cutoff)
+                    and self.store.alert_clear(alert.key, now)):
+                cleared += 1
+        return {"cleared": cleared}
+
+
+AGENT_TROUBLE_PREFIX = "agent:"

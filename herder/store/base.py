@@ -611,6 +611,11 @@ class Store(abc.ABC):
         return bool(self.driver.write("alert_open", {"key": key, "message": message,
                                                      "now": now}))
 
+    def alert_record(self, key: str, message: str, now: datetime) -> None:
+        """An alert already over and sent by someone else: kept for `herder alerts`, never
+        sent."""
+        self.driver.write("alert_record", {"key": key, "message": message, "now": now})
+
     def alert_clear(self, key: str, now: datetime) -> bool:
         return bool(self.driver.write("alert_clear", {"key": key, "now": now}))
 

@@ -354,3 +354,10 @@ RETURNING name;
 
 -- name: fleet_setting_delete
 DELETE FROM herder_fleet_settings WHERE name = :name RETURNING name;
+
+-- name: alert_record
+-- An alert that is over when it is learnt of (an agent's trouble its own URLs already sent):
+-- one closed row, so no delivery pass can see it open and send it again.
+INSERT INTO herder_alerts (key, message, opened_at, cleared_at)
+VALUES (:key, :message, :now, :now)
+RETURNING id;
