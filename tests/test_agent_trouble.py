@@ -224,3 +224,30 @@ def test_a_refused_token_is_sent_by_the_agent_itself_and_recorded_by_the_server(
     for secret in (wrong, fleet.tokens["alpha"]):
         assert secret not in state and secret not in json.dumps(receiver.messages)
         assert secret not in fleet.stderr_of(fleet.server)
+
+
+# -- the server's side, over the store ------------------------------------------------------------
+
+
+def test_the_sweep_clears_agent_trouble_once_sent_or_after_the_window(store):
+    from herder.runtime.maintenance import AgentTroubleSweep
+    from herder.scheduling.alerting import AlertRules, due_notices
+
+    for key in ("agent:a:unreachable", "agent:b:unreachable", "ram:a"):
+        assert store.alert_open(key, "m", T0)
+    (sent,) = [a for a in store.alert_list() if a.key == "agent:a:unreachable"]
+    assert store.alert_mark_sent(sent.id, at(1))
+    sweep = AgentTroubleSweep(store, 900.0)
+    assert sweep.run_once(at(2)) == {"cleared": 1}
+    assert {a.key for a in store.alert_list()} == {"agent:b:unreachable", "ram:a"}
+    assert sweep.run_once(at(900)) == {"cleared": 1}
+    assert {a.key for a in store.alert_list()} == {"ram:a"}
+
+    # What an agent's own URLs sent is recorded closed: kept, never sent again.
+    store.alert_record("agent:c:token_refused", "sent by the agent", at(901))
+    (recorded,) = [a for a in store.alert_list(open_only=False)
+                   if a.key == "agent:c:token_refused"]
+    assert recorded.cleared_at == at(901) and recorded.sent_at is None
+    notices = due_notices(store.alert_list_since(T0), at(902), AlertRules(
+        timedelta(minutes=15), 30))
+    assert "agent:c:token_refused" not in {notice.key for notice in notices}

@@ -182,3 +182,25 @@ def test_cap_through_the_api_holds_new_starts_and_lifting_it_starts_them(make_fl
                         env=fleet.operator(tmp_path / "r2", Scope.READ))
     assert denied.returncode == 2 and "token refused" in denied.stderr
     assert fleet.store.fleet_setting_get(EMERGENCY_MAX_WORKERS).value is None
+
+
+# -- herder up (no scheduler: its claims honour the cap) ----------------------------------------
+
+
+def test_herder_up_claims_no_more_than_the_cap_lets_start(harness):
+    from support.waits import holds_for
+
+    harness.cli("fleet", "cap", "1")
+    first = harness.submit(SLEEP)
+    second = harness.submit(SLEEP)
+    up = harness.up("--concurrency", "4")
+    harness.wait_ready(up)
+    harness.wait_status(first, JobStatus.RUNNING, timeout=60)
+    holds_for(lambda: harness.store.job_get(second).status is JobStatus.QUEUED, 3,
+              "the second job to wait for the cap", harness.describe)
+    harness.cli("fleet", "cap", "--lift")
+    harness.wait_status(second, JobStatus.RUNNING, timeout=60)
+    for job_id in (first, second):
+        harness.client.cancel(job_id)
+    for job_id in (first, second):
+        harness.wait_status(job_id, JobStatus.CANCELLED, timeout=60)
