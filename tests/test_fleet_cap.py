@@ -204,3 +204,17 @@ def test_herder_up_claims_no_more_than_the_cap_lets_start(harness):
         harness.client.cancel(job_id)
     for job_id in (first, second):
         harness.wait_status(job_id, JobStatus.CANCELLED, timeout=60)
+
+
+def test_herder_toml_refuses_a_cap_that_is_not_a_count(tmp_path):
+    from herder.config import load_config
+    from herder.errors import ConfigError
+
+    path = tmp_path / "herder.toml"
+    for bad in ("-1", "2.5", "true", '"many"'):
+        path.write_text(f"[fleet]\nemergency_max_workers = {bad}\n")
+        with pytest.raises(ConfigError) as refused:
+            load_config(path)
+        assert "fleet.emergency_max_workers" in str(refused.value), bad
+    path.write_text("[fleet]\nemergency_max_workers = 0\n")
+    assert load_config(path).settings.fleet.emergency_max_workers == 0

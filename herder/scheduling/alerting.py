@@ -184,8 +184,8 @@ TROUBLE_KINDS = (UNREACHABLE, TOKEN_REFUSED)
 class Trouble(msgspec.Struct, frozen=True):
     """One stretch of time in which an agent's calls to its server failed: since the first
     failure after the last success; `kind` and `problem` are the latest failure's (never
-    the token: the server's answer or the network error). `raised`: the agent's own alert
-    URLs were given it."""
+    the token: the server's answer or the network error), but a raised trouble keeps its
+    kind. `raised`: the agent's own alert URLs were given it."""
 
     kind: str
     since: datetime
