@@ -911,14 +911,14 @@ def _fold(
 
 def _phrase(rejection: Rejection) -> str:
     host, reason, detail = rejection.host, rejection.reason, rejection.detail
+    if reason is Reason.FLEET_CAP:
+        return f"fleet cap reached ({detail}; `herder fleet cap`)"
     if reason is Reason.RAM:
         return f"{host} has {detail.partition(', needs')[0]}"
     if reason is Reason.SLOTS_FULL:
         return f"{host} full ({detail})"
     if reason is Reason.SHED:
         return f"{host} shed ({detail})"
-    if reason is Reason.FLEET_CAP:
-        return f"fleet cap reached ({detail}; `herder fleet cap`)"
     return f"{host} {detail}"
 
 
