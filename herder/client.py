@@ -22,6 +22,7 @@ import msgspec
 from herder.config import Config, load_config
 from herder.errors import Conflict, InputError, NotFound
 from herder.model import (
+    INT_MAX,
     Account,
     Attempt,
     Event,
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from herder.runtime.scheduler import Fleet
     from herder.store.base import Alert
     from herder.submission import SubmitRequest
-    from herder.wire import AccountView, HostView
+    from herder.wire import AccountView, FleetCapView, HostView
 
 
 class Submitted(msgspec.Struct, frozen=True):
@@ -194,6 +195,38 @@ class Client:
         breakers = fleet.breakers(self.store, now)
         return [host_status(fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
+
+    def fleet_cap(self) -> FleetCapView:
+        """`[fleet] emergency_max_workers` now, and the jobs running against it."""
+        from herder.runtime.scheduler import fleet_cap
+        from herder.wire import FleetCapView
+
+        cap = fleet_cap(self.store, self.config.settings.fleet.emergency_max_workers)
+        counts = self.store.job_counts()
+        return FleetCapView(max_workers=cap.max_workers, at_run_time=cap.at_run_time,
+                            updated_at=cap.updated_at, updated_by=cap.updated_by,
+                            running=counts.get(JobStatus.CLAIMED, 0)
+                            + counts.get(JobStatus.RUNNING, 0))
+
+    def fleet_cap_set(self, max_workers: int | None, by: str = "cli") -> FleetCapView:
+        """Set the fleet-wide cap on running jobs for every replica (None lifts it): new
+        starts beyond it wait (`herder why` says so); running jobs are not stopped."""
+        from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS
+
+        if max_workers is not None and (isinstance(max_workers, bool)
+                                        or not isinstance(max_workers, int)
+                                        or not 0 <= max_workers <= INT_MAX):
+            raise InputError("max_workers", f"{max_workers!r} is not a cap",
+                             "give a whole number of jobs, 0 or more, or lift the cap")
+        self.store.fleet_setting_put(EMERGENCY_MAX_WORKERS, max_workers, datetime.now(UTC), by)
+        return self.fleet_cap()
+
+    def fleet_cap_reset(self) -> FleetCapView:
+        """Hand the cap back to herder.toml's `[fleet] emergency_max_workers`."""
+        from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS
+
+        self.store.fleet_setting_delete(EMERGENCY_MAX_WORKERS)
+        return self.fleet_cap()
 
     def host_enable(self, label: str, enabled: bool) -> None:
         """Drain a host (enabled False: running jobs finish, nothing new) or enable it."""

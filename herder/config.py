@@ -596,6 +596,9 @@ class FleetSection(Struct, frozen=True):
     (`subagent_caps`); false: no cap."""
     ssh_command: list[str] = field(default_factory=lambda: ["ssh"])
     remote_herder: str = "herder"
+    emergency_max_workers: Annotated[int | None, rules(ge=0)] = None
+    """A fleet-wide cap on running jobs (seed 004); left out: none. The start value:
+    `herder fleet cap N` / `--lift` change it at run time for every replica."""
 
 
 class ServerSection(Struct, frozen=True):
@@ -751,6 +754,13 @@ class AlertsSection(Struct, frozen=True):
     oom_loop_count: Annotated[int, rules(ge=2)] = 3
     oom_loop_window: Annotated[Duration, rules(gt=0)] = 300.0
     """An OOM loop: this many needs_heavier/oom endings of one job within this window."""
+    ram_low_gb: Annotated[float, rules(ge=0)] = 4.0
+    ram_low_for: Annotated[Duration, rules(ge=0)] = 300.0
+    """A RAM spike: a host's measured available RAM below `ram_low_gb` for `ram_low_for`
+    (seed 004: below 4 GB for 5 minutes); 0 GB turns it off."""
+    agent_unreachable: Annotated[Duration, rules(gt=0)] = 300.0
+    """An agent that cannot reach its server (or whose token is refused) this long raises
+    an alert: through its own [alerts] urls at once, and to the server once it is back."""
 
     def __repr__(self) -> str:
         """Every field but `urls`: they may hold tokens, and a repr can end up in a log."""

@@ -32,6 +32,7 @@ from herder.wire import (
     Cancelled,
     DedupHolder,
     EventView,
+    FleetCapView,
     HostSettingsBody,
     HostToken,
     HostView,
@@ -284,6 +285,17 @@ class RemoteClient:
 
     def hosts(self) -> builtins.list[HostView]:
         return [HostView.model_validate(item) for item in self.json("GET", "/api/v1/hosts")]
+
+    def fleet_cap(self) -> FleetCapView:
+        return FleetCapView.model_validate(self.json("GET", "/api/v1/fleet/cap"))
+
+    def fleet_cap_set(self, max_workers: int | None, by: str = "cli") -> FleetCapView:
+        del by  # the server records the token's name
+        return FleetCapView.model_validate(self.json(
+            "PUT", "/api/v1/fleet/cap", json={"max_workers": max_workers}))
+
+    def fleet_cap_reset(self) -> FleetCapView:
+        return FleetCapView.model_validate(self.json("DELETE", "/api/v1/fleet/cap"))
 
     def host_enable(self, label: str, enabled: bool) -> None:
         self.request("POST", f"{host_path(label)}/{'enable' if enabled else 'drain'}")

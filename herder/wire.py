@@ -14,9 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 
 from herder.model import (
     BIGINT_MAX,
@@ -693,6 +702,33 @@ class PushHeartbeat(Reply):
     ok: bool
 
 
+class TroubleBody(Body):
+    """`POST /api/v1/agent/{label}/trouble`: an agent back from trouble with its server says
+    what it was (herder.scheduling.alerting.Trouble): the server raises it as the alert
+    `agent:<label>:<kind>`, or only records it when the agent's own alert URLs sent it."""
+
+    kind: Literal["unreachable", "token_refused"]
+    since: AwareDatetime
+    until: AwareDatetime
+    problem: str = Field(max_length=300)
+    delivered: bool = False
+    """The agent's own [alerts] urls took the alert while the server could not."""
+
+    @field_validator("until")
+    @classmethod
+    def _after_since(cls, value: AwareDatetime, info: ValidationInfo) -> AwareDatetime:
+        since = info.data.get("since")
+        if since is not None and value < since:
+            raise ValueError("until must not be before since")
+        return value
+
+
+class TroubleRecorded(Reply):
+    key: str
+    raised: bool
+    """True: left open for the server's alert delivery; False: recorded only."""
+
+
 # -- reservations and CI slots -----------------------------------------------------------------
 
 
@@ -798,6 +834,24 @@ class Resilience(Reply):
     """Host -> job type -> why its preflight failed there."""
 
 
+class FleetCapView(Reply):
+    """`[fleet] emergency_max_workers` now: the fleet-wide cap on running jobs (None: no
+    cap), whether an operator set it at run time (else herder.toml's), and the jobs
+    running (claimed or running) against it."""
+
+    max_workers: int | None
+    at_run_time: bool = False
+    updated_at: Timestamp | None = None
+    updated_by: str | None = None
+    running: int = 0
+
+
+class FleetCapBody(Body):
+    """`PUT /api/v1/fleet/cap`: a cap (a whole number, 0 or more), or null to lift it."""
+
+    max_workers: Annotated[StrictInt, Field(ge=0, le=INT_MAX)] | None
+
+
 class QueueView(Reply):
     """`GET /queue`: counts by status, the newest jobs, each host's slots and RAM, what
     holds work back (breakers, preflight, accounts) and the open alerts."""
@@ -811,6 +865,13 @@ class QueueView(Reply):
     alerts: list[QueueAlert]
     leader: bool
     """Whether the replica that answered is the scheduler's leader."""
+    capacity_ratio: float = 1.0
+    """Seed 003's share of the enabled slots on hosts accepting work."""
+    shed_max_weight: str | None = None
+    """The heaviest weight placement still starts at that ratio ([fleet] shedding)."""
+    spawn_failures: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Host -> outcome -> attempts that failed to start there in the last hour."""
+    fleet_cap: FleetCapView | None = None
 
 
 # -- the dashboard ----------------------------------------------------------------------------

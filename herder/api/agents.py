@@ -12,6 +12,7 @@ from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, 
 from herder.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
 from herder.runtime.coordinator import LogRefused
 from herder.runtime.sources import Ending
+from herder.scheduling.alerting import Trouble
 from herder.wire import (
     Assignment,
     Assignments,
@@ -26,6 +27,8 @@ from herder.wire import (
     PushHeartbeat,
     StartBody,
     Started,
+    TroubleBody,
+    TroubleRecorded,
     pairs,
     tokens,
 )
@@ -40,6 +43,17 @@ async def agent_heartbeat(label: AgentHost, body: HeartbeatBody,
     check_worker(label, body.worker)
     return await call(service.agent_heartbeat, label, body.worker, list(tokens(body.running)),
                       body.info, body.with_attempts)
+
+
+@router.post("/agent/{label}/trouble", response_model=TroubleRecorded)
+async def agent_trouble(label: AgentHost, body: TroubleBody,
+                        service: Service) -> TroubleRecorded:
+    """An agent back from trouble with this server (unreachable, its token refused) says
+    what it was; raised as the alert `agent:<label>:<kind>`."""
+    trouble = Trouble(body.kind, body.since, body.problem)
+    key, raised = await call(service.agent_trouble, label, trouble, body.until,
+                             body.delivered)
+    return TroubleRecorded(key=key, raised=raised)
 
 
 @router.post("/agent/{label}/gone", response_model=Gone)

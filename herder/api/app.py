@@ -26,6 +26,7 @@ from herder.api import (
     agents,
     alerts,
     dashboard,
+    fleet,
     health,
     hooks,
     hosts,
@@ -51,7 +52,7 @@ RETRY_AFTER_SECONDS = 5
 ROUTERS: tuple[APIRouter, ...] = (health.router, jobs.router, hosts.router, agents.router,
                                   reservations.router, hooks.router, accounts.router,
                                   alerts.router, queue.router, metrics.router,
-                                  dashboard.router)
+                                  dashboard.router, fleet.router)
 document = APIRouter(include_in_schema=False)
 
 

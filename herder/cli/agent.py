@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +26,13 @@ from herder.cli.root import (
 )
 from herder.errors import InputError
 from herder.hardening import harden_process
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from herder.runtime.agent_client import ServerClient
+    from herder.runtime.agent_trouble import TroubleWatch
+    from herder.scheduling.alerting import Trouble
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
 PLAINTEXT_OPTION = click.option(
@@ -185,6 +194,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
                 runtime.kill_grace, runtime.attempt_lease)
         client = ServerClient(server_url, secret, label, verify=ca or True,
                               allow_plaintext=plaintext)
+        trouble = trouble_watch(state, label, logs)
+        client.observer = trouble.observe
         # A setup that cannot work (scheme, TLS, certificate) ends here, in one line; a
         # server that is not up yet is waited for.
         client.check()
@@ -206,12 +217,32 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             preflight=Preflight(pass_env=runtime.pass_env),
         )
         source.guardian = guardian
+        trouble.start(functools.partial(report_trouble, client), threading.Event())
         options = RunnerOptions.from_settings(
             state.config.settings, label, logs,
             concurrency=concurrency, drain_timeout=drain)
         runner = Runner(None, options, source=source)
         source.in_flight = lambda: len(runner.running)
         sys.exit(runner.run())
+
+
+def trouble_watch(state: State, label: str, logs: Path) -> TroubleWatch:
+    """The agent's own trouble with its server, raised through its own [alerts] urls (if
+    its herder.toml has any) and told to the server once it is back."""
+    from herder.runtime.agent_trouble import TroubleWatch
+    from herder.runtime.delivery import Delivery, check_urls
+
+    alerts = state.config.settings.alerts
+    urls = check_urls(alerts)
+    return TroubleWatch(label, alerts.agent_unreachable, logs,
+                        Delivery(urls, alerts) if urls else None)
+
+
+def report_trouble(client: ServerClient, trouble: Trouble, until: datetime,
+                   delivered: bool) -> None:
+    from herder.runtime.agent_trouble import trouble_body
+
+    client.call("POST", "/trouble", retry=False, json=trouble_body(trouble, until, delivered))
 
 
 def die_with_parent(parent: int) -> None:

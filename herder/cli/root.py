@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "hosts": "herder.cli.hosts:hosts",
     "host": "herder.cli.hosts:host",
     "ram": "herder.cli.hosts:ram",
+    "fleet": "herder.cli.fleet:fleet",
     "why": "herder.cli.hosts:why_command",
     "accounts": "herder.cli.accounts:accounts",
     "alerts": "herder.cli.alerts:alerts",

@@ -235,6 +235,8 @@ class ServerClient:
         self.max_delay = retry_cap
         self._auth_lock = threading.Lock()
         self._auth_refused_at: float | None = None
+        self.observer: Callable[[Reply], None] | None = None
+        """Told of every reply (herder.runtime.agent_trouble watches them)."""
         trust: bool | ssl.SSLContext = verify if isinstance(verify, bool) else True
         if isinstance(verify, str):
             try:
@@ -256,6 +258,12 @@ class ServerClient:
 
     def request(self, method: str, path: str, **kwargs: Any) -> Reply:
         """One try; never raises for an HTTP status or a network error."""
+        reply = self._request(method, path, **kwargs)
+        if self.observer is not None:
+            self.observer(reply)
+        return reply
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Reply:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.RequestError as exc:

@@ -52,8 +52,10 @@ from herder.runtime.delivery import Alerts, start_alerts
 from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import (
+    AgentTroubleSweep,
     DeliverySweep,
     PickupWatch,
+    RamSpikeWatch,
     Rescuer,
     WorkerId,
     lost_result,
@@ -66,8 +68,10 @@ from herder.runtime.scheduler import (
     Scheduler,
     agent_state,
     blocked_job_types,
+    capacity_now,
     condition,
     expires,
+    fleet_cap,
     lease_seconds,
     pickup_timeout_seconds,
     take_snapshot,
@@ -80,9 +84,11 @@ from herder.runtime.sources import (
 )
 from herder.runtime.ssh import SshLauncher
 from herder.scheduling.accounts import state_of
+from herder.scheduling.alerting import Trouble
 from herder.scheduling.breaker import Breaker
 from herder.scheduling.health import shown_health
 from herder.scheduling.placement import Plan, Snapshot, explain, place
+from herder.scheduling.policy import SPAWN_OUTCOMES
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached, Lease
 from herder.submission import SubmitRequest
@@ -112,6 +118,8 @@ PLACEMENT_REUSE = 2.0
 SSH_INTERVAL = 0.2  # how often the ssh launcher settles its ended ssh processes
 SSH_SCAN_INTERVAL = 2.0  # its idle look for placements; a placement wakes it at once
 LOCAL_HOSTS_INTERVAL = 2.0  # how often the local hosts are compared with the store's
+SPAWN_FAILURE_WINDOW = timedelta(hours=1)
+"""How far back `/queue` and `/metrics` count each host's spawn failures."""
 RELAY_INTERVAL = 1.0  # the assignment relay's longest wait on the store's NOTIFY
 AssignmentListener = Callable[[set[str]], None]
 """Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
@@ -128,6 +136,8 @@ class _SchedulerCycle:
     rescuer: Rescuer | None = None
     pickup: PickupWatch | None = None
     deliveries: DeliverySweep | None = None
+    ram: RamSpikeWatch | None = None
+    troubles: AgentTroubleSweep | None = None
 
 
 def _terminate_this_process() -> None:
@@ -467,6 +477,9 @@ class Coordinator:
                                     runtime.kill_grace, runtime.max_lost, shared=True)
             cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
             cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
+            cycle.ram = RamSpikeWatch(self.store, self.settings.alerts.ram_low_gb,
+                                      self.settings.alerts.ram_low_for, self.measured_ram)
+            cycle.troubles = AgentTroubleSweep(self.store, self.settings.alerts.window)
         began = time.perf_counter()
         self.scheduler.run_once(now)
         self.metrics.cycle_seconds.observe(time.perf_counter() - began)
@@ -489,9 +502,16 @@ class Coordinator:
             expired = self.store.reservation_expire(now)
             assert cycle.deliveries is not None
             cycle.deliveries.run_once(now)
+            assert cycle.ram is not None and cycle.troubles is not None
+            cycle.ram.run_once(now)
+            cycle.troubles.run_once(now)
             self.store.statistics_refresh()
             if any(rescued.values()) or expired:
                 log.info("maintenance: %s, %d reservations expired", rescued, expired)
+
+    def measured_ram(self, host: HostRecord, now: datetime) -> float | None:
+        """What the host's agent last measured available, while its heartbeat is live."""
+        return None if self.fleet.down(host, now) is not None else measured_available_gb(host)
 
     def _give_up_lease(self, lease: Lease, cycle: _SchedulerCycle, stuck_for: float) -> None:
         hold_off = max(5 * self.settings.fleet.scheduler_interval, 5.0)
@@ -644,6 +664,24 @@ class Coordinator:
                       for a in attempts],
             lease_seconds=self.lease_seconds)
 
+    def agent_trouble(self, label: str, trouble: Trouble, until: datetime,
+                      delivered: bool) -> tuple[str, bool]:
+        """An agent back from trouble with this server says what it was: raised as the alert
+        `agent:<label>:<kind>` (sent by the leader, then cleared by AgentTroubleSweep), or,
+        when the agent's own alert URLs sent it already, only recorded (one closed row:
+        nothing is sent twice). Its key, and whether it was raised."""
+        key = trouble.key(label)
+        message = (f"{trouble.describe(label)} from {trouble.since:%Y-%m-%d %H:%M:%S} to "
+                   f"{until:%H:%M:%S} UTC; it is back")
+        now = utcnow()
+        log.error("ALERT: %s", message, extra={"event": "agent_trouble", "host": label})
+        if delivered:
+            self.store.alert_record(key, message, now)
+            return key, False
+        self.store.alert_clear(key, now)  # an earlier report's: each stretch is its own row
+        self.store.alert_open(key, message, now)
+        return key, True
+
     def push_heartbeat(self, label: str) -> None:
         """A heartbeat from cron's `herder heartbeat` on a push host."""
         self.store.host_heartbeat(label, utcnow(), {"via": "heartbeat"})
@@ -773,18 +811,33 @@ class Coordinator:
         """What `/metrics` reads from the store: GROUP BY counts and one row per host."""
         now = utcnow()
         usage = self.store.host_usage(now)
+        records = self.store.host_list()
         hosts = tuple(host_sample(self.fleet, host, usage.get(host.label), now)
-                      for host in self.store.host_list())
+                      for host in records)
         return FleetSample(statuses=self.store.job_status_counts(),
                            queue_depth=self.store.job_queue_depth(),
                            failures=self.store.job_failure_counts(), hosts=hosts,
-                           leader=self.is_leader)
+                           leader=self.is_leader,
+                           capacity_ratio=capacity_now(self.fleet, records, now),
+                           spawn_failures={(host, str(outcome)): count for (host, outcome), count
+                                           in self.spawn_failures(now).items()},
+                           max_workers=fleet_cap(self.store, self.fleet.max_workers).max_workers)
+
+    def spawn_failures(self, now: datetime) -> dict[tuple[str, Outcome], int]:
+        """(host, outcome) -> attempts that failed to start there within the last hour."""
+        since = now - SPAWN_FAILURE_WINDOW
+        return {key: count for key, count in self.store.attempt_outcome_counts(since).items()
+                if key[1] in SPAWN_OUTCOMES}
 
     def queue_view(self, recent: int) -> QueueView:
         """`/queue`: counts, the newest jobs, hosts, what holds work back, open alerts."""
         counts = self.store.job_status_counts()
         hosts = self.host_views()
         now = utcnow()
+        ratio = capacity_now(self.fleet, self.store.host_list(), now)
+        spawn: dict[str, dict[str, int]] = {}
+        for (host, outcome), count in sorted(self.spawn_failures(now).items()):
+            spawn.setdefault(host, {})[str(outcome)] = count
         cooldown = self.settings.fleet.auth_revoked_cooldown
         accounts = []
         for record in self.store.account_list():
@@ -804,7 +857,9 @@ class Coordinator:
             accounts=accounts,
             alerts=[QueueAlert(key=alert.key, message=alert.message, opened_at=alert.opened_at)
                     for alert in self.store.alert_list(open_only=True)],
-            leader=self.is_leader)
+            leader=self.is_leader, capacity_ratio=ratio,
+            shed_max_weight=self.fleet.policy.shedding.max_weight(ratio),
+            spawn_failures=spawn, fleet_cap=self.operations.fleet_cap())
 
     # -- operators' jobs ------------------------------------------------------------------------
 

@@ -23,9 +23,10 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from herder.model import AttemptResult, Decision, JobStatus, Outcome
+from herder.model import AttemptResult, Decision, HostRecord, JobStatus, Outcome
 from herder.runtime.executor import attempt_marker
 from herder.runtime.process import kill_tree, process_alive
+from herder.scheduling.alerting import ram_spike
 from herder.scheduling.policy import RetryState, decide
 from herder.store import LiveAttempt, Store
 
@@ -217,3 +218,80 @@ class Rescuer:
         for _token, status in self.store.attempt_finish(results, now):
             counts["requeued" if status.active else "failed"] += 1
         return counts
+
+
+RAM_ALERT_PREFIX = "ram:"
+
+
+class RamSpikeWatch:
+    """Opens `ram:<host>` while a host's measured available RAM stays below `[alerts]
+    ram_low_gb` for `ram_low_for`, and clears it when it recovers (`ram_spike` decides).
+    Leader only. How long a host has been low is kept here: a new leader starts the clock
+    afresh, so an alert is at most one `ram_low_for` late after a takeover."""
+
+    def __init__(self, store: Store, threshold_gb: float, hold_seconds: float,
+                 measure: Callable[[HostRecord, datetime], float | None]) -> None:
+        self.store = store
+        self.threshold_gb = threshold_gb
+        self.hold_seconds = hold_seconds
+        self.measure = measure
+        """A host's measured available RAM in GB now; None when unknown or stale."""
+        self.below_since: dict[str, datetime] = {}
+
+    def run_once(self, now: datetime) -> dict[str, int]:
+        counts = {"low": 0, "opened": 0, "cleared": 0}
+        open_keys = {alert.key for alert in self.store.alert_list(open_only=True,
+                                                                   limit=1_000_000)
+                     if alert.key.startswith(RAM_ALERT_PREFIX)}
+        hosts = self.store.host_list()
+        below: dict[str, datetime] = {}
+        for host in hosts:
+            key = f"{RAM_ALERT_PREFIX}{host.label}"
+            measured = self.measure(host, now)
+            verdict = ram_spike(measured, self.below_since.get(host.label), now,
+                                self.threshold_gb, self.hold_seconds)
+            if verdict.below_since is not None:
+                below[host.label] = verdict.below_since
+                counts["low"] += 1
+            if verdict.alert is True and key not in open_keys:
+                message = (f"host {host.label}: {measured:.1f} GB RAM available, below "
+                           f"{self.threshold_gb:g} GB since "
+                           f"{verdict.below_since:%H:%M:%S} UTC")
+                if self.store.alert_open(key, message, now):
+                    counts["opened"] += 1
+                    log.error("ALERT: %s", message, extra={"event": "ram_spike",
+                                                           "host": host.label})
+            elif (verdict.alert is False and key in open_keys
+                  and self.store.alert_clear(key, now)):
+                counts["cleared"] += 1
+                log.warning("alert cleared: host %s: RAM available again", host.label)
+        labels = {f"{RAM_ALERT_PREFIX}{host.label}" for host in hosts}
+        for key in open_keys - labels:  # the host was removed
+            if self.store.alert_clear(key, now):
+                counts["cleared"] += 1
+        self.below_since = below
+        return counts
+
+
+class AgentTroubleSweep:
+    """Clears the `agent:` alerts agents raise once back from trouble (they are over when
+    raised): once their opening was sent, which sends the "resolved" notice, or after the
+    alert window when nothing sends them (no alert URLs), so `herder alerts` shows them
+    meanwhile."""
+
+    def __init__(self, store: Store, window_seconds: float) -> None:
+        self.store = store
+        self.window_seconds = window_seconds
+
+    def run_once(self, now: datetime) -> dict[str, int]:
+        cutoff = now - timedelta(seconds=self.window_seconds)
+        cleared = 0
+        for alert in self.store.alert_list(open_only=True, limit=1_000_000):
+            if (alert.key.startswith(AGENT_TROUBLE_PREFIX)
+                    and (alert.sent_at is not None or alert.opened_at <= cutoff)
+                    and self.store.alert_clear(alert.key, now)):
+                cleared += 1
+        return {"cleared": cleared}
+
+
+AGENT_TROUBLE_PREFIX = "agent:"

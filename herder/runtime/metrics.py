@@ -64,6 +64,12 @@ class FleetSample(msgspec.Struct, frozen=True):
     """(failure reason, actionable) -> failed jobs."""
     hosts: tuple[HostSample, ...] = msgspec.field(default_factory=tuple)
     leader: bool = False
+    capacity_ratio: float = 1.0
+    """Seed 003's share of the enabled slots on hosts accepting work (shedding reads it)."""
+    spawn_failures: Mapping[tuple[str, str], int] = msgspec.field(default_factory=dict)
+    """(host, outcome) -> attempts that failed to start there in the last hour."""
+    max_workers: int | None = None
+    """The fleet-wide cap on running jobs (`[fleet] emergency_max_workers`); None: none."""
 
 
 def families(sample: FleetSample) -> list[Metric]:
@@ -119,8 +125,23 @@ def families(sample: FleetSample) -> list[Metric]:
     leader = GaugeMetricFamily("herder_leader",
                                "1 on the replica whose scheduler holds the lease.",
                                value=1 if sample.leader else 0)
+    capacity = GaugeMetricFamily(
+        "herder_capacity_ratio", "Share of the enabled hosts' slots on hosts accepting work "
+        "(seed 003; below the [fleet] shedding steps heavier weights are shed).",
+        value=sample.capacity_ratio)
+    spawn = GaugeMetricFamily(
+        "herder_host_spawn_failures", "Attempts that failed to start on the host in the last "
+        "hour (RAM contention, OOM, workspace, ssh, spawn), by outcome.",
+        labels=["host", "outcome"])
+    for (label, outcome), count in sorted(sample.spawn_failures.items()):
+        spawn.add_metric([label, outcome], count)
+    cap = GaugeMetricFamily(
+        "herder_fleet_max_workers", "The fleet-wide cap on running jobs "
+        "([fleet] emergency_max_workers, `herder fleet cap`); absent while there is none.")
+    if sample.max_workers is not None:
+        cap.add_metric([], sample.max_workers)
     return [jobs, depth, failed, bookable, booked, headroom, measured, health, enabled,
-            agent_up, agents, leader]
+            agent_up, agents, leader, capacity, spawn, cap]
 
 
 class FleetCollector(Collector):

@@ -173,6 +173,8 @@ class RunnerOptions(msgspec.Struct, frozen=True):
     """How attempts' memory is measured and enforced (herder.runtime.memory)."""
     run_as: JobUser | None = None
     """Who jobs run as when herder is root ([runtime] run_as); None: herder's own user."""
+    max_workers: int | None = FleetSection().emergency_max_workers
+    """The fleet-wide cap `herder up` claims under ([fleet] emergency_max_workers)."""
 
     @classmethod
     def from_settings(
@@ -200,6 +202,7 @@ class RunnerOptions(msgspec.Struct, frozen=True):
             workspace_min_free_gb=runtime.workspace_min_free_gb,
             memory=MemoryPolicy.from_section(runtime),
             run_as=resolve_job_user(runtime.run_as, os.geteuid()),
+            max_workers=fleet.emergency_max_workers,
         )
         check_workspace_root(options.run_as, options.workspaces.root)
         return options
@@ -239,7 +242,8 @@ class Runner:
                 raise ValueError("a runner needs a store or a work source")
             rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
                               options.max_lost)
-            source = ClaimSource(store, options.host, options.limits, rescuer)
+            source = ClaimSource(store, options.host, options.limits, rescuer,
+                                 options.max_workers)
         self.source = source
         source.attach(self.worker)
         self._stopping = 0

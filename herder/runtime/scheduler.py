@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -57,6 +57,7 @@ from herder.scheduling.placement import (
     Plan,
     Reason,
     Snapshot,
+    fleet_capacity,
     place,
     stopped,
 )
@@ -84,6 +85,9 @@ class Fleet(msgspec.Struct, frozen=True):
     breaker_pause: float = PAUSE_SECONDS
     alert_grace: float = FleetSection().alert_grace
     accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
+    max_workers: int | None = None
+    """`[fleet] emergency_max_workers` as herder.toml starts it (`fleet_cap` reads the
+    run-time value)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fleet:
@@ -115,6 +119,7 @@ class Fleet(msgspec.Struct, frozen=True):
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
             breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
             alert_grace=fleet.alert_grace, accounts=AccountRules.from_settings(settings),
+            max_workers=fleet.emergency_max_workers,
         )
 
     def breakers(self, store: Store, now: datetime) -> dict[tuple[str, str], Breaker]:
@@ -226,6 +231,36 @@ def condition(host: HostRecord) -> str:
     return f"agent {state}" if state else "enabled"
 
 
+EMERGENCY_MAX_WORKERS = "emergency_max_workers"
+
+
+class FleetCap(msgspec.Struct, frozen=True):
+    """The fleet-wide cap on running jobs now: herder.toml's start value until an operator
+    sets or lifts it (`herder fleet cap`), which holds for every replica, across restarts,
+    until changed again (`--reset` hands it back to herder.toml)."""
+
+    max_workers: int | None
+    at_run_time: bool = False
+    updated_at: datetime | None = None
+    updated_by: str | None = None
+
+
+def fleet_cap(store: Store, start: int | None) -> FleetCap:
+    setting = store.fleet_setting_get(EMERGENCY_MAX_WORKERS)
+    if setting is None:
+        return FleetCap(start)
+    return FleetCap(setting.value, True, setting.updated_at, setting.updated_by)
+
+
+def capacity_now(fleet: Fleet, hosts: Sequence[HostRecord], now: datetime) -> float:
+    """The capacity ratio placement would shed by now (`fleet_capacity`), read without the
+    queue: for `/queue` and `/metrics`."""
+    loads = {host.label: HostLoad(host.label, fleet.health(host, now), 0, 0.0,
+                                  fleet.agent_down(host, now)) for host in hosts}
+    return fleet_capacity([host_spec(host) for host in hosts], loads,
+                          fleet.policy.schedule.window_at(now))
+
+
 def take_snapshot(store: Store, fleet: Fleet, now: datetime,
                   breakers: Mapping[tuple[str, str], Breaker] | None = None) -> Snapshot:
     """Everything placement needs, read from the store at `now`."""
@@ -256,7 +291,7 @@ def take_snapshot(store: Store, fleet: Fleet, now: datetime,
         for job in store.job_list_due(now, fleet.max_due)
     ]
     return Snapshot(now, jobs, [host_spec(h) for h in hosts], loads, fleet.weights,
-                    fleet.policy)
+                    fleet.policy, fleet_cap(store, fleet.max_workers).max_workers)
 
 
 @dataclass

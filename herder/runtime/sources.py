@@ -19,6 +19,7 @@ from msgspec.structs import replace
 from herder.config import AlertsSection, RuleSection, Settings
 from herder.errors import ConfigError
 from herder.model import (
+    INT_MAX,
     Action,
     AttemptResult,
     AttemptToken,
@@ -396,13 +397,34 @@ class StoreSource(WorkSource):
 class ClaimSource(StoreSource):
     """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE."""
 
+    def __init__(self, store: Store, host: str, limits: PolicyLimits, rescuer: Rescuer,
+                 max_workers: int | None = None) -> None:
+        super().__init__(store, host, limits, rescuer)
+        self.max_workers = max_workers
+        """`[fleet] emergency_max_workers` as herder.toml starts it (`herder fleet cap`
+        changes it at run time)."""
+
     def maintain(self, now: datetime) -> None:
         super().maintain(now)
         if self.limits.rules.accounts.needs:  # no scheduler here to clear them
             sync_account_alerts(self.store, now, self.limits.rules.accounts.cooldown)
 
     def take(self, free: int, now: datetime) -> list[Job]:
+        free = min(free, self.fleet_room())
+        if free <= 0:
+            return []
         return self.bind(self.store.job_claim(self.host, self.worker, free, now), now)
+
+    def fleet_room(self) -> int:
+        """How many more jobs the fleet-wide cap lets start (every process on this store
+        counts; two claiming at the same instant may pass it by one each)."""
+        from herder.runtime.scheduler import fleet_cap
+
+        cap = fleet_cap(self.store, self.max_workers).max_workers
+        if cap is None:
+            return INT_MAX
+        counts = self.store.job_counts()
+        return cap - counts.get(JobStatus.CLAIMED, 0) - counts.get(JobStatus.RUNNING, 0)
 
     def idle(self) -> bool:
         return not any(self.store.job_counts().values())

@@ -148,3 +148,76 @@ def in_start_grace(leader_since: datetime | None, now: datetime, grace_seconds: 
     chance to check in yet, so "no healthy host" and "fleet stopped" would be false alarms.
     None (not leading yet) is within it."""
     return leader_since is None or (now - leader_since).total_seconds() < grace_seconds
+
+
+class LowRam(msgspec.Struct, frozen=True):
+    """A host's RAM-spike watch after one look. `below_since`: since when its measured
+    available RAM has stayed below the threshold (None: it is not, or nobody knows);
+    `alert`: open it (True), clear it (False), or leave it as it is (None)."""
+
+    below_since: datetime | None
+    alert: bool | None
+
+
+def ram_spike(measured_gb: float | None, below_since: datetime | None, now: datetime,
+              threshold_gb: float, hold_seconds: float) -> LowRam:
+    """Seed 004's "RAM headroom below 4 GB for 5 minutes": measured available RAM below
+    `threshold_gb` for `hold_seconds` opens the alert; back at or above it clears it. An
+    unknown measurement (no agent, a stale heartbeat) restarts the clock and changes
+    nothing; a threshold of 0 turns the alert off."""
+    if threshold_gb <= 0:
+        return LowRam(None, False)
+    if measured_gb is None:
+        return LowRam(None, None)
+    if measured_gb >= threshold_gb:
+        return LowRam(None, False)
+    since = now if below_since is None or below_since > now else below_since
+    return LowRam(since, True if (now - since).total_seconds() >= hold_seconds else None)
+
+
+UNREACHABLE = "unreachable"
+TOKEN_REFUSED = "token_refused"
+TROUBLE_KINDS = (UNREACHABLE, TOKEN_REFUSED)
+"""An agent's own trouble: its server does not answer (or answers 5xx), or refuses its token."""
+
+
+class Trouble(msgspec.Struct, frozen=True):
+    """One stretch of time in which an agent's calls to its server failed: since the first
+    failure after the last success; `kind` and `problem` are the latest failure's (never
+    the token: the server's answer or the network error), but a raised trouble keeps its
+    kind. `raised`: the agent's own alert URLs were given it."""
+
+    kind: str
+    since: datetime
+    problem: str
+    raised: bool = False
+
+    def key(self, label: str) -> str:
+        return f"agent:{label}:{self.kind}"
+
+    def describe(self, label: str) -> str:
+        what = ("cannot reach its server" if self.kind == UNREACHABLE
+                else "has its token refused by the server")
+        return f"the agent of host {label} {what} ({self.problem})"
+
+
+def track_trouble(current: Trouble | None, failure: str | None, problem: str,
+                  now: datetime) -> Trouble | None:
+    """The trouble after one call: `failure` is its kind, None when the server answered
+    and took the token (which ends any trouble)."""
+    if failure is None:
+        return None
+    if current is None:
+        return Trouble(failure, now, problem)
+    # Once raised under its kind, the alert keeps its key until it is resolved.
+    return msgspec.structs.replace(current, kind=current.kind if current.raised else failure,
+                                   problem=problem)
+
+
+def trouble_due(trouble: Trouble | None, now: datetime, hold_seconds: float) -> bool:
+    """Whether the trouble is worth an alert by `now`: a refused token at once (no retry
+    cures it), a server out of reach once that has lasted `hold_seconds`."""
+    if trouble is None:
+        return False
+    return (trouble.raised or trouble.kind == TOKEN_REFUSED
+            or (now - trouble.since).total_seconds() >= hold_seconds)

@@ -86,6 +86,8 @@ class Reason(enum.StrEnum):
     SLOTS_FULL = "slots_full"
     RAM = "ram"
     RESERVED = "reserved"
+    FLEET_CAP = "fleet_cap"
+    """The fleet runs as many jobs as `[fleet] emergency_max_workers` allows."""
     AVOIDED = "avoided"
     """Not a refusal: the job went elsewhere because this host failed to start it."""
 
@@ -184,6 +186,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     loads: Mapping[str, HostLoad]
     weights: WeightTable = DEFAULT_WEIGHTS
     policy: PlacementPolicy = DEFAULT_POLICY
+    max_workers: int | None = None
+    """The fleet-wide cap on active jobs (`[fleet] emergency_max_workers`); None: none.
+    Jobs already past it keep running; nothing new starts until the fleet is under it."""
 
 
 class Rejection(msgspec.Struct, frozen=True):
@@ -334,11 +339,10 @@ class _Cycle:
         self.by_label = {host.label: host for host in self.hosts}
         self.by_rank = sorted(self.hosts, key=attrgetter("rank"))
 
-        enabled_slots = sum(host.max_workers for host in self.hosts if host.spec.enabled)
-        healthy_slots = sum(host.max_workers for host in self.hosts
-                            if host.spec.enabled and accepts_work(host.health)
-                            and host.agent_down is None)
-        self.ratio = capacity_ratio(healthy_slots, enabled_slots)
+        self.ratio = fleet_capacity(snapshot.hosts, loads, self.window)
+        self.fleet_running = sum(load.workers for load in loads.values())
+        self.fleet_room: int | None = (None if snapshot.max_workers is None else
+                                       max(0, snapshot.max_workers - self.fleet_running))
         self.shed_max = policy.shedding.max_weight(self.ratio)
         self.shed_detail = f"fleet at {self.ratio:.0%} capacity, max weight {self.shed_max}"
 
@@ -459,6 +463,9 @@ class _Cycle:
         static = self.static_refusal(host, shape)
         if static is not None:
             return static
+        if self.fleet_room == 0:
+            return Reason.FLEET_CAP, (f"{self.fleet_running} running, fleet cap "
+                                      f"{self.snapshot.max_workers}")
         if host.slots <= 0:
             used = host.max_workers - host.slots
             return Reason.SLOTS_FULL, f"{used}/{host.max_workers} workers"
@@ -689,11 +696,14 @@ class _Cycle:
                 shape = shapes[key] = self.shape(job, band)
             if not shape.dead:
                 host = (self.choose(shape, job.preferred_host, job.avoid_host)
-                        if self.free_slots > 0 else None)
+                        if self.free_slots > 0 and self.fleet_room != 0 else None)
                 if host is not None:
                     if job.avoid_host is not None and host.label != job.avoid_host:
                         self._note_avoided(shape, job, avoided)
                     self.book(host, shape.budget)
+                    if self.fleet_room is not None:
+                        self.fleet_room -= 1
+                        self.fleet_running += 1
                     assignments.append(Assignment(job.id, host.label))
                     continue
                 shape.dead = True
@@ -776,6 +786,22 @@ def stopped(plan: Plan) -> dict[str, str] | None:
             for host, details in sorted(why.items())} or None
 
 
+def fleet_capacity(hosts: Sequence[HostSpec], loads: Mapping[str, HostLoad],
+                   window: str) -> float:
+    """Seed 003's capacity ratio: the share of the enabled hosts' slots in this window that
+    sit on hosts accepting work (shedding reads it; `/queue` and `/metrics` show it)."""
+    enabled_slots = healthy_slots = 0
+    for spec in hosts:
+        if not spec.enabled:
+            continue
+        slots = max(0, spec.caps(window).max_workers)
+        enabled_slots += slots
+        load = loads.get(spec.label)
+        if load is not None and accepts_work(load.health) and load.agent_down is None:
+            healthy_slots += slots
+    return capacity_ratio(healthy_slots, enabled_slots)
+
+
 def place(snapshot: Snapshot) -> Plan:
     """Decide where each queued job runs this cycle; see the module docstring."""
     return _Cycle(snapshot).run()
@@ -789,6 +815,7 @@ def ram_detail(free_gb: float, budget_gb: float) -> str:
 # --- herder why JOB -------------------------------------------------------------------
 
 _EXPLAIN_ORDER = (
+    Reason.FLEET_CAP,
     Reason.RAM,
     Reason.SLOTS_FULL,
     Reason.RESERVED,
@@ -809,6 +836,7 @@ _EXPLAIN_ORDER = (
     Reason.JOB_TYPE_PINNED,
 )
 _MORE = {
+    Reason.FLEET_CAP: "hosts",
     Reason.RAM: "hosts short of RAM",
     Reason.SLOTS_FULL: "hosts full",
     Reason.RESERVED: "hosts held",
@@ -874,13 +902,16 @@ def _fold(
             parts.append(_phrase(rejection))
         else:
             groups[rejection.reason].append(rejection)
+    capped = groups.pop(Reason.FLEET_CAP)
+    if capped:  # one fleet-wide reason, not one per host
+        parts.insert(0, _phrase(capped[0]))
     ram = groups[Reason.RAM]
     if len(ram) > 1:
         free = _free_after(plan, snapshot, {rejection.host for rejection in ram})
         ram.sort(key=lambda rejection: (-free.get(rejection.host, 0.0), rejection.host))
     everything = len(rejections) <= _LIST_ALL_UP_TO
     for reason in _EXPLAIN_ORDER:
-        group = groups[reason]
+        group = groups.get(reason)
         if not group:
             continue
         if everything:
@@ -896,6 +927,8 @@ def _fold(
 
 def _phrase(rejection: Rejection) -> str:
     host, reason, detail = rejection.host, rejection.reason, rejection.detail
+    if reason is Reason.FLEET_CAP:
+        return f"fleet cap reached ({detail}; `herder fleet cap`)"
     if reason is Reason.RAM:
         return f"{host} has {detail.partition(', needs')[0]}"
     if reason is Reason.SLOTS_FULL:

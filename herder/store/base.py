@@ -114,6 +114,16 @@ class Alert(msgspec.Struct, frozen=True):
     sent_count: int = 0
 
 
+class FleetSetting(msgspec.Struct, frozen=True):
+    """A fleet setting an operator changed at run time (`herder fleet cap`): it overrides
+    herder.toml for every replica; `value` None is "lifted"."""
+
+    name: str
+    value: int | None
+    updated_at: datetime
+    updated_by: str
+
+
 class DeliveryRecord(msgspec.Struct, frozen=True):
     """What recording a webhook delivery did: `first` is False for a delivery seen before
     (nothing inserted; `job_ids` are what it enqueued then); `created` are the new jobs
@@ -373,6 +383,17 @@ class Store(abc.ABC):
             counts[key] = counts.get(key, 0) + int(row["count"])
         return counts
 
+    def attempt_outcome_counts(self, since: datetime) -> dict[tuple[str, Outcome], int]:
+        """(host, outcome) -> attempts that ended with it on the host since `since`."""
+        counts: dict[tuple[str, Outcome], int] = {}
+        for row in self.driver.read("attempt_outcome_counts", {"since": since}):
+            try:
+                outcome = Outcome(row["outcome"])
+            except ValueError:  # an outcome a newer herder wrote
+                continue
+            counts[(str(row["host"]), outcome)] = int(row["count"])
+        return counts
+
     def attempt_list(self, job_id: int) -> list[Attempt]:
         return [attempt_from_row(row)
                 for row in self.driver.read("attempt_list", {"job_id": job_id})]
@@ -578,10 +599,33 @@ class Store(abc.ABC):
         """Forget the sessions expired by `now`; how many."""
         return len(self.driver.write("session_expire", {"now": now}))
 
+    def fleet_setting_get(self, name: str) -> FleetSetting | None:
+        """The run-time value of a fleet setting; None when herder.toml's holds."""
+        rows = self.driver.read("fleet_setting_get", {"name": name})
+        if not rows:
+            return None
+        row = rows[0]
+        return FleetSetting(str(row["name"]), None if row["value"] is None
+                            else int(row["value"]), row["updated_at"], str(row["updated_by"]))
+
+    def fleet_setting_put(self, name: str, value: int | None, now: datetime, by: str) -> None:
+        """Set (or with None, lift) a fleet setting for every replica, over herder.toml."""
+        self.driver.write("fleet_setting_put", {"name": name, "value": value, "now": now,
+                                                "by": by})
+
+    def fleet_setting_delete(self, name: str) -> bool:
+        """Hand a fleet setting back to herder.toml; False when it was not changed."""
+        return bool(self.driver.write("fleet_setting_delete", {"name": name}))
+
     def alert_open(self, key: str, message: str, now: datetime) -> bool:
         """True when newly opened; an open alert with the same key dedups it."""
         return bool(self.driver.write("alert_open", {"key": key, "message": message,
                                                      "now": now}))
+
+    def alert_record(self, key: str, message: str, now: datetime) -> None:
+        """An alert already over and sent by someone else: kept for `herder alerts`, never
+        sent."""
+        self.driver.write("alert_record", {"key": key, "message": message, "now": now})
 
     def alert_clear(self, key: str, now: datetime) -> bool:
         return bool(self.driver.write("alert_clear", {"key": key, "now": now}))

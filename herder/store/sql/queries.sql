@@ -341,3 +341,30 @@ GROUP BY weight, priority;
 SELECT coalesce(failure_reason, 'unknown') AS reason, actionable, count(*) AS count
 FROM herder_jobs WHERE status = 'failed'
 GROUP BY coalesce(failure_reason, 'unknown'), actionable;
+
+-- name: attempt_outcome_counts
+-- Attempts that ended since `since`, by host and outcome (`/queue` and `/metrics` count the
+-- spawn failures of each host from it); the ended_at index keeps it to the window.
+SELECT host, outcome, count(*) AS count FROM herder_attempts
+WHERE ended_at >= :since AND outcome IS NOT NULL AND host <> ''
+GROUP BY host, outcome;
+
+-- name: fleet_setting_get
+SELECT name, value, updated_at, updated_by FROM herder_fleet_settings WHERE name = :name;
+
+-- name: fleet_setting_put
+INSERT INTO herder_fleet_settings (name, value, updated_at, updated_by)
+VALUES (:name, :value, :now, :by)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at,
+                                 updated_by = excluded.updated_by
+RETURNING name;
+
+-- name: fleet_setting_delete
+DELETE FROM herder_fleet_settings WHERE name = :name RETURNING name;
+
+-- name: alert_record
+-- An alert that is over when it is learnt of (an agent's trouble its own URLs already sent):
+-- one closed row, so no delivery pass can see it open and send it again.
+INSERT INTO herder_alerts (key, message, opened_at, cleared_at)
+VALUES (:key, :message, :now, :now)
+RETURNING id;
