@@ -92,6 +92,7 @@ def _defaults() -> tuple[Pattern, ...]:
         (auth, r"authenticationerror|not able to authenticate you|permission_(error|denied)"),
         (auth, r"does not have access to model|belongs to a disabled organization"),
         (auth, r"log out and sign in again|refresh token was (revoked|already used)"),
+        (auth, r"(missing environment variable|must specify the)\W+\w*(api_key|token)\b"),
         (auth, guard + r".*\b(401\W{1,3}unauthorized|403\W{1,3}forbidden)\b"),
         # A quota with a reset time (exit 5): Claude Code, Codex CLI, the API's own words.
         # Gemini's daily quota first: its per-minute one (below) shares the API's words.
