@@ -105,7 +105,8 @@ def _defaults() -> tuple[Pattern, ...]:
         (usage, r"(?<!not your )usage limit|(?<!rate )limit reached"),
         (usage, r"(hit|reached) your (?!rate )(\w+ ){0,2}limit"),
         (usage, r"quota (exceeded|reached)|insufficient_quota|exceeded your current quota"),
-        (usage, r"credit balance is too low|out of (usage )?credits"),
+        (usage, r"credit balance is too low|out of (extra )?(usage|credits)\b"),
+        (usage, r"usage allocation has been disabled"),
         (usage, r"check your plan and billing details"),
         # Memory.
         (memory, r"out of memory|heap out of memory|memoryerror|cannot allocate memory"),
