@@ -162,6 +162,12 @@ def test_codex_s_usage_limit_gives_its_duration() -> None:
     ("limit resets at 15:30", timedelta(hours=5, minutes=30)),  # now's zone: UTC
     ("limit resets at 9:15am", timedelta(hours=23, minutes=15)),
     ("resets 12am", timedelta(hours=14)),
+    ("You've hit your weekly limit · resets Dec 3, 7:26pm (UTC)",
+     timedelta(days=2, hours=9, minutes=26)),
+    ("try again at 4:43 PM.", timedelta(hours=6, minutes=43)),  # Codex CLI, same day
+    ("try again at Dec 4th, 2026 7:27 PM.", timedelta(days=3, hours=9, minutes=27)),
+    (f'{{"type":"rate_limit_event","rate_limit_info":{{"status":"rejected","resetsAt":'
+     f'{int(NOW.timestamp()) + 7200}}}}}', timedelta(hours=2)),  # Claude's stream-json
 ])
 def test_reset_time_forms(text: str, expected: timedelta) -> None:
     assert reset_time(text, NOW) == NOW + expected
@@ -174,10 +180,51 @@ def test_reset_time_forms(text: str, expected: timedelta) -> None:
     "resets 3pm (Mars/Olympus_Mons)",
     "Claude AI usage limit reached|1000000000",  # in the past
     "try again in 30 days",  # implausibly far
+    "resets Feb 30, 1pm (UTC)",  # no such day
+    "try again at Dec 1st, 2026 9:00 AM",  # an hour ago
+    "try again at Jan 5th, 2027 8:19 PM",  # a month away
     "nothing here",
 ])
 def test_reset_time_refuses_what_is_no_plausible_time(text: str) -> None:
     assert reset_time(text, NOW) is None
+
+
+def test_a_reset_date_without_a_year_is_the_next_such_date() -> None:
+    new_year_s_eve = datetime(2026, 12, 30, 12, 0, tzinfo=UTC)
+    assert reset_time("resets Jan 2, 10am (UTC)", new_year_s_eve) == datetime(
+        2027, 1, 2, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("line", [
+    "API Error: Server is temporarily limiting requests (not your usage limit) · Rate limited",
+    "litellm.RateLimitError: Rate limit reached for gpt-4.1 in organization org-x on tokens "
+    "per min (TPM): Limit 30000, Used 29410. Please try again in 3.06s.",
+    "* Quota exceeded for metric: generativelanguage.googleapis.com/"
+    "generate_content_free_tier_requests, limit: 5, model: gemini-2.5-pro",
+])
+def test_a_rate_limit_in_a_usage_limit_s_words_is_transient(line: str) -> None:
+    assert classify(line, NOW).outcome is Outcome.TRANSIENT
+
+
+@pytest.mark.parametrize("line", [
+    ">       assert response.status_code == 429",
+    "E       AssertionError: upstream error 503 was not retried",
+    "E        +  where True = <limits.RateLimiter object at 0x7f>.rate_limited",
+    "FAILED tests/test_api.py::test_retry - AssertionError: HTTP 401 Unauthorized expected",
+])
+def test_a_failing_test_s_assertion_lines_are_no_outage(line: str) -> None:
+    assert classify(line, NOW).outcome is None
+
+
+@pytest.mark.parametrize(("line", "outcome"), [
+    ("ERROR: unexpected status 401 Unauthorized: Incorrect API key provided: sk-x***.",
+     Outcome.AUTH_REVOKED),
+    ("ERROR: Codex ran out of room in the model's context window.", Outcome.FAILED),
+    ("Prompt is too long · the request is ~215123 tokens (limit 200000)", Outcome.FAILED),
+])
+def test_the_clients_own_words(line: str, outcome: Outcome) -> None:
+    found = classify(line, NOW)
+    assert (found.outcome, found.evidence) == (outcome, line)
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -68,31 +68,67 @@ class Pattern(msgspec.Struct, frozen=True):
         return cls(Outcome(outcome), regex)
 
 
+_NOT_ASSERTION = r"^(?!\s*[E>]\s{2}|.*\bassert)"
+"""Guards a pattern against a failing test's own lines (`assert response.status_code ==
+429`, `AssertionError: upstream error 503 ...`, pytest's `E   ... .rate_limited` and `>`
+source lines): a test suite's failure is no outage."""
+
+
 def _defaults() -> tuple[Pattern, ...]:
     auth = Outcome.AUTH_REVOKED
     usage = Outcome.USAGE_BLOCKED
     memory = Outcome.OOM
     transient = Outcome.TRANSIENT
+    failed = Outcome.FAILED
+    guard = _NOT_ASSERTION
+    # The words are the clients' own, recorded from Claude Code, Codex CLI, Gemini CLI and
+    # aider against stand-ins of their APIs (tests/fixtures/clients/README.md).
     return tuple(Pattern.of(outcome, expression) for outcome, expression in (
-        # A login only a human can renew (seed 004: exit 7, spawn_oauth_expired).
+        # A login or key only a human can renew (seed 004: exit 7, spawn_oauth_expired).
         (auth, r"oauth (access )?token (has been|was) revoked"),
         (auth, r"invalid (x-)?api[ -_]?key|authentication_error|invalid bearer token"),
         (auth, r"please run /login|not logged in|login required|token (has )?expired"),
+        (auth, r"incorrect api key|api key not valid|api_key_invalid|failed to authenticate"),
+        (auth, r"authenticationerror|not able to authenticate you|permission_(error|denied)"),
+        (auth, r"does not have access to model|belongs to a disabled organization"),
+        (auth, r"log out and sign in again|refresh token was (revoked|already used)"),
+        (auth, r"(missing environment variable|must specify the)\W+\w*(api_key|token)\b"),
+        (auth, guard + r".*\b(401\W{1,3}unauthorized|403\W{1,3}forbidden)\b"),
         # A quota with a reset time (exit 5): Claude Code, Codex CLI, the API's own words.
-        (usage, r"usage limit|limit reached|hit your (usage )?limit|quota (exceeded|reached)"),
-        (usage, r"insufficient_quota|credit balance is too low|out of credits"),
+        # Gemini's daily quota first: its per-minute one (below) shares the API's words.
+        (usage, r"exhausted your daily quota|quotaid\W+\w*(perday|daily)"),
+        # Google's per-minute quota, which Gemini CLI retries itself ("Please retry in
+        # 1.2s"): a rate limit in a quota's words.
+        (transient, r"quota exceeded for metric"),
+        # Not Claude Code's "Server is temporarily limiting requests (not your usage
+        # limit)" nor OpenAI's per-minute "Rate limit reached for gpt-5 ...".
+        (usage, r"(?<!not your )usage limit|(?<!rate )limit reached"),
+        (usage, r"(hit|reached) your (?!rate )(\w+ ){0,2}limit"),
+        (usage, r"quota (exceeded|reached)|insufficient_quota|exceeded your current quota"),
+        (usage, r"credit balance is too low|out of (extra )?(usage|credits)\b"),
+        (usage, r"usage allocation has been disabled"),
+        (usage, r"check your plan and billing details"),
         # Memory.
         (memory, r"out of memory|heap out of memory|memoryerror|cannot allocate memory"),
         (memory, r"oom[- ]?killed|killed process \d+ .*oom"),
+        # The conversation outgrew the model's context window: no other weight or account
+        # has a bigger one, so the attempt failed (retried on `max_attempts`, actionable),
+        # with the line that says so as its evidence.
+        (failed, r"prompt is too long|context_length_exceeded|maximum context length"),
+        (failed, r"(exceeds|out of room in) the (model's )?context window"),
+        (failed, r"input token count \(\d+\) exceeds the maximum|has hit a token limit"),
         # Worth another try after a while (seed 002: 429/rate limit/overloaded/503/529).
         # A bare status number only next to a word that makes it one ("processed 503 files"
         # is no outage).
-        (transient, r"(error|status|http|code)\W{0,3}(\w+\W{1,3}){0,2}\b(429|50[0234]|529)\b"),
-        (transient, r"too many requests|rate[ _-]?limit(ed)?\b|ratelimiterror|overloaded"),
+        (transient, guard + r".*(error|status|http|code)\W{0,3}(\w+\W{1,3}){0,2}"
+                            r"\b(429|50[0234]|529)\b"),
+        (transient, guard + r".*(too many requests|rate[ _-]?limit(ed)?\b|ratelimiterror"
+                            r"|overloaded)"),
         (transient, r"service unavailable|bad gateway|gateway timeout|internal server error"),
         (transient, r"econnreset|etimedout|econnrefused|connection (reset|refused|error)"),
         (transient, r"network error|temporarily unavailable|apiconnectionerror|api_error"),
-        (transient, r"request timed out"),
+        (transient, r"request timed out|resource[ _]exhausted|resource has been exhausted"),
+        (transient, r"temporarily limiting requests"),
     ))
 
 
@@ -202,9 +238,13 @@ def _seconds(value: float, unit: str) -> float:
     return value
 
 
-_EPOCH = re.compile(r"limit reached\|(?P<epoch>\d{10})\b", re.IGNORECASE)
+_EPOCH = re.compile(r"(?:limit reached\||\"resetsAt\"\s*:\s*)(?P<epoch>\d{10})\b", re.IGNORECASE)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _RESETS_AT = re.compile(
-    r"resets?\s+(?:at\s+)?(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<half>am|pm)?"
+    r"(?:resets?|try again)\s+(?:at\s+)?"
+    r"(?:(?P<month>" + "|".join(_MONTHS) + r")[a-z]*\.?\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?"
+    r",?\s+(?:(?P<year>\d{4})\s+)?(?:at\s+)?)?"
+    r"(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<half>am|pm)?"
     r"(?:\s*\((?P<zone>[A-Za-z_]+(?:/[A-Za-z_+-]+)*)\))?", re.IGNORECASE)
 _DURATION = re.compile(
     r"(?:try again|resets?|available again)\s+in\s+(?P<parts>(?:\d+\s*(?:days?|d|hours?|h|"
@@ -216,9 +256,12 @@ _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 def reset_time(text: str, now: datetime) -> datetime | None:
     """When a usage limit the text reports resets, in the forms agents print it:
-    `Claude AI usage limit reached|1750000000`, `resets 3pm (Europe/Berlin)`, `resets at
-    15:30`, `try again in 4h 12m`, `try again in 2 days 3 hours`. The last one stated wins;
-    None when none is stated or it is in the past or implausibly far."""
+    `Claude AI usage limit reached|1750000000`, `"resetsAt":1750000000` (Claude Code's
+    stream-json), `resets 3pm (Europe/Berlin)`, `resets Dec 8, 7:26pm (UTC)`, `resets at
+    15:30`, `try again at 4:43 PM`, `try again at Dec 8th, 2026 7:27 PM` (Codex CLI), `try
+    again in 4h 12m`, `try again in 2 days 3 hours`. The last one stated wins; None when none
+    is stated or it is in the past or implausibly far. A clock time without a zone is read
+    in now's zone (the agent prints its host's local time)."""
     found: list[tuple[int, datetime]] = []
     for match in _EPOCH.finditer(text):
         found.append((match.start(), datetime.fromtimestamp(int(match["epoch"]), now.tzinfo)))
@@ -237,7 +280,8 @@ def reset_time(text: str, now: datetime) -> datetime | None:
 
 
 def _clock_time(match: re.Match[str], now: datetime) -> datetime | None:
-    """The next time the clock shows hour:minute in the named zone (else now's zone)."""
+    """The time the match names in its zone (else now's zone): on its date where it gives
+    one (the next such date when it gives no year), else the next time the clock shows it."""
     hour, minute = int(match["hour"]), int(match["minute"] or 0)
     half = (match["half"] or "").lower()
     if half:
@@ -255,6 +299,18 @@ def _clock_time(match: re.Match[str], now: datetime) -> datetime | None:
         except (ZoneInfoNotFoundError, ValueError):
             return None
     local = now.astimezone(zone)
+    if match["month"]:
+        month = _MONTHS.index(match["month"][:3].lower()) + 1
+        years = [int(match["year"])] if match["year"] else [local.year, local.year + 1]
+        for year in years:
+            try:
+                at = local.replace(year=year, month=month, day=int(match["day"]), hour=hour,
+                                   minute=minute, second=0, microsecond=0)
+            except ValueError:
+                return None  # no such day
+            if at > local:
+                return at
+        return None
     at = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
     if at <= local:
         at += timedelta(days=1)
