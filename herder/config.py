@@ -345,6 +345,9 @@ class JobTypeSection(Struct, frozen=True):
     silence_timeout: Annotated[Duration | None, rules(gt=0)] = None
     """No new log output for this long: the attempt is stopped as `stuck`."""
     exit_codes: Annotated[dict[str, str] | None, rules(check=_exit_codes)] = None
+    log_on_success: bool = False
+    """Read the log of an attempt that exited 0 too, for a program that ends 0 after an API
+    error (aider): a usage limit or a revoked login found there stands; nothing else does."""
     accounts: list[str] | bool = False
     """Runs under one of its host's accounts (herder.scheduling.accounts): true is any that
     serves the type, a list names those it may use, false (the default) is none."""

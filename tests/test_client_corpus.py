@@ -17,7 +17,12 @@ import pytest
 
 from herder.model import Outcome
 from herder.runtime.executor import read_ending
-from herder.scheduling.classification import SEED_EXIT_CODES, classify, verdict
+from herder.scheduling.classification import (
+    SEED_EXIT_CODES,
+    SUCCESS_LOG_OUTCOMES,
+    classify,
+    verdict,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "clients"
 MANIFEST = FIXTURES / "README.md"
@@ -98,3 +103,26 @@ def test_a_usage_limit_s_reset_is_read_from_every_form_the_corpus_has() -> None:
     with_reset = [row for row in ROWS if row.resets_at is not None]
     assert {row.fixture.split("/")[0] for row in with_reset} >= {"claude", "codex"}
     assert all(row.log_says is Outcome.USAGE_BLOCKED for row in with_reset)
+
+
+AIDER = [row for row in ROWS if row.fixture.startswith("aider") and row.exit_code == 0]
+
+
+@pytest.mark.parametrize("row", AIDER, ids=[row.fixture for row in AIDER])
+def test_log_on_success_turns_aider_s_exit_0_after_a_quota_or_bad_key_into_its_outcome(
+        row: Row) -> None:
+    # aider ends 0 after an API error: with `log_on_success` its log's usage limit or revoked
+    # key stands, while a 429 or 5xx it printed (and may have recovered from) does not.
+    tail, _ = read_ending(FIXTURES / row.fixture)
+    decided = verdict(Outcome.OK, 0, tail, row.recorded_at, exit_codes=SEED_EXIT_CODES,
+                      log_on_success=True)
+    expected = row.log_says if row.log_says in SUCCESS_LOG_OUTCOMES else Outcome.OK
+    assert decided.outcome is expected
+    if expected is not Outcome.OK:
+        assert decided.source == "log" and decided.evidence
+
+
+def test_the_aider_corpus_has_both_a_bad_key_and_a_quota_after_exit_0() -> None:
+    said = {row.log_says for row in AIDER}
+    assert {Outcome.AUTH_REVOKED, Outcome.USAGE_BLOCKED} <= said
+    assert said - SUCCESS_LOG_OUTCOMES  # and something log_on_success leaves as done

@@ -244,3 +244,44 @@ def test_jobs_actionable_lists_the_failures_someone_should_look_at(agent_harness
     listed = h.cli("jobs", "--status", "failed", "--actionable", "--json").stdout
     assert [job["id"] for job in json.loads(listed)] == [revoked]
     assert weather != revoked
+
+
+def test_log_on_success_reads_aider_s_log_after_its_exit_0(tmp_path: Path, sqlite_url: str):
+    # aider ends 0 after an API error; its recorded output is replayed by a stand-in.
+    corpus = Path(__file__).parent / "fixtures" / "clients" / "aider-openai"
+    replay = tmp_path / "fake-aider"
+    replay.write_text('#!/bin/sh\ncat "$1"\nexit 0\n')
+    replay.chmod(0o755)
+    config = "".join(
+        f'[job_types.{name}]\ncommand = ["{replay}", "{{file}}"]\nweight = "light"\n'
+        f'preflight = false\nmax_attempts = 1\nlog_on_success = {flag}\n\n'
+        for name, flag in (("aider", "true"), ("plain", "false")))
+    h = Harness(tmp_path, sqlite_url, extra_config=config)
+    try:
+        jobs = {(name, case): h.client.submit(
+                    name, payload={"file": str(corpus / f"{case}.txt")}).job_id
+                for name in ("aider", "plain")
+                for case in ("auth_invalid", "insufficient_quota", "rate_limit")}
+        up = h.up("--concurrency", "6")
+        try:
+            def ended(job_id: int) -> Job | None:  # done, failed, or waiting for a reset
+                job = h.job(job_id)
+                return job if job and (job.status.terminal or job.failure_reason) else None
+
+            settled = {key: wait_for(lambda job_id=job_id: ended(job_id), 60,
+                                     f"job {key} to settle", h.describe)
+                       for key, job_id in jobs.items()}
+        finally:
+            up.send_signal(signal.SIGTERM)
+            h.wait_exit(up, 30, "herder up")
+        assert (settled["aider", "auth_invalid"].status,
+                settled["aider", "auth_invalid"].failure_reason) == (
+            JobStatus.FAILED, "spawn_oauth_expired")
+        assert settled["aider", "insufficient_quota"].failure_reason == "usage_blocked"
+        # A 429 it printed may have been retried inside aider: exit 0 stays done.
+        assert settled["aider", "rate_limit"].status is JobStatus.DONE
+        # Without the setting, exit 0 is done whatever the log says.
+        assert {settled["plain", case].status for case in (
+            "auth_invalid", "insufficient_quota", "rate_limit")} == {JobStatus.DONE}
+    finally:
+        h.close()

@@ -65,6 +65,8 @@ class OutcomeRules(msgspec.Struct, frozen=True):
     """Job type -> its log patterns, where herder.toml adds or replaces some."""
     accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
     """Which job types run under an account (herder.runtime.accounts)."""
+    log_on_success: frozenset[str] = frozenset()
+    """Job types whose log is read after exit 0 too (`log_on_success`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutcomeRules:
@@ -82,7 +84,9 @@ class OutcomeRules(msgspec.Struct, frozen=True):
             for name, job_type in settings.job_types.items()
             if job_type.patterns or job_type.replace_patterns}
         return cls(exit_codes, WeightTable(dict(settings.weights), chain), policies, patterns,
-                   AccountRules.from_settings(settings))
+                   AccountRules.from_settings(settings),
+                   frozenset(name for name, job_type in settings.job_types.items()
+                             if job_type.log_on_success))
 
 
 def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Outcome, Rule]:
@@ -148,7 +152,8 @@ def decide_for(
     elif ending is not None:
         found = verdict(outcome, exit_code, ending.log_tail, now, ending.result,
                         limits.rules.exit_codes.get(job.job_type, {}),
-                        limits.rules.patterns.get(job.job_type, DEFAULT_PATTERNS))
+                        limits.rules.patterns.get(job.job_type, DEFAULT_PATTERNS),
+                        job.job_type in limits.rules.log_on_success)
         outcome, reason = found.outcome, found.failure_reason
         claimed = found.result.outcome if found.result is not None else None
         resume_at = found.resume_at or resume_at

@@ -48,6 +48,11 @@ DECIDES = frozenset({Outcome.OK, Outcome.FAILED})
 """The runner's own outcomes that the job's word, its exit code and its log may refine;
 the others (timeout, cancel, lost, stuck ...) are herder's knowledge and stand."""
 
+SUCCESS_LOG_OUTCOMES = frozenset({Outcome.USAGE_BLOCKED, Outcome.AUTH_REVOKED})
+"""What the log of an attempt that exited 0 may still say, for a job type with
+`log_on_success`: no retry inside the client cures these, while a 429 or a 5xx it printed
+may have been retried and recovered from."""
+
 MAX_WAIT = timedelta(days=8)
 """A reset further away than this is not believed (a weekly quota is the longest known)."""
 
@@ -364,11 +369,13 @@ def read_result(text: str | None) -> tuple[JobResult | None, str | None]:
 def verdict(ended: Outcome, exit_code: int | None, tail: str, now: datetime,
             result_text: str | None = None,
             exit_codes: Mapping[int, Outcome] | None = None,
-            patterns: Sequence[Pattern] = DEFAULT_PATTERNS) -> Verdict:
+            patterns: Sequence[Pattern] = DEFAULT_PATTERNS,
+            log_on_success: bool = False) -> Verdict:
     """The outcome of an attempt the runner saw end as `ended`. Which signal wins: the
     job's own `$HERDER_RESULT`, then an exit code the job type's map names, then the log's
-    patterns (only for a non-zero exit: a job that retried a 429 and succeeded is done),
-    then the runner's plain ok or failed."""
+    patterns (only for a non-zero exit: a job that retried a 429 and succeeded is done;
+    with `log_on_success`, a usage limit or revoked login also after exit 0), then the
+    runner's plain ok or failed."""
     result, result_error = read_result(result_text)
     found = classify(tail, now, patterns)
     cost = result.cost_usd if result and result.cost_usd is not None else found.usage.cost_usd
@@ -386,6 +393,9 @@ def verdict(ended: Outcome, exit_code: int | None, tail: str, now: datetime,
                        retry_after=result.retry_after if result.retry_after is not None
                        else found.retry_after, resume_at=resume_at)
     if ended is Outcome.OK:
+        if log_on_success and found.outcome in SUCCESS_LOG_OUTCOMES:
+            return replace(base, outcome=found.outcome, source="log", evidence=found.evidence,
+                           resume_at=found.resume_at)
         return base
     mapped = (exit_codes or {}).get(exit_code) if exit_code is not None else None
     if mapped is not None:
