@@ -215,6 +215,9 @@ class DefaultsSection(Struct, frozen=True):
     priority: int = 100
     weight: str = "light"
     max_attempts: Annotated[int, rules(ge=1)] = 3
+    max_transient_attempts: Annotated[int, rules(ge=1)] = 5
+    """Seed 002's transient budget (`transient_max_attempts`): its own, never the job's
+    attempts."""
     timeout: Duration | None = None
     backoff_base: Duration = 10.0
     backoff_max: Duration = 600.0
@@ -347,6 +350,12 @@ class JobTypeSection(Struct, frozen=True):
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
     preflight_timeout: Annotated[Duration, rules(gt=0)] = 5.0
+    preflight_cache: Annotated[Duration, rules(gt=0)] = 45.0
+    """How long a preflight's result stands before it runs again (seed 002's
+    `preflight_cache_ttl`)."""
+    max_transient_attempts: Annotated[int | None, rules(ge=1)] = None
+    """Transient outcomes (429, overloaded) a job of this type may meet before it fails;
+    left out: [defaults] max_transient_attempts."""
     dispatch_check: Annotated[list[str] | None, rules(check=_dispatch_check)] = None
     """`herder should-dispatch KEY --type NAME` runs it once the key is free (an argv; the
     key and payload come as HERDER_DEDUP_KEY and HERDER_PAYLOAD_<FIELD>): exit 0 dispatch,

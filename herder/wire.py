@@ -482,6 +482,8 @@ class PreflightCheck(Reply):
     argv: list[str]
     strict: bool
     timeout: float
+    cache: float = 45.0
+    """Seconds its result stands (`preflight_cache`)."""
 
 
 class AccountProbe(Reply):

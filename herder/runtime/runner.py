@@ -45,6 +45,7 @@ from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
+from herder.runtime.preflight import Check, Refresher, job_type_checks
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import (
     ClaimSource,
@@ -173,6 +174,8 @@ class RunnerOptions(msgspec.Struct, frozen=True):
     """How attempts' memory is measured and enforced (herder.runtime.memory)."""
     run_as: JobUser | None = None
     """Who jobs run as when herder is root ([runtime] run_as); None: herder's own user."""
+    preflight: Mapping[str, Check] = msgspec.field(default_factory=dict)
+    """Job type -> its preflight, run by `herder up` before it claims that type."""
 
     @classmethod
     def from_settings(
@@ -200,6 +203,7 @@ class RunnerOptions(msgspec.Struct, frozen=True):
             workspace_min_free_gb=runtime.workspace_min_free_gb,
             memory=MemoryPolicy.from_section(runtime),
             run_as=resolve_job_user(runtime.run_as, os.geteuid()),
+            preflight=job_type_checks(settings.job_types),
         )
         check_workspace_root(options.run_as, options.workspaces.root)
         return options
@@ -239,7 +243,9 @@ class Runner:
                 raise ValueError("a runner needs a store or a work source")
             rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
                               options.max_lost)
-            source = ClaimSource(store, options.host, options.limits, rescuer)
+            source = ClaimSource(store, options.host, options.limits, rescuer,
+                                 Refresher(options.preflight, options.pass_env)
+                                 if options.preflight else None)
         self.source = source
         source.attach(self.worker)
         self._stopping = 0

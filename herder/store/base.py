@@ -10,7 +10,7 @@ import abc
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -182,8 +182,10 @@ class Store(abc.ABC):
         return len(self.driver.write("delivery_expire", {"before": before}))
 
     @abc.abstractmethod
-    def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
-        """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
+    def job_claim(self, host: str, worker: str, limit: int, now: datetime,
+                  blocked_job_types: Collection[str] = ()) -> list[Job]:
+        """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt;
+        none of `blocked_job_types` (their preflight failed on this host)."""
 
     def attempt_heartbeat(
         self, host: str, tokens: Sequence[AttemptToken], now: datetime

@@ -66,6 +66,9 @@ WITH picked AS (
     SELECT id FROM herder_jobs
     WHERE status = 'queued' AND available_at <= %(now)s
       AND (affinity IS NULL OR affinity = %(host)s)
+      -- the job types whose preflight failed here (mostly none), as one JSON array: an
+      -- array parameter would keep the plan from being cached (see attempt_finish)
+      AND NOT (%(blocked)s::jsonb ? job_type)
     ORDER BY priority, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -72,6 +72,10 @@ WHERE id IN (
     SELECT id FROM herder_jobs INDEXED BY herder_jobs_queued
     WHERE status = 'queued' AND available_at <= :now
       AND (affinity IS NULL OR affinity = :host)
+      -- :blocked: the job types whose preflight failed here (a JSON array, mostly empty)
+      AND (:blocked = '[]' OR NOT EXISTS (
+          SELECT 1 FROM herder_job_specs s WHERE s.id = herder_jobs.id
+            AND s.job_type IN (SELECT value FROM json_each(:blocked))))
     ORDER BY priority, id
     LIMIT :limit)
 -- The job's state, but for the columns set here (the store fills those in from what it
