@@ -242,3 +242,27 @@ def test_bad_preflight_and_transient_settings_name_the_key(tmp_path: Path, text:
     (tmp_path / "herder.toml").write_text(text)
     with pytest.raises(ConfigError, match=re.escape(problem)):
         load_config(tmp_path / "herder.toml")
+
+
+def test_herder_preflight_reads_its_checks_from_stdin_and_prints_verdicts(tmp_path: Path) -> None:
+    """What the server runs on an ssh host: the checks on stdin (never on argv)."""
+    import subprocess
+
+    from support.cli import herder_argv
+    from support.environment import clean_environment
+
+    def preflight(text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(herder_argv("preflight"), input=text, cwd=tmp_path,
+                              env=clean_environment(), capture_output=True, text=True,
+                              timeout=60, check=False)
+
+    answer = preflight(json.dumps({"fine": {"argv": ["true"], "strict": True},
+                                   "missing": {"argv": ["no-such-agentcli", "--version"]}}))
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout) == {
+        "fine": {"ok": True, "detail": ""},
+        "missing": {"ok": False, "detail": "no-such-agentcli: No such file or directory"}}
+    for bad in ("[1]", "not json", '{"t": {"strict": true}}'):
+        refused = preflight(bad)
+        assert refused.returncode == 2
+        assert refused.stderr.startswith("herder: error: stdin: not a set of preflight checks")

@@ -126,7 +126,7 @@ def heartbeat(ctx: click.Context, label: str | None, server: str | None, token: 
         click.echo(f"heartbeat sent for {label}")
         return
     with edge():
-        if not state.client.store.host_heartbeat(label, utcnow(), {"via": "cli"}):
+        if not state.client.store.host_heartbeat_push(label, utcnow(), "cli"):
             fail(f"no host {label!r} (see `herder hosts`)")
     click.echo(f"heartbeat recorded for {label}")
 
@@ -384,3 +384,36 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         sys.exit(3)
 
 
+
+
+PREFLIGHT_INPUT_BYTES = 1024 * 1024
+
+
+@click.command("preflight")
+@pass_state
+def preflight(state: State) -> None:
+    """Run the job types' preflights read from stdin, on this host, and print their verdicts
+    (what the server runs over ssh on a push host: the checks on stdin, never on argv).
+
+    Input: {"TYPE": {"argv": [...], "strict": bool, "timeout": s}}; output: {"TYPE": {"ok":
+    bool, "detail": "..."}}. Exit 2 on input that is not that.
+    """
+    harden_process()
+    import msgspec
+
+    from herder.runtime.preflight import Check, run
+
+    with edge():
+        try:
+            checks = msgspec.json.decode(sys.stdin.buffer.read(PREFLIGHT_INPUT_BYTES),
+                                         type=dict[str, Check])
+        except msgspec.DecodeError as exc:  # ValidationError too
+            raise InputError("stdin", f"not a set of preflight checks: {exc}",
+                             'send {"TYPE": {"argv": ["prog", "--version"]}}') from None
+        pass_env = state.config.settings.runtime.pass_env
+    verdicts = {}
+    for job_type, check in sorted(checks.items()):
+        result = run(check, pass_env) if check.argv else None
+        verdicts[job_type] = ({"ok": result.ok, "detail": result.detail} if result
+                              else {"ok": False, "detail": "no command"})
+    click.echo(msgspec.json.encode(verdicts).decode())

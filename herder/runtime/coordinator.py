@@ -520,7 +520,8 @@ class Coordinator:
         launcher = SshLauncher(
             self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
             self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}",
-            allow_plaintext=self.allow_plaintext)
+            allow_plaintext=self.allow_plaintext,
+            preflight=job_type_checks(self.settings.job_types))
         self.assignment_listeners.append(lambda _hosts: launcher.wake.set())
         loop = self.loops.register("ssh", SSH_INTERVAL)
         backoff = Backoff(base=SSH_INTERVAL, cap=10.0)
@@ -643,7 +644,7 @@ class Coordinator:
 
     def push_heartbeat(self, label: str) -> None:
         """A heartbeat from cron's `herder heartbeat` on a push host."""
-        self.store.host_heartbeat(label, utcnow(), {"via": "heartbeat"})
+        self.store.host_heartbeat_push(label, utcnow(), "heartbeat")
 
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
                       _agent_log_path: str | None) -> None:

@@ -288,6 +288,17 @@ class Store(abc.ABC):
         return [job_from_row(row) for row in self.driver.read(
             "attempt_list_assigned", {"host": host, "limit": limit})]
 
+    def host_preflight_record(self, label: str, failed: Mapping[str, str]) -> bool:
+        """The job types whose preflight fails on this (ssh) host, with why; its
+        heartbeat untouched. False when there is no such host."""
+        return bool(self.driver.write("host_preflight_record", {
+            "label": label, "preflight_failed": Json(dict(failed))}))
+
+    def host_heartbeat_push(self, label: str, now: datetime, via: str) -> bool:
+        """A push host's heartbeat: its last preflight (`host_preflight_record`) stands."""
+        return bool(self.driver.write("host_heartbeat_push", {
+            "label": label, "now": now, "via": via}))
+
     def host_agent_gone(self, label: str, worker: str) -> bool:
         """Mark the host's agent gone (stopped) while `worker` is the last one that
         heartbeated; False when another agent has heartbeated since, the agent stopped
