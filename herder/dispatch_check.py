@@ -22,6 +22,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from herder.errors import HerderError, InputError
+from herder.hardening import PRIVATE_UMASK
 
 EXIT_DISPATCH = 0
 EXIT_SKIP = 10
@@ -63,7 +64,7 @@ def run_dispatch_check(argv: Sequence[str], timeout: float, environment: Mapping
     try:
         process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=dict(environment), cwd=cwd,
-                                   start_new_session=True, umask=0o077)
+                                   start_new_session=True, umask=PRIVATE_UMASK)
     except OSError as exc:
         raise DispatchCheckFailed(f"{where}: {argv[0]} cannot start: "
                                   f"{exc.strerror or exc}") from None

@@ -431,3 +431,60 @@ def test_preflight_runs_on_the_ssh_host_through_ssh_and_holds_the_job_until_it_p
             assert failed_there() == {}
     finally:
         store.close()
+
+
+FAKE_SSH = """\
+import json, sys
+if not sys.argv[-1].endswith(" preflight"):
+    sys.exit(0)  # a launch: nothing to do here
+checks = json.load(sys.stdin)
+print("Warning: Permanently added 'host' to the list of known hosts.", file=sys.stderr)
+if open(sys.argv[0] + ".mode").read() == "old":
+    print("Error: No such command 'preflight'.", file=sys.stderr)
+    sys.exit(2)
+print(json.dumps({job_type: {"ok": False, "detail": "agentcli: not found"}
+                  for job_type in checks}))
+"""
+
+
+@pytest.mark.parametrize("remote", ["answers", "old"])
+def test_the_launchers_preflight_round_records_verdicts_or_fails_open(
+        tmp_path: Path, store, remote: str) -> None:
+    """Verdicts on stdout count (ssh's warnings on stderr do not mix in); a remote herder
+    that cannot answer decides nothing, and the placement is launched as before."""
+    from herder.config import Settings
+    from herder.model import HostRecord, JobSpec, Transport
+    from herder.runtime.preflight import Check
+    from herder.runtime.sources import PolicyLimits
+    from herder.runtime.ssh import SshLauncher
+
+    fake = tmp_path / "fake-ssh"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_SSH}")
+    fake.chmod(0o755)
+    (tmp_path / "fake-ssh.mode").write_text(remote)
+    now = datetime.now(UTC)
+    store.host_insert(HostRecord("s6", 16, transport=Transport.SSH, ssh_target="x"), now)
+    [inserted] = store.job_insert([JobSpec(job_type="agentic", command=("agentcli",))], now)
+    store.job_assign("s6", [(inserted.job_id, 3.0)], 1, 12.8, now)
+    launcher = SshLauncher(store, "http://127.0.0.1:1", [str(fake)], "herder",
+                           PolicyLimits.from_settings(Settings()), tmp_path, "server/1/1",
+                           preflight={"agentic": Check(("agentcli", "--version"))})
+    try:
+        assert launcher.run_once(scan=True)["launched"] == 0  # its verdict is to come
+        wait_for(lambda: launcher.run_once(scan=False) is not None
+                 and launcher.hosts["s6"].round is None, 30, "the preflight round to end")
+        host = store.host_get("s6")
+        assert host is not None
+        launched = launcher.run_once(scan=True)["launched"]
+        if remote == "old":
+            assert launched == 1  # fail-open
+            assert "preflight_failed" not in host.agent_info
+            return
+        assert host.agent_info["preflight_failed"] == {"agentic": "agentcli: not found"}
+        assert launched == 0
+        assert [a.outcome for a in store.attempt_list(inserted.job_id)] == ["refused"]
+        job = store.job_get(inserted.job_id)
+        assert job is not None and (job.status, job.failures, job.spawn_failures) == (
+            JobStatus.QUEUED, 0, 0)
+    finally:
+        launcher.stop()

@@ -113,6 +113,8 @@ class _Round:
     deadline: float
     """Monotonic."""
     output: IO[bytes]
+    errors: IO[bytes]
+    """ssh's and the remote herder's stderr (warnings never mix with the verdicts)."""
 
 
 @dataclass
@@ -302,18 +304,19 @@ class SshLauncher:
             stdin.write(msgspec.json.encode(due))
             stdin.seek(0)
             output = tempfile.TemporaryFile()  # noqa: SIM115 (read when the round ends)
+            errors = tempfile.TemporaryFile()  # noqa: SIM115
             try:
-                process = subprocess.Popen(command, stdin=stdin, stdout=output,
-                                           stderr=subprocess.STDOUT, start_new_session=True,
-                                           env=child_environment())
+                process = subprocess.Popen(command, stdin=stdin, stdout=output, stderr=errors,
+                                           start_new_session=True, env=child_environment())
             except OSError as exc:
                 output.close()
+                errors.close()
                 log.error("preflight on %s: ssh could not start: %s", host.label, exc)
                 state.retry_at = mono + min(check.cache for check in due.values())
                 state.undecided = True
                 return
         state.round = _Round(process, due, mono + PREFLIGHT_SLACK + sum(
-            check.timeout for check in due.values()), output)
+            check.timeout for check in due.values()), output, errors)
 
     def _settle_preflights(self) -> None:
         """Read the rounds that ended (kill those past their deadline)."""
@@ -330,16 +333,18 @@ class SshLauncher:
                     current.process.kill()
                 current.process.wait()
             state.round = None
-            with current.output:
+            with current.output, current.errors:
                 current.output.seek(0)
                 said = current.output.read(PREFLIGHT_OUTPUT_BYTES)
+                current.errors.seek(0)
+                complained = current.errors.read(PREFLIGHT_OUTPUT_BYTES)
             verdicts = None
             if code == 0:
                 with contextlib.suppress(msgspec.DecodeError):
                     verdicts = msgspec.json.decode(said, type=dict[str, Verdict])
             if verdicts is None:
-                lines = [line for line in said.decode(errors="replace").splitlines()
-                         if line.strip()]
+                lines = [line for line in (complained or said).decode(
+                    errors="replace").splitlines() if line.strip()]
                 log.warning("preflight on %s decided nothing (%s%s); trying again later",
                             label, "no answer in time" if code is None else f"exit {code}",
                             f": {lines[-1].strip()[:200]}" if lines else "")
