@@ -268,3 +268,33 @@ def test_the_server_runs_its_own_check_for_a_token_that_may_submit_the_type(
     # the server's secrets never reach the check
     assert all(name in {"HERDER_DEDUP_KEY", "HERDER_JOB_TYPE", "HERDER_PAYLOAD_STATE"}
                for entry in records(tmp_path) for name in entry["env"])  # type: ignore[attr-defined]
+
+
+def test_the_server_runs_at_most_four_checks_at_once_and_refuses_a_fifth_at_once() -> None:
+    """A fifth caller is told to try again, not parked on one of the server's threads."""
+    import threading
+
+    from herder.api.jobs import DISPATCH_CHECKS, _bounded
+
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def hanging(_job_type: str, _key: str, _payload: object) -> str | None:
+        entered.release()
+        release.wait(60)
+        return None
+
+    threads = [threading.Thread(target=_bounded, args=(hanging, "issue", f"k{n}", {}))
+               for n in range(DISPATCH_CHECKS)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in threads:
+            assert entered.acquire(timeout=30)
+        with pytest.raises(DispatchCheckFailed, match="runs 4 dispatch checks already"):
+            _bounded(hanging, "issue", "k-more", {})
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert _bounded(lambda *_: "done", "issue", "k-after", {}) == "done"

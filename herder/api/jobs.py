@@ -58,7 +58,7 @@ async def dedup_holder(_caller: Reader, service: Service,
 
 
 DISPATCH_CHECKS = 4
-"""Dispatch checks the server runs at once; more callers wait their turn."""
+"""Dispatch checks the server runs at once."""
 _dispatch_checks = threading.BoundedSemaphore(DISPATCH_CHECKS)
 
 
@@ -80,10 +80,19 @@ async def dispatch_check(body: DispatchCheckBody, caller: Submitter,
 
 
 def _bounded(check: Callable[[str, str, Mapping[str, str]], str | None],
-                   job_type: str, dedup_key: str, payload: Mapping[str, str]) -> str | None:
-    """At most DISPATCH_CHECKS checks at once (on the server's worker threads)."""
-    with _dispatch_checks:
+             job_type: str, dedup_key: str, payload: Mapping[str, str]) -> str | None:
+    """At most DISPATCH_CHECKS checks at once; one more is refused at once rather than
+    holding one of the server's worker threads while it waits."""
+    from herder.dispatch_check import DispatchCheckFailed
+
+    if not _dispatch_checks.acquire(blocking=False):
+        raise DispatchCheckFailed(f"job_types.{job_type}.dispatch_check: the server runs "
+                                  f"{DISPATCH_CHECKS} dispatch checks already; try again "
+                                  "shortly")
+    try:
         return check(job_type, dedup_key, payload)
+    finally:
+        _dispatch_checks.release()
 
 
 @router.get("/{job_id}", response_model=JobDetail)
