@@ -266,6 +266,30 @@ class Client:
         """None when no job holds the key; otherwise the holder."""
         return self.store.job_dedup_holder(dedup_key)
 
+    def dispatch_check(self, job_type: str, dedup_key: str,
+                       payload: Mapping[str, str]) -> str | None:
+        """Run the job type's `dispatch_check` here: its skip reason, or None to dispatch
+        (also when it has none). InputError for an unknown type or a bad payload,
+        `DispatchCheckFailed` when the check neither dispatched nor skipped."""
+        from herder.dispatch_check import check_environment, check_payload, run_dispatch_check
+        from herder.hardening import child_environment, secret_variables
+
+        section = self.config.settings.job_types.get(job_type)
+        if section is None:
+            raise InputError("--type", f"no job type {job_type!r} in herder.toml",
+                             "name one of its [job_types]")
+        values = check_payload(payload)
+        if section.dispatch_check is None:
+            return None
+        secrets = set(secret_variables(self.config.settings))
+        base = {name: value for name, value in child_environment().items()
+                if name not in secrets}
+        return run_dispatch_check(
+            section.dispatch_check, section.dispatch_check_timeout,
+            check_environment(base, job_type, dedup_key, values),
+            f"job_types.{job_type}.dispatch_check",
+            str(self.config.path.parent) if self.config.path is not None else None)
+
     # -- hosts, accounts and reservations (`herder host`, `account`, `slots`, `reserve`) -------
 
     def _fleet(self) -> Fleet:

@@ -215,6 +215,9 @@ class DefaultsSection(Struct, frozen=True):
     priority: int = 100
     weight: str = "light"
     max_attempts: Annotated[int, rules(ge=1)] = 3
+    max_transient_attempts: Annotated[int, rules(ge=1)] = 5
+    """Seed 002's transient budget (`transient_max_attempts`): its own, never the job's
+    attempts."""
     timeout: Duration | None = None
     backoff_base: Duration = 10.0
     backoff_max: Duration = 600.0
@@ -303,6 +306,25 @@ def _preflight(value: list[str] | bool) -> list[str] | bool:
     return value
 
 
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _dispatch_check(value: list[str] | None) -> list[str] | None:
+    if value is not None and not value:
+        raise ValueError("the command is empty; give an argv list like [\"./merged-pr\"], or "
+                         "leave it out for none")
+    for item in value or []:
+        found = _PLACEHOLDER.search(item)
+        if found:
+            name = found.group(1)
+            variable = ("HERDER_DEDUP_KEY" if name in ("dedup_key", "key")
+                        else f"HERDER_PAYLOAD_{name.upper()}")
+            raise ValueError(f"{item!r}: the check's argv is not a template (a value is never "
+                             f"pasted into a command); read ${variable} from its environment "
+                             "instead")
+    return value
+
+
 class WorkspaceSection(Struct, frozen=True):
     """[job_types.NAME.workspace]: a fresh checkout per attempt, its folder the workdir;
     `repository` and `ref` are templates filled from the payload."""
@@ -342,6 +364,17 @@ class JobTypeSection(Struct, frozen=True):
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
     preflight_timeout: Annotated[Duration, rules(gt=0)] = 5.0
+    preflight_cache: Annotated[Duration, rules(gt=0)] = 45.0
+    """How long a preflight's result stands before it runs again (seed 002's
+    `preflight_cache_ttl`)."""
+    max_transient_attempts: Annotated[int | None, rules(ge=1)] = None
+    """Transient outcomes (429, overloaded) a job of this type may meet before it fails;
+    left out: [defaults] max_transient_attempts."""
+    dispatch_check: Annotated[list[str] | None, rules(check=_dispatch_check)] = None
+    """`herder should-dispatch KEY --type NAME` runs it once the key is free (an argv; the
+    key and payload come as HERDER_DEDUP_KEY and HERDER_PAYLOAD_<FIELD>): exit 0 dispatch,
+    10 skip (its first stdout line the reason), anything else an error (herder.dispatch_check)."""
+    dispatch_check_timeout: Annotated[Duration, rules(gt=0)] = 30.0
     silence_timeout: Annotated[Duration | None, rules(gt=0)] = None
     """No new log output for this long: the attempt is stopped as `stuck`."""
     exit_codes: Annotated[dict[str, str] | None, rules(check=_exit_codes)] = None

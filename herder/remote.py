@@ -31,6 +31,7 @@ from herder.wire import (
     AttemptView,
     Cancelled,
     DedupHolder,
+    DispatchChecked,
     EventView,
     FleetCapView,
     HostSettingsBody,
@@ -277,6 +278,18 @@ class RemoteClient:
         if holder.job_id is None or holder.status is None:
             return None
         return holder.job_id, holder.status
+
+    def dispatch_check(self, job_type: str, dedup_key: str,
+                       payload: Mapping[str, str]) -> str | None:
+        """The server runs the check (its herder.toml has the command)."""
+        from herder.dispatch_check import DispatchCheckFailed
+
+        answer = DispatchChecked.model_validate(self.json(
+            "POST", "/api/v1/jobs/dispatch-check", json={
+                "job_type": job_type, "dedup_key": dedup_key, "payload": dict(payload)}))
+        if answer.error is not None:
+            raise DispatchCheckFailed(answer.error)
+        return (answer.reason or "the dispatch check said skip") if answer.skip else None
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
         return wait_for_end(self.get, time.sleep, job_id, timeout, FOLLOW_INTERVAL)

@@ -1,6 +1,7 @@
-"""systemd units for `herder agent install-systemd` and `herder server install-systemd`: one
-renderer, so both services start, stop and restart the same way. Pure text; the commands
-decide where it goes."""
+"""systemd units for `herder agent install-systemd`, `herder server install-systemd` and
+`herder heartbeat install-systemd` (a oneshot service and its timer): one renderer, so the
+services start, stop and restart the same way. Pure text; the commands decide where it
+goes."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class Unit(msgspec.Struct, frozen=True):
     workdir: str
     command: Sequence[str]
     """ExecStart's argv; each part quoted for systemd (never a secret: units are world-readable)."""
-    restart: str
+    restart: str | None
+    """None for a oneshot service: its timer starts it again."""
     notes: Sequence[str] = ()
     """Comment lines above ExecStart: what the operator writes once, and why."""
     environment_file: str | None = None
@@ -28,6 +30,11 @@ class Unit(msgspec.Struct, frozen=True):
     restart_seconds: int = 15
     hardening: Sequence[str] = ()
     """Sandboxing lines (`HARDENING`)."""
+    service_type: str = "simple"
+    start_seconds: int | None = None
+    """TimeoutStartSec: how long a oneshot service may run."""
+    wanted_by: str | None = "multi-user.target"
+    """[Install]'s WantedBy; None for a service its timer starts (no [Install])."""
 
 
 HARDENING = (
@@ -49,21 +56,38 @@ def exec_line(argv: Sequence[str]) -> str:
 
 
 def render(unit: Unit) -> str:
-    service = ["Type=simple", f"User={unit.user}", f"WorkingDirectory={unit.workdir}"]
+    service = [f"Type={unit.service_type}", f"User={unit.user}",
+               f"WorkingDirectory={unit.workdir}"]
     if unit.environment_file is not None:
         service.append(f"EnvironmentFile={unit.environment_file}")
     service += [f"# {line}".rstrip() for line in unit.notes]
     service.append(f"ExecStart={exec_line(unit.command)}")
     if unit.kill_mode is not None:
         service.append(f"KillMode={unit.kill_mode}")
+    if unit.start_seconds is not None:
+        service.append(f"TimeoutStartSec={unit.start_seconds}")
     if unit.stop_seconds is not None:
         service.append(f"TimeoutStopSec={unit.stop_seconds}")
-    service += [f"Restart={unit.restart}", f"RestartSec={unit.restart_seconds}",
-                *unit.hardening]
+    if unit.restart is not None:
+        service += [f"Restart={unit.restart}", f"RestartSec={unit.restart_seconds}"]
+    service += unit.hardening
+    install = ["", "[Install]", f"WantedBy={unit.wanted_by}"] if unit.wanted_by else []
     return "\n".join([
         "[Unit]", f"Description={unit.description}", "After=network-online.target",
-        "Wants=network-online.target", "", "[Service]", *service, "", "[Install]",
-        "WantedBy=multi-user.target", ""])
+        "Wants=network-online.target", "", "[Service]", *service, *install, ""])
+
+
+HEARTBEAT_TIMEOUT_SECONDS = 50
+"""A heartbeat that hangs is stopped before the next minute's is due."""
+
+
+def heartbeat_timer(label: str, service: str) -> str:
+    """The timer that starts the heartbeat service every minute (from boot on; a missed
+    minute is not made up: one late heartbeat says as much as many)."""
+    return "\n".join([
+        "[Unit]", f"Description=herder heartbeat every minute for host {label}", "",
+        "[Timer]", "OnCalendar=*-*-* *:*:00", "AccuracySec=5s", f"Unit={service}", "",
+        "[Install]", "WantedBy=timers.target", ""])
 
 
 def environment_line(name: str, value: str) -> str:
@@ -79,7 +103,6 @@ def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdi
                token_file: str, drain_seconds: int, ca: str | None = None,
                allow_plaintext: bool = False) -> Unit:
     """`herder agent` for one host: Restart=always (an agent has no reason to stay down)."""
-    token_dir = token_file.rpartition("/")[0] or "/"
     return Unit(
         description=f"herder agent for host {label}", user=user, workdir=workdir,
         command=[*herder, "agent", "--server", server, "--host", label,
@@ -87,16 +110,37 @@ def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdi
                  *(["--allow-plaintext"] if allow_plaintext else [])],
         restart="always", kill_mode="mixed", stop_seconds=drain_seconds + 30,
         hardening=HARDENING, notes=[
-            f"The host token is read from {token_file}: owned by {user}, mode 0600 (the agent",
-            "refuses a file that group or others can read); never on a command line or in the",
-            "environment. Write it once, as root, pasting the token `herder host add` (or",
-            f"`herder host token {label}`) printed, then Ctrl-D:",
-            f"  install -d -m 755 {token_dir} && install -m 600 -o {user} /dev/null "
-            f"{token_file}",
-            f"  cat > {token_file}",
+            *token_notes(label, user, token_file),
             "SIGTERM drains: no new work, running jobs finish or are handed back after the",
             "deadline (TimeoutStopSec).",
         ])
+
+
+def heartbeat_unit(herder: Sequence[str], server: str, label: str, user: str, workdir: str,
+                   token_file: str, ca: str | None = None,
+                   allow_plaintext: bool = False) -> Unit:
+    """One `herder heartbeat` for an ssh push host, started each minute by its timer."""
+    return Unit(
+        description=f"herder heartbeat for host {label}", user=user, workdir=workdir,
+        command=[*herder, "heartbeat", "--server", server, "--host", label,
+                 "--token-file", token_file, *(["--ca", ca] if ca else []),
+                 *(["--allow-plaintext"] if allow_plaintext else [])],
+        restart=None, service_type="oneshot", start_seconds=HEARTBEAT_TIMEOUT_SECONDS,
+        wanted_by=None, hardening=HARDENING, notes=token_notes(label, user, token_file))
+
+
+def token_notes(label: str, user: str, token_file: str) -> list[str]:
+    """How the operator writes the host token once, where the unit reads it."""
+    token_dir = token_file.rpartition("/")[0] or "/"
+    return [
+        f"The host token is read from {token_file}: owned by {user}, mode 0600 (herder",
+        "refuses a file that group or others can read); never on a command line or in the",
+        "environment. Write it once, as root, pasting the token `herder host add` (or",
+        f"`herder host token {label}`) printed, then Ctrl-D:",
+        f"  install -d -m 755 {token_dir} && install -m 600 -o {user} /dev/null "
+        f"{token_file}",
+        f"  cat > {token_file}",
+    ]
 
 
 def server_unit(herder: Sequence[str], config: str | None, options: Sequence[str], user: str,

@@ -359,6 +359,23 @@ class DedupHolder(Reply):
     status: JobStatus | None = None
 
 
+class DispatchCheckBody(Body):
+    """`herder should-dispatch KEY --type T -p field=value`: run T's dispatch_check (its
+    values are checked again by `herder.dispatch_check.check_payload`)."""
+
+    job_type: str = Field(min_length=1, max_length=NAME_LENGTH)
+    dedup_key: str = Field(min_length=1, max_length=DEDUP_KEY_LENGTH, pattern=r"^[^\x00]*$")
+    payload: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+
+class DispatchChecked(Reply):
+    """The check's word: skip (with its reason), dispatch, or `error` (it failed)."""
+
+    skip: bool = False
+    reason: str | None = None
+    error: str | None = None
+
+
 class AccountView(Reply):
     """An account as `herder accounts` shows it: never its environment's values."""
 
@@ -477,6 +494,8 @@ class PreflightCheck(Reply):
     argv: list[str]
     strict: bool
     timeout: float
+    cache: float = 45.0
+    """Seconds its result stands (`preflight_cache`)."""
 
 
 class AccountProbe(Reply):

@@ -13,6 +13,7 @@ import http.server
 import logging
 import os
 import re
+import shlex
 import ssl
 import subprocess
 import threading
@@ -28,6 +29,7 @@ import httpx
 import msgspec
 import pytest
 from support.cli import run_herder
+from support.environment import clean_environment
 from support.ports import free_port
 from support.waits import wait_for
 from test_tls import make_certificate
@@ -809,3 +811,23 @@ def test_the_servers_lease_is_known_from_a_host_heartbeat(server, make_source) -
         "live": [], "cancel": [], "host": None, "attempts": [], "lease_seconds": 4.0}))
     source = make_source(poll=True)
     wait_for(lambda: source.lease_seconds == 4.0, 10, "the lease from a host heartbeat")
+
+
+def test_the_heartbeat_units_command_sends_a_heartbeat_with_the_token_file(
+        tmp_path, plain_server) -> None:
+    """What `herder heartbeat install-systemd` writes, run as systemd would run it."""
+    address, seen = plain_server
+    path = tmp_path / "token"
+    path.write_text("hdr_from-the-file\n")
+    path.chmod(0o600)
+    printed = herder(tmp_path, "heartbeat", "install-systemd", "--server", f"http://{address}",
+                     "--host", LABEL, "--token-file", str(path), "--print")
+    assert printed.returncode == 0, printed.stderr
+    [line] = [line for line in printed.stdout.splitlines() if line.startswith("ExecStart=")]
+    argv = [part.replace("$$", "$").replace("%%", "%")
+            for part in shlex.split(line.removeprefix("ExecStart="))]
+    ran = subprocess.run(argv, cwd=tmp_path, env=clean_environment({"HOME": str(tmp_path)}),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0, ran.stderr
+    assert seen == ["Bearer hdr_from-the-file"]
+    assert "hdr_from-the-file" not in printed.stdout

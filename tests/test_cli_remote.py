@@ -19,6 +19,7 @@ from support.environment import clean_environment
 from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
+from herder.dispatch_check import DispatchCheckFailed
 from herder.errors import InputError, NotFound
 from herder.host_settings import HostSettings
 from herder.model import Account, JobStatus, ReservationStatus, Scope
@@ -173,6 +174,10 @@ ADMIN_CALLS: list[tuple[Any, str, str, Any, int, Any, Any]] = [
      200, {"id": 8, "status": "done"}, ReservationStatus.DONE),
     (lambda c: c.should_dispatch("repo#1"), "GET", "/api/v1/jobs/dedup-holder", None,
      200, {"key": "repo#1", "job_id": 4, "status": "running"}, (4, JobStatus.RUNNING)),
+    (lambda c: c.dispatch_check("issue", "repo#1", {"state": "$(id)"}), "POST",
+     "/api/v1/jobs/dispatch-check",
+     {"job_type": "issue", "dedup_key": "repo#1", "payload": {"state": "$(id)"}},
+     200, {"skip": True, "reason": "PR #3 closes it"}, "PR #3 closes it"),
 ]
 CALL_IDS = [f"{method} {path}" for _c, method, path, *_rest in ADMIN_CALLS]
 
@@ -191,6 +196,13 @@ def test_a_free_dedup_key_is_none_and_the_key_is_a_query_parameter():
     seen: list[httpx.Request] = []
     assert client_answering(200, {"key": "a/b?c"}, seen).should_dispatch("a/b?c") is None
     assert seen[0].url.params["key"] == "a/b?c"
+
+
+def test_a_dispatch_check_that_dispatches_is_none_and_one_that_failed_is_an_error():
+    assert client_answering(200, {"skip": False}).dispatch_check("issue", "k", {}) is None
+    with pytest.raises(DispatchCheckFailed, match="exit 3: gh: HTTP 502"):
+        client_answering(200, {"error": "job_types.issue.dispatch_check: exit 3: gh: HTTP 502"}
+                         ).dispatch_check("issue", "k", {})
 
 
 @pytest.mark.parametrize(("status", "body", "error", "message"), [

@@ -415,3 +415,35 @@ def test_a_child_whose_token_is_revoked_is_replaced(make_fleet, tmp_path, sqlite
     done = wait_for(lambda: (j := fleet.store.job_get(job_id)) and j.status.terminal and j,
                     60, "the job to end", fleet.describe)
     assert done.status is JobStatus.DONE
+
+
+def test_a_local_hosts_child_agent_runs_the_preflight_and_the_job_waits_for_it(
+        make_fleet, tmp_path, sqlite_url):
+    """Seed 002's preflight on a server's local host: its child agent runs it (cached for
+    the type's `preflight_cache`); while it fails the job stays queued, nothing spent,
+    and `why` says so; once it passes, the job runs there."""
+    tool = tmp_path / "tools" / "agentcli"
+    root = tmp_path / "fleet"
+    root.mkdir()
+    fleet = make_fleet(root, sqlite_url, runtime={"attempt_lease": "20s"}, extra=(
+        LOCAL_TOML + f'[job_types.agentic]\ncommand = ["{tool}", "work"]\n'
+        'preflight_cache = "1s"\n'))
+    fleet.start_server()
+
+    def failed() -> dict[str, str]:
+        host = fleet.store.host_get("lh")
+        found = (host.agent_info if host is not None else {}).get("preflight_failed")
+        return found if isinstance(found, dict) else {}
+
+    wait_for(lambda: "agentic" in failed(), 60, "the child's failed preflight", fleet.describe)
+    job_id = fleet.submit(job_type="agentic")
+    why = wait_for(lambda: "lh preflight failed" in (text := fleet.why(job_id)) and text, 30,
+                   "why to name the preflight", fleet.describe)
+    assert str(tool) in why, why
+    job = fleet.job(job_id)
+    assert (job.status, job.attempt, job.failures) == (JobStatus.QUEUED, 0, 0), job
+    tool.parent.mkdir()
+    tool.write_text('#!/bin/sh\necho "agentcli ran on $HERDER_HOST"\n')
+    tool.chmod(0o755)
+    done = fleet.wait_status(job_id, JobStatus.DONE)
+    assert (done.host, done.attempt, done.failures) == ("lh", 1, 0), done

@@ -94,3 +94,31 @@ def test_a_rule_that_could_loop_forever_is_refused_at_start(tmp_path: Path):
     with pytest.raises(ConfigError, match=re.escape(
             "job_types.t.policy.usage_blocked: a retry that spends no budget must wait")):
         OutcomeRules.from_settings(settings)
+
+
+def test_the_transient_budget_is_a_setting_per_job_type(tmp_path: Path):
+    """Seed 002's `transient_max_attempts`: [defaults] max_transient_attempts, and a job
+    type's own."""
+    from msgspec.structs import replace
+
+    limits = limits_for(tmp_path, """\
+[defaults]
+max_transient_attempts = 2
+
+[job_types.patient]
+command = ["claude"]
+max_transient_attempts = 4
+
+[job_types.plain]
+command = ["claude"]
+""")
+
+    def after(job_type: str, transient: int) -> JobStatus:
+        job = replace(a_job(job_type), transient_attempts=transient)
+        return decide_for(job, Outcome.TRANSIENT, NOW, limits).decision.status
+
+    assert after("plain", 0) is JobStatus.QUEUED
+    assert after("plain", 1) is JobStatus.FAILED  # its 2nd transient outcome: budget spent
+    assert after("patient", 2) is JobStatus.QUEUED
+    assert after("patient", 3) is JobStatus.FAILED
+    assert OutcomeRules().transient_budget("any") == 5  # seed 002's default

@@ -3,6 +3,7 @@ queued for other hosts with nothing spent."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -168,3 +169,100 @@ def test_a_host_whose_preflight_fails_is_passed_over_and_another_runs_the_job(
     assert (done.host, done.attempt, done.failures) == ("beta", 1, 0), done
     wait_for(lambda: not [a for a in fleet.store.alert_list() if a.key == "fleet:stopped"],
              30, "the alert to clear", fleet.describe)
+
+
+# -- under `herder up` ----------------------------------------------------------------------------
+
+
+def test_herder_up_claims_no_job_of_a_type_whose_preflight_fails_and_says_why(
+        tmp_path: Path, store_url: str) -> None:
+    """`herder up` runs the preflight too: without `agentcli` on its PATH the job stays
+    queued with nothing spent, `why` and an alert say so, and `--exit-when-idle` does not
+    wait for it forever; with it, the job runs and the alert clears."""
+    from support.cli import run_herder
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "agentcli").write_text(AGENTCLI)
+    (tools / "agentcli").chmod(0o755)
+    (tmp_path / "herder.toml").write_text(
+        '[job_types.agentic]\ncommand = ["agentcli", "work"]\npreflight_cache = "1h"\n')
+    bare_path = "/usr/bin:/bin"
+
+    def herder(*args: str, path: str = bare_path):
+        result = run_herder(*args, cwd=tmp_path, db=store_url, env={"PATH": path})
+        assert result.returncode == 0, (args, result.stderr)
+        return result
+
+    job_id = int(herder("submit", "agentic", "--no-check").stdout)
+    plain = int(herder("submit", "--", "true").stdout)  # no job type: no preflight
+    up = herder("up", "--exit-when-idle", "--host", "solo")
+    assert "preflight for job type agentic failed" in up.stderr
+    assert "1 queued job(s) left" in up.stderr
+    shown = json.loads(herder("show", str(job_id), "--json").stdout)
+    assert (shown["status"], shown["attempt"], shown["failures"]) == ("queued", 0, 0)
+    assert json.loads(herder("show", str(plain), "--json").stdout)["status"] == "done"
+    why = herder("why", str(job_id)).stdout
+    assert "but not now: preflight for job type agentic failed on solo: agentcli:" in why, why
+    alerts = json.loads(herder("alerts", "--json").stdout)
+    assert [a["key"] for a in alerts if a["key"].startswith("preflight:")] == [
+        "preflight:solo:agentic"]
+
+    herder("up", "--exit-when-idle", "--host", "solo", path=f"{tools}:{bare_path}")
+    shown = json.loads(herder("show", str(job_id), "--json").stdout)
+    assert (shown["status"], shown["attempt"]) == ("done", 1)
+    assert not [a for a in json.loads(herder("alerts", "--json").stdout)
+                if a["key"].startswith("preflight:")]
+
+
+def test_a_check_is_cached_for_its_own_preflight_cache() -> None:
+    clock = [0.0]
+    ran: list[str] = []
+
+    def runner(check: Check, _pass_env: object) -> Result:
+        ran.append(check.argv[0])
+        return Result(True, "", clock[0])
+
+    preflight = Preflight(runner=runner, clock=lambda: clock[0])
+    checks = {"short": Check(("a",), cache=10.0), "long": Check(("b",), cache=100.0)}
+    preflight.refresh(checks)
+    clock[0] = 50.0
+    preflight.refresh(checks)
+    assert ran == ["b", "a", "a"]  # sorted by type: long, short; then only short again
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ('[job_types.t]\ncommand = ["x"]\npreflight_cache = "0s"\n', "job_types.t.preflight_cache:"),
+    ('[job_types.t]\ncommand = ["x"]\nmax_transient_attempts = 0\n',
+     "job_types.t.max_transient_attempts:"),
+    ("[defaults]\nmax_transient_attempts = 0\n", "defaults.max_transient_attempts:"),
+])
+def test_bad_preflight_and_transient_settings_name_the_key(tmp_path: Path, text: str,
+                                                           problem: str) -> None:
+    (tmp_path / "herder.toml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(tmp_path / "herder.toml")
+
+
+def test_herder_preflight_reads_its_checks_from_stdin_and_prints_verdicts(tmp_path: Path) -> None:
+    """What the server runs on an ssh host: the checks on stdin (never on argv)."""
+    import subprocess
+
+    from support.cli import herder_argv
+    from support.environment import clean_environment
+
+    def preflight(text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(herder_argv("preflight"), input=text, cwd=tmp_path,
+                              env=clean_environment(), capture_output=True, text=True,
+                              timeout=60, check=False)
+
+    answer = preflight(json.dumps({"fine": {"argv": ["true"], "strict": True},
+                                   "missing": {"argv": ["no-such-agentcli", "--version"]}}))
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout) == {
+        "fine": {"ok": True, "detail": ""},
+        "missing": {"ok": False, "detail": "no-such-agentcli: No such file or directory"}}
+    for bad in ("[1]", "not json", '{"t": {"strict": true}}'):
+        refused = preflight(bad)
+        assert refused.returncode == 2
+        assert refused.stderr.startswith("herder: error: stdin: not a set of preflight checks")

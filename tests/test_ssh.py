@@ -368,3 +368,123 @@ def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, 
     assert [a.outcome for a in store.attempt_list(inserted.job_id)] == ["refused"]
     assert launch_errors(store.event_list(inserted.job_id)) == {
         1: "account alpha on s5 was removed before the attempt started"}
+
+
+def test_preflight_runs_on_the_ssh_host_through_ssh_and_holds_the_job_until_it_passes(
+    tmp_path: Path, sshd: Sshd, fleet: tuple[Path, str]
+) -> None:
+    """The server runs the job type's preflight on the ssh host (`herder preflight` through
+    the same ssh, with the host's own herder.toml): while it fails the job stays queued with
+    nothing spent and `why` says so, a push heartbeat keeps the verdict, and once it passes
+    the job runs there."""
+    tmp, url = fleet
+    tool = tmp / "remote-bin" / "agentcli"
+    record = tmp / "preflight.record"
+    check = tmp / "check.sh"
+    check.write_text(f'#!/bin/sh\necho "ssh=${{SSH_CONNECTION:-none}}" >> {record}\n'
+                     f'test -x {tool} || {{ echo "no agentcli here" >&2; exit 1; }}\n')
+    check.chmod(0o755)
+    with open(tmp / "remote.toml", "a") as remote:  # its [runtime] is the last table
+        remote.write('pass_env = ["SSH_CONNECTION"]\n')
+    with open(tmp / "herder.toml", "a") as config:
+        config.write(f'[job_types.agentic]\ncommand = ["{tool}", "work"]\n'
+                     f'preflight = ["{check}"]\npreflight_cache = "1s"\n')
+    token = add_ssh_host(tmp, "s1", sshd.alias)
+    (tmp / "token").write_text(token)
+    (tmp / "token").chmod(0o600)
+    job_id = int(herder(tmp, "submit", "agentic", "--no-check").stdout)
+    store = open_store(url)
+
+    def failed_there() -> dict[str, str]:
+        host = store.host_get("s1")
+        found = (host.agent_info if host is not None else {}).get("preflight_failed")
+        return found if isinstance(found, dict) else {}
+
+    try:
+        with running_server(tmp):
+            wait_for(lambda: "agentic" in failed_there(), 60, "s1's failed preflight",
+                     lambda: (tmp / "server.log").read_text()[-4000:])
+            assert "no agentcli here" in failed_there()["agentic"]
+            why = wait_for(lambda: "s1 preflight failed" in (text := herder(
+                tmp, "why", str(job_id)).stdout) and text, 30, "why to name the preflight")
+            assert "no agentcli here" in why, why
+            job = store.job_get(job_id)
+            assert job is not None and job.status is JobStatus.QUEUED
+            # Never run there: at most refused, if placed before the first verdict came in
+            # (nothing spent), and not placed there again.
+            assert [a.outcome for a in store.attempt_list(job_id)] in ([], [Outcome.REFUSED])
+            assert (job.failures, job.spawn_failures) == (0, 0)
+            # it ran on the host, through ssh, with the host's own settings
+            assert record.read_text().startswith("ssh=127.0.0.1 "), record.read_text()
+            herder(tmp, "heartbeat", "--host", "s1")  # a push heartbeat keeps the verdict
+            assert "agentic" in failed_there()
+
+            tool.parent.mkdir()
+            tool.write_text('#!/bin/sh\necho "agentcli ran on $HERDER_HOST"\n')
+            tool.chmod(0o755)
+            job = wait_for(lambda: (j := store.job_get(job_id)) and j.status.terminal and j,
+                           90, "the job to run once the preflight passes",
+                           lambda: (tmp / "server.log").read_text()[-4000:])
+            assert (job.status, job.host, job.failures) == (JobStatus.DONE, "s1", 0)
+            attempt = store.attempt_list(job_id)[-1]
+            assert "agentcli ran on s1" in Path(attempt.log_path or "").read_text()
+            assert failed_there() == {}
+    finally:
+        store.close()
+
+
+FAKE_SSH = """\
+import json, sys
+if not sys.argv[-1].endswith(" preflight"):
+    sys.exit(0)  # a launch: nothing to do here
+checks = json.load(sys.stdin)
+print("Warning: Permanently added 'host' to the list of known hosts.", file=sys.stderr)
+if open(sys.argv[0] + ".mode").read() == "old":
+    print("Error: No such command 'preflight'.", file=sys.stderr)
+    sys.exit(2)
+print(json.dumps({job_type: {"ok": False, "detail": "agentcli: not found"}
+                  for job_type in checks}))
+"""
+
+
+@pytest.mark.parametrize("remote", ["answers", "old"])
+def test_the_launchers_preflight_round_records_verdicts_or_fails_open(
+        tmp_path: Path, store, remote: str) -> None:
+    """Verdicts on stdout count (ssh's warnings on stderr do not mix in); a remote herder
+    that cannot answer decides nothing, and the placement is launched as before."""
+    from herder.config import Settings
+    from herder.model import HostRecord, JobSpec, Transport
+    from herder.runtime.preflight import Check
+    from herder.runtime.sources import PolicyLimits
+    from herder.runtime.ssh import SshLauncher
+
+    fake = tmp_path / "fake-ssh"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_SSH}")
+    fake.chmod(0o755)
+    (tmp_path / "fake-ssh.mode").write_text(remote)
+    now = datetime.now(UTC)
+    store.host_insert(HostRecord("s6", 16, transport=Transport.SSH, ssh_target="x"), now)
+    [inserted] = store.job_insert([JobSpec(job_type="agentic", command=("agentcli",))], now)
+    store.job_assign("s6", [(inserted.job_id, 3.0)], 1, 12.8, now)
+    launcher = SshLauncher(store, "http://127.0.0.1:1", [str(fake)], "herder",
+                           PolicyLimits.from_settings(Settings()), tmp_path, "server/1/1",
+                           preflight={"agentic": Check(("agentcli", "--version"))})
+    try:
+        assert launcher.run_once(scan=True)["launched"] == 0  # its verdict is to come
+        wait_for(lambda: launcher.run_once(scan=False) is not None
+                 and launcher.hosts["s6"].round is None, 30, "the preflight round to end")
+        host = store.host_get("s6")
+        assert host is not None
+        launched = launcher.run_once(scan=True)["launched"]
+        if remote == "old":
+            assert launched == 1  # fail-open
+            assert "preflight_failed" not in host.agent_info
+            return
+        assert host.agent_info["preflight_failed"] == {"agentic": "agentcli: not found"}
+        assert launched == 0
+        assert [a.outcome for a in store.attempt_list(inserted.job_id)] == ["refused"]
+        job = store.job_get(inserted.job_id)
+        assert job is not None and (job.status, job.failures, job.spawn_failures) == (
+            JobStatus.QUEUED, 0, 0)
+    finally:
+        launcher.stop()

@@ -25,7 +25,8 @@ from herder.store.sqlite import parse_sqlite_url
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 ROWS = 20_000
 INDEX = "herder_jobs_queued"
-CLAIM_PARAMS = {"host": "h1", "worker": "w1", "limit": 10, "now": T0, "detail": Jsonb({})}
+CLAIM_PARAMS = {"host": "h1", "worker": "w1", "limit": 10, "now": T0, "detail": Jsonb({}),
+                "blocked": Jsonb([])}
 
 # queued_every=100: 1% queued and the rest done (a long-lived queue); 1: a fresh backlog.
 SHAPES = [pytest.param(100, id="mostly-done"), pytest.param(1, id="all-queued")]
@@ -117,7 +118,7 @@ def _sqlite_fill(conn: sqlite3.Connection, queued_every: int, analyze: bool = Tr
 
 
 def _sqlite_plan(conn: sqlite3.Connection, query: str) -> list[str]:
-    params = {**CLAIM_PARAMS, "now": T0.timestamp()}
+    params = {**CLAIM_PARAMS, "now": T0.timestamp(), "blocked": "[]"}
     return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + query, params)]
 
 
@@ -185,6 +186,7 @@ def test_sqlite_queue_depth_reads_the_queued_index(sqlite_url, analyze):
 # -- PostgreSQL: the cached generic plans the store's prepared statements end up with -------
 
 _PG_TYPES = {"now": "timestamptz", "host": "text", "worker": "text", "limit": "bigint",
+             "blocked": "jsonb",
              "detail": "jsonb", "tokens": "jsonb", "outcome": "text", "exit_code": "int",
              "next_status": "text", "failure_reason": "text", "spend_failure": "int",
              "spend_lost": "int", "spend_spawn_failure": "int", "available_at": "timestamptz",

@@ -249,3 +249,74 @@ def test_the_agent_unit_carries_allow_plaintext_and_refuses_plain_http_without_i
     argv = exec_argv(unit_values(allowed.stdout)["ExecStart"][0])
     assert argv[-1] == "--allow-plaintext"
     assert unit_values(allowed.stdout)["NoNewPrivileges"] == ["yes"]
+
+
+# -- herder heartbeat install-systemd (ssh push hosts) ------------------------------------------
+
+
+def install_heartbeat(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_herder("heartbeat", "install-systemd", "--server", "https://coordinator:8470",
+                      "--host", "bms-4", "--unit-dir", str(tmp_path / "units"), *args,
+                      cwd=tmp_path)
+
+
+def test_the_heartbeat_service_runs_heartbeat_once_reading_the_token_file(tmp_path):
+    (tmp_path / "units").mkdir()
+    ca = tmp_path / "server.crt"
+    ca.write_text("not checked here\n")
+    result = install_heartbeat(tmp_path, "--user", "worker", "--token-file",
+                               "/etc/herder/bms-4-token", "--ca", "server.crt")
+    assert result.returncode == 0, result.stderr
+    service = (tmp_path / "units" / "herder-heartbeat.service").read_text()
+    values = unit_values(service)
+    argv = exec_argv(values["ExecStart"][0])
+    heartbeat = argv.index("heartbeat")
+    assert argv[heartbeat:] == ["heartbeat", "--server", "https://coordinator:8470",
+                                "--host", "bms-4", "--token-file", "/etc/herder/bms-4-token",
+                                "--ca", str(ca)]
+    assert values["Type"] == ["oneshot"] and values["User"] == ["worker"]
+    assert "Restart" not in values and "WantedBy" not in values  # its timer starts it
+    assert values["TimeoutStartSec"] == ["50"] and values["NoNewPrivileges"] == ["yes"]
+    assert "--token " not in service and "HERDER_AGENT_TOKEN" not in service
+    timer = unit_values((tmp_path / "units" / "herder-heartbeat.timer").read_text())
+    assert timer["OnCalendar"] == ["*-*-* *:*:00"]
+    assert timer["Unit"] == ["herder-heartbeat.service"]
+    assert timer["WantedBy"] == ["timers.target"]
+    assert "enable --now herder-heartbeat.timer" in result.stderr
+
+
+def test_heartbeat_install_print_writes_nothing_and_bad_options_exit_2(tmp_path):
+    printed = install_heartbeat(tmp_path, "--print")
+    assert printed.returncode == 0, printed.stderr
+    assert f"# {tmp_path / 'units' / 'herder-heartbeat.timer'}" in printed.stdout
+    assert unit_values(printed.stdout)["Type"] == ["oneshot"]
+    assert not (tmp_path / "units").exists()
+    relative = install_heartbeat(tmp_path, "--token-file", "agent-token")
+    assert relative.returncode == 2
+    assert relative.stderr.startswith("herder: error: --token-file: 'agent-token' is not an "
+                                      "absolute path")
+    plain = run_herder("heartbeat", "install-systemd", "--server", "http://coordinator:8470",
+                       "--host", "bms-4", "--print", cwd=tmp_path)
+    assert plain.returncode == 2 and "--allow-plaintext" in plain.stderr
+    unwritable = install_heartbeat(tmp_path)  # the folder does not exist
+    assert unwritable.returncode == 2
+    assert unwritable.stderr.startswith("herder: error: --unit-dir: cannot write ")
+    missing_host = run_herder("heartbeat", "--server", "https://coordinator:8470", cwd=tmp_path)
+    assert missing_host.returncode == 2
+    assert missing_host.stderr.startswith("herder: error: --host: is required")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_analyze_verifies_the_heartbeat_service_and_timer(tmp_path):
+    import getpass
+
+    (tmp_path / "units").mkdir()
+    written = install_heartbeat(tmp_path, "--user", getpass.getuser())
+    assert written.returncode == 0, written.stderr
+    paths = [str(tmp_path / "units" / name)
+             for name in ("herder-heartbeat.service", "herder-heartbeat.timer")]
+    result = subprocess.run(["systemd-analyze", "verify", *paths], capture_output=True,
+                            text=True, timeout=120, check=False)
+    problems = [line for line in (result.stdout + result.stderr).splitlines()
+                if "herder-heartbeat" in line]
+    assert problems == [], result.stdout + result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Mapping
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -14,6 +16,8 @@ from herder.submission import DEDUP_KEY_LENGTH
 from herder.wire import (
     Cancelled,
     DedupHolder,
+    DispatchCheckBody,
+    DispatchChecked,
     JobDetail,
     JobView,
     Retried,
@@ -51,6 +55,44 @@ async def dedup_holder(_caller: Reader, service: Service,
     if holder is None:
         return DedupHolder(key=key)
     return DedupHolder(key=key, job_id=holder[0], status=holder[1])
+
+
+DISPATCH_CHECKS = 4
+"""Dispatch checks the server runs at once."""
+_dispatch_checks = threading.BoundedSemaphore(DISPATCH_CHECKS)
+
+
+@router.post("/dispatch-check", response_model=DispatchChecked)
+async def dispatch_check(body: DispatchCheckBody, caller: Submitter,
+                         service: Service) -> DispatchChecked:
+    """`herder should-dispatch KEY --type T` over HTTP: the server runs T's dispatch_check
+    from its own herder.toml (the caller gives values only, passed as environment
+    variables), for a token that may submit T."""
+    from herder.dispatch_check import DispatchCheckFailed
+
+    authorize_job_type(caller, body.job_type)
+    try:
+        reason = await call(_bounded, service.operations.dispatch_check,
+                            body.job_type, body.dedup_key, body.payload)
+    except DispatchCheckFailed as exc:
+        return DispatchChecked(error=str(exc))
+    return DispatchChecked(skip=reason is not None, reason=reason)
+
+
+def _bounded(check: Callable[[str, str, Mapping[str, str]], str | None],
+             job_type: str, dedup_key: str, payload: Mapping[str, str]) -> str | None:
+    """At most DISPATCH_CHECKS checks at once; one more is refused at once rather than
+    holding one of the server's worker threads while it waits."""
+    from herder.dispatch_check import DispatchCheckFailed
+
+    if not _dispatch_checks.acquire(blocking=False):
+        raise DispatchCheckFailed(f"job_types.{job_type}.dispatch_check: the server runs "
+                                  f"{DISPATCH_CHECKS} dispatch checks already; try again "
+                                  "shortly")
+    try:
+        return check(job_type, dedup_key, payload)
+    finally:
+        _dispatch_checks.release()
 
 
 @router.get("/{job_id}", response_model=JobDetail)

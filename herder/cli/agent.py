@@ -96,17 +96,24 @@ def forget_token_variable(state: State) -> None:
     withdraw_secrets(secret_variables(state.config.settings))
 
 
-@click.command()
-@click.option("--host", "label", required=True, help="The host's label.")
+@click.group(invoke_without_command=True)
+@click.option("--host", "label", help="The host's label.")
 @click.option("--server", help="Report through this server instead of the database.")
 @token_options
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle that signed the server's certificate.")
 @PLAINTEXT_OPTION
-@pass_state
-def heartbeat(state: State, label: str, server: str | None, token: str | None,
+@click.pass_context
+def heartbeat(ctx: click.Context, label: str | None, server: str | None, token: str | None,
               token_file: str, ca: str | None, allow_plaintext: bool) -> None:
-    """One heartbeat for a host (cron on ssh push hosts: `* * * * * herder heartbeat ...`)."""
+    """One heartbeat for a host (ssh push hosts: a systemd timer, `herder heartbeat
+    install-systemd`, or cron: `* * * * * herder heartbeat ...`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
+    if not label:
+        with edge():
+            raise InputError("--host", "is required", "pass the host label it was added with")
     if server:
         from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
 
@@ -128,9 +135,67 @@ def heartbeat(state: State, label: str, server: str | None, token: str | None,
         click.echo(f"heartbeat sent for {label}")
         return
     with edge():
-        if not state.client.store.host_heartbeat(label, utcnow(), {"via": "cli"}):
+        if not state.client.store.host_heartbeat_push(label, utcnow(), "cli"):
             fail(f"no host {label!r} (see `herder hosts`)")
     click.echo(f"heartbeat recorded for {label}")
+
+
+HEARTBEAT_UNIT_DIR = "/etc/systemd/system"
+
+
+@heartbeat.command("install-systemd")
+@click.option("--server", "server_url", required=True)
+@click.option("--host", "label", required=True)
+@click.option("--user", default=lambda: os.environ.get("USER", "herder"))
+@click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
+              help="Where the heartbeat reads the host token (mode 0600, owned by --user).")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
+              help="The CA that signed the server's certificate (its absolute path is written).")
+@click.option("--unit-dir", default=HEARTBEAT_UNIT_DIR, show_default=True,
+              type=click.Path(file_okay=False),
+              help="Where herder-heartbeat.service and herder-heartbeat.timer are written.")
+@click.option("--print", "print_only", is_flag=True,
+              help="Print both units instead; write nothing.")
+@PLAINTEXT_OPTION
+def install_heartbeat_systemd(server_url: str, label: str, user: str, token_file: str,
+                              ca: str | None, unit_dir: str, print_only: bool,
+                              allow_plaintext: bool) -> None:
+    """Write a oneshot service running `herder heartbeat` and the timer that starts it every
+    minute (an ssh push host, which has no agent to heartbeat for it)."""
+    from herder.runtime.agent_client import check_server_url
+    from herder.systemd_unit import heartbeat_timer, heartbeat_unit, render
+
+    with edge():
+        server_url = check_server_url(server_url, allow_plaintext)
+        for option, path in (("--token-file", token_file), ("--unit-dir", unit_dir)):
+            if not os.path.isabs(path):
+                raise InputError(option, f"{path!r} is not an absolute path",
+                                 "systemd needs one, e.g. " + (
+                                     "/etc/herder/agent-token" if option == "--token-file"
+                                     else HEARTBEAT_UNIT_DIR))
+        service = "herder-heartbeat.service"
+        units = {
+            service: render(heartbeat_unit(installed_herder(), server_url, label, user,
+                                           os.getcwd(), token_file,
+                                           os.path.abspath(ca) if ca else None,
+                                           allow_plaintext)),
+            "herder-heartbeat.timer": heartbeat_timer(label, service)}
+        if print_only:
+            for name, text in units.items():
+                click.echo(f"# {os.path.join(unit_dir, name)}\n{text}")
+            return
+        for name, text in units.items():
+            path = os.path.join(unit_dir, name)
+            try:
+                with open(path, "w", encoding="utf-8") as out:
+                    out.write(text)
+            except OSError as exc:
+                raise InputError("--unit-dir", f"cannot write {path}: {exc.strerror or exc}",
+                                 "run it as root, or pass --print") from None
+    click.echo(f"wrote {', '.join(os.path.join(unit_dir, name) for name in units)}", err=True)
+    click.echo("next: write the token file (see the service's comments), then "
+               "systemctl daemon-reload && systemctl enable --now herder-heartbeat.timer",
+               err=True)
 
 
 
@@ -350,3 +415,36 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
         sys.exit(3)
 
 
+
+
+PREFLIGHT_INPUT_BYTES = 1024 * 1024
+
+
+@click.command("preflight")
+@pass_state
+def preflight(state: State) -> None:
+    """Run the job types' preflights read from stdin, on this host, and print their verdicts
+    (what the server runs over ssh on a push host: the checks on stdin, never on argv).
+
+    Input: {"TYPE": {"argv": [...], "strict": bool, "timeout": s}}; output: {"TYPE": {"ok":
+    bool, "detail": "..."}}. Exit 2 on input that is not that.
+    """
+    harden_process()
+    import msgspec
+
+    from herder.runtime.preflight import Check, run
+
+    with edge():
+        try:
+            checks = msgspec.json.decode(sys.stdin.buffer.read(PREFLIGHT_INPUT_BYTES),
+                                         type=dict[str, Check])
+        except msgspec.DecodeError as exc:  # ValidationError too
+            raise InputError("stdin", f"not a set of preflight checks: {exc}",
+                             'send {"TYPE": {"argv": ["prog", "--version"]}}') from None
+        pass_env = state.config.settings.runtime.pass_env
+    verdicts = {}
+    for job_type, check in sorted(checks.items()):
+        result = run(check, pass_env) if check.argv else None
+        verdicts[job_type] = ({"ok": result.ok, "detail": result.detail} if result
+                              else {"ok": False, "detail": "no command"})
+    click.echo(msgspec.json.encode(verdicts).decode())

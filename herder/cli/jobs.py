@@ -275,14 +275,34 @@ def retry(state: State, job_id: int) -> None:
 
 @click.command("should-dispatch")
 @click.argument("dedup_key")
+@click.option("--type", "job_type", help="Also run this job type's dispatch_check.")
+@click.option("-p", "--param", "params", multiple=True, metavar="FIELD=VALUE",
+              help="A payload field for the check, as $HERDER_PAYLOAD_<FIELD> (repeatable).")
 @pass_state
-def should_dispatch(state: State, dedup_key: str) -> None:
-    """Exit 0 if no job holds KEY (dispatch), 10 if one does (skip; reason printed), 2 on error."""
+def should_dispatch(state: State, dedup_key: str, job_type: str | None,
+                    params: Sequence[str]) -> None:
+    """Exit 0 if no job holds KEY (dispatch), 10 if one does or --type's dispatch_check says
+    skip (the reason printed), 2 on error (the check failing too)."""
     with edge():
-        holder = state.client.should_dispatch(dedup_key)
-    if holder is None:
-        click.echo(f"dispatch: no job holds {dedup_key!r}")
-        return
-    job_id, status = holder
-    click.echo(f"skip: job {job_id} is {status} with dedup key {dedup_key!r}")
-    sys.exit(EXIT_SKIP)
+        payload: dict[str, str] = {}
+        for item in params:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise InputError("-p", f"{item!r} is not FIELD=VALUE", "write -p issue=42")
+            payload[name] = value
+        if params and job_type is None:
+            raise InputError("-p", "a payload is for a job type's dispatch_check",
+                             "pass --type NAME too")
+        client = state.client
+        holder = client.should_dispatch(dedup_key)
+        reason = None
+        if holder is None and job_type is not None:
+            reason = client.dispatch_check(job_type, dedup_key, payload)
+    if holder is not None:
+        job_id, status = holder
+        click.echo(f"skip: job {job_id} is {status} with dedup key {dedup_key!r}")
+        sys.exit(EXIT_SKIP)
+    if reason is not None:
+        click.echo(f"skip: {reason} (job_types.{job_type}.dispatch_check)")
+        sys.exit(EXIT_SKIP)
+    click.echo(f"dispatch: no job holds {dedup_key!r}")

@@ -56,6 +56,7 @@ COMMANDS: dict[str, str] = {
     "server": "herder.cli.server:server",
     "agent": "herder.cli.agent:agent",
     "run-attempt": "herder.cli.agent:run_attempt",
+    "preflight": "herder.cli.agent:preflight",
     "demo": "herder.cli.server:demo",
 }
 """Every top-level command: its name and the `module:attribute` that defines it."""

@@ -375,7 +375,7 @@ class HttpSource(WorkSource):
         a verdict changed."""
         gate = self.server_gate
         checks = {} if gate is None else {
-            job_type: Check(tuple(check.argv), check.strict, check.timeout)
+            job_type: Check(tuple(check.argv), check.strict, check.timeout, check.cache)
             for job_type, check in gate.preflight.items()}
         probes = {} if gate is None else {
             name: ProbeCommand(tuple(probe.argv), probe.timeout, probe.interval)

@@ -61,7 +61,7 @@ from herder.runtime.maintenance import (
     lost_result,
 )
 from herder.runtime.metrics import FleetSample, HostSample, Metrics
-from herder.runtime.preflight import default_check
+from herder.runtime.preflight import job_type_checks
 from herder.runtime.runner import default_host
 from herder.runtime.scheduler import (
     Fleet,
@@ -542,7 +542,8 @@ class Coordinator:
         launcher = SshLauncher(
             self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
             self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}",
-            allow_plaintext=self.allow_plaintext)
+            allow_plaintext=self.allow_plaintext,
+            preflight=job_type_checks(self.settings.job_types))
         self.assignment_listeners.append(lambda _hosts: launcher.wake.set())
         loop = self.loops.register("ssh", SSH_INTERVAL)
         backoff = Backoff(base=SSH_INTERVAL, cap=10.0)
@@ -684,7 +685,7 @@ class Coordinator:
 
     def push_heartbeat(self, label: str) -> None:
         """A heartbeat from cron's `herder heartbeat` on a push host."""
-        self.store.host_heartbeat(label, utcnow(), {"via": "heartbeat"})
+        self.store.host_heartbeat_push(label, utcnow(), "heartbeat")
 
     def start_attempt(self, label: str, token: AttemptToken, pid: int,
                       _agent_log_path: str | None) -> None:
@@ -1062,15 +1063,28 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
         return found
     if not store.host_list():
         order = sorted((other.priority, other.id) for other in store.job_list_due(now, 100_000))
+        blocked = up_preflight_failures(store)
         for job in due:
             ahead = bisect.bisect_left(order, (job.priority, job.id))
             found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
                              f"({ahead} job(s) ahead of it)")
+            if job.job_type in blocked:
+                found[job.id] += f", but not now: {blocked[job.job_type]}"
         return found
     plan, snapshot = (placement({job.id for job in due}) if placement is not None
                       else placed(store, fleet, now))
     found.update((job.id, explain(job.id, plan, snapshot)) for job in due)
     return found
+
+
+def up_preflight_failures(store: Store) -> dict[str, str]:
+    """Job type -> why `herder up` claims none of it (its open `preflight:` alerts)."""
+    failures: dict[str, str] = {}
+    for alert in store.alert_list(open_only=True, limit=1000):
+        kind, _, rest = alert.key.partition(":")
+        if kind == "preflight":
+            failures.setdefault(rest.partition(":")[2], alert.message)
+    return failures
 
 
 def placed(store: Store, fleet: Fleet, now: datetime) -> tuple[Plan, Snapshot]:
@@ -1203,19 +1217,7 @@ def claim_slot(store: Store, config: Config, fleet: Fleet, run_id: str, label: s
 
 
 def preflight_checks(job_types: Mapping[str, JobTypeSection]) -> dict[str, PreflightCheck]:
-    """Each job type's preflight as agents run it (none for `preflight = false`, or for a
-    shell command, whose program herder does not guess)."""
-    checks = {}
-    for name, job_type in job_types.items():
-        if job_type.preflight is False:
-            continue
-        if job_type.preflight is True:
-            check = default_check(job_type.command, job_type.shell)
-            if check is None:
-                continue
-            argv, strict = list(check.argv), False
-        else:
-            argv, strict = list(job_type.preflight), True
-        checks[name] = PreflightCheck(argv=argv, strict=strict,
-                                      timeout=job_type.preflight_timeout)
-    return checks
+    """Each job type's preflight as agents run it (`herder.runtime.preflight.job_type_checks`)."""
+    return {name: PreflightCheck(argv=list(check.argv), strict=check.strict,
+                                 timeout=check.timeout, cache=check.cache)
+            for name, check in job_type_checks(job_types).items()}

@@ -10,17 +10,24 @@ queued for other hosts with nothing spent. Results are cached for `ttl` seconds.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
+
+if TYPE_CHECKING:
+    from herder.config import JobTypeSection
+
+log = logging.getLogger("herder.preflight")
 
 TTL_SECONDS = 45.0
 """How long a result stands (seed 002's `preflight_cache_ttl`)."""
@@ -37,6 +44,8 @@ class Check(msgspec.Struct, frozen=True):
     argv: tuple[str, ...]
     strict: bool = False
     timeout: float = TIMEOUT_SECONDS
+    cache: float = TTL_SECONDS
+    """How long its result stands (the job type's `preflight_cache`)."""
 
 
 class Result(msgspec.Struct, frozen=True):
@@ -56,6 +65,24 @@ def default_check(command: Sequence[str | Sequence[str]] | str, shell: bool) -> 
     if "{" in program or ("/" in program and not program.startswith("/")):
         return None
     return Check((program, "--version"))
+
+
+def job_type_checks(job_types: Mapping[str, JobTypeSection]) -> dict[str, Check]:
+    """Each job type's preflight as runners run it (none for `preflight = false`, or for a
+    shell command, whose program herder does not guess)."""
+    checks = {}
+    for name, job_type in job_types.items():
+        if job_type.preflight is False:
+            continue
+        if job_type.preflight is True:
+            check = default_check(job_type.command, job_type.shell)
+            if check is None:
+                continue
+            argv, strict = check.argv, False
+        else:
+            argv, strict = tuple(job_type.preflight), True
+        checks[name] = Check(argv, strict, job_type.preflight_timeout, job_type.preflight_cache)
+    return checks
 
 
 def run(check: Check, pass_env: Sequence[str] = ()) -> Result:
@@ -89,9 +116,10 @@ def run(check: Check, pass_env: Sequence[str] = ()) -> Result:
 
 
 class Preflight:
-    """The agent's results per job type, refreshed when older than `ttl`."""
+    """A runner's results per job type, each refreshed when older than its check's
+    `cache` (or `ttl`, when given: tests)."""
 
-    def __init__(self, ttl: float = TTL_SECONDS, pass_env: Sequence[str] = (),
+    def __init__(self, ttl: float | None = None, pass_env: Sequence[str] = (),
                  runner: Callable[[Check, Sequence[str]], Result] = run,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
@@ -112,7 +140,8 @@ class Preflight:
             now = self.clock()
             due = {job_type: check for job_type, check in checks.items()
                    if job_type not in self.results
-                   or now - self.results[job_type].checked_at >= self.ttl}
+                   or now - self.results[job_type].checked_at >= (
+                       check.cache if self.ttl is None else self.ttl)}
         for job_type, check in sorted(due.items()):
             result = self.runner(check, self.pass_env)
             with self._lock:
@@ -126,3 +155,44 @@ class Preflight:
         with self._lock:
             return {job_type: result.detail for job_type, result in self.results.items()
                     if not result.ok}
+
+
+REFRESH_INTERVAL = 1.0
+"""How often `Refresher` looks for checks whose result has aged past its cache."""
+
+
+class Refresher:
+    """`herder up`'s preflights, run on a thread of their own: a hanging check holds up only
+    the next verdict, never the runner's supervision of what runs."""
+
+    def __init__(self, checks: Mapping[str, Check], pass_env: Sequence[str] = (),
+                 runner: Callable[[Check, Sequence[str]], Result] = run) -> None:
+        self.checks = dict(checks)
+        self.preflight = Preflight(pass_env=pass_env, runner=runner)
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="herder-preflight",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.preflight.refresh(self.checks)
+            except Exception:  # a bug: keep the last verdicts, try again
+                log.exception("preflight round failed")
+            self._ready.set()
+            if self._stop.wait(REFRESH_INTERVAL):
+                return
+
+    def failed(self) -> dict[str, str] | None:
+        """The job types that cannot run here now, with why; None until the first round
+        of checks has ended (nothing is known yet)."""
+        return self.preflight.failed() if self._ready.is_set() else None
+
+    def stop(self) -> None:
+        self._stop.set()

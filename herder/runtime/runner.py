@@ -45,6 +45,7 @@ from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer, WorkerId
 from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
+from herder.runtime.preflight import Check, Refresher, job_type_checks
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import (
     ClaimSource,
@@ -175,6 +176,8 @@ class RunnerOptions(msgspec.Struct, frozen=True):
     """Who jobs run as when herder is root ([runtime] run_as); None: herder's own user."""
     max_workers: int | None = FleetSection().emergency_max_workers
     """The fleet-wide cap `herder up` claims under ([fleet] emergency_max_workers)."""
+    preflight: Mapping[str, Check] = msgspec.field(default_factory=dict)
+    """Job type -> its preflight, run by `herder up` before it claims that type."""
 
     @classmethod
     def from_settings(
@@ -203,6 +206,7 @@ class RunnerOptions(msgspec.Struct, frozen=True):
             memory=MemoryPolicy.from_section(runtime),
             run_as=resolve_job_user(runtime.run_as, os.geteuid()),
             max_workers=fleet.emergency_max_workers,
+            preflight=job_type_checks(settings.job_types),
         )
         check_workspace_root(options.run_as, options.workspaces.root)
         return options
@@ -243,7 +247,9 @@ class Runner:
             rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
                               options.max_lost)
             source = ClaimSource(store, options.host, options.limits, rescuer,
-                                 options.max_workers)
+                                 options.max_workers,
+                                 Refresher(options.preflight, options.pass_env)
+                                 if options.preflight else None)
         self.source = source
         source.attach(self.worker)
         self._stopping = 0

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import msgspec
 from msgspec.structs import replace
@@ -47,8 +48,18 @@ from herder.scheduling.classification import (
     Pattern,
     verdict,
 )
-from herder.scheduling.policy import DEFAULT_RULES, RetryState, Rule, decide, quiet_ending
+from herder.scheduling.policy import (
+    DEFAULT_RULES,
+    MAX_TRANSIENT_ATTEMPTS,
+    RetryState,
+    Rule,
+    decide,
+    quiet_ending,
+)
 from herder.store import Store, Waker
+
+if TYPE_CHECKING:
+    from herder.runtime.preflight import Refresher
 
 log = logging.getLogger("herder.sources")
 
@@ -67,6 +78,13 @@ class OutcomeRules(msgspec.Struct, frozen=True):
     """Which job types run under an account (herder.runtime.accounts)."""
     log_on_success: frozenset[str] = frozenset()
     """Job types whose log is read after exit 0 too (`log_on_success`)."""
+    max_transient: Mapping[str, int] = msgspec.field(default_factory=dict)
+    """Job type -> its transient budget, where it differs from `default_max_transient`."""
+    default_max_transient: int = MAX_TRANSIENT_ATTEMPTS
+    """[defaults] max_transient_attempts."""
+
+    def transient_budget(self, job_type: str) -> int:
+        return self.max_transient.get(job_type, self.default_max_transient)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OutcomeRules:
@@ -83,10 +101,16 @@ class OutcomeRules(msgspec.Struct, frozen=True):
                    *(() if job_type.replace_patterns else DEFAULT_PATTERNS))
             for name, job_type in settings.job_types.items()
             if job_type.patterns or job_type.replace_patterns}
+        budget = settings.defaults.max_transient_attempts
+        max_transient = {name: job_type.max_transient_attempts
+                         for name, job_type in settings.job_types.items()
+                         if job_type.max_transient_attempts not in (None, budget)}
         return cls(exit_codes, WeightTable(dict(settings.weights), chain), policies, patterns,
                    AccountRules.from_settings(settings),
-                   frozenset(name for name, job_type in settings.job_types.items()
-                             if job_type.log_on_success))
+                   log_on_success=frozenset(
+                       name for name, job_type in settings.job_types.items()
+                       if job_type.log_on_success),
+                   max_transient=max_transient, default_max_transient=budget)
 
 
 def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Outcome, Rule]:
@@ -163,6 +187,7 @@ def decide_for(
     weights = limits.rules.weights
     state = RetryState(job.failures, job.lost, job.max_attempts, job.backoff_base_seconds,
                        job.backoff_max_seconds, job.spawn_failures, job.transient_attempts,
+                       limits.rules.transient_budget(job.job_type),
                        escalations=job.escalations, weight=job.weight,
                        heavier=weights.heavier(job.weight) if weights else None)
     decision = decide(outcome, state, now, limits.max_lost, retry_after=retry_after,
@@ -400,14 +425,25 @@ class StoreSource(WorkSource):
 
 
 class ClaimSource(StoreSource):
-    """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE."""
+    """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE,
+    none of a job type whose preflight fails here (seed 002: the job stays queued, nothing
+    spent; an alert `preflight:<host>:<type>` says so until it passes)."""
 
     def __init__(self, store: Store, host: str, limits: PolicyLimits, rescuer: Rescuer,
-                 max_workers: int | None = None) -> None:
+                 max_workers: int | None = None, preflight: Refresher | None = None) -> None:
         super().__init__(store, host, limits, rescuer)
         self.max_workers = max_workers
         """`[fleet] emergency_max_workers` as herder.toml starts it (`herder fleet cap`
         changes it at run time)."""
+        self.preflight = preflight
+        self.alerted: dict[str, str] | None = None
+        """The failed job types with an open alert, with why (None: not read yet; a
+        former runner of this host may have left some open)."""
+
+    def attach(self, worker: str) -> None:
+        super().attach(worker)
+        if self.preflight is not None:
+            self.preflight.start()
 
     def maintain(self, now: datetime) -> None:
         super().maintain(now)
@@ -418,7 +454,35 @@ class ClaimSource(StoreSource):
         free = min(free, self.fleet_room())
         if free <= 0:
             return []
-        return self.bind(self.store.job_claim(self.host, self.worker, free, now), now)
+        blocked = self.blocked(now)
+        if blocked is None:
+            return []  # the first preflights have not ended yet
+        return self.bind(self.store.job_claim(self.host, self.worker, free, now, blocked), now)
+
+    def blocked(self, now: datetime) -> frozenset[str] | None:
+        """The job types not to claim; an alert opened or cleared for each change."""
+        if self.preflight is None:
+            return frozenset()
+        failed = self.preflight.failed()
+        if failed is None:
+            return None
+        if self.alerted is None:
+            prefix = preflight_alert(self.host, "")
+            self.alerted = {alert.key.removeprefix(prefix): alert.message
+                            for alert in self.store.alert_list(open_only=True, limit=1000)
+                            if alert.key.startswith(prefix)}
+        for job_type, detail in sorted(failed.items()):
+            if job_type not in self.alerted:
+                log.warning("preflight for job type %s failed (%s): not claiming it for now",
+                            job_type, detail)
+                self.store.alert_open(preflight_alert(self.host, job_type),
+                                      f"preflight for job type {job_type} failed on "
+                                      f"{self.host}: {detail}", now)
+        for job_type in sorted(set(self.alerted) - set(failed)):
+            log.info("preflight for job type %s passes again", job_type)
+            self.store.alert_clear(preflight_alert(self.host, job_type), now)
+        self.alerted = dict(failed)
+        return frozenset(failed)
 
     def fleet_room(self) -> int:
         """How many more jobs the fleet-wide cap lets start (every process on this store
@@ -432,7 +496,29 @@ class ClaimSource(StoreSource):
         return cap - counts.get(JobStatus.CLAIMED, 0) - counts.get(JobStatus.RUNNING, 0)
 
     def idle(self) -> bool:
-        return not any(self.store.job_counts().values())
+        """Nothing queued, claimed or running; or only jobs whose type's preflight fails
+        here (`--exit-when-idle` would wait forever for them: they stay queued, said)."""
+        counts = self.store.job_counts()
+        if not any(counts.values()):
+            return True
+        failed = self.preflight.failed() if self.preflight is not None else None
+        if not failed or counts.get(JobStatus.CLAIMED) or counts.get(JobStatus.RUNNING):
+            return False
+        queued = self.store.job_list([JobStatus.QUEUED], counts.get(JobStatus.QUEUED, 0) + 1)
+        if any(job.job_type not in failed for job in queued):
+            return False
+        log.warning("%d queued job(s) left: their job types' preflight fails here (%s)",
+                    len(queued), ", ".join(sorted({job.job_type for job in queued})))
+        return True
+
+    def close(self) -> None:
+        if self.preflight is not None:
+            self.preflight.stop()
+
+
+def preflight_alert(host: str, job_type: str) -> str:
+    """The alert a failing preflight raises under `herder up` (`herder why` reads it)."""
+    return f"preflight:{host}:{job_type}"
 
 
 class AssignmentSource(StoreSource):

@@ -10,7 +10,7 @@ import abc
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -193,8 +193,10 @@ class Store(abc.ABC):
         return len(self.driver.write("delivery_expire", {"before": before}))
 
     @abc.abstractmethod
-    def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
-        """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt."""
+    def job_claim(self, host: str, worker: str, limit: int, now: datetime,
+                  blocked_job_types: Collection[str] = ()) -> list[Job]:
+        """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt;
+        none of `blocked_job_types` (their preflight failed on this host)."""
 
     def attempt_heartbeat(
         self, host: str, tokens: Sequence[AttemptToken], now: datetime
@@ -296,6 +298,17 @@ class Store(abc.ABC):
         """Claimed jobs placed on a host whose attempt has not started yet."""
         return [job_from_row(row) for row in self.driver.read(
             "attempt_list_assigned", {"host": host, "limit": limit})]
+
+    def host_preflight_record(self, label: str, failed: Mapping[str, str]) -> bool:
+        """The job types whose preflight fails on this (ssh) host, with why; its
+        heartbeat untouched. False when there is no such host."""
+        return bool(self.driver.write("host_preflight_record", {
+            "label": label, "preflight_failed": Json(dict(failed))}))
+
+    def host_heartbeat_push(self, label: str, now: datetime, via: str) -> bool:
+        """A push host's heartbeat: its last preflight (`host_preflight_record`) stands."""
+        return bool(self.driver.write("host_heartbeat_push", {
+            "label": label, "now": now, "via": via}))
 
     def host_agent_gone(self, label: str, worker: str) -> bool:
         """Mark the host's agent gone (stopped) while `worker` is the last one that

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -381,14 +381,16 @@ class PostgresStore(Store):
             raise StoreUnavailable("dedup holder vanished; retry the submit")
         return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
 
-    def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
+    def job_claim(self, host: str, worker: str, limit: int, now: datetime,
+                  blocked_job_types: Collection[str] = ()) -> list[Job]:
         if limit < 1:
             return []
         with self.driver.connection() as conn:
             cursor = conn.cursor(row_factory=tuple_row)
             rows = cursor.execute(
                 _claim_query(limit), {"host": host, "worker": worker, "now": now,
-                                      "detail": Jsonb({"host": host, "worker": worker})}
+                                      "detail": Jsonb({"host": host, "worker": worker}),
+                                      "blocked": Jsonb(sorted(blocked_job_types))}
             ).fetchall()
             names = [column.name for column in cursor.description or ()]
         if not rows:

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
@@ -407,14 +407,16 @@ class SQLiteStore(Store):
                 {**key, "job_ids": Json([result.job_id for result in results])}))
         return DeliveryRecord.of(results)
 
-    def job_claim(self, host: str, worker: str, limit: int, now: datetime) -> list[Job]:
+    def job_claim(self, host: str, worker: str, limit: int, now: datetime,
+                  blocked_job_types: Collection[str] = ()) -> list[Job]:
         stamp = now.timestamp()
         detail = json.dumps({"host": host, "worker": worker})
         # The write lock is held for the statements only: the rows are decoded and the specs
         # read after COMMIT (a job's spec never changes once it is submitted).
         with self.driver.immediate() as conn:
             names, values = _fetch(conn, Q["job_claim"], {
-                "host": host, "worker": worker, "limit": limit, "now": stamp})
+                "host": host, "worker": worker, "limit": limit, "now": stamp,
+                "blocked": json.dumps(sorted(blocked_job_types))})
             if not values:
                 return []
             job_id, attempt, priority = (names.index(name) for name in

@@ -66,6 +66,9 @@ WITH picked AS (
     SELECT id FROM herder_jobs
     WHERE status = 'queued' AND available_at <= %(now)s
       AND (affinity IS NULL OR affinity = %(host)s)
+      -- the job types whose preflight failed here (mostly none), as one JSON array: an
+      -- array parameter would keep the plan from being cached (see attempt_finish)
+      AND NOT (%(blocked)s::jsonb ? job_type)
     ORDER BY priority, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -157,6 +160,23 @@ WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (%(host)s::text IS NULL OR host = %(host)s::text);
 
 -- Fleet: hosts ------------------------------------------------------------------------------
+-- name: host_preflight_record
+-- An ssh host's preflight, run over ssh by the server: the job types that fail there, kept
+-- in agent_info as an agent reports them (`preflight_failed`), its heartbeat untouched.
+UPDATE herder_hosts
+SET agent_info = agent_info || jsonb_build_object('preflight_failed',
+                                                  %(preflight_failed)s::jsonb)
+WHERE label = %(label)s RETURNING label;
+
+-- name: host_heartbeat_push
+-- A push host's heartbeat (`herder heartbeat`): it says only that the host is up, so the
+-- preflight the server ran over ssh stands.
+UPDATE herder_hosts
+SET last_heartbeat = %(now)s,
+    agent_info = jsonb_build_object('via', %(via)s::text, 'preflight_failed',
+                                    agent_info -> 'preflight_failed')
+WHERE label = %(label)s RETURNING label;
+
 -- name: host_agent_gone
 -- The host's agent died (its guardian said so): not live until an agent heartbeats again.
 -- Only while the dead worker is the last one heard from, so a new agent is left alone, and

@@ -72,6 +72,10 @@ WHERE id IN (
     SELECT id FROM herder_jobs INDEXED BY herder_jobs_queued
     WHERE status = 'queued' AND available_at <= :now
       AND (affinity IS NULL OR affinity = :host)
+      -- :blocked: the job types whose preflight failed here (a JSON array, mostly empty)
+      AND (:blocked = '[]' OR NOT EXISTS (
+          SELECT 1 FROM herder_job_specs s WHERE s.id = herder_jobs.id
+            AND s.job_type IN (SELECT value FROM json_each(:blocked))))
     ORDER BY priority, id
     LIMIT :limit)
 -- The job's state, but for the columns set here (the store fills those in from what it
@@ -157,6 +161,22 @@ WHERE status IN ('claimed', 'running') AND host IS NOT NULL
   AND (:host IS NULL OR host = :host);
 
 -- Fleet: hosts ------------------------------------------------------------------------------
+-- name: host_preflight_record
+-- An ssh host's preflight, run over ssh by the server: the job types that fail there, kept
+-- in agent_info as an agent reports them (`preflight_failed`), its heartbeat untouched.
+UPDATE herder_hosts SET agent_info = json_set(agent_info, '$.preflight_failed',
+                                              json(:preflight_failed))
+WHERE label = :label RETURNING label;
+
+-- name: host_heartbeat_push
+-- A push host's heartbeat (`herder heartbeat`): it says only that the host is up, so the
+-- preflight the server ran over ssh stands.
+UPDATE herder_hosts
+SET last_heartbeat = :now,
+    agent_info = json_object('via', :via, 'preflight_failed',
+                             json(json_extract(agent_info, '$.preflight_failed')))
+WHERE label = :label RETURNING label;
+
 -- name: host_agent_gone
 -- The host's agent died (its guardian said so): not live until an agent heartbeats again.
 -- Only while the dead worker is the last one heard from, so a new agent is left alone, and
