@@ -36,15 +36,17 @@ def test_ram_and_worker_caps_hold_across_agents(make_fleet, tmp_path, store_url)
                              "--prime-workers", str(workers), "--night-workers", str(workers),
                              *extra)
                      for label, (ram, reserved, workers, extra) in HOSTS.items()})
-    fleet.start_server(wait=False)
-    fleet.start_agents(*HOSTS)
-    wait_for(lambda: all(v["health"] == "healthy" for v in fleet.hosts_api().values()),
-             20, "every host to be healthy", fleet.describe)
-
+    fleet.start_server()
+    # Everything is queued before any host can take work, so the placements are made over
+    # the whole queue at once (submitting one by one on a loaded machine could let each
+    # half-second job end before the next arrives, and no cap would be tested).
     events = tmp_path / "events"
     order = [WORKLOAD[(i * 7) % len(WORKLOAD)] for i in range(len(WORKLOAD))]
     assert sorted(order) == sorted(WORKLOAD)
     ids = [fleet.submit(recorder(events), weight=weight) for weight in order]
+    fleet.start_agents(*HOSTS)
+    wait_for(lambda: all(v["health"] == "healthy" for v in fleet.hosts_api().values()),
+             60, "every host to be healthy", fleet.describe)
     for job_id in ids:
         fleet.wait_status(job_id, JobStatus.DONE, timeout=90)
 
