@@ -197,8 +197,12 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         from herder.runtime.process import process_start_time
 
         worker = str(WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0))
+        # The guardian of a dead agent waits adopt_grace for the next one to adopt its
+        # attempts; they meet through handover files in the log folder.
+        handover = logs / "handover"
         guardian = start_guardian(runtime.kill_grace, report=lambda: report_gone(
-            server_url, secret, label, worker, ca, allow_plaintext=plaintext))
+            server_url, secret, label, worker, ca, allow_plaintext=plaintext),
+            adopt_grace=runtime.adopt_grace, handover=handover)
         source = HttpSource(
             client, LocalGate(names(job_types), names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
@@ -206,6 +210,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
             preflight=Preflight(pass_env=runtime.pass_env),
         )
         source.guardian = guardian
+        source.handover = handover
         options = RunnerOptions.from_settings(
             state.config.settings, label, logs,
             concurrency=concurrency, drain_timeout=drain)

@@ -42,6 +42,7 @@ from herder.runtime.agent_client import (
     ServerError,
     ServerUnavailable,
 )
+from herder.runtime.guardian import handover_path, lost_path, touch
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, token_markers
@@ -155,6 +156,10 @@ class HttpSource(WorkSource):
         self._threads: list[threading.Thread] = []
         self._cancels: set[AttemptToken] = set()
         self._next_cancel_check = 0.0
+        self._adopted: set[AttemptToken] = set()
+        self.handover: Path | None = None
+        """The folder of handover files (herder.runtime.guardian): set for an agent whose
+        guardian waits for a successor."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -304,27 +309,63 @@ class HttpSource(WorkSource):
     def waker(self) -> Waker:
         return _Event(self._wake)
 
+    supervised = True
+
+    def predecessors(self) -> list[tuple[AttemptToken, str]]:
+        """The host's live attempts (as the first heartbeat listed them) of dead agents of
+        this host: what a restarted agent adopts."""
+        found = []
+        for token, worker_text in self.host_attempts:
+            worker = WorkerId.parse(worker_text)
+            if (worker is not None and worker.host == self.label
+                    and worker_text != self.worker and not local_worker_alive(worker)
+                    and not (self.handover is not None
+                             and lost_path(self.handover, worker).exists())):
+                found.append((token, worker_text))
+        return found
+
+    def adopt(self, token: AttemptToken, previous: str, log_path: str) -> bool:
+        try:
+            reply = wire.Adopted.model_validate(self.client.call(
+                "POST", f"/attempts/{token.job_id}/{token.attempt}/adopt", retry=False,
+                timeout=self.runner_timeout,
+                json=wire.AdoptBody(worker=self.worker, previous=previous).model_dump()))
+        except (ReportGone, RequestRefused) as exc:
+            log.warning("attempt %s of dead agent %s cannot be adopted (%s): killing it",
+                        token, previous, exc)
+            return False
+        self._adopted.add(token)
+        self._logs.add(token, Path(log_path), offset=reply.log_size)
+        return True
+
     def maintain(self, now: datetime) -> None:
-        """Kill what a previous agent of this host left running, and report it lost.
+        """Kill what a previous agent of this host left running and this one did not adopt,
+        and report it lost.
 
         Survivors are found by their markers (the guardian normally got there first); the
         server's list of this host's live attempts names the rest, so a restarted agent
         hands them back at once instead of after the lease."""
-        reported: set[AttemptToken] = set()
+        reported: set[AttemptToken] = set(self._adopted)
+        dead: set[WorkerId] = set()
         for marker, pids in token_markers().items():
             token, worker = parse_marker(marker)
             if token is None or worker is None or worker.host != self.label:
                 continue
-            if str(worker) == self.worker or local_worker_alive(worker):
+            if (str(worker) == self.worker or local_worker_alive(worker)
+                    or token in self._adopted):
                 continue
+            dead.add(worker)
             log.warning("attempt %s survived a dead agent (pids %s): killing it", token, pids)
             if kill_tree(None, marker, self.kill_grace):
                 self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
                 reported.add(token)
         for token, worker_text in self.host_attempts:
             worker = WorkerId.parse(worker_text)
-            if (token in reported or worker is None or worker.host != self.label
+            if (worker is None or worker.host != self.label
                     or worker_text == self.worker or local_worker_alive(worker)):
+                continue
+            dead.add(worker)
+            if token in reported:
                 continue
             if kill_tree(None, f"{token}@{worker_text}", self.kill_grace):
                 log.warning("attempt %s belonged to a dead agent of this host: reporting it "
@@ -332,6 +373,11 @@ class HttpSource(WorkSource):
                 self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
                 reported.add(token)
         self.host_attempts = [(t, w) for t, w in self.host_attempts if t not in reported]
+        if self.handover is not None:
+            # The dead agents' guardians may be waiting on this: their attempts are this
+            # agent's now, or killed and reported.
+            for worker in dead:
+                touch(handover_path(self.handover, worker))
 
     # -- threads --------------------------------------------------------------------------------
 
