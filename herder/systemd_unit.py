@@ -25,6 +25,8 @@ class Unit(msgspec.Struct, frozen=True):
     stop_seconds: int | None = None
     """TimeoutStopSec: how long SIGTERM may take (the agent drains running jobs)."""
     kill_mode: str | None = None
+    reload: Sequence[str] = ()
+    """ExecReload's argv (the agent: SIGHUP, a restart request)."""
     restart_seconds: int = 15
     hardening: Sequence[str] = ()
     """Sandboxing lines (`HARDENING`)."""
@@ -54,6 +56,8 @@ def render(unit: Unit) -> str:
         service.append(f"EnvironmentFile={unit.environment_file}")
     service += [f"# {line}".rstrip() for line in unit.notes]
     service.append(f"ExecStart={exec_line(unit.command)}")
+    if unit.reload:
+        service.append(f"ExecReload={' '.join(unit.reload)}")
     if unit.kill_mode is not None:
         service.append(f"KillMode={unit.kill_mode}")
     if unit.stop_seconds is not None:
@@ -85,7 +89,8 @@ def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdi
         command=[*herder, "agent", "--server", server, "--host", label,
                  "--token-file", token_file, *(["--ca", ca] if ca else []),
                  *(["--allow-plaintext"] if allow_plaintext else [])],
-        restart="always", kill_mode="mixed", stop_seconds=drain_seconds + 30,
+        restart="always", kill_mode="process", stop_seconds=drain_seconds + 30,
+        reload=("/bin/kill", "-HUP", "$MAINPID"),
         hardening=HARDENING, notes=[
             f"The host token is read from {token_file}: owned by {user}, mode 0600 (the agent",
             "refuses a file that group or others can read); never on a command line or in the",
@@ -95,7 +100,12 @@ def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdi
             f"{token_file}",
             f"  cat > {token_file}",
             "SIGTERM drains: no new work, running jobs finish or are handed back after the",
-            "deadline (TimeoutStopSec).",
+            "deadline (TimeoutStopSec). To restart (an upgrade) without stopping running jobs:",
+            "  systemctl reload herder-agent && systemctl restart herder-agent",
+            "reload (SIGHUP) asks for a restart, so the SIGTERM that follows leaves the jobs",
+            "running under their supervisors for the next agent, which adopts them.",
+            "KillMode=process: systemd signals the agent only, never its jobs nor the guardian",
+            "that kills them when no next agent adopts them within [runtime] adopt_grace.",
         ])
 
 

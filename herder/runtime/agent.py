@@ -501,6 +501,9 @@ def fetch_attempt(client: ServerClient, token: AttemptToken
 class SingleAttemptSource(HttpSource):
     """Runs exactly one placed attempt, then lets the runner exit (ssh push)."""
 
+    supervised = False
+    """One attempt over ssh: nothing to adopt, and none of its attempts is adopted."""
+
     def __init__(self, client: ServerClient, gate: LocalGate, job: Job, **kwargs: Any) -> None:
         super().__init__(client, gate, concurrency=1, poll=False, **kwargs)
         self.job = job
@@ -517,6 +520,9 @@ class SingleAttemptSource(HttpSource):
 
     def maintain(self, now: datetime) -> None:
         """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
+
+    def predecessors(self) -> list[tuple[AttemptToken, str]]:
+        return []
 
 
 def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:

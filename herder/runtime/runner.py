@@ -554,8 +554,10 @@ class Runner:
                 if not attempt.logged_exit:
                     attempt.logged_exit = True
                     elapsed = mono - attempt.started
+                    # Not at the adoption: the job still writes at its own offset.
+                    adopted = f"; adopted by agent {self.worker}" if attempt.adopted else ""
                     append_log(attempt.log_path, f"exit {attempt.returncode} after "
-                                                 f"{elapsed:.1f}s ({outcome})")
+                                                 f"{elapsed:.1f}s ({outcome}{adopted})")
                 if attempt.workspace is not None:
                     kept = release(attempt.workspace, outcome is Outcome.OK,
                                    self.options.workspace_keep_failed, time.time())
@@ -606,8 +608,6 @@ class Runner:
             log.warning("job %d attempt %d: adopted from dead agent %s (%s, pid %d)",
                         token.job_id, token.attempt, previous,
                         "ended meanwhile" if ended else "running", attempt.job_pid)
-            append_log(attempt.log_path, f"adopted by agent {self.worker}"
-                                         + (" after it ended" if ended else ""))
         if self.running:
             self._publish_leases()
 

@@ -1,0 +1,278 @@
+"""Restarts that lose nothing: an agent's attempts run under supervisors that outlive it, and
+the host's next agent adopts them (herder.runtime.supervisor, Runner._adopt_predecessors,
+the guardian's adopt_grace). Real server, real agents, real signals; every wait is on a file
+a job writes or on the store, with a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from support.fleet import FleetHarness
+from support.waits import wait_for
+
+from herder.model import JobStatus, Outcome
+from herder.runtime.executor import Status, read_status, status_path_for, write_record
+from herder.runtime.guardian import await_successor
+from herder.runtime.supervisor import write_status
+
+LEASE = "30s"
+"""Long enough that no agent's absence here outlasts it: adoption, not the lease, decides."""
+
+
+def ticking(tmp_path: Path, name: str) -> list[str]:
+    """A job that writes its pid, then a numbered line every 0.05 s until `name`.release
+    exists, then `done after N` and exit 0: its log shows whether any of it went missing."""
+    folder = tmp_path / name
+    return ["/bin/sh", "-c",
+            f"echo $$ > '{folder}.pid'; i=0; "
+            f"while [ ! -e '{folder}.release' ]; do i=$((i+1)); echo tick $i; sleep 0.05; "
+            f"done; echo done after $i"]
+
+
+def ending(tmp_path: Path, name: str, code: int) -> list[str]:
+    """A job that writes its pid and waits for `name`.go, then exits `code`."""
+    folder = tmp_path / name
+    return ["/bin/sh", "-c",
+            f"echo $$ > '{folder}.pid'; echo waiting; "
+            f"while [ ! -e '{folder}.go' ]; do sleep 0.05; done; echo exiting {code}; "
+            f"exit {code}"]
+
+
+def agent_log(fleet: FleetHarness, job_id: int) -> Path:
+    return fleet.root / "agents" / "alpha" / str(job_id) / "1.log"
+
+
+def server_log(fleet: FleetHarness, job_id: int) -> str:
+    path = fleet.root / "server-logs" / str(job_id) / "1.log"
+    return path.read_text() if path.exists() else ""
+
+
+def pid_of(tmp_path: Path, name: str) -> int | None:
+    text = (tmp_path / f"{name}.pid").read_text().strip() \
+        if (tmp_path / f"{name}.pid").exists() else ""
+    return int(text) if text.isdigit() else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rpartition(")")[2].split()[0] != "Z"
+
+
+def fleet_with_alpha(make_fleet, tmp_path: Path, url: str, adopt_grace: str) -> FleetHarness:
+    fleet = make_fleet(tmp_path, url, runtime={"attempt_lease": LEASE,
+                                                "adopt_grace": adopt_grace})
+    fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
+    fleet.start_server(wait=False)
+    fleet.start_agent("alpha")
+    return fleet
+
+
+def running(fleet: FleetHarness, tmp_path: Path, job_id: int, name: str) -> int:
+    """Until the job runs (its pid written, its start on the server); its pid."""
+    wait_for(lambda: fleet.job(job_id).status is JobStatus.RUNNING and pid_of(tmp_path, name),
+             30, f"job {name} to run", fleet.describe)
+    pid = pid_of(tmp_path, name)
+    assert pid is not None
+    return pid
+
+
+def stop_agent(fleet: FleetHarness, how: str) -> None:
+    """`restart`: SIGHUP (a restart is requested), then SIGTERM; `kill`: SIGKILL."""
+    agent = fleet.agents["alpha"]
+    if how == "restart":
+        os.kill(agent.pid, signal.SIGHUP)
+        wait_for(lambda: "restart requested" in fleet.stderr_of(agent), 30,
+                 "the agent to take the restart request", fleet.describe)
+        os.kill(agent.pid, signal.SIGTERM)
+        assert fleet.wait_exit(agent, 30, "the restarting agent") == 0
+        assert "left running for the next agent" in fleet.stderr_of(agent)
+    else:
+        fleet.kill_agent("alpha", signal.SIGKILL)
+        fleet.wait_exit(agent, 30, "the killed agent")
+
+
+@pytest.mark.parametrize("how", ["restart", "kill"])
+def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhile(
+        make_fleet, tmp_path, sqlite_url, how):
+    """Two jobs run on alpha; its agent stops (a requested restart, or -9). While no agent
+    is up one job exits 3; the next agent reports that exit (not `lost`, no rerun) and
+    supervises the other on: same process, one attempt, its log whole on the server."""
+    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    first = fleet.agents["alpha"]
+    runs = fleet.submit(ticking(tmp_path, "runs"), max_attempts=1)
+    ends = fleet.submit(ending(tmp_path, "ends", 3), max_attempts=1)
+    runs_pid = running(fleet, tmp_path, runs, "runs")
+    ends_pid = running(fleet, tmp_path, ends, "ends")
+    wait_for(lambda: "tick 3\n" in server_log(fleet, runs), 30,
+             "the running job's log to reach the server", fleet.describe)
+    guardian = fleet.guardian("alpha")
+
+    stop_agent(fleet, how)
+    (tmp_path / "ends.go").touch()
+    # It ended while no agent was up: its supervisor wrote how.
+    wait_for(lambda: read_status(agent_log(fleet, ends)), 30,
+             "the ended job's supervisor to record its exit", fleet.describe)
+    status = read_status(agent_log(fleet, ends))
+    assert status is not None and (status.exit_code, status.pid) == (3, ends_pid)
+    assert alive(runs_pid) and guardian.alive()  # the guardian waits for a next agent
+
+    second = fleet.start_agent("alpha")
+    failed = fleet.wait_status(ends, JobStatus.FAILED)
+    [ended] = fleet.attempts(ends)
+    assert (ended.outcome, ended.exit_code, failed.attempt, failed.lost) == (
+        Outcome.FAILED, 3, 1, 0)
+    assert "exiting 3" in server_log(fleet, ends)
+
+    wait_for(lambda: not guardian.alive(), 30, "the old guardian to stand down",
+             fleet.describe)
+    assert "guardian: the next agent adopted this agent's attempts" in fleet.stderr_of(first)
+    assert alive(runs_pid), "the guardian killed the adopted job"
+    [adopted] = fleet.attempts(runs)
+    assert adopted.worker.startswith(f"alpha/{second.pid}/") and adopted.outcome is None
+    (tmp_path / "runs.release").touch()
+    done = fleet.wait_status(runs, JobStatus.DONE)
+    [attempt] = fleet.attempts(runs)
+    assert (done.attempt, done.lost, attempt.exit_code, attempt.pid) == (1, 0, 0, runs_pid)
+    wait_for(lambda: "\ndone after" in server_log(fleet, runs), 30,
+             "the rest of the adopted job's log to reach the server", fleet.describe)
+    text = server_log(fleet, runs)
+    ticks = [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+    [last] = [int(line.split()[2]) for line in text.splitlines()
+              if line.startswith("done after ")]
+    assert ticks == list(range(1, last + 1)), "the server's copy of the log has a gap"
+    assert f"(ok; adopted by agent alpha/{second.pid}/" in text
+    stderr = fleet.stderr_of(second)
+    assert f"job {runs} attempt 1: adopted from dead agent" in stderr
+    assert f"job {ends} attempt 1: adopted from dead agent" in stderr
+    assert "belonged to a dead agent" not in stderr and "survived a dead agent" not in stderr
+
+
+def test_no_adopt_grace_kills_at_once_and_reports_lost(make_fleet, tmp_path, sqlite_url):
+    """adopt_grace = "0s": the dead agent's guardian kills its jobs at once and the server
+    declares them lost, as before adoption existed; the next agent adopts nothing."""
+    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="0s")
+    job_id = fleet.submit(ticking(tmp_path, "runs"), max_attempts=3)
+    pid = running(fleet, tmp_path, job_id, "runs")
+    fleet.kill_agent("alpha", signal.SIGKILL)
+    wait_for(lambda: not alive(pid), 30, "the guardian to kill the job", fleet.describe)
+    wait_for(lambda: fleet.attempts(job_id)[0].outcome is Outcome.LOST, 30,
+             "the guardian's report to end the attempt as lost", fleet.describe)
+    fleet.start_agent("alpha")
+    wait_for(lambda: len(fleet.attempts(job_id)) == 2, 30, "the job to run again",
+             fleet.describe)
+    assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents["alpha"])
+
+
+def gone_on_the_server(fleet: FleetHarness, tmp_path: Path, job_id: int) -> None:
+    """The server stops holding the attempt live: its agent is reported gone (as a guardian
+    with the host's token would), so the attempt is lost there."""
+    worker = fleet.attempts(job_id)[0].worker
+    reply = httpx.post(f"{fleet.url}/api/v1/agent/alpha/gone", params={"worker": worker},
+                       headers={"Authorization": f"Bearer {fleet.tokens['alpha']}"})
+    assert reply.status_code == 200, reply.text
+    assert fleet.attempts(job_id)[0].outcome is Outcome.LOST
+
+
+def garbled_folder(fleet: FleetHarness, tmp_path: Path, job_id: int) -> None:
+    """The attempt's record cannot be read."""
+    (agent_log(fleet, job_id).with_suffix(".attempt.json")).write_text("{not json")
+
+
+def supervisor_killed(fleet: FleetHarness, tmp_path: Path, job_id: int) -> None:
+    """Its supervisor dies too (the job runs on, orphaned): nobody can say how it ends."""
+    record = json.loads(agent_log(fleet, job_id).with_suffix(".attempt.json").read_text())
+    os.kill(record["supervisor"], signal.SIGKILL)
+    wait_for(lambda: not alive(record["supervisor"]), 30, "the supervisor to die",
+             fleet.describe)
+
+
+@pytest.mark.parametrize("fault", [gone_on_the_server, garbled_folder, supervisor_killed])
+def test_what_cannot_be_adopted_is_killed(make_fleet, tmp_path, sqlite_url, fault):
+    """Fencing is unchanged: an attempt the server no longer holds live is killed, never
+    adopted; one whose folder cannot be read, or whose supervisor died too, is killed and
+    reported lost as before adoption existed. The old guardian stands down either way."""
+    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    job_id = fleet.submit(ticking(tmp_path, "runs"), max_attempts=3)
+    pid = running(fleet, tmp_path, job_id, "runs")
+    guardian = fleet.guardian("alpha")
+    fleet.kill_agent("alpha", signal.SIGKILL)
+    fleet.wait_exit(fleet.agents["alpha"], 30, "the killed agent")
+    fault(fleet, tmp_path, job_id)
+    assert alive(pid)
+
+    fleet.start_agent("alpha")
+    wait_for(lambda: not alive(pid), 30, "the next agent to kill the job", fleet.describe)
+    wait_for(lambda: fleet.attempts(job_id)[0].outcome is Outcome.LOST, 30,
+             "the attempt to end as lost", fleet.describe)
+    wait_for(lambda: not guardian.alive(), 30, "the old guardian to stand down",
+             fleet.describe)
+    assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents["alpha"])
+    assert not (tmp_path / "runs.release").exists()
+    wait_for(lambda: len(fleet.attempts(job_id)) == 2, 30, "the job to run again",
+             fleet.describe)
+
+
+# -- the parts, alone ----------------------------------------------------------------------------
+
+
+def test_a_supervisor_status_is_written_whole_and_read_back(tmp_path):
+    log_path = tmp_path / "7" / "1.log"
+    log_path.parent.mkdir()
+    assert read_status(log_path) is None
+    write_status(str(status_path_for(log_path)), {"pid": 5, "exit_code": None, "signal": 9,
+                                                  "peak_rss": 4096, "ended_at": 1.5})
+    assert read_status(log_path) == Status(1.5, 5, None, 9, 4096)
+    assert read_status(log_path).returncode == -9
+    assert not status_path_for(log_path).with_suffix(".json.tmp").exists()
+    assert os.stat(status_path_for(log_path)).st_mode & 0o077 == 0
+    status_path_for(log_path).write_text('{"ended_at": "x"}')
+    assert read_status(log_path) is None
+
+
+def test_a_record_that_cannot_be_written_fails_loudly(tmp_path):
+    from test_agent_client import make_job
+
+    from herder.runtime.executor import AttemptRecord, read_record
+
+    log_path = tmp_path / "1.log"
+    record = AttemptRecord("7.1@a/1/1", "a/1/1", 10, 20, 11, make_job(7), time.time())
+    write_record(log_path, record)
+    assert read_record(log_path) == record
+    assert os.stat(log_path.with_suffix(".attempt.json")).st_mode & 0o077 == 0
+    with pytest.raises(OSError):
+        write_record(tmp_path / "missing" / "1.log", record)
+
+
+def test_the_guardian_waits_for_the_handover_and_keeps_the_deadlines(tmp_path):
+    now = [0.0]
+    killed: list[list[str]] = []
+    handed = tmp_path / "handover"
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if now[0] >= 3.0:
+            handed.touch()
+
+    deadlines = {"a": 1.0, "b": 100.0}
+    assert await_successor(deadlines, handed, 10.0, killed.append, lambda: True,
+                           clock=lambda: now[0], sleep=sleep)
+    assert killed == [["a"]] and deadlines == {"b": 100.0} and 3.0 <= now[0] < 3.2
+    # No next agent within the grace: False once it is over.
+    handed.unlink()
+    now[0] = 0.0
+    assert not await_successor({}, tmp_path / "never", 2.0, killed.append, lambda: True,
+                               clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert now[0] >= 2.0
+    # Nothing of the dead agent is left: nothing to wait for.
+    assert await_successor({}, tmp_path / "never", 60.0, killed.append, lambda: False,
+                           clock=lambda: 0.0, sleep=lambda s: None)
