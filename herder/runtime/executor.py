@@ -560,6 +560,14 @@ def spawn(
     return attempt
 
 
+SUPERVISOR: tuple[str, ...] = (
+    "/proc/self/exe" if os.path.exists("/proc/self/exe") else sys.executable, "-I",
+    str(Path(__file__).with_name("supervisor.py")))
+"""The supervisor's argv: this very interpreter binary (/proc/self/exe: a virtualenv's
+link may lead through a folder a run_as or other user cannot pass) running the file, not
+the package (it needs only the standard library, which the interpreter finds by itself);
+`-I`: no variable, user site or working folder of anyone's reaches it."""
+
 SUPERVISOR_START = 30.0
 """How long a supervisor may take to start its job (an interpreter's start, a busy host)."""
 
@@ -574,8 +582,7 @@ def _start_supervisor(argv: Sequence[str], env: Mapping[str, str], switch: Mappi
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-I", "-m", "herder.runtime.supervisor",
-             str(status_path_for(log_path)), str(theirs.fileno())],
+            [*SUPERVISOR, str(status_path_for(log_path)), str(theirs.fileno())],
             cwd=cwd, env={TOKEN_VARIABLE: marker}, stdin=stdin, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             pass_fds=(theirs.fileno(),), umask=JOB_UMASK,
