@@ -501,7 +501,7 @@ def spawn(
         try:
             if supervised:
                 process: AttemptProcess = _start_supervisor(
-                    argv, job_env, switch, log, log_path, marker,
+                    argv, job_env, switch, log, log_path,
                     cwd=prepared.folder.parent if prepared else job.workdir or run_folder,
                     stdin=subprocess.PIPE if prepared else subprocess.DEVNULL,
                     preexec=preexec)
@@ -573,17 +573,18 @@ SUPERVISOR_START = 30.0
 
 
 def _start_supervisor(argv: Sequence[str], env: Mapping[str, str], switch: Mapping[str, Any],
-                      log: Any, log_path: Path, marker: str, cwd: Path | str | None,
+                      log: Any, log_path: Path, cwd: Path | str | None,
                       stdin: int, preexec: Any) -> Supervised:
-    """The supervisor in the attempt's new session (and cgroup, with the job's umask), its
-    environment only the marker; the launch goes through a socket, and its answer says
-    whether the job started (else LaunchError, as a Popen of the job would)."""
+    """The supervisor in the attempt's new session (and cgroup, with the job's umask), with
+    an empty environment; the launch goes through a socket, and its answer says whether the
+    job started (else LaunchError, as a Popen of the job would). It carries no marker: it
+    is no job process, never outlives the job's leader, and is in the attempt's group."""
     status_path_for(log_path).unlink(missing_ok=True)
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
             [*SUPERVISOR, str(status_path_for(log_path)), str(theirs.fileno())],
-            cwd=cwd, env={TOKEN_VARIABLE: marker}, stdin=stdin, stdout=log,
+            cwd=cwd, env={}, stdin=stdin, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             pass_fds=(theirs.fileno(),), umask=JOB_UMASK,
             preexec_fn=preexec)  # noqa: PLW1509 (see spawn)

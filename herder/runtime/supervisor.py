@@ -2,20 +2,21 @@
 the agent and keeps what the agent would otherwise lose, the job's ending.
 
 `python -I supervisor.py STATUS FD` (herder.runtime.executor.SUPERVISOR) is started by the
-agent in the attempt's own session (its group leader, in its cgroup, with the job's umask and
-its marker). It turns dumpable off, reads the job's launch (argv, environment, run_as user)
-as JSON from descriptor FD until end of file, starts the job as its child, answers on the
-same socket with `ok PID` or `error TEXT` (so a missing program fails the launch as before),
-waits on it and writes its exit status, peak RSS (the job's own, as the kernel counts it)
-and end time to STATUS (a temporary file renamed over it, so a reader sees all or nothing).
+agent as the leader of the attempt's own session (in its cgroup, with the job's umask). It
+turns dumpable off, reads the job's launch (argv, environment, run_as user) as JSON from
+descriptor FD until end of file, starts the job as its child, answers on the same socket
+with `ok PID` or `error TEXT` (so a missing program fails the launch as before), waits on it
+and writes its exit status, peak RSS (the job's own, as the kernel counts it) and end time
+to STATUS (a temporary file renamed over it, so a reader sees all or nothing), then exits.
 A new agent of the host reads that file for an attempt that ended while no agent was up
 (herder.runtime.executor.read_status).
 
 A separate interpreter, not a fork of the agent: a fork of a threaded process that goes on
-running Python may deadlock, and would carry the agent's memory (its token) along. `-I`
-and an environment holding only the marker: under run_as it runs as root, so nothing of
-the job's (PYTHONPATH, LD_PRELOAD, its working folder) may reach its interpreter; the job's
-environment comes through the socket and is the job's alone. Only standard modules.
+running Python may deadlock, and would carry the agent's memory (its token) along. `-I` and
+an empty environment: under run_as it runs as root, so nothing of the job's (PYTHONPATH,
+LD_PRELOAD, its working folder) may reach its interpreter; the job's environment comes
+through the socket and is the job's alone. It carries no attempt marker (it is no job
+process: a kill by marker leaves it to exit with its job). Only standard modules.
 """
 
 from __future__ import annotations
