@@ -79,6 +79,11 @@ def environment_line(name: str, value: str) -> str:
     return f'{name}="{escaped}"'
 
 
+AGENT_RESTART_SECONDS = 5
+"""A crashed agent is started again well within the default `[runtime] adopt_grace` (10 s),
+so it adopts its predecessor's running jobs before their guardian kills them."""
+
+
 def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdir: str,
                token_file: str, drain_seconds: int, ca: str | None = None,
                allow_plaintext: bool = False) -> Unit:
@@ -90,6 +95,7 @@ def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdi
                  "--token-file", token_file, *(["--ca", ca] if ca else []),
                  *(["--allow-plaintext"] if allow_plaintext else [])],
         restart="always", kill_mode="process", stop_seconds=drain_seconds + 30,
+        restart_seconds=AGENT_RESTART_SECONDS,
         reload=("/bin/kill", "-HUP", "$MAINPID"),
         hardening=HARDENING, notes=[
             f"The host token is read from {token_file}: owned by {user}, mode 0600 (the agent",

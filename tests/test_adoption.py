@@ -276,3 +276,30 @@ def test_the_guardian_waits_for_the_handover_and_keeps_the_deadlines(tmp_path):
     # Nothing of the dead agent is left: nothing to wait for.
     assert await_successor({}, tmp_path / "never", 60.0, killed.append, lambda: False,
                            clock=lambda: 0.0, sleep=lambda s: None)
+
+
+def test_the_server_hands_over_only_a_live_attempt_of_the_worker_named(
+        make_fleet, tmp_path, sqlite_url):
+    """POST .../adopt: 409 unless the attempt is live on the host under `previous`, 422
+    for a worker of another host, nothing changed either way; the agent's own works."""
+    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    job_id = fleet.submit(ticking(tmp_path, "runs"), max_attempts=1)
+    running(fleet, tmp_path, job_id, "runs")
+    worker = fleet.attempts(job_id)[0].worker
+    wait_for(lambda: "tick 3\n" in server_log(fleet, job_id), 30,
+             "the job's log to reach the server", fleet.describe)
+
+    def adopt(previous: str, new: str, attempt: int = 1) -> httpx.Response:
+        return httpx.post(f"{fleet.url}/api/v1/agent/alpha/attempts/{job_id}/{attempt}/adopt",
+                          json={"worker": new, "previous": previous},
+                          headers={"Authorization": f"Bearer {fleet.tokens['alpha']}"})
+
+    assert adopt("alpha/1/1", "alpha/2/2").status_code == 409
+    assert adopt(worker, "alpha/2/2", attempt=2).status_code == 409
+    assert adopt(worker, "beta/2/2").status_code == 422
+    assert fleet.attempts(job_id)[0].worker == worker
+    reply = adopt(worker, worker)  # its own: a no-op that answers the log's size
+    assert reply.status_code == 200
+    assert reply.json()["log_size"] >= len(b"tick 1\ntick 2\ntick 3\n")
+    (tmp_path / "runs.release").touch()
+    fleet.wait_status(job_id, JobStatus.DONE)

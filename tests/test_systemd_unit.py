@@ -87,7 +87,9 @@ def test_the_server_and_the_agent_units_share_one_shape():
                                           "/etc/herder/agent-token", 600)))
     for values in (server, agent):
         assert values["User"] == ["herder"] and values["WantedBy"] == ["multi-user.target"]
-        assert values["Type"] == ["simple"] and values["RestartSec"] == ["15"]
+        assert values["Type"] == ["simple"]
+    # A crashed agent is back within the default adopt_grace (10 s), and adopts its jobs.
+    assert server["RestartSec"] == ["15"] and agent["RestartSec"] == ["5"]
     assert server["Restart"] == ["on-failure"] and agent["Restart"] == ["always"]
     assert server["EnvironmentFile"] == ["/etc/herder/server.env"]
     assert "EnvironmentFile" not in agent

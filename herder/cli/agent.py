@@ -152,7 +152,10 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
           priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
           log_dir: str | None, allow_plaintext: bool, log_level: str, log_format: str,
           parent_pid: int | None) -> None:
-    """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
+    """Run this host's jobs for a `herder server` (outbound HTTP(S) only).
+
+    SIGTERM drains; after SIGHUP (a restart request) SIGTERM leaves the running jobs to the
+    next agent of the host, which adopts them within [runtime] adopt_grace."""
     if ctx.invoked_subcommand is not None:
         return
     if parent_pid is not None:
