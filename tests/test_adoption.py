@@ -69,8 +69,12 @@ def alive(pid: int) -> bool:
 
 
 def fleet_with_alpha(make_fleet, tmp_path: Path, url: str, adopt_grace: str) -> FleetHarness:
+    # The watchdog, not cgroups: a runner of another herder on this machine (another test)
+    # that starts while alpha has no agent would sweep the dead agent's cgroups (one that
+    # predates the sweep's regard for supervisors; test_memory_core covers it).
     fleet = make_fleet(tmp_path, url, runtime={"attempt_lease": LEASE,
-                                                "adopt_grace": adopt_grace})
+                                                "adopt_grace": adopt_grace,
+                                                "memory_enforcement": "watchdog"})
     fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
     fleet.start_agent("alpha")
@@ -103,11 +107,11 @@ def stop_agent(fleet: FleetHarness, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["restart", "kill"])
 def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhile(
-        make_fleet, tmp_path, sqlite_url, how):
+        make_fleet, tmp_path, store_url, how):
     """Two jobs run on alpha; its agent stops (a requested restart, or -9). While no agent
     is up one job exits 3; the next agent reports that exit (not `lost`, no rerun) and
     supervises the other on: same process, one attempt, its log whole on the server."""
-    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    fleet = fleet_with_alpha(make_fleet, tmp_path, store_url, adopt_grace="60s")
     first = fleet.agents["alpha"]
     runs = fleet.submit(ticking(tmp_path, "runs"), max_attempts=1)
     ends = fleet.submit(ending(tmp_path, "ends", 3), max_attempts=1)
@@ -155,6 +159,28 @@ def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhi
     assert f"job {runs} attempt 1: adopted from dead agent" in stderr
     assert f"job {ends} attempt 1: adopted from dead agent" in stderr
     assert "belonged to a dead agent" not in stderr and "survived a dead agent" not in stderr
+
+
+def test_an_adopted_attempt_keeps_its_timeout_and_can_be_cancelled(
+        make_fleet, tmp_path, sqlite_url):
+    """The next agent supervises what it adopts as its own: a timeout counted from the
+    attempt's start, and a cancel."""
+    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    timed = fleet.submit(ticking(tmp_path, "timed"), max_attempts=1, timeout_seconds=8)
+    cancelled = fleet.submit(ticking(tmp_path, "cancelled"), max_attempts=1)
+    timed_pid = running(fleet, tmp_path, timed, "timed")
+    cancelled_pid = running(fleet, tmp_path, cancelled, "cancelled")
+    stop_agent(fleet, "kill")
+    second = fleet.start_agent("alpha")
+    wait_for(lambda: f"job {cancelled} attempt 1: adopted" in fleet.stderr_of(second), 30,
+             "the adoption", fleet.describe)
+    fleet.cli("cancel", str(cancelled))
+    fleet.wait_status(cancelled, JobStatus.CANCELLED)
+    assert fleet.attempts(cancelled)[0].outcome is Outcome.CANCELLED
+    assert not alive(cancelled_pid)
+    timed_out = fleet.wait_status(timed, JobStatus.FAILED, timeout=60)
+    assert (fleet.attempts(timed)[0].outcome, timed_out.attempt) == (Outcome.TIMEOUT, 1)
+    assert not alive(timed_pid)
 
 
 def test_no_adopt_grace_kills_at_once_and_reports_lost(make_fleet, tmp_path, sqlite_url):

@@ -45,7 +45,7 @@ from herder.runtime.agent_client import (
 from herder.runtime.guardian import handover_path, lost_path, touch
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.runtime.preflight import Check, Preflight
-from herder.runtime.process import kill_tree, token_markers
+from herder.runtime.process import kill_tree, process_log, token_markers
 from herder.runtime.sources import Ending, WorkSource
 from herder.store import Waker
 from herder.wire import FinishBody, StartBody, storable_text
@@ -158,8 +158,10 @@ class HttpSource(WorkSource):
         self._next_cancel_check = 0.0
         self._adopted: set[AttemptToken] = set()
         self.handover: Path | None = None
-        """The folder of handover files (herder.runtime.guardian): set for an agent whose
-        guardian waits for a successor."""
+        """The folder of handover files (herder.runtime.guardian) in the agent's log
+        folder: set for an agent whose guardian waits for a successor. Survivors of dead
+        agents are then only the ones whose log is in that log folder: another herder on
+        this machine may run a host of the same label (its own database, a test)."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -352,7 +354,7 @@ class HttpSource(WorkSource):
             if token is None or worker is None or worker.host != self.label:
                 continue
             if (str(worker) == self.worker or local_worker_alive(worker)
-                    or token in self._adopted):
+                    or token in self._adopted or not self._ours(pids)):
                 continue
             dead.add(worker)
             log.warning("attempt %s survived a dead agent (pids %s): killing it", token, pids)
@@ -378,6 +380,15 @@ class HttpSource(WorkSource):
             # agent's now, or killed and reported.
             for worker in dead:
                 touch(handover_path(self.handover, worker))
+
+    def _ours(self, pids: Sequence[int]) -> bool:
+        """False only when the processes name a job log outside this agent's log folder
+        (one that cleared its environment is taken for this agent's, and killed)."""
+        if self.handover is None:
+            return True
+        folder = str(self.handover.parent) + os.sep
+        logs = [log for log in map(process_log, pids) if log]
+        return not logs or any(log.startswith(folder) for log in logs)
 
     # -- threads --------------------------------------------------------------------------------
 

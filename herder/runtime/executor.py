@@ -23,7 +23,7 @@ import msgspec
 from herder.hardening import JOB_UMASK, NEVER_INHERITED
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.runtime.job_user import JobUser, foreign_folders
-from herder.runtime.memory import AttemptMemory
+from herder.runtime.memory import SUPERVISOR_FILE, AttemptMemory
 from herder.runtime.process import (
     TOKEN_VARIABLE,
     process_alive,
@@ -562,7 +562,7 @@ def spawn(
 
 SUPERVISOR: tuple[str, ...] = (
     "/proc/self/exe" if os.path.exists("/proc/self/exe") else sys.executable, "-I",
-    str(Path(__file__).with_name("supervisor.py")))
+    SUPERVISOR_FILE)
 """The supervisor's argv: this very interpreter binary (/proc/self/exe: a virtualenv's
 link may lead through a folder a run_as or other user cannot pass) running the file, not
 the package (it needs only the standard library, which the interpreter finds by itself);

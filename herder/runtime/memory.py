@@ -30,6 +30,7 @@ from msgspec.structs import replace
 
 from herder.config import RuntimeSection
 from herder.model import Enforcement, Job, MemoryUse
+from herder.runtime import supervisor
 from herder.runtime.process import process_alive
 from herder.scheduling.capacity import WeightTable
 
@@ -564,13 +565,16 @@ def runner_prefix(pid: int, start_time: int) -> str:
 
 def sweep(parent: CgroupParent, keep: frozenset[str] = frozenset()) -> int:
     """Kill and remove the attempt cgroups of runners that are gone (a runner and its
-    guardian both killed): nothing of theirs may run on unsupervised or pile up."""
+    guardian both killed): nothing of theirs may run on unsupervised or pile up. One whose
+    attempt still runs under its supervisor is spared: it is a dead agent's, which the next
+    agent of its host adopts or kills (herder.runtime.supervisor), whatever runner starts
+    on this machine meanwhile."""
     swept = 0
     for cgroup in parent.leftovers("herder-"):
         fields = cgroup.path.name.split("-")
         if len(fields) != 5 or not all(field.isdigit() for field in fields[1:]):
             continue  # not an attempt's (a probe, a runner leaf)
-        if cgroup.path.name in keep:
+        if cgroup.path.name in keep or any(map(supervises, cgroup.pids())):
             continue
         if process_alive(int(fields[1]), int(fields[2])):
             continue
@@ -578,6 +582,19 @@ def sweep(parent: CgroupParent, keep: frozenset[str] = frozenset()) -> int:
         _wait_empty(cgroup)
         swept += cgroup.remove()
     return swept
+
+
+SUPERVISOR_FILE = str(Path(supervisor.__file__).resolve())
+
+
+def supervises(pid: int) -> bool:
+    """Whether the process is an attempt's supervisor (its argv names the file)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return SUPERVISOR_FILE.encode() in argv
 
 
 def _wait_empty(cgroup: Cgroup) -> None:
