@@ -57,7 +57,7 @@ from herder.runtime.sources import (
     PolicyLimits,
     WorkSource,
 )
-from herder.runtime.workspace import Workspaces, release, sweep
+from herder.runtime.workspace import Workspaces, claim, release, sweep
 from herder.store import Store, Waker
 
 log = logging.getLogger("herder.runner")
@@ -598,6 +598,10 @@ class Runner:
                 continue  # not live on the server (any more): `maintain` kills it
             attempt.renewed = asked
             self.running[token] = attempt
+            for folder in (attempt.workspace, attempt.run_folder):
+                if folder is not None:  # this runner's now: the sweep leaves them alone
+                    with contextlib.suppress(OSError):
+                        claim(folder, self.worker)
             # For a next agent, should this one die too.
             with contextlib.suppress(OSError, msgspec.MsgspecError):
                 cgroup = attempt.memory.cgroup if attempt.memory is not None else None
