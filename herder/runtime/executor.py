@@ -385,7 +385,7 @@ class RunningAttempt:
                                       "stopped as stuck")
             self.request_stop(Outcome.STUCK, now)
         if (self.memory is not None and self.returncode is None
-                and self.memory.sample(self.process.pid, now) and self.stop_outcome is None):
+                and self.memory.sample(self.job_pid, now) and self.stop_outcome is None):
             append_log(self.log_path, f"memory over its limit: {self.memory.use().describe()}; "
                                       "stopped (oom)")
             self.request_stop(Outcome.OOM, now)

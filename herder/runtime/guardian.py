@@ -225,8 +225,15 @@ def stands_down(folder: Path, worker: WorkerId, adopt_grace: float,
     """A dead agent's guardian: True when a next agent took its attempts over within
     `adopt_grace`; else it notes they are lost (a late agent must not adopt them)."""
     handed = handover_path(folder, worker)
+
+    def kill(markers: list[str]) -> None:
+        # A lease nearly out: what is left of the agent is lost, not for a next agent to
+        # adopt (it would find the killed attempts ended, and report them failed).
+        touch(lost_path(folder, worker))
+        kill_frozen(markers, prefix)
+
     if adopt_grace > 0 and await_successor(
-            deadlines, handed, adopt_grace, lambda markers: kill_frozen(markers, prefix),
+            deadlines, handed, adopt_grace, kill,
             lambda: any(mine(marker) for marker in token_markers())):
         if handed.exists():
             log.warning("guardian: the next agent adopted this agent's attempts")
