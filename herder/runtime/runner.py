@@ -399,8 +399,7 @@ class Runner:
         if self._stopping and self.handing_over and self._stopping < 2:
             self._step("drain", self.source.drain, mono)
             if not self.unreported and not self._pending_starts():
-                for attempt in self.running.values():
-                    append_log(attempt.log_path, "agent restarting: left to the next agent")
+                # Nothing appended to their logs: each job writes at its own offset.
                 log.warning("handing over: %d attempt(s) left running for the next agent",
                             len(self.running))
                 return None
