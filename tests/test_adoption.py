@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -20,6 +21,10 @@ from herder.model import JobStatus, Outcome
 from herder.runtime.executor import Status, read_status, status_path_for, write_record
 from herder.runtime.guardian import await_successor
 from herder.runtime.supervisor import write_status
+
+HOST = f"adopt{secrets.token_hex(3)}"
+"""Not a common label such as alpha: an agent of that label in another test on this machine
+kills what dead agents of its label left, so these tests' host is theirs alone."""
 
 LEASE = "30s"
 """Long enough that no agent's absence here outlasts it: adoption, not the lease, decides."""
@@ -45,7 +50,7 @@ def ending(tmp_path: Path, name: str, code: int) -> list[str]:
 
 
 def agent_log(fleet: FleetHarness, job_id: int) -> Path:
-    return fleet.root / "agents" / "alpha" / str(job_id) / "1.log"
+    return fleet.root / "agents" / HOST / str(job_id) / "1.log"
 
 
 def server_log(fleet: FleetHarness, job_id: int) -> str:
@@ -68,16 +73,16 @@ def alive(pid: int) -> bool:
         return handle.read().rpartition(")")[2].split()[0] != "Z"
 
 
-def fleet_with_alpha(make_fleet, tmp_path: Path, url: str, adopt_grace: str) -> FleetHarness:
+def fleet_with_host(make_fleet, tmp_path: Path, url: str, adopt_grace: str) -> FleetHarness:
     # The watchdog, not cgroups: a runner of another herder on this machine (another test)
-    # that starts while alpha has no agent would sweep the dead agent's cgroups (one that
+    # that starts while the host has no agent would sweep the dead agent's cgroups (one that
     # predates the sweep's regard for supervisors; test_memory_core covers it).
     fleet = make_fleet(tmp_path, url, runtime={"attempt_lease": LEASE,
                                                 "adopt_grace": adopt_grace,
                                                 "memory_enforcement": "watchdog"})
-    fleet.add_host("alpha", "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
+    fleet.add_host(HOST, "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
     fleet.start_server(wait=False)
-    fleet.start_agent("alpha")
+    fleet.start_agent(HOST)
     return fleet
 
 
@@ -92,7 +97,7 @@ def running(fleet: FleetHarness, tmp_path: Path, job_id: int, name: str) -> int:
 
 def stop_agent(fleet: FleetHarness, how: str) -> None:
     """`restart`: SIGHUP (a restart is requested), then SIGTERM; `kill`: SIGKILL."""
-    agent = fleet.agents["alpha"]
+    agent = fleet.agents[HOST]
     if how == "restart":
         os.kill(agent.pid, signal.SIGHUP)
         wait_for(lambda: "restart requested" in fleet.stderr_of(agent), 30,
@@ -101,25 +106,25 @@ def stop_agent(fleet: FleetHarness, how: str) -> None:
         assert fleet.wait_exit(agent, 30, "the restarting agent") == 0
         assert "left running for the next agent" in fleet.stderr_of(agent)
     else:
-        fleet.kill_agent("alpha", signal.SIGKILL)
+        fleet.kill_agent(HOST, signal.SIGKILL)
         fleet.wait_exit(agent, 30, "the killed agent")
 
 
 @pytest.mark.parametrize("how", ["restart", "kill"])
 def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhile(
         make_fleet, tmp_path, store_url, how):
-    """Two jobs run on alpha; its agent stops (a requested restart, or -9). While no agent
+    """Two jobs run on a host; its agent stops (a requested restart, or -9). While no agent
     is up one job exits 3; the next agent reports that exit (not `lost`, no rerun) and
     supervises the other on: same process, one attempt, its log whole on the server."""
-    fleet = fleet_with_alpha(make_fleet, tmp_path, store_url, adopt_grace="60s")
-    first = fleet.agents["alpha"]
+    fleet = fleet_with_host(make_fleet, tmp_path, store_url, adopt_grace="60s")
+    first = fleet.agents[HOST]
     runs = fleet.submit(ticking(tmp_path, "runs"), max_attempts=1)
     ends = fleet.submit(ending(tmp_path, "ends", 3), max_attempts=1)
     runs_pid = running(fleet, tmp_path, runs, "runs")
     ends_pid = running(fleet, tmp_path, ends, "ends")
     wait_for(lambda: "tick 3\n" in server_log(fleet, runs), 30,
              "the running job's log to reach the server", fleet.describe)
-    guardian = fleet.guardian("alpha")
+    guardian = fleet.guardian(HOST)
 
     stop_agent(fleet, how)
     (tmp_path / "ends.go").touch()
@@ -130,9 +135,10 @@ def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhi
     assert status is not None and (status.exit_code, status.pid) == (3, ends_pid)
     assert alive(runs_pid) and guardian.alive()  # the guardian waits for a next agent
 
-    second = fleet.start_agent("alpha")
+    second = fleet.start_agent(HOST)
     failed = fleet.wait_status(ends, JobStatus.FAILED)
-    [ended] = fleet.attempts(ends)
+    ended, *rerun = fleet.attempts(ends)
+    assert not rerun, fleet.describe()
     assert (ended.outcome, ended.exit_code, failed.attempt, failed.lost) == (
         Outcome.FAILED, 3, 1, 0)
     assert "exiting 3" in server_log(fleet, ends)
@@ -142,7 +148,7 @@ def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhi
     assert "guardian: the next agent adopted this agent's attempts" in fleet.stderr_of(first)
     assert alive(runs_pid), "the guardian killed the adopted job"
     [adopted] = fleet.attempts(runs)
-    assert adopted.worker.startswith(f"alpha/{second.pid}/") and adopted.outcome is None
+    assert adopted.worker.startswith(f"{HOST}/{second.pid}/") and adopted.outcome is None
     (tmp_path / "runs.release").touch()
     done = fleet.wait_status(runs, JobStatus.DONE)
     [attempt] = fleet.attempts(runs)
@@ -154,7 +160,7 @@ def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhi
     [last] = [int(line.split()[2]) for line in text.splitlines()
               if line.startswith("done after ")]
     assert ticks == list(range(1, last + 1)), "the server's copy of the log has a gap"
-    assert f"(ok; adopted by agent alpha/{second.pid}/" in text
+    assert f"(ok; adopted by agent {HOST}/{second.pid}/" in text
     stderr = fleet.stderr_of(second)
     assert f"job {runs} attempt 1: adopted from dead agent" in stderr
     assert f"job {ends} attempt 1: adopted from dead agent" in stderr
@@ -165,13 +171,13 @@ def test_an_adopted_attempt_keeps_its_timeout_and_can_be_cancelled(
         make_fleet, tmp_path, sqlite_url):
     """The next agent supervises what it adopts as its own: a timeout counted from the
     attempt's start, and a cancel."""
-    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
     timed = fleet.submit(ticking(tmp_path, "timed"), max_attempts=1, timeout_seconds=8)
     cancelled = fleet.submit(ticking(tmp_path, "cancelled"), max_attempts=1)
     timed_pid = running(fleet, tmp_path, timed, "timed")
     cancelled_pid = running(fleet, tmp_path, cancelled, "cancelled")
     stop_agent(fleet, "kill")
-    second = fleet.start_agent("alpha")
+    second = fleet.start_agent(HOST)
     wait_for(lambda: f"job {cancelled} attempt 1: adopted" in fleet.stderr_of(second), 30,
              "the adoption", fleet.describe)
     fleet.cli("cancel", str(cancelled))
@@ -186,25 +192,25 @@ def test_an_adopted_attempt_keeps_its_timeout_and_can_be_cancelled(
 def test_no_adopt_grace_kills_at_once_and_reports_lost(make_fleet, tmp_path, sqlite_url):
     """adopt_grace = "0s": the dead agent's guardian kills its jobs at once and the server
     declares them lost, as before adoption existed; the next agent adopts nothing."""
-    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="0s")
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="0s")
     job_id = fleet.submit(ticking(tmp_path, "runs"), max_attempts=3)
     pid = running(fleet, tmp_path, job_id, "runs")
-    fleet.kill_agent("alpha", signal.SIGKILL)
+    fleet.kill_agent(HOST, signal.SIGKILL)
     wait_for(lambda: not alive(pid), 30, "the guardian to kill the job", fleet.describe)
     wait_for(lambda: fleet.attempts(job_id)[0].outcome is Outcome.LOST, 30,
              "the guardian's report to end the attempt as lost", fleet.describe)
-    fleet.start_agent("alpha")
+    fleet.start_agent(HOST)
     wait_for(lambda: len(fleet.attempts(job_id)) == 2, 30, "the job to run again",
              fleet.describe)
-    assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents["alpha"])
+    assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents[HOST])
 
 
 def gone_on_the_server(fleet: FleetHarness, tmp_path: Path, job_id: int) -> None:
     """The server stops holding the attempt live: its agent is reported gone (as a guardian
     with the host's token would), so the attempt is lost there."""
     worker = fleet.attempts(job_id)[0].worker
-    reply = httpx.post(f"{fleet.url}/api/v1/agent/alpha/gone", params={"worker": worker},
-                       headers={"Authorization": f"Bearer {fleet.tokens['alpha']}"})
+    reply = httpx.post(f"{fleet.url}/api/v1/agent/{HOST}/gone", params={"worker": worker},
+                       headers={"Authorization": f"Bearer {fleet.tokens[HOST]}"})
     assert reply.status_code == 200, reply.text
     assert fleet.attempts(job_id)[0].outcome is Outcome.LOST
 
@@ -227,22 +233,22 @@ def test_what_cannot_be_adopted_is_killed(make_fleet, tmp_path, sqlite_url, faul
     """Fencing is unchanged: an attempt the server no longer holds live is killed, never
     adopted; one whose folder cannot be read, or whose supervisor died too, is killed and
     reported lost as before adoption existed. The old guardian stands down either way."""
-    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
     job_id = fleet.submit(ticking(tmp_path, "runs"), max_attempts=3)
     pid = running(fleet, tmp_path, job_id, "runs")
-    guardian = fleet.guardian("alpha")
-    fleet.kill_agent("alpha", signal.SIGKILL)
-    fleet.wait_exit(fleet.agents["alpha"], 30, "the killed agent")
+    guardian = fleet.guardian(HOST)
+    fleet.kill_agent(HOST, signal.SIGKILL)
+    fleet.wait_exit(fleet.agents[HOST], 30, "the killed agent")
     fault(fleet, tmp_path, job_id)
     assert alive(pid)
 
-    fleet.start_agent("alpha")
+    fleet.start_agent(HOST)
     wait_for(lambda: not alive(pid), 30, "the next agent to kill the job", fleet.describe)
     wait_for(lambda: fleet.attempts(job_id)[0].outcome is Outcome.LOST, 30,
              "the attempt to end as lost", fleet.describe)
     wait_for(lambda: not guardian.alive(), 30, "the old guardian to stand down",
              fleet.describe)
-    assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents["alpha"])
+    assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents[HOST])
     assert not (tmp_path / "runs.release").exists()
     wait_for(lambda: len(fleet.attempts(job_id)) == 2, 30, "the job to run again",
              fleet.describe)
@@ -308,7 +314,7 @@ def test_the_server_hands_over_only_a_live_attempt_of_the_worker_named(
         make_fleet, tmp_path, sqlite_url):
     """POST .../adopt: 409 unless the attempt is live on the host under `previous`, 422
     for a worker of another host, nothing changed either way; the agent's own works."""
-    fleet = fleet_with_alpha(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
     job_id = fleet.submit(ticking(tmp_path, "runs"), max_attempts=1)
     running(fleet, tmp_path, job_id, "runs")
     worker = fleet.attempts(job_id)[0].worker
@@ -316,13 +322,13 @@ def test_the_server_hands_over_only_a_live_attempt_of_the_worker_named(
              "the job's log to reach the server", fleet.describe)
 
     def adopt(previous: str, new: str, attempt: int = 1) -> httpx.Response:
-        return httpx.post(f"{fleet.url}/api/v1/agent/alpha/attempts/{job_id}/{attempt}/adopt",
+        return httpx.post(f"{fleet.url}/api/v1/agent/{HOST}/attempts/{job_id}/{attempt}/adopt",
                           json={"worker": new, "previous": previous},
-                          headers={"Authorization": f"Bearer {fleet.tokens['alpha']}"})
+                          headers={"Authorization": f"Bearer {fleet.tokens[HOST]}"})
 
-    assert adopt("alpha/1/1", "alpha/2/2").status_code == 409
-    assert adopt(worker, "alpha/2/2", attempt=2).status_code == 409
-    assert adopt(worker, "beta/2/2").status_code == 422
+    assert adopt(f"{HOST}/1/1", f"{HOST}/2/2").status_code == 409
+    assert adopt(worker, f"{HOST}/2/2", attempt=2).status_code == 409
+    assert adopt(worker, "beta/2/2").status_code == 422  # not a worker of this host
     assert fleet.attempts(job_id)[0].worker == worker
     reply = adopt(worker, worker)  # its own: a no-op that answers the log's size
     assert reply.status_code == 200

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import subprocess
@@ -518,13 +519,14 @@ def test_a_run_as_job_is_adopted_by_the_next_agent_with_its_result(
     """Under run_as the supervisor is root's and the job nobody's; the agent dies with -9,
     the next one adopts the job, and its $HERDER_RESULT (in the folder nobody owns) is
     collected when it ends: done, with its summary, one attempt."""
+    label = f"adopt{secrets.token_hex(3)}"  # no other test's agent kills its survivors
     fleet = make_fleet(tmp_path, sqlite_url,
                        runtime={"run_as": "nobody", "workspace_root": str(open_root),
                                 "attempt_lease": "30s", "adopt_grace": "60s",
                                 "memory_enforcement": "watchdog"})
-    fleet.add_hosts({"alpha": ("--ram", "16")})
+    fleet.add_hosts({label: ("--ram", "16")})
     fleet.start_server()
-    fleet.start_agent("alpha")
+    fleet.start_agent(label)
     shared = shared_folder(open_root)
     started, release = shared / "started", shared / "release"
     job_id = fleet.submit(["/bin/sh", "-c",
@@ -534,9 +536,9 @@ def test_a_run_as_job_is_adopted_by_the_next_agent_with_its_result(
     wait_for(lambda: started.exists() and started.read_text().strip(), 30, "the job to run",
              fleet.describe)
     assert started.read_text().strip() == str(NOBODY)
-    fleet.kill_agent("alpha")
-    fleet.wait_exit(fleet.agents["alpha"], 30, "the killed agent")
-    second = fleet.start_agent("alpha")
+    fleet.kill_agent(label)
+    fleet.wait_exit(fleet.agents[label], 30, "the killed agent")
+    second = fleet.start_agent(label)
     wait_for(lambda: f"job {job_id} attempt 1: adopted" in fleet.stderr_of(second), 30,
              "the adoption", fleet.describe)
     release.touch()

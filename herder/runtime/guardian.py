@@ -232,12 +232,16 @@ def stands_down(folder: Path, worker: WorkerId, adopt_grace: float,
         touch(lost_path(folder, worker))
         kill_frozen(markers, prefix)
 
+    if adopt_grace > 0:
+        log.warning("guardian: waiting up to %gs for the next agent to adopt this agent's "
+                    "attempts", adopt_grace)
     if adopt_grace > 0 and await_successor(
             deadlines, handed, adopt_grace, kill,
             lambda: any(mine(marker) for marker in token_markers())):
         if handed.exists():
             log.warning("guardian: the next agent adopted this agent's attempts")
             return True
+        log.warning("guardian: none of this agent's attempts is left")
         return False
     touch(lost_path(folder, worker))
     return False
