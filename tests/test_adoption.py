@@ -80,7 +80,7 @@ def fleet_with_host(make_fleet, tmp_path: Path, url: str, adopt_grace: str) -> F
     fleet = make_fleet(tmp_path, url, runtime={"attempt_lease": LEASE,
                                                 "adopt_grace": adopt_grace,
                                                 "memory_enforcement": "watchdog"})
-    fleet.add_host(HOST, "--ram", "32", "--prime-workers", "2", "--night-workers", "2")
+    fleet.add_host(HOST, "--ram", "32", "--prime-workers", "3", "--night-workers", "3")
     fleet.start_server(wait=False)
     fleet.start_agent(HOST)
     return fleet
@@ -113,24 +113,29 @@ def stop_agent(fleet: FleetHarness, how: str) -> None:
 @pytest.mark.parametrize("how", ["restart", "kill"])
 def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhile(
         make_fleet, tmp_path, store_url, how):
-    """Two jobs run on a host; its agent stops (a requested restart, or -9). While no agent
-    is up one job exits 3; the next agent reports that exit (not `lost`, no rerun) and
-    supervises the other on: same process, one attempt, its log whole on the server."""
+    """Three jobs run on a host; its agent stops (a requested restart, or -9). While no
+    agent is up one job exits 3 and one exits 0; the next agent reports those exits (failed
+    and done, not `lost`, no rerun) and supervises the third on: same process, one attempt,
+    its log whole on the server."""
     fleet = fleet_with_host(make_fleet, tmp_path, store_url, adopt_grace="60s")
     first = fleet.agents[HOST]
     runs = fleet.submit(ticking(tmp_path, "runs"), max_attempts=1)
     ends = fleet.submit(ending(tmp_path, "ends", 3), max_attempts=1)
+    succeeds = fleet.submit(ending(tmp_path, "succeeds", 0), max_attempts=1)
     runs_pid = running(fleet, tmp_path, runs, "runs")
     ends_pid = running(fleet, tmp_path, ends, "ends")
+    running(fleet, tmp_path, succeeds, "succeeds")
     wait_for(lambda: "tick 3\n" in server_log(fleet, runs), 30,
              "the running job's log to reach the server", fleet.describe)
     guardian = fleet.guardian(HOST)
 
     stop_agent(fleet, how)
     (tmp_path / "ends.go").touch()
-    # It ended while no agent was up: its supervisor wrote how.
-    wait_for(lambda: read_status(agent_log(fleet, ends)), 30,
-             "the ended job's supervisor to record its exit", fleet.describe)
+    (tmp_path / "succeeds.go").touch()
+    # They ended while no agent was up: their supervisors wrote how.
+    wait_for(lambda: read_status(agent_log(fleet, ends))
+             and read_status(agent_log(fleet, succeeds)), 30,
+             "the ended jobs' supervisors to record their exits", fleet.describe)
     status = read_status(agent_log(fleet, ends))
     assert status is not None and (status.exit_code, status.pid) == (3, ends_pid)
     assert alive(runs_pid) and guardian.alive()  # the guardian waits for a next agent
@@ -142,6 +147,9 @@ def test_a_new_agent_adopts_a_running_attempt_and_reports_one_that_ended_meanwhi
     assert (ended.outcome, ended.exit_code, failed.attempt, failed.lost) == (
         Outcome.FAILED, 3, 1, 0)
     assert "exiting 3" in server_log(fleet, ends)
+    done = fleet.wait_status(succeeds, JobStatus.DONE)
+    [succeeded] = fleet.attempts(succeeds)
+    assert (succeeded.outcome, succeeded.exit_code, done.attempt) == (Outcome.OK, 0, 1)
 
     wait_for(lambda: not guardian.alive(), 30, "the old guardian to stand down",
              fleet.describe)
