@@ -21,6 +21,7 @@ process: a kill by marker leaves it to exit with its job). Only standard modules
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -84,7 +85,8 @@ def main(argv: list[str]) -> int:
         channel.close()
         write_status(status_path, {"launch_error": str(exc), "ended_at": time.time()})
         return 127
-    channel.sendall(f"ok {job.pid}".encode())
+    with contextlib.suppress(OSError):  # the agent died meanwhile: the end is recorded
+        channel.sendall(f"ok {job.pid}".encode())
     channel.close()
     del launch, data
     _, wait_status, usage = os.wait4(job.pid, 0)
