@@ -232,17 +232,20 @@ def stands_down(folder: Path, worker: WorkerId, adopt_grace: float,
         touch(lost_path(folder, worker))
         kill_frozen(markers, prefix)
 
+    def left() -> bool:
+        return any(mine(marker) for marker in token_markers())
+
+    if not left():  # a clean stop (drained), or nothing was running
+        return False
     if adopt_grace > 0:
         log.warning("guardian: waiting up to %gs for the next agent to adopt this agent's "
                     "attempts", adopt_grace)
-    if adopt_grace > 0 and await_successor(
-            deadlines, handed, adopt_grace, kill,
-            lambda: any(mine(marker) for marker in token_markers())):
-        if handed.exists():
-            log.warning("guardian: the next agent adopted this agent's attempts")
-            return True
-        log.warning("guardian: none of this agent's attempts is left")
-        return False
+        if await_successor(deadlines, handed, adopt_grace, kill, left):
+            if handed.exists():
+                log.warning("guardian: the next agent adopted this agent's attempts")
+                handed.unlink(missing_ok=True)  # read by no one else
+                return True
+            return False  # nothing left (killed, or ended and reported by a next agent)
     touch(lost_path(folder, worker))
     return False
 
