@@ -207,6 +207,9 @@ class RuntimeSection(Struct, frozen=True):
     run_as: str | None = None
     """The unprivileged user a root runner starts jobs as (herder.runtime.job_user); left
     out, a root runner's jobs run as root (with a warning at start)."""
+    adopt_grace: Duration = 10.0
+    """How long a dead agent's guardian waits for the host's next agent to adopt its
+    running attempts before it kills them and reports them lost; 0 kills at once."""
 
 
 class DefaultsSection(Struct, frozen=True):

@@ -27,6 +27,8 @@ class Unit(msgspec.Struct, frozen=True):
     stop_seconds: int | None = None
     """TimeoutStopSec: how long SIGTERM may take (the agent drains running jobs)."""
     kill_mode: str | None = None
+    reload: Sequence[str] = ()
+    """ExecReload's argv (the agent: SIGHUP, a restart request)."""
     restart_seconds: int = 15
     hardening: Sequence[str] = ()
     """Sandboxing lines (`HARDENING`)."""
@@ -62,6 +64,8 @@ def render(unit: Unit) -> str:
         service.append(f"EnvironmentFile={unit.environment_file}")
     service += [f"# {line}".rstrip() for line in unit.notes]
     service.append(f"ExecStart={exec_line(unit.command)}")
+    if unit.reload:
+        service.append(f"ExecReload={' '.join(unit.reload)}")
     if unit.kill_mode is not None:
         service.append(f"KillMode={unit.kill_mode}")
     if unit.start_seconds is not None:
@@ -99,6 +103,11 @@ def environment_line(name: str, value: str) -> str:
     return f'{name}="{escaped}"'
 
 
+AGENT_RESTART_SECONDS = 5
+"""A crashed agent is started again well within the default `[runtime] adopt_grace` (10 s),
+so it adopts its predecessor's running jobs before their guardian kills them."""
+
+
 def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdir: str,
                token_file: str, drain_seconds: int, ca: str | None = None,
                allow_plaintext: bool = False) -> Unit:
@@ -108,11 +117,18 @@ def agent_unit(herder: Sequence[str], server: str, label: str, user: str, workdi
         command=[*herder, "agent", "--server", server, "--host", label,
                  "--token-file", token_file, *(["--ca", ca] if ca else []),
                  *(["--allow-plaintext"] if allow_plaintext else [])],
-        restart="always", kill_mode="mixed", stop_seconds=drain_seconds + 30,
+        restart="always", kill_mode="process", stop_seconds=drain_seconds + 30,
+        restart_seconds=AGENT_RESTART_SECONDS,
+        reload=("/bin/kill", "-HUP", "$MAINPID"),
         hardening=HARDENING, notes=[
             *token_notes(label, user, token_file),
             "SIGTERM drains: no new work, running jobs finish or are handed back after the",
-            "deadline (TimeoutStopSec).",
+            "deadline (TimeoutStopSec). To restart (an upgrade) without stopping running jobs:",
+            "  systemctl reload herder-agent && systemctl restart herder-agent",
+            "reload (SIGHUP) asks for a restart, so the SIGTERM that follows leaves the jobs",
+            "running under their supervisors for the next agent, which adopts them.",
+            "KillMode=process: systemd signals the agent only, never its jobs nor the guardian",
+            "that kills them when no next agent adopts them within [runtime] adopt_grace.",
         ])
 
 

@@ -627,6 +627,18 @@ class Started(Reply):
     accepted: bool
 
 
+class AdoptBody(Body):
+    """A new agent takes over an attempt of its host's dead agent `previous`."""
+
+    worker: str = Field(max_length=400)
+    previous: str = Field(max_length=400)
+
+
+class Adopted(Reply):
+    log_size: int
+    """The server's copy of the attempt's log, in bytes: shipping resumes from here."""
+
+
 class JobResult(Body):
     """What a job may write to `$HERDER_RESULT` (a JSON object) to say how it ended; it wins
     over the exit code and the log. Unknown fields make it invalid (a typo must not pass as

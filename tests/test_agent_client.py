@@ -10,6 +10,7 @@ deadlines. The setup checks run against real local servers (plain HTTP and TLS).
 from __future__ import annotations
 
 import http.server
+import json
 import logging
 import os
 import re
@@ -831,3 +832,30 @@ def test_the_heartbeat_units_command_sends_a_heartbeat_with_the_token_file(
     assert ran.returncode == 0, ran.stderr
     assert seen == ["Bearer hdr_from-the-file"]
     assert "hdr_from-the-file" not in printed.stdout
+
+
+# -- adoption ---------------------------------------------------------------------------------
+
+
+def test_an_adopted_attempts_log_resumes_where_the_servers_copy_ends(
+        server, make_source, tmp_path) -> None:
+    """The server has the first 9 bytes (shipped by the dead agent): the adopting agent
+    ships from there, so its copy is whole and nothing is sent twice; a 409 (not live on
+    the server, or not that worker's) is no adoption."""
+    previous = f"{LABEL}/1/1"
+    server.script("adopt 22.1", httpx.Response(200, json={"log_size": 9}))
+    server.script("adopt 23.1", status(409))
+    source = make_source()
+    log_path = tmp_path / "22.log"
+    log_path.write_bytes(b"line one\nline two\n")
+    server.logs["22.1"] += b"line one\n"
+    assert source.adopt(AttemptToken(22, 1), previous, str(log_path))
+    body = json.loads(server.requests("adopt 22.1")[0].request.content)
+    assert body == {"worker": source.worker, "previous": previous}
+    finish(source, 22)
+    wait_delivered(server, "finish 22.1")
+    assert server.log_of("22.1") == b"line one\nline two\n"
+    assert [int(seen.request.url.params["offset"]) for seen in server.requests("log 22.1")] \
+        == [9]
+    assert not source.adopt(AttemptToken(23, 1), previous, str(tmp_path / "23.log"))
+    source.close()

@@ -191,6 +191,11 @@ def assert_nothing_of_herder(report: Mapping[str, Any], planted_secrets: Mapping
     herder_processes = [entry for entry in report["readable_environ"]
                         if "herder.cli" in entry["argv"][1:3]]
     assert not herder_processes, herder_processes
+    # An agent's job runs under its supervisor, which holds the job's launch (its env) in
+    # its memory: not dumpable either.
+    supervisors = [entry for entry in report["readable_environ"]
+                   if any(str(part).endswith("runtime/supervisor.py") for part in entry["argv"])]
+    assert not supervisors, supervisors
 
 
 def test_a_hostile_job_under_up_finds_no_secret(unprivileged: Unprivileged) -> None:

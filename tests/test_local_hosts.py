@@ -7,6 +7,7 @@ guardian's report, not by a pid that may be another machine's."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -447,3 +448,33 @@ def test_a_local_hosts_child_agent_runs_the_preflight_and_the_job_waits_for_it(
     tool.chmod(0o755)
     done = fleet.wait_status(job_id, JobStatus.DONE)
     assert (done.host, done.attempt, done.failures) == ("lh", 1, 0), done
+
+
+def test_a_killed_child_is_restarted_and_adopts_its_predecessors_job(
+        make_fleet, tmp_path, sqlite_url):
+    """With adopt_grace, a local host's child agent killed with -9 leaves its job running:
+    the server starts another child, which adopts it (same process, one attempt)."""
+    label = f"lh{secrets.token_hex(3)}"  # no other test's agent kills its survivors
+    root = tmp_path / "fleet"
+    root.mkdir()
+    fleet = make_fleet(root, sqlite_url, runtime={"attempt_lease": "20s",
+                                                  "adopt_grace": "60s",
+                                                  "memory_enforcement": "watchdog"},
+                       extra=LOCAL_TOML.replace("hosts.lh", f"hosts.{label}"))
+    fleet.start_server()
+    started, release = tmp_path / "started", tmp_path / "release"
+    job_id = fleet.submit(["sh", "-c", f"touch {started}; while [ ! -e {release} ]; "
+                                       "do sleep 0.1; done"], affinity=label)
+    wait_for(started.exists, 60, "the local job to start", fleet.describe)
+    job = wait_for(lambda: fleet.job_processes(job_id), 30, "the job's process")[0]
+    [old_agent] = child_agents(fleet, label)
+    os.kill(old_agent, signal.SIGKILL)
+    wait_for(lambda: (a := child_agents(fleet, label)) and a[0] != old_agent, 60,
+             "the server to start another child", fleet.describe)
+    wait_for(lambda: fleet.store.attempt_list(job_id)[0].worker.split("/")[1]
+             not in ("", str(old_agent)), 60, "the new child to adopt the job", fleet.describe)
+    assert job.alive()
+    release.touch()
+    done = wait_for(lambda: (j := fleet.store.job_get(job_id)) and not j.status.active and j,
+                    60, "the job to end", fleet.describe)
+    assert (done.status, done.attempt, done.lost) == (JobStatus.DONE, 1, 0)

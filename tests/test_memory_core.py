@@ -5,6 +5,8 @@ tree (and its graceful failure), the cgroup counters, config and wire edges."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from herder.config import load_config
 from herder.errors import ConfigError
 from herder.model import Enforcement, Job, JobStatus, MemoryUse, Outcome
 from herder.runtime.memory import (
+    SUPERVISOR_FILE,
     CgroupParent,
     CgroupV1,
     CgroupV2,
@@ -164,6 +167,26 @@ def test_a_start_sweeps_the_cgroups_of_runners_that_are_gone_and_only_those(tmp_
     assert sweep(CgroupParent(tmp_path, Enforcement.CGROUP_V1)) == 1
     assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted(
         [own, "herder-probe-77", "herder-runner"])
+
+
+def test_the_sweep_spares_a_dead_runners_cgroup_whose_attempt_runs_under_its_supervisor(
+        tmp_path: Path):
+    """A dead agent's attempt that runs on under its supervisor is the next agent's to adopt
+    or kill: another runner starting on the machine meanwhile does not sweep it."""
+    supervised = subprocess.Popen(["/bin/sh", "-c", "sleep 60", SUPERVISOR_FILE])
+    unsupervised = subprocess.Popen(["sleep", "60"])
+    try:
+        for name, member in (("herder-4194999-12-5-1", supervised),
+                             ("herder-4194999-12-6-1", unsupervised)):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "cgroup.procs").write_text(f"{member.pid}\n")
+        sweep(CgroupParent(tmp_path, Enforcement.CGROUP_V1))
+        assert unsupervised.wait(30) == -signal.SIGKILL
+        assert supervised.poll() is None
+    finally:
+        for process in (supervised, unsupervised):
+            process.kill()
+            process.wait()
 
 
 def test_the_cgroup_counters_say_whether_the_kernel_killed_for_memory(tmp_path: Path):

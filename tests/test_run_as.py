@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import subprocess
@@ -501,11 +502,46 @@ def test_an_agent_s_run_as_job_cannot_read_the_token_in_the_agent_s_environment(
     token = fleet.tokens["alpha"]
     assert token.encode() in Path(f"/proc/{agent.pid}/environ").read_bytes()  # root reads it
     out = shared_folder(open_root) / "agent.out"
+    # Its parent is its supervisor (root's, not dumpable, its environment only the marker).
     job_id = fleet.submit(["/bin/sh", "-c",
-                           f"{{ id -u; echo $PPID; cat /proc/$PPID/environ || echo denied; }}"
-                           f" > {out} 2>&1"])
+                           f"{{ id -u; cat /proc/{agent.pid}/environ || echo denied; "
+                           f"cat /proc/$PPID/environ || echo denied; }} > {out} 2>&1"])
     fleet.wait_status(job_id, JobStatus.DONE, timeout=60)
     said = out.read_text()
     lines = said.splitlines()
-    assert lines[:2] == [str(NOBODY), str(agent.pid)], said
-    assert lines[-1] == "denied" and token not in said, said
+    assert lines[0] == str(NOBODY), said
+    assert lines.count("denied") == 2 and token not in said, said
+
+
+@as_root
+def test_a_run_as_job_is_adopted_by_the_next_agent_with_its_result(
+        make_fleet, tmp_path, sqlite_url, open_root):
+    """Under run_as the supervisor is root's and the job nobody's; the agent dies with -9,
+    the next one adopts the job, and its $HERDER_RESULT (in the folder nobody owns) is
+    collected when it ends: done, with its summary, one attempt."""
+    label = f"adopt{secrets.token_hex(3)}"  # no other test's agent kills its survivors
+    fleet = make_fleet(tmp_path, sqlite_url,
+                       runtime={"run_as": "nobody", "workspace_root": str(open_root),
+                                "attempt_lease": "30s", "adopt_grace": "60s",
+                                "memory_enforcement": "watchdog"})
+    fleet.add_hosts({label: ("--ram", "16")})
+    fleet.start_server()
+    fleet.start_agent(label)
+    shared = shared_folder(open_root)
+    started, release = shared / "started", shared / "release"
+    job_id = fleet.submit(["/bin/sh", "-c",
+                           f"id -u > {started}; while [ ! -e {release} ]; do sleep 0.05; done; "
+                           "echo '{\"summary\": \"adopted and done\"}' > \"$HERDER_RESULT\""],
+                          max_attempts=1)
+    wait_for(lambda: started.exists() and started.read_text().strip(), 30, "the job to run",
+             fleet.describe)
+    assert started.read_text().strip() == str(NOBODY)
+    fleet.kill_agent(label)
+    fleet.wait_exit(fleet.agents[label], 30, "the killed agent")
+    second = fleet.start_agent(label)
+    wait_for(lambda: f"job {job_id} attempt 1: adopted" in fleet.stderr_of(second), 30,
+             "the adoption", fleet.describe)
+    release.touch()
+    done = fleet.wait_status(job_id, JobStatus.DONE)
+    assert (done.attempt, done.lost) == (1, 0)
+    assert "adopted and done" in fleet.cli("show", str(job_id)).stdout

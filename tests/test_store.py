@@ -1313,6 +1313,26 @@ def test_an_assigned_attempt_goes_to_one_runner(store):
     assert store.attempt_list_assigned("other", 10) == []
 
 
+def test_an_attempt_is_adopted_only_from_its_worker_while_live_on_its_host(store):
+    store.host_insert(HostRecord("h1", ram_total_gb=16, prime_max_workers=2), at(0))
+    ids = submit(store, spec(), spec())
+    tokens = store.job_assign("h1", [(ids[0], 1.0), (ids[1], 1.0)], 2, 16.0, at(1))
+    assert store.attempt_set_worker(tokens[0], "h1/1/1", at(2))
+    assert store.attempt_start(tokens[0], 100, None, at(2))
+    assert not store.attempt_adopt("h1", tokens[0], "h1/9/9", "h1/2/2", at(3))  # not its worker
+    assert not store.attempt_adopt("h2", tokens[0], "h1/1/1", "h1/2/2", at(3))  # another host
+    assert not store.attempt_adopt("h1", tokens[1], "h1/1/1", "h1/2/2", at(3))  # not that one's
+    assert store.attempt_adopt("h1", tokens[0], "h1/1/1", "h1/2/2", at(3))
+    assert store.attempt_adopt("h1", tokens[0], "h1/1/1", "h1/2/2", at(4))  # asked again
+    live = {item.attempt.token: item.attempt for item in store.attempt_list_live("h1")}
+    assert live[tokens[0]].worker == "h1/2/2"
+    assert live[tokens[0]].heartbeat_at == at(4)  # the lease restarts with the adoption
+    assert not store.attempt_adopt("h1", tokens[0], "h1/1/1", "h1/3/3", at(5))  # h1/2/2's now
+    store.attempt_finish([AttemptResult(tokens[0], Outcome.OK, 0, Decision(JobStatus.DONE))],
+                         at(6))
+    assert not store.attempt_adopt("h1", tokens[0], "h1/2/2", "h1/3/3", at(7))  # ended
+
+
 def test_job_list_due_lists_queued_jobs_in_claim_order(store):
     ids = submit(store, spec(priority=5, job_type="ci", weight="heavy", affinity="h1"),
                  spec(priority=1), spec(available_at=at(60)))

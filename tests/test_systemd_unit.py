@@ -87,13 +87,19 @@ def test_the_server_and_the_agent_units_share_one_shape():
                                           "/etc/herder/agent-token", 600)))
     for values in (server, agent):
         assert values["User"] == ["herder"] and values["WantedBy"] == ["multi-user.target"]
-        assert values["Type"] == ["simple"] and values["RestartSec"] == ["15"]
+        assert values["Type"] == ["simple"]
+    # A crashed agent is back within the default adopt_grace (10 s), and adopts its jobs.
+    assert server["RestartSec"] == ["15"] and agent["RestartSec"] == ["5"]
     assert server["Restart"] == ["on-failure"] and agent["Restart"] == ["always"]
     assert server["EnvironmentFile"] == ["/etc/herder/server.env"]
     assert "EnvironmentFile" not in agent
     assert server["ExecStart"] == [
         "/usr/bin/herder --config /etc/herder/herder.toml server --listen 0.0.0.0:8470"]
-    assert agent["TimeoutStopSec"] == ["630"] and agent["KillMode"] == ["mixed"]
+    assert agent["TimeoutStopSec"] == ["630"]
+    # A restart signals the agent alone: its jobs run on for the next agent to adopt, and
+    # `systemctl reload` (SIGHUP) is how an operator says the next stop is a restart.
+    assert agent["KillMode"] == ["process"] and "KillMode" not in server
+    assert agent["ExecReload"] == ["/bin/kill -HUP $MAINPID"] and "ExecReload" not in server
     for values in (server, agent):
         assert values["NoNewPrivileges"] == ["yes"] and values["PrivateTmp"] == ["yes"]
         assert values["ProtectSystem"] == ["full"] and values["UMask"] == ["0077"]

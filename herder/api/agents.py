@@ -14,6 +14,8 @@ from herder.runtime.coordinator import LogRefused
 from herder.runtime.sources import Ending
 from herder.scheduling.alerting import Trouble
 from herder.wire import (
+    AdoptBody,
+    Adopted,
     Assignment,
     Assignments,
     Cancels,
@@ -105,6 +107,18 @@ async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
     await call(service.start_attempt, label, AttemptToken(job_id, attempt), body.pid,
                body.log_path)
     return Started(accepted=True)
+
+
+@router.post(ATTEMPT + "/adopt", response_model=Adopted)
+async def attempt_adopt(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
+                        body: AdoptBody, service: Service) -> Adopted:
+    """A restarted agent takes over an attempt its dead predecessor started: 409 when the
+    attempt is not live on the host under that worker (the agent kills it instead)."""
+    check_worker(label, body.worker)
+    check_worker(label, body.previous)
+    size = await call(service.adopt_attempt, label, AttemptToken(job_id, attempt),
+                      body.previous, body.worker)
+    return Adopted(log_size=size)
 
 
 @router.post(ATTEMPT + "/finish", response_model=Finished)

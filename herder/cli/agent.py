@@ -226,7 +226,10 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
           priority_floor: int | None, no_ram_check: bool, drain_timeout: str, ca: str | None,
           log_dir: str | None, allow_plaintext: bool, log_level: str, log_format: str,
           parent_pid: int | None) -> None:
-    """Run this host's jobs for a `herder server` (outbound HTTP(S) only)."""
+    """Run this host's jobs for a `herder server` (outbound HTTP(S) only).
+
+    SIGTERM drains; after SIGHUP (a restart request) SIGTERM leaves the running jobs to the
+    next agent of the host, which adopts them within [runtime] adopt_grace."""
     if ctx.invoked_subcommand is not None:
         return
     if parent_pid is not None:
@@ -273,8 +276,12 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         from herder.runtime.process import process_start_time
 
         worker = str(WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0))
+        # The guardian of a dead agent waits adopt_grace for the next one to adopt its
+        # attempts; they meet through handover files in the log folder.
+        handover = logs / "handover"
         guardian = start_guardian(runtime.kill_grace, report=lambda: report_gone(
-            server_url, secret, label, worker, ca, allow_plaintext=plaintext))
+            server_url, secret, label, worker, ca, allow_plaintext=plaintext),
+            adopt_grace=runtime.adopt_grace, handover=handover)
         source = HttpSource(
             client, LocalGate(names(job_types), names(weights), priority_floor),
             concurrency, runtime.heartbeat_interval, state.config.settings.server.long_poll,
@@ -283,6 +290,7 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         )
         source.guardian = guardian
         trouble.start(functools.partial(report_trouble, client), threading.Event())
+        source.handover = handover
         options = RunnerOptions.from_settings(
             state.config.settings, label, logs,
             concurrency=concurrency, drain_timeout=drain)

@@ -42,9 +42,10 @@ from herder.runtime.agent_client import (
     ServerError,
     ServerUnavailable,
 )
+from herder.runtime.guardian import handover_path, lost_path, touch
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.runtime.preflight import Check, Preflight
-from herder.runtime.process import kill_tree, token_markers
+from herder.runtime.process import kill_tree, process_log, token_markers
 from herder.runtime.sources import Ending, WorkSource
 from herder.store import Waker
 from herder.wire import FinishBody, StartBody, storable_text
@@ -155,6 +156,12 @@ class HttpSource(WorkSource):
         self._threads: list[threading.Thread] = []
         self._cancels: set[AttemptToken] = set()
         self._next_cancel_check = 0.0
+        self._adopted: set[AttemptToken] = set()
+        self.handover: Path | None = None
+        """The folder of handover files (herder.runtime.guardian) in the agent's log
+        folder: set for an agent whose guardian waits for a successor. Survivors of dead
+        agents are then only the ones whose log is in that log folder: another herder on
+        this machine may run a host of the same label (its own database, a test)."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -304,27 +311,63 @@ class HttpSource(WorkSource):
     def waker(self) -> Waker:
         return _Event(self._wake)
 
+    supervised = True
+
+    def predecessors(self) -> list[tuple[AttemptToken, str]]:
+        """The host's live attempts (as the first heartbeat listed them) of dead agents of
+        this host: what a restarted agent adopts."""
+        found = []
+        for token, worker_text in self.host_attempts:
+            worker = WorkerId.parse(worker_text)
+            if (worker is not None and worker.host == self.label
+                    and worker_text != self.worker and not local_worker_alive(worker)
+                    and not (self.handover is not None
+                             and lost_path(self.handover, worker).exists())):
+                found.append((token, worker_text))
+        return found
+
+    def adopt(self, token: AttemptToken, previous: str, log_path: str) -> bool:
+        try:
+            reply = wire.Adopted.model_validate(self.client.call(
+                "POST", f"/attempts/{token.job_id}/{token.attempt}/adopt", retry=False,
+                timeout=self.runner_timeout,
+                json=wire.AdoptBody(worker=self.worker, previous=previous).model_dump()))
+        except (ReportGone, RequestRefused) as exc:
+            log.warning("attempt %s of dead agent %s cannot be adopted (%s): killing it",
+                        token, previous, exc)
+            return False
+        self._adopted.add(token)
+        self._logs.add(token, Path(log_path), offset=reply.log_size)
+        return True
+
     def maintain(self, now: datetime) -> None:
-        """Kill what a previous agent of this host left running, and report it lost.
+        """Kill what a previous agent of this host left running and this one did not adopt,
+        and report it lost.
 
         Survivors are found by their markers (the guardian normally got there first); the
         server's list of this host's live attempts names the rest, so a restarted agent
         hands them back at once instead of after the lease."""
-        reported: set[AttemptToken] = set()
+        reported: set[AttemptToken] = set(self._adopted)
+        dead: set[WorkerId] = set()
         for marker, pids in token_markers().items():
             token, worker = parse_marker(marker)
             if token is None or worker is None or worker.host != self.label:
                 continue
-            if str(worker) == self.worker or local_worker_alive(worker):
+            if (str(worker) == self.worker or local_worker_alive(worker)
+                    or token in self._adopted or not self._ours(pids)):
                 continue
+            dead.add(worker)
             log.warning("attempt %s survived a dead agent (pids %s): killing it", token, pids)
             if kill_tree(None, marker, self.kill_grace):
                 self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
                 reported.add(token)
         for token, worker_text in self.host_attempts:
             worker = WorkerId.parse(worker_text)
-            if (token in reported or worker is None or worker.host != self.label
+            if (worker is None or worker.host != self.label
                     or worker_text == self.worker or local_worker_alive(worker)):
+                continue
+            dead.add(worker)
+            if token in reported:
                 continue
             if kill_tree(None, f"{token}@{worker_text}", self.kill_grace):
                 log.warning("attempt %s belonged to a dead agent of this host: reporting it "
@@ -332,6 +375,20 @@ class HttpSource(WorkSource):
                 self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
                 reported.add(token)
         self.host_attempts = [(t, w) for t, w in self.host_attempts if t not in reported]
+        if self.handover is not None:
+            # The dead agents' guardians may be waiting on this: their attempts are this
+            # agent's now, or killed and reported.
+            for worker in dead:
+                touch(handover_path(self.handover, worker))
+
+    def _ours(self, pids: Sequence[int]) -> bool:
+        """False only when the processes name a job log outside this agent's log folder
+        (one that cleared its environment is taken for this agent's, and killed)."""
+        if self.handover is None:
+            return True
+        folder = str(self.handover.parent) + os.sep
+        logs = [log for log in map(process_log, pids) if log]
+        return not logs or any(log.startswith(folder) for log in logs)
 
     # -- threads --------------------------------------------------------------------------------
 
@@ -456,6 +513,9 @@ def fetch_attempt(client: ServerClient, token: AttemptToken
 class SingleAttemptSource(HttpSource):
     """Runs exactly one placed attempt, then lets the runner exit (ssh push)."""
 
+    supervised = False
+    """One attempt over ssh: nothing to adopt, and none of its attempts is adopted."""
+
     def __init__(self, client: ServerClient, gate: LocalGate, job: Job, **kwargs: Any) -> None:
         super().__init__(client, gate, concurrency=1, poll=False, **kwargs)
         self.job = job
@@ -472,6 +532,9 @@ class SingleAttemptSource(HttpSource):
 
     def maintain(self, now: datetime) -> None:
         """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
+
+    def predecessors(self) -> list[tuple[AttemptToken, str]]:
+        return []
 
 
 def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:

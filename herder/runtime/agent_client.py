@@ -574,9 +574,17 @@ class LogShipper:
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
-    def add(self, token: AttemptToken, path: Path) -> None:
+    def add(self, token: AttemptToken, path: Path, offset: int = 0) -> None:
+        """Ship `path` from `offset`, where the server's copy ends (an adopted attempt's
+        log resumes there; bytes dropped by a predecessor's backlog are not known here, so
+        at most the local file's size is taken as sent)."""
         with self._lock:
-            self._attempts[token] = _Shipping(path, self.client.backoff())
+            try:
+                local = os.stat(path).st_size
+            except OSError:
+                local = 0
+            self._attempts[token] = _Shipping(path, self.client.backoff(),
+                                              offset=min(offset, local), sent=offset)
 
     def finish(self, token: AttemptToken) -> None:
         """The attempt ended: ship the rest now, then forget it."""

@@ -739,6 +739,21 @@ class Coordinator:
         return {"lost": len(applied), "host_stopped": int(stopped),
                 "handed_back": handed_back.get("timed_out", 0)}
 
+    def adopt_attempt(self, label: str, token: AttemptToken, previous: str,
+                      worker: str) -> int:
+        """A restarted agent takes over an attempt its predecessor left running (or that
+        ended while no agent was up): from now on it is `worker`'s, so the old worker's
+        guardian cannot declare it lost. The size of the server's copy of its log, where
+        the new agent resumes shipping; Conflict when the attempt is not live there."""
+        if not self.store.attempt_adopt(label, token, previous, worker, utcnow()):
+            raise Conflict(f"attempt {token} is not live on host {label} under {previous}")
+        log.info("agent %s of %s adopted attempt %s from %s", worker, label, token, previous)
+        path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def live_tokens(self, label: str) -> set[AttemptToken]:
         return {live.attempt.token for live in self.store.attempt_list_live(label)}
 

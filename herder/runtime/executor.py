@@ -8,19 +8,29 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import msgspec
 
 from herder.hardening import JOB_UMASK, NEVER_INHERITED
 from herder.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.runtime.job_user import JobUser, foreign_folders
-from herder.runtime.memory import AttemptMemory
-from herder.runtime.process import TOKEN_VARIABLE, signal_tree, tree_alive
+from herder.runtime.memory import SUPERVISOR_FILE, AttemptMemory
+from herder.runtime.process import (
+    TOKEN_VARIABLE,
+    process_alive,
+    process_start_time,
+    signal_tree,
+    tree_alive,
+)
 from herder.runtime.workspace import (
     OWNER_SUFFIX,
     Launch,
@@ -47,6 +57,135 @@ def result_path_for(log_path: Path) -> Path:
     """Where the attempt's $HERDER_RESULT is read from: beside its log (written there by a
     job of herder's own user, copied there from its own folder under run_as)."""
     return log_path.with_suffix(".result.json")
+
+
+def status_path_for(log_path: Path) -> Path:
+    """Where an attempt's supervisor writes how its job ended (herder.runtime.supervisor)."""
+    return log_path.with_suffix(".exit.json")
+
+
+def record_path_for(log_path: Path) -> Path:
+    """Where an agent notes what a successor needs to adopt the attempt (`AttemptRecord`)."""
+    return log_path.with_suffix(".attempt.json")
+
+
+class AttemptRecord(msgspec.Struct, frozen=True):
+    """What a new agent of the host needs to supervise an attempt its predecessor started:
+    written once, beside the log, when the attempt starts. The job is kept without its
+    environment (an account's key may be in it; the process has it already)."""
+
+    marker: str
+    worker: str
+    supervisor: int
+    supervisor_start: int
+    job_pid: int
+    job: Job
+    started_at: float
+    """Wall-clock seconds: the new agent's timeout counts from here."""
+    workspace: str | None = None
+    run_folder: str | None = None
+    cgroup: str | None = None
+
+
+class Status(msgspec.Struct, frozen=True):
+    """How a supervised job ended, as its supervisor wrote it."""
+
+    ended_at: float
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    peak_rss: int | None = None
+    launch_error: str | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        """Popen's convention: the exit code, or minus the signal."""
+        if self.signal is not None:
+            return -self.signal
+        return self.exit_code
+
+
+def read_status(log_path: Path) -> Status | None:
+    """The supervisor's word on the attempt's end; None when it wrote none (it runs, or it
+    died too) or what it wrote cannot be read."""
+    try:
+        return msgspec.json.decode(status_path_for(log_path).read_bytes(), type=Status)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def write_record(log_path: Path, record: AttemptRecord) -> None:
+    """Atomically (a temporary file renamed), private to herder's user."""
+    path = record_path_for(log_path)
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "wb", opener=private_opener) as handle:
+        handle.write(msgspec.json.encode(record))
+    os.replace(temporary, path)
+
+
+def read_record(log_path: Path) -> AttemptRecord:
+    """Raises OSError or msgspec.DecodeError/ValidationError when it cannot be read."""
+    return msgspec.json.decode(record_path_for(log_path).read_bytes(), type=AttemptRecord)
+
+
+class AttemptProcess(Protocol):
+    """What the runner asks of an attempt's process: a Popen, or one of the wrappers below."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+
+class Supervised:
+    """The supervisor this runner started (a child: Popen reaps it); the job's own exit
+    status comes from the supervisor's file."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path, job_pid: int) -> None:
+        self.popen = popen
+        self.stdin = popen.stdin
+        self.log_path = log_path
+        self.job_pid = job_pid
+        self.lost = False
+        self.status: Status | None = None
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.popen.poll() is not None:
+            self.status = read_status(self.log_path)
+            # Without its file the supervisor itself was killed (the group's SIGKILL, or
+            # the job): its own end stands for the job's.
+            code = self.status.returncode if self.status is not None else None
+            self.returncode = self.popen.returncode if code is None else code
+        return self.returncode
+
+
+class Adopted:
+    """A supervisor a dead agent started: not this runner's child, so it is watched by pid
+    and start time. Gone without a status file: it died too, and the attempt is lost."""
+
+    def __init__(self, pid: int, start_time: int, log_path: Path, job_pid: int) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.log_path = log_path
+        self.job_pid = job_pid
+        self.lost = False
+        self.status: Status | None = None
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not process_alive(self.pid, self.start_time):
+            self.status = read_status(self.log_path)
+            code = None if self.status is None else self.status.returncode
+            if code is None:
+                self.lost = True
+                code = -signal.SIGKILL
+            self.returncode = code
+        return self.returncode
 
 
 RESULT_NAME = "result.json"
@@ -157,7 +296,7 @@ class RunningAttempt:
     job: Job
     marker: str
     log_path: Path
-    process: subprocess.Popen[bytes]
+    process: AttemptProcess
     started: float
     deadline: float | None
     grace: float
@@ -180,10 +319,27 @@ class RunningAttempt:
     """Its samples and cgroup (herder.runtime.memory); None only in tests that build one."""
     run_folder: Path | None = None
     """The folder a run_as job owns for its $HERDER_RESULT; collected when it ends."""
+    adopted: bool = False
+    """Started by a dead agent of this host and adopted by this one."""
 
     @property
     def token(self) -> AttemptToken:
         return self.job.token
+
+    @property
+    def job_pid(self) -> int:
+        """The job's own process (its supervisor's child, where it has one)."""
+        return int(getattr(self.process, "job_pid", self.process.pid))
+
+    @property
+    def lost(self) -> bool:
+        """Its supervisor died without a word: how the job ended is unknown."""
+        return bool(getattr(self.process, "lost", False))
+
+    @property
+    def status(self) -> Status | None:
+        status = getattr(self.process, "status", None)
+        return status if isinstance(status, Status) else None
 
     @property
     def pgid(self) -> int:
@@ -229,7 +385,7 @@ class RunningAttempt:
                                       "stopped as stuck")
             self.request_stop(Outcome.STUCK, now)
         if (self.memory is not None and self.returncode is None
-                and self.memory.sample(self.process.pid, now) and self.stop_outcome is None):
+                and self.memory.sample(self.job_pid, now) and self.stop_outcome is None):
             append_log(self.log_path, f"memory over its limit: {self.memory.use().describe()}; "
                                       "stopped (oom)")
             self.request_stop(Outcome.OOM, now)
@@ -258,7 +414,15 @@ class RunningAttempt:
         return True
 
     def memory_use(self) -> MemoryUse | None:
-        return None if self.memory is None else self.memory.use()
+        if self.memory is None:
+            return None
+        use = self.memory.use()
+        status = self.status
+        if self.adopted and status is not None and status.peak_rss:
+            # Sampled only since the adoption: the supervisor saw the job's own peak.
+            use = msgspec.structs.replace(use, peak_rss_bytes=max(use.peak_rss_bytes or 0,
+                                                              status.peak_rss))
+        return use
 
     def silent(self, now: float) -> bool:
         """True once the log has not grown for the job's silence_timeout (a hung agent)."""
@@ -277,6 +441,8 @@ class RunningAttempt:
     def outcome(self) -> Outcome:
         if self.stop_outcome is not None:
             return self.stop_outcome
+        if self.lost:
+            return Outcome.LOST
         if self.returncode != 0 and self.memory is not None and self.memory.oom_killed():
             return Outcome.OOM  # the kernel stopped a member at the cgroup's limit
         return Outcome.OK if self.returncode == 0 else Outcome.FAILED
@@ -286,12 +452,15 @@ def spawn(
     job: Job, host: str, worker: str, log_dir: Path, kill_grace: float,
     pass_env: Sequence[str] = (), workspaces: Workspaces | None = None,
     memory: AttemptMemory | None = None, user: JobUser | None = None,
+    supervised: bool = False,
 ) -> RunningAttempt:
     """Start the job's command in a new session with its log file; raise LaunchError.
     A job with a workspace starts as the process that prepares it (runtime/workspace.py).
     Under run_as (`user`) the job runs as that user, with a folder of its own for its
     $HERDER_RESULT; a workspace is prepared by herder and handed over before the job's
-    command starts."""
+    command starts. `supervised` (an agent's attempts) starts it under a supervisor that
+    records its end (herder.runtime.supervisor) and notes how to adopt it
+    (`AttemptRecord`)."""
     token = job.token
     marker = attempt_marker(token, worker)
     log_path = log_path_for(log_dir, token)
@@ -324,28 +493,39 @@ def spawn(
         log.write(header.encode())
         log.flush()
         preexec = memory.preexec() if memory is not None else None
+        argv = prepared.argv if prepared else list(job.command)
+        job_env = prepared.env if prepared else env
+        # Run as the run_as user from the start; a workspace's preparing process switches
+        # itself once the checkout is handed over (runtime/workspace.py).
+        switch = _switch(user, prepared is None)
         try:
-            process = subprocess.Popen(
-                prepared.argv if prepared else list(job.command),
-                cwd=prepared.folder.parent if prepared else job.workdir or run_folder,
-                env=prepared.env if prepared else env,
-                stdin=subprocess.PIPE if prepared else subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                umask=JOB_UMASK,  # herder's own is 0077 (herder.hardening)
-                # Run as the run_as user from the start; a workspace's preparing process
-                # switches itself once the checkout is handed over (runtime/workspace.py).
-                **_switch(user, prepared is None),
-                # Joins the attempt's cgroup before exec, so nothing escapes it: two system
-                # calls on a descriptor opened beforehand, under the GIL the child holds,
-                # and glibc's malloc is fork-safe; only set where a cgroup or nice applies.
-                # It runs after the switch to run_as: Linux checks the rights of whoever
-                # opened the descriptor (herder), so the job still joins its cgroup.
-                preexec_fn=preexec,  # noqa: PLW1509
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
+            if supervised:
+                process: AttemptProcess = _start_supervisor(
+                    argv, job_env, switch, log, log_path,
+                    cwd=prepared.folder.parent if prepared else job.workdir or run_folder,
+                    stdin=subprocess.PIPE if prepared else subprocess.DEVNULL,
+                    preexec=preexec)
+            else:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=prepared.folder.parent if prepared else job.workdir or run_folder,
+                    env=job_env,
+                    stdin=subprocess.PIPE if prepared else subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    umask=JOB_UMASK,  # herder's own is 0077 (herder.hardening)
+                    **switch,
+                    # Joins the attempt's cgroup before exec, so nothing escapes it: two
+                    # system calls on a descriptor opened beforehand, under the GIL the
+                    # child holds, and glibc's malloc is fork-safe; only set where a cgroup
+                    # or nice applies. It runs after the switch to run_as: Linux checks the
+                    # rights of whoever opened the descriptor (herder), so the job still
+                    # joins its cgroup.
+                    preexec_fn=preexec,  # noqa: PLW1509
+                )
+        except (OSError, subprocess.SubprocessError, LaunchError) as exc:
             log.write(f"# herder: launch failed: {exc}\n".encode())
             if memory is not None:
                 memory.close()
@@ -355,16 +535,85 @@ def spawn(
         finally:
             if memory is not None:
                 memory.launched()
-    if prepared is not None and process.stdin is not None:
+    stdin = getattr(process, "stdin", None)
+    if prepared is not None and stdin is not None:
         with contextlib.suppress(OSError):  # it died first: its exit says why
-            process.stdin.write(prepared.stdin)
+            stdin.write(prepared.stdin)
         with contextlib.suppress(OSError):
-            process.stdin.close()
+            stdin.close()
     now = time.monotonic()
     deadline = now + job.timeout_seconds if job.timeout_seconds else None
-    return RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace,
-                          workspace=prepared.folder if prepared else None, memory=memory,
-                          run_folder=run_folder)
+    attempt = RunningAttempt(job, marker, log_path, process, now, deadline, kill_grace,
+                             workspace=prepared.folder if prepared else None, memory=memory,
+                             run_folder=run_folder)
+    if isinstance(process, Supervised):
+        try:
+            write_record(log_path, AttemptRecord(
+                marker, worker, process.pid, process_start_time(process.pid) or 0,
+                process.job_pid, msgspec.structs.replace(job, env={}), time.time(),
+                workspace=str(attempt.workspace) if attempt.workspace else None,
+                run_folder=str(run_folder) if run_folder else None,
+                cgroup=memory.cgroup.path.name if memory is not None
+                and memory.cgroup is not None else None))
+        except OSError as exc:  # supervised all the same; only not adoptable
+            append_log(log_path, f"cannot note the attempt for a next agent: {exc}")
+    return attempt
+
+
+SUPERVISOR: tuple[str, ...] = (
+    "/proc/self/exe" if os.path.exists("/proc/self/exe") else sys.executable, "-I",
+    SUPERVISOR_FILE)
+"""The supervisor's argv: this very interpreter binary (/proc/self/exe: a virtualenv's
+link may lead through a folder a run_as or other user cannot pass) running the file, not
+the package (it needs only the standard library, which the interpreter finds by itself);
+`-I`: no variable, user site or working folder of anyone's reaches it."""
+
+SUPERVISOR_START = 30.0
+"""How long a supervisor may take to start its job (an interpreter's start, a busy host)."""
+
+
+def _start_supervisor(argv: Sequence[str], env: Mapping[str, str], switch: Mapping[str, Any],
+                      log: Any, log_path: Path, cwd: Path | str | None,
+                      stdin: int, preexec: Any) -> Supervised:
+    """The supervisor in the attempt's new session (and cgroup, with the job's umask), with
+    an empty environment; the launch goes through a socket, and its answer says whether the
+    job started (else LaunchError, as a Popen of the job would). It carries no marker: it
+    is no job process, never outlives the job's leader, and is in the attempt's group."""
+    status_path_for(log_path).unlink(missing_ok=True)
+    ours, theirs = socket.socketpair()
+    try:
+        popen = subprocess.Popen(
+            [*SUPERVISOR, str(status_path_for(log_path)), str(theirs.fileno())],
+            cwd=cwd, env={}, stdin=stdin, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            pass_fds=(theirs.fileno(),), umask=JOB_UMASK,
+            preexec_fn=preexec)  # noqa: PLW1509 (see spawn)
+        theirs.close()
+        launch = {"argv": list(argv), "env": dict(env), "user": switch.get("user"),
+                  "group": switch.get("group"), "groups": switch.get("extra_groups")}
+        ours.settimeout(SUPERVISOR_START)
+        try:
+            ours.sendall(json.dumps(launch).encode())
+            ours.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := ours.recv(65536):
+                answer += chunk
+        except OSError as exc:
+            answer = f"error the supervisor did not answer ({exc})".encode()
+        word, _, rest = answer.decode(errors="replace").partition(" ")
+        if word == "ok" and rest.strip().isdigit():
+            return Supervised(popen, log_path, int(rest))
+        if popen.stdin is not None:
+            popen.stdin.close()
+        with contextlib.suppress(OSError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+        status_path_for(log_path).unlink(missing_ok=True)
+        raise LaunchError(rest.strip() if word == "error" else
+                          f"the supervisor exited {popen.returncode} before the job started")
+    finally:
+        theirs.close()
+        ours.close()
 
 
 

@@ -10,6 +10,12 @@ the job elsewhere. Every runner process (`herder up`, `herder server` with local
   runner's attempt markers (SIGTERM, then SIGKILL after the grace), then runs its `report`
   (an agent tells the server it is gone, so its jobs are rerun at once instead of after
   the lease; best effort, a few seconds of retries; the token is sent, never logged).
+* An agent's guardian first waits `[runtime] adopt_grace` for the host's next agent: once
+  that one has adopted the attempts (or killed and reported what it could not adopt) it
+  writes the handover file named after the dead worker (`handover_path`), and the guardian
+  stands down, killing nothing. Without it by then, the guardian does as above, first
+  writing `lost_path` so a late next agent does not adopt what it killed. Deadlines still
+  hold while it waits: an attempt whose lease backstop passes is killed.
 * The runner is frozen (SIGSTOP, a debugger, a stuck thread) while its jobs run on: it
   cannot fence itself, so the guardian does. After every change each runner writes its
   attempts' backstop deadlines (monotonic seconds, a clock the two processes share); an
@@ -27,9 +33,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from herder.backoff import Backoff
+from herder.runtime.maintenance import WorkerId
 from herder.runtime.memory import cgroup_name, kill_leftovers, runner_prefix
 from herder.runtime.process import kill_tree, process_start_time, token_markers, tree_alive
 
@@ -67,9 +75,10 @@ def due(deadlines: Mapping[str, float], now: float) -> list[str]:
 
 
 def watch(read_end: int, kill: Callable[[list[str]], None],
-          clock: Callable[[], float] = time.monotonic) -> None:
+          clock: Callable[[], float] = time.monotonic) -> dict[str, float]:
     """Read deadline lines until the agent's end of the pipe closes; kill the attempts
-    whose deadline passes in between (each once, until the agent names it again)."""
+    whose deadline passes in between (each once, until the agent names it again). The
+    deadlines last known, of the attempts not killed."""
     deadlines: dict[str, float] = {}
     pending = b""
     while True:
@@ -85,7 +94,7 @@ def watch(read_end: int, kill: Callable[[list[str]], None],
             continue
         chunk = os.read(read_end, 65536)
         if not chunk:
-            return
+            return deadlines
         pending += chunk
         *lines, pending = pending.split(b"\n")
         if lines:
@@ -117,12 +126,55 @@ class GuardianLink:
                 log.warning("cannot tell the guardian the attempts' deadlines: %s", exc)
 
 
-def start_guardian(grace: float, report: Callable[[], object] | None = None) -> GuardianLink:
+def handover_path(folder: Path, worker: WorkerId) -> Path:
+    """The file a next agent writes once it has taken over `worker`'s attempts."""
+    return folder / f"{worker.pid}-{worker.start_time}"
+
+
+def lost_path(folder: Path, worker: WorkerId) -> Path:
+    """The file a guardian writes when it stops waiting and kills `worker`'s attempts."""
+    return folder / f"{worker.pid}-{worker.start_time}.lost"
+
+
+def touch(path: Path) -> None:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:
+        log.warning("cannot write %s: %s", path, exc)
+
+
+def await_successor(deadlines: dict[str, float], handed: Path, grace: float,
+                    kill: Callable[[list[str]], None], left: Callable[[], bool],
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Wait up to `grace` for `handed` to appear (True: a next agent has the attempts);
+    meanwhile attempts whose deadline passes are killed. False once `grace` ran out; True
+    at once when nothing of the dead runner is `left`."""
+    end = clock() + grace
+    while True:
+        if handed.exists() or not left():
+            return True
+        now = clock()
+        if now >= end:
+            return False
+        overdue = due(deadlines, now)
+        if overdue:
+            kill(overdue)
+            for marker in overdue:
+                deadlines.pop(marker, None)
+        sleep(min(0.05, max(0.0, end - now)))
+
+
+def start_guardian(grace: float, report: Callable[[], object] | None = None,
+                   adopt_grace: float = 0.0, handover: Path | None = None) -> GuardianLink:
     """Fork this process's guardian; call it before any thread starts.
 
     On the runner's death it kills the attempts of every runner of this process (markers
     end in this process's pid and start time, whatever the host label), SIGTERM then
-    SIGKILL after `grace`, well inside the lease; then it calls `report`."""
+    SIGKILL after `grace`, well inside the lease; then it calls `report`. With `handover`
+    (an agent's folder for handover files) and `adopt_grace`, it first waits that long for
+    a next agent to adopt them, and stands down when one does."""
     read_end, write_end = os.pipe()
     parent = os.getpid()
     started = process_start_time(parent) or 0
@@ -145,9 +197,18 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None) -> 
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
-        watch(read_end, lambda markers: kill_frozen(markers, prefix))
+        deadlines = watch(read_end, lambda markers: kill_frozen(markers, prefix))
+        # Its own markers, and those of attempts it adopted (they keep their first agent's).
+        known = set(deadlines)
+
+        def mine(marker: str) -> bool:
+            return marker.endswith(suffix) or marker in known
+
+        if handover is not None and stands_down(handover, WorkerId("", parent, started),
+                                                adopt_grace, deadlines, prefix, mine):
+            os._exit(0)
         for marker in token_markers():
-            if marker.endswith(suffix):
+            if mine(marker):
                 kill_tree(None, marker, grace)
         kill_leftovers(prefix)  # what left the session and cleared its environment
         # A clean exit (an agent that drained and said it stopped) is reported the same
@@ -156,6 +217,37 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None) -> 
             report()
     finally:
         os._exit(0)
+
+
+def stands_down(folder: Path, worker: WorkerId, adopt_grace: float,
+                deadlines: dict[str, float], prefix: str, mine: Callable[[str], bool]
+                ) -> bool:
+    """A dead agent's guardian: True when a next agent took its attempts over within
+    `adopt_grace`; else it notes they are lost (a late agent must not adopt them)."""
+    handed = handover_path(folder, worker)
+
+    def kill(markers: list[str]) -> None:
+        # A lease nearly out: what is left of the agent is lost, not for a next agent to
+        # adopt (it would find the killed attempts ended, and report them failed).
+        touch(lost_path(folder, worker))
+        kill_frozen(markers, prefix)
+
+    def left() -> bool:
+        return any(mine(marker) for marker in token_markers())
+
+    if not left():  # a clean stop (drained), or nothing was running
+        return False
+    if adopt_grace > 0:
+        log.warning("guardian: waiting up to %gs for the next agent to adopt this agent's "
+                    "attempts", adopt_grace)
+        if await_successor(deadlines, handed, adopt_grace, kill, left):
+            if handed.exists():
+                log.warning("guardian: the next agent adopted this agent's attempts")
+                handed.unlink(missing_ok=True)  # read by no one else
+                return True
+            return False  # nothing left (killed, or ended and reported by a next agent)
+    touch(lost_path(folder, worker))
+    return False
 
 
 def kill_frozen(markers: list[str], prefix: str | None = None) -> None:

@@ -30,6 +30,7 @@ from msgspec.structs import replace
 
 from herder.config import RuntimeSection
 from herder.model import Enforcement, Job, MemoryUse
+from herder.runtime import supervisor
 from herder.runtime.process import process_alive
 from herder.scheduling.capacity import WeightTable
 
@@ -489,9 +490,14 @@ class MemoryControl:
         self.policy = policy
         self.parent = parent
         self.prefix = prefix
+        self.kept: set[str] = set()
+        """Adopted cgroups of a dead runner that could not be renamed into this one's."""
 
     @classmethod
-    def start(cls, policy: MemoryPolicy, prefix: str) -> MemoryControl:
+    def start(cls, policy: MemoryPolicy, prefix: str, sweep_gone: bool = True
+              ) -> MemoryControl:
+        """`sweep_gone` false leaves dead runners' cgroups until `sweep_gone` is called:
+        an agent first adopts what its predecessor left running (`adopt`)."""
         parent = None
         if policy.enforcement in ("auto", "cgroup"):
             parent = detect(policy.cgroup_root)
@@ -500,11 +506,38 @@ class MemoryControl:
                             "found (see README, Memory): the watchdog enforces instead")
         control = cls(policy, parent, prefix)
         log.info("memory: %s", control.mode)
-        if parent is not None:
-            swept = sweep(parent)
+        if sweep_gone:
+            control.sweep_gone()
+        return control
+
+    def sweep_gone(self) -> None:
+        if self.parent is not None:
+            swept = sweep(self.parent, frozenset(self.kept))
             if swept:
                 log.warning("memory: removed %d cgroup(s) of runners that are gone", swept)
-        return control
+
+    def adopt(self, job: Job, weights: WeightTable | None, cgroup: str | None
+              ) -> AttemptMemory:
+        """The memory of an attempt a dead runner started: its cgroup, renamed into this
+        runner's (so neither the sweep nor the old guardian kills it), else the watchdog."""
+        budget = budget_bytes(job, weights)
+        watch = Watch(budget, limit_bytes(budget, self.policy.margin),
+                      self.policy.sample_interval)
+        if self.parent is not None and cgroup is not None:
+            old = self.parent.make(cgroup)
+            new = self.parent.make(cgroup_name(self.prefix, job.id, job.attempt))
+            try:
+                old.path.rename(new.path)
+            except OSError as exc:
+                if not old.path.is_dir():
+                    log.warning("cannot take over cgroup %s (%s)", old.path, exc)
+                else:  # kept under its old name, spared by the sweep
+                    self.kept.add(cgroup)
+                    return AttemptMemory(watch, old.enforcement, old)
+            else:
+                return AttemptMemory(watch, new.enforcement, new)
+        mode = Enforcement.OFF if self.mode is Enforcement.OFF else Enforcement.WATCHDOG
+        return AttemptMemory(watch, mode, None)
 
     @property
     def mode(self) -> Enforcement:
@@ -530,20 +563,38 @@ def runner_prefix(pid: int, start_time: int) -> str:
     return f"herder-{pid}-{start_time}-"
 
 
-def sweep(parent: CgroupParent) -> int:
+def sweep(parent: CgroupParent, keep: frozenset[str] = frozenset()) -> int:
     """Kill and remove the attempt cgroups of runners that are gone (a runner and its
-    guardian both killed): nothing of theirs may run on unsupervised or pile up."""
+    guardian both killed): nothing of theirs may run on unsupervised or pile up. One whose
+    attempt still runs under its supervisor is spared: it is a dead agent's, which the next
+    agent of its host adopts or kills (herder.runtime.supervisor), whatever runner starts
+    on this machine meanwhile."""
     swept = 0
     for cgroup in parent.leftovers("herder-"):
         fields = cgroup.path.name.split("-")
         if len(fields) != 5 or not all(field.isdigit() for field in fields[1:]):
             continue  # not an attempt's (a probe, a runner leaf)
+        if cgroup.path.name in keep or any(map(supervises, cgroup.pids())):
+            continue
         if process_alive(int(fields[1]), int(fields[2])):
             continue
         cgroup.kill()
         _wait_empty(cgroup)
         swept += cgroup.remove()
     return swept
+
+
+SUPERVISOR_FILE = str(Path(supervisor.__file__).resolve())
+
+
+def supervises(pid: int) -> bool:
+    """Whether the process is an attempt's supervisor (its argv names the file)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return SUPERVISOR_FILE.encode() in argv
 
 
 def _wait_empty(cgroup: Cgroup) -> None:

@@ -151,6 +151,19 @@ def _other_pids() -> list[int]:
     return [pid for pid in psutil.pids() if pid != own]
 
 
+def process_log(pid: int) -> str:
+    """The attempt log (`HERDER_LOG`) in a job process's environment; "" when unknown."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = handle.read()
+    except OSError:
+        return ""
+    for item in environ.split(b"\0"):
+        if item.startswith(b"HERDER_LOG="):
+            return item[len(b"HERDER_LOG="):].decode(errors="replace")
+    return ""
+
+
 def token_markers() -> dict[str, list[int]]:
     """Every live process carrying an attempt marker, grouped by marker."""
     prefix = f"{TOKEN_VARIABLE}=".encode()

@@ -33,13 +33,17 @@ from herder.backoff import Backoff
 from herder.config import FleetSection, RuntimeSection, Settings
 from herder.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
 from herder.runtime.executor import (
+    Adopted,
     LaunchError,
     RunningAttempt,
     append_log,
     attempt_marker,
     collect_result,
+    log_path_for,
     read_ending,
+    read_record,
     spawn,
+    write_record,
 )
 from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
@@ -54,7 +58,7 @@ from herder.runtime.sources import (
     PolicyLimits,
     WorkSource,
 )
-from herder.runtime.workspace import Workspaces, release, sweep
+from herder.runtime.workspace import Workspaces, claim, release, sweep
 from herder.store import Store, Waker
 
 log = logging.getLogger("herder.runner")
@@ -234,8 +238,6 @@ class Runner:
         self.clock = clock
         pid = os.getpid()
         self.worker = str(WorkerId(options.host, pid, process_start_time(pid) or 0))
-        self.memory = MemoryControl.start(options.memory,
-                                          runner_prefix(pid, process_start_time(pid) or 0))
         # Keyed by attempt, not job: a fenced-out attempt of a job may still be stopping when
         # the same job's next attempt is claimed here, and both must stay supervised.
         self.running: dict[AttemptToken, RunningAttempt] = {}
@@ -251,8 +253,15 @@ class Runner:
                                  Refresher(options.preflight, options.pass_env)
                                  if options.preflight else None)
         self.source = source
+        # An agent adopts its predecessor's attempts before dead runners' cgroups are swept.
+        self.memory = MemoryControl.start(options.memory,
+                                          runner_prefix(pid, process_start_time(pid) or 0),
+                                          sweep_gone=not source.supervised)
         source.attach(self.worker)
         self._stopping = 0
+        self._restart_requested = False
+        self.handing_over = False
+        """Stopping for a restart: running attempts are left to the next agent."""
         self._drain_deadline: float | None = None
         self._next_heartbeat = 0.0
         self._next_maintenance = 0.0
@@ -278,13 +287,28 @@ class Runner:
         requeued). A second request kills them at once."""
         self._stopping += 1
 
+    def request_restart(self, *_args: object) -> None:
+        """SIGHUP of an agent: the next stop (SIGTERM) is a restart, and the running
+        attempts are left, supervised, for the next agent of the host to adopt."""
+        self._restart_requested = True
+        log.warning("restart requested: on SIGTERM this agent hands its %d running "
+                    "attempt(s) to the next agent instead of stopping them", len(self.running))
+
     def _install_signals(self) -> None:
         def handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("signal %s: shutting down", signal.Signals(signum).name)
+            if (signum == signal.SIGTERM and self._restart_requested and not self._stopping
+                    and self.source.supervised):
+                log.warning("signal SIGTERM after a restart request: stopping, %d running "
+                            "attempt(s) left to the next agent", len(self.running))
+                self.handing_over = True
+            else:
+                log.info("signal %s: shutting down", signal.Signals(signum).name)
             self.request_shutdown()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        if self.source.supervised:
+            signal.signal(signal.SIGHUP, self.request_restart)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -345,7 +369,10 @@ class Runner:
         backoff = Backoff(base=0.25, cap=5.0)
         while True:
             try:
+                self._adopt_predecessors()
                 self.source.maintain(self.clock())
+                if self.source.supervised:
+                    self.memory.sweep_gone()
                 return True
             except Exception as exc:
                 if self._stopping:
@@ -379,6 +406,15 @@ class Runner:
         mono = time.monotonic()
         self._reap(mono)
         self._report(mono)
+        if self._stopping and self.handing_over and self._stopping < 2:
+            self._step("drain", self.source.drain, mono)
+            if not self.unreported and not self._pending_starts():
+                # Nothing appended to their logs: each job writes at its own offset.
+                log.warning("handing over: %d attempt(s) left running for the next agent",
+                            len(self.running))
+                return None
+            self._supervise(mono)
+            return True
         if self._stopping:
             self._step("drain", self.source.drain, mono)
             if not self._draining(mono):
@@ -478,7 +514,7 @@ class Runner:
                             self.options.kill_grace, self.options.pass_env,
                             self.options.workspaces,
                             self.memory.begin(job, self.options.outcome_rules.weights),
-                            self.options.run_as)
+                            self.options.run_as, supervised=self.source.supervised)
         except (LaunchError, OSError) as exc:
             log.error("job %d attempt %d: launch failed: %s", job.id, job.attempt, exc,
                       extra={"event": "spawn_failed", "job_id": job.id,
@@ -490,10 +526,10 @@ class Runner:
         attempt.renewed = asked
         self.running[job.token] = attempt
         self.started += 1
-        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.process.pid,
+        log.info("job %d attempt %d started: pid %d", job.id, job.attempt, attempt.job_pid,
                  extra={"event": "spawn_ok", "job_id": job.id, "attempt": job.attempt,
                         "host": self.options.host, "job_type": job.job_type,
-                        "weight": job.weight, "pid": attempt.process.pid})
+                        "weight": job.weight, "pid": attempt.job_pid})
         self._report_start(attempt, time.monotonic())
 
     def _report_start(self, attempt: RunningAttempt, mono: float) -> None:
@@ -501,7 +537,7 @@ class Runner:
         if not retry.ready(mono):
             return
         try:
-            accepted = self.source.started(attempt.token, attempt.process.pid,
+            accepted = self.source.started(attempt.token, attempt.job_pid,
                                            str(attempt.log_path), self.clock())
         except Exception as exc:
             delay = retry.failed(mono)
@@ -527,8 +563,10 @@ class Runner:
                 if not attempt.logged_exit:
                     attempt.logged_exit = True
                     elapsed = mono - attempt.started
+                    # Not at the adoption: the job still writes at its own offset.
+                    adopted = f"; adopted by agent {self.worker}" if attempt.adopted else ""
                     append_log(attempt.log_path, f"exit {attempt.returncode} after "
-                                                 f"{elapsed:.1f}s ({outcome})")
+                                                 f"{elapsed:.1f}s ({outcome}{adopted})")
                 if attempt.workspace is not None:
                     kept = release(attempt.workspace, outcome is Outcome.OK,
                                    self.options.workspace_keep_failed, time.time())
@@ -543,9 +581,79 @@ class Runner:
                     if ignored:
                         append_log(attempt.log_path, ignored)
                 tail, result = read_ending(attempt.log_path)
-                self.unreported[token] = Result(attempt.job, outcome, attempt.returncode,
+                self.unreported[token] = Result(attempt.job, outcome,
+                                                None if attempt.lost else attempt.returncode,
                                                 ending=Ending(tail, result,
                                                               attempt.memory_use()))
+
+    def _pending_starts(self) -> bool:
+        return any(not attempt.start_reported for attempt in self.running.values())
+
+    # -- adoption ----------------------------------------------------------------------------
+
+    def _adopt_predecessors(self) -> None:
+        """Supervise again what a dead runner of this host left (an agent restarted): each
+        attempt still live on the server whose folder says how to, running or ended while
+        no agent was up (then its supervisor's file says how). The others are left to
+        `maintain`, which kills them and reports them lost, as before adoption existed."""
+        for token, previous in self.source.predecessors():
+            if token in self.running or token in self.unreported:
+                continue
+            attempt = self._adoptable(token, previous)
+            if attempt is None:
+                continue
+            asked = time.monotonic()
+            if not self.source.adopt(token, previous, str(attempt.log_path)):
+                continue  # not live on the server (any more): `maintain` kills it
+            attempt.renewed = asked
+            self.running[token] = attempt
+            for folder in (attempt.workspace, attempt.run_folder):
+                if folder is not None:  # this runner's now: the sweep leaves them alone
+                    with contextlib.suppress(OSError):
+                        claim(folder, self.worker)
+            # For a next agent, should this one die too.
+            with contextlib.suppress(OSError, msgspec.MsgspecError):
+                cgroup = attempt.memory.cgroup if attempt.memory is not None else None
+                write_record(attempt.log_path, msgspec.structs.replace(
+                    read_record(attempt.log_path), worker=self.worker,
+                    cgroup=cgroup.path.name if cgroup is not None else None))
+            ended = attempt.status is not None
+            log.warning("job %d attempt %d: adopted from dead agent %s (%s, pid %d)",
+                        token.job_id, token.attempt, previous,
+                        "ended meanwhile" if ended else "running", attempt.job_pid)
+        if self.running:
+            self._publish_leases()
+
+    def _adoptable(self, token: AttemptToken, previous: str) -> RunningAttempt | None:
+        """The attempt as its folder describes it; None when the folder cannot be read or
+        its supervisor died without a word (it is lost)."""
+        log_path = log_path_for(self.options.log_dir, token)
+        try:
+            record = read_record(log_path)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("attempt %s of dead agent %s cannot be adopted: its folder cannot be "
+                        "read (%s)", token, previous, exc)
+            return None
+        if record.worker != previous or record.job.token != token:
+            log.warning("attempt %s of dead agent %s cannot be adopted: its folder names "
+                        "another attempt", token, previous)
+            return None
+        process = Adopted(record.supervisor, record.supervisor_start, log_path,
+                          record.job_pid)
+        if process.poll() is not None and process.lost:
+            log.warning("attempt %s of dead agent %s cannot be adopted: its supervisor died "
+                        "without recording how it ended", token, previous)
+            return None
+        job = record.job
+        mono = time.monotonic()
+        started = mono - max(0.0, time.time() - record.started_at)
+        deadline = started + job.timeout_seconds if job.timeout_seconds else None
+        memory = self.memory.adopt(job, self.options.outcome_rules.weights, record.cgroup)
+        return RunningAttempt(
+            job, record.marker, log_path, process, started, deadline, self.options.kill_grace,
+            start_reported=True, memory=memory, adopted=True,
+            workspace=Path(record.workspace) if record.workspace else None,
+            run_folder=Path(record.run_folder) if record.run_folder else None)
 
     def _report(self, mono: float) -> None:
         """Pending start reports and results, each on its own backoff."""

@@ -380,6 +380,20 @@ class WorkSource(abc.ABC):
     def maintain(self, now: datetime) -> None:
         """Periodic upkeep (rescuing orphans); nothing by default."""
 
+    supervised: bool = False
+    """Its attempts run under a supervisor and may be adopted by a next runner (an
+    agent's: herder.runtime.supervisor)."""
+
+    def predecessors(self) -> list[tuple[AttemptToken, str]]:
+        """Live attempts of this host whose runner (the worker named) is gone, that this
+        one may adopt; none but an agent's."""
+        return []
+
+    def adopt(self, token: AttemptToken, previous: str, log_path: str) -> bool:
+        """Take the attempt over from the dead `previous`: False when the other side no
+        longer holds it live (kill it); raise when it could not be asked."""
+        return False
+
     def close(self) -> None:
         """Release what the source holds."""
 

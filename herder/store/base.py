@@ -482,6 +482,14 @@ class Store(abc.ABC):
                 transaction.notify(ASSIGNED + host)
         return placed
 
+    def attempt_adopt(self, host: str, token: AttemptToken, previous: str, worker: str,
+                      now: datetime) -> bool:
+        """Hand a live attempt of `host` from its dead worker `previous` to `worker`;
+        False when it is not live there or not `previous`'s (fenced out: kill it)."""
+        return bool(self.driver.write("attempt_adopt", {
+            "job_id": token.job_id, "attempt": token.attempt, "host": host,
+            "previous": previous, "worker": worker, "now": now}))
+
     def attempt_set_worker(self, token: AttemptToken, worker: str, now: datetime) -> bool:
         """Take a placed attempt for one runner; False when another runner has it. Its
         lease starts again at `now`."""

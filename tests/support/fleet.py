@@ -45,6 +45,8 @@ FAST_RUNTIME: dict[str, Any] = {
     "attempt_lease": "2s",
     "kill_grace": "1s",
     "poll_interval": "0.2s",
+    # A dead agent's guardian kills its jobs at once (tests/test_adoption.py sets a grace).
+    "adopt_grace": "0s",
 }
 FAST_DEFAULTS: dict[str, Any] = {"backoff_base": "0s", "backoff_max": "1s"}
 FAST_FLEET: dict[str, Any] = {

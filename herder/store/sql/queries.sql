@@ -136,6 +136,15 @@ WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
   AND (worker = '' OR worker = :worker)
 RETURNING id AS job_id;
 
+-- name: attempt_adopt
+-- A new agent of the host takes over an attempt its dead predecessor (:previous) started:
+-- only while it is live there and still that worker's, so a guardian's late report of the
+-- old worker finds nothing of it. The lease restarts here, as for a placement.
+UPDATE herder_jobs SET heartbeat_at = :now, worker = :worker
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+  AND host = :host AND worker IN (:previous, :worker)
+RETURNING id AS job_id;
+
 -- name: reservation_insert
 INSERT INTO herder_reservations (kind, owner, host, weight, ram_gb, detail, created_at,
                                  expires_at, created_by, job_id)
