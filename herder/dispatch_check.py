@@ -14,15 +14,13 @@ Light on purpose: `should-dispatch` runs in dispatcher loops (no pydantic, no st
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
 from herder.errors import HerderError, InputError
 from herder.hardening import PRIVATE_UMASK
+from herder.short_process import output_within
 
 EXIT_DISPATCH = 0
 EXIT_SKIP = 10
@@ -68,13 +66,10 @@ def run_dispatch_check(argv: Sequence[str], timeout: float, environment: Mapping
     except OSError as exc:
         raise DispatchCheckFailed(f"{where}: {argv[0]} cannot start: "
                                   f"{exc.strerror or exc}") from None
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise DispatchCheckFailed(f"{where}: no answer within {timeout:g}s") from None
+    output = output_within(process, timeout)
+    if output is None:
+        raise DispatchCheckFailed(f"{where}: no answer within {timeout:g}s")
+    stdout, stderr = output
     code = process.returncode
     if code == EXIT_DISPATCH:
         return None
