@@ -36,11 +36,16 @@ class DispatchCheckFailed(HerderError):
 
 def check_payload(payload: Mapping[str, str], where: str = "-p") -> dict[str, str]:
     """Field names that can be variable names, values that can be variable values."""
-    checked = {}
+    checked: dict[str, str] = {}
+    variables: dict[str, str] = {}
     for name, value in payload.items():
-        if not FIELD_NAME.match(name):
+        if not FIELD_NAME.fullmatch(name):  # fullmatch: `$` would let "a\n" through
             raise InputError(where, f"{name!r} cannot become HERDER_PAYLOAD_{name.upper()}",
                              "use letters, digits and _ in field names")
+        other = variables.setdefault(name.upper(), name)
+        if other != name:
+            raise InputError(where, f"{other!r} and {name!r} both become "
+                             f"HERDER_PAYLOAD_{name.upper()}", "pass the field once")
         if "\x00" in value or len(value) > VALUE_CHARS:
             raise InputError(f"{where} {name}", f"holds a NUL byte or is over {VALUE_CHARS} "
                              "characters", "pass a shorter text value")

@@ -23,9 +23,10 @@ from herder.config import load_config
 from herder.dispatch_check import (
     DispatchCheckFailed,
     check_environment,
+    check_payload,
     run_dispatch_check,
 )
-from herder.errors import ConfigError
+from herder.errors import ConfigError, InputError
 from herder.model import Scope
 
 # The check: what its environment says decides; it records what it was given (argv and
@@ -320,3 +321,10 @@ def test_a_daemon_the_check_left_holding_its_output_does_not_hold_the_caller(
         if pid_file.exists() and pid_file.read_text().strip():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("payload", [{"issue\n": "7"}, {"issue": "7", "ISSUE": "8"}])
+def test_a_field_that_is_no_variable_name_or_clashes_with_another_is_refused(
+        payload: dict[str, str]) -> None:
+    with pytest.raises(InputError, match=r"HERDER_PAYLOAD_ISSUE"):
+        check_payload(payload)
