@@ -36,7 +36,13 @@ from herder.runtime.accounts import (
     sync_account_alerts,
     usage_report,
 )
-from herder.runtime.sources import OutcomeRules, PolicyLimits, bind_jobs, record_ending
+from herder.runtime.sources import (
+    Ending,
+    OutcomeRules,
+    PolicyLimits,
+    bind_jobs,
+    record_ending,
+)
 from herder.scheduling.accounts import (
     AccountState,
     Rotation,
@@ -473,3 +479,19 @@ def test_a_heartbeat_usage_ranks_and_excludes_accounts_and_bad_values_fail_open(
     record_probes(store, "h1", {"first": False, "second": None}, at(6), report)
     assert [r.health.usage for r in store.account_list()] == [
         Usage(12.0, datetime(2030, 1, 2, tzinfo=UTC)), Usage()]
+
+
+def test_a_job_that_ended_on_its_own_quiet_word_is_not_rotated(store: Store):
+    """A job whose $HERDER_RESULT says mutex_collision (a sibling holds its work) ends,
+    without a retry, even when its log also shows a revoked key and another account could
+    serve it: its own word wins over its log (policy.quiet_ending)."""
+    two_accounts(store)
+    store.job_insert([JobSpec(command=("agent",))], NOW)
+    job = claim_and_bind(store, at(1))
+    ending = Ending(log_tail="Error: 401 Unauthorized: invalid x-api-key\n",
+                    result=json.dumps({"failure_reason": "mutex_collision"}))
+    assert record_ending(store, job, Outcome.FAILED, at(2), LIMITS, ending=ending,
+                         exit_code=1) is JobStatus.FAILED
+    ended = store.job_get(job.id)
+    assert ended is not None and ended.failure_reason == "mutex_collision"
+    assert not (ended.actionable or ended.human_action)
