@@ -328,3 +328,12 @@ def test_a_field_that_is_no_variable_name_or_clashes_with_another_is_refused(
         payload: dict[str, str]) -> None:
     with pytest.raises(InputError, match=r"HERDER_PAYLOAD_ISSUE"):
         check_payload(payload)
+
+
+def test_an_empty_key_is_an_error_not_a_dispatch(project: Path, sqlite_url: str) -> None:
+    """A dispatcher whose key variable came out empty must not dispatch blind (no job can
+    hold an empty key, so the answer would always be 0), nor run the check."""
+    result = should_dispatch(project, sqlite_url, "", "--type", "issue")
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.startswith("herder: error: KEY: ")
+    assert records(project) == []
