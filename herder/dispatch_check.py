@@ -14,15 +14,13 @@ Light on purpose: `should-dispatch` runs in dispatcher loops (no pydantic, no st
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
 from herder.errors import HerderError, InputError
 from herder.hardening import PRIVATE_UMASK
+from herder.short_process import output_within
 
 EXIT_DISPATCH = 0
 EXIT_SKIP = 10
@@ -38,11 +36,16 @@ class DispatchCheckFailed(HerderError):
 
 def check_payload(payload: Mapping[str, str], where: str = "-p") -> dict[str, str]:
     """Field names that can be variable names, values that can be variable values."""
-    checked = {}
+    checked: dict[str, str] = {}
+    variables: dict[str, str] = {}
     for name, value in payload.items():
-        if not FIELD_NAME.match(name):
+        if not FIELD_NAME.fullmatch(name):  # fullmatch: `$` would let "a\n" through
             raise InputError(where, f"{name!r} cannot become HERDER_PAYLOAD_{name.upper()}",
                              "use letters, digits and _ in field names")
+        other = variables.setdefault(name.upper(), name)
+        if other != name:
+            raise InputError(where, f"{other!r} and {name!r} both become "
+                             f"HERDER_PAYLOAD_{name.upper()}", "pass the field once")
         if "\x00" in value or len(value) > VALUE_CHARS:
             raise InputError(f"{where} {name}", f"holds a NUL byte or is over {VALUE_CHARS} "
                              "characters", "pass a shorter text value")
@@ -68,13 +71,10 @@ def run_dispatch_check(argv: Sequence[str], timeout: float, environment: Mapping
     except OSError as exc:
         raise DispatchCheckFailed(f"{where}: {argv[0]} cannot start: "
                                   f"{exc.strerror or exc}") from None
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise DispatchCheckFailed(f"{where}: no answer within {timeout:g}s") from None
+    output = output_within(process, timeout)
+    if output is None:
+        raise DispatchCheckFailed(f"{where}: no answer within {timeout:g}s")
+    stdout, stderr = output
     code = process.returncode
     if code == EXIT_DISPATCH:
         return None

@@ -24,6 +24,7 @@ from herder.model import (
     AccountHealth,
     AccountRecord,
     Decision,
+    HostRecord,
     JobSpec,
     JobStatus,
     Outcome,
@@ -36,7 +37,13 @@ from herder.runtime.accounts import (
     sync_account_alerts,
     usage_report,
 )
-from herder.runtime.sources import OutcomeRules, PolicyLimits, bind_jobs, record_ending
+from herder.runtime.sources import (
+    Ending,
+    OutcomeRules,
+    PolicyLimits,
+    bind_jobs,
+    record_ending,
+)
 from herder.scheduling.accounts import (
     AccountState,
     Rotation,
@@ -473,3 +480,61 @@ def test_a_heartbeat_usage_ranks_and_excludes_accounts_and_bad_values_fail_open(
     record_probes(store, "h1", {"first": False, "second": None}, at(6), report)
     assert [r.health.usage for r in store.account_list()] == [
         Usage(12.0, datetime(2030, 1, 2, tzinfo=UTC)), Usage()]
+
+
+def test_a_job_that_ended_on_its_own_quiet_word_is_not_rotated(store: Store):
+    """A job whose $HERDER_RESULT says mutex_collision (a sibling holds its work) ends,
+    without a retry, even when its log also shows a revoked key and another account could
+    serve it: its own word wins over its log (policy.quiet_ending)."""
+    two_accounts(store)
+    store.job_insert([JobSpec(command=("agent",))], NOW)
+    job = claim_and_bind(store, at(1))
+    ending = Ending(log_tail="Error: 401 Unauthorized: invalid x-api-key\n",
+                    result=json.dumps({"failure_reason": "mutex_collision"}))
+    assert record_ending(store, job, Outcome.FAILED, at(2), LIMITS, ending=ending,
+                         exit_code=1) is JobStatus.FAILED
+    ended = store.job_get(job.id)
+    assert ended is not None and ended.failure_reason == "mutex_collision"
+    assert not (ended.actionable or ended.human_action)
+
+
+@pytest.mark.parametrize("pin", ["affinity", "job_type_hosts"])
+def test_an_account_on_a_host_the_job_may_not_run_on_does_not_serve_it(store: Store, pin: str):
+    """A job held to h1 (its --host, or its type's `hosts`) whose h1 account is depleted
+    waits for that reset: the healthy account on h2 cannot run it."""
+    two_accounts(store, second_host="h2")
+    for label in ("h1", "h2"):
+        store.host_insert(HostRecord(label=label, ram_total_gb=16.0), NOW)
+    limits = LIMITS
+    if pin == "affinity":
+        store.job_insert([JobSpec(command=("agent",), affinity="h1")], NOW)
+    else:
+        limits = PolicyLimits(5, 5, 300.0, OutcomeRules(
+            accounts=AccountRules({"adhoc": None}), pinned={"adhoc": frozenset({"h1"})}))
+        store.job_insert([JobSpec(command=("agent",))], NOW)
+    job = claim_and_bind(store, at(1))
+    assert record_ending(store, job, Outcome.USAGE_BLOCKED, at(2), limits,
+                         resume_at=at(3600)) is JobStatus.QUEUED
+    queued = store.job_get(job.id)
+    assert queued is not None and queued.available_at == at(3600)
+
+
+def test_herder_up_alone_honours_a_jobs_host_and_ignores_its_types_pin(store: Store):
+    """No host registered (`herder up`): claims honour --host, so an account elsewhere
+    cannot serve the job; a type's `hosts` is not honoured there, so it limits nothing."""
+    two_accounts(store, second_host="h2")
+    pinned = PolicyLimits(5, 5, 300.0, OutcomeRules(
+        accounts=AccountRules({"adhoc": None}), pinned={"adhoc": frozenset({"h1"})}))
+    store.job_insert([JobSpec(command=("agent",), affinity="h1"), JobSpec(command=("agent",))],
+                     NOW)
+    held = claim_and_bind(store, at(1))
+    assert record_ending(store, held, Outcome.USAGE_BLOCKED, at(2), pinned,
+                         resume_at=at(3600)) is JobStatus.QUEUED
+    store.account_clear("h1", "first", at(3))
+    free = claim_and_bind(store, at(3))
+    assert free.id != held.id
+    assert record_ending(store, free, Outcome.USAGE_BLOCKED, at(4), pinned,
+                         resume_at=at(3600)) is JobStatus.QUEUED
+    waits, rotates = store.job_get(held.id), store.job_get(free.id)
+    assert waits is not None and waits.available_at == at(3600)
+    assert rotates is not None and rotates.available_at == at(4)

@@ -5,23 +5,28 @@ and values that look like options or shell code stay values."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from support.cli import run_herder
+from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
 from herder.config import load_config
 from herder.dispatch_check import (
     DispatchCheckFailed,
     check_environment,
+    check_payload,
     run_dispatch_check,
 )
-from herder.errors import ConfigError
+from herder.errors import ConfigError, InputError
 from herder.model import Scope
 
 # The check: what its environment says decides; it records what it was given (argv and
@@ -297,3 +302,38 @@ def test_the_server_runs_at_most_four_checks_at_once_and_refuses_a_fifth_at_once
         for thread in threads:
             thread.join(30)
     assert _bounded(lambda *_: "done", "issue", "k-after", {}) == "done"
+
+
+def test_a_daemon_the_check_left_holding_its_output_does_not_hold_the_caller(
+        tmp_path: Path) -> None:
+    """An escaped descendant (setsid: out of the killed group) keeping stdout open: the
+    caller gets its error at the timeout, not when the daemon ends."""
+    pid_file = tmp_path / "daemon.pid"
+    script = 'setsid sh -c \'echo $$ > "$1"; exec sleep 120\' daemon "$1" & exit 0'
+    try:
+        with pytest.raises(DispatchCheckFailed, match=r"no answer within 1s"):
+            run_dispatch_check(["/bin/sh", "-c", script, "check", str(pid_file)], 1.0,
+                               {"PATH": "/usr/bin:/bin"}, "job_types.t.dispatch_check")
+        daemon = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                              30, "the daemon's pid"))
+        assert Path(f"/proc/{daemon}").exists()  # returned while it still held the pipe
+    finally:
+        if pid_file.exists() and pid_file.read_text().strip():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("payload", [{"issue\n": "7"}, {"issue": "7", "ISSUE": "8"}])
+def test_a_field_that_is_no_variable_name_or_clashes_with_another_is_refused(
+        payload: dict[str, str]) -> None:
+    with pytest.raises(InputError, match=r"HERDER_PAYLOAD_ISSUE"):
+        check_payload(payload)
+
+
+def test_an_empty_key_is_an_error_not_a_dispatch(project: Path, sqlite_url: str) -> None:
+    """A dispatcher whose key variable came out empty must not dispatch blind (no job can
+    hold an empty key, so the answer would always be 0), nor run the check."""
+    result = should_dispatch(project, sqlite_url, "", "--type", "issue")
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.startswith("herder: error: KEY: ")
+    assert records(project) == []

@@ -326,3 +326,24 @@ def test_systemd_analyze_verifies_the_heartbeat_service_and_timer(tmp_path):
     problems = [line for line in (result.stdout + result.stderr).splitlines()
                 if "herder-heartbeat" in line]
     assert problems == [], result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--host", "bms-4\nExecStartPre=/bin/touch /tmp/owned"),
+    ("--host", "bms 4"),
+    ("--user", "herder\nExecStartPre=/bin/true"),
+    ("--user", "her der"),
+    ("--token-file", "/etc/herder/agent-token\nExecStartPre=/bin/true"),
+    ("--server", "https://coordinator:8470/\nExecStartPre=/bin/true"),
+])
+@pytest.mark.parametrize("command", ["heartbeat", "agent"])
+def test_a_value_that_would_add_a_unit_line_is_refused_naming_its_option(
+        tmp_path, command: str, option: str, value: str):
+    values = {"--server": "https://coordinator:8470", "--host": "bms-4", "--user": "herder",
+              "--token-file": "/etc/herder/agent-token", option: value}
+    args = [item for pair in values.items() for item in pair]
+    result = run_herder(command, "install-systemd", *args,
+                        *(["--print"] if command == "heartbeat" else []), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.startswith(f"herder: error: {option}: ")
+    assert "ExecStartPre" not in result.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -140,6 +141,26 @@ def heartbeat(ctx: click.Context, label: str | None, server: str | None, token: 
     click.echo(f"heartbeat recorded for {label}")
 
 
+UNIT_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+"""A user name systemd's `User=` takes (no blanks: a unit line ends at a newline)."""
+
+
+def check_unit_values(label: str, user: str, **paths: str | None) -> None:
+    """What goes into a unit line: a newline in any value would add a line of its own
+    (`ExecStartPre=...`), so each is refused naming its option (exit 2)."""
+    from herder.config import _NAME
+
+    if not _NAME.fullmatch(label):
+        raise InputError("--host", f"{label!r} is not a valid host label",
+                         "pass the label the host was added with")
+    if not UNIT_USER.fullmatch(user):
+        raise InputError("--user", f"{user!r} is not a user name", "pass a user name")
+    for option, value in paths.items():
+        if value is not None and any(ord(char) < 32 or ord(char) == 127 for char in value):
+            raise InputError(f"--{option.replace('_', '-')}",
+                             f"{value!r} holds a control character", "pass it on one line")
+
+
 HEARTBEAT_UNIT_DIR = "/etc/systemd/system"
 
 
@@ -166,6 +187,8 @@ def install_heartbeat_systemd(server_url: str, label: str, user: str, token_file
     from herder.systemd_unit import heartbeat_timer, heartbeat_unit, render
 
     with edge():
+        check_unit_values(label, user, server=server_url, token_file=token_file, ca=ca,
+                          unit_dir=unit_dir)
         server_url = check_server_url(server_url, allow_plaintext)
         for option, path in (("--token-file", token_file), ("--unit-dir", unit_dir)):
             if not os.path.isabs(path):
@@ -347,6 +370,7 @@ def install_systemd(server_url: str, label: str, user: str, token_file: str,
     from herder.systemd_unit import agent_unit, render
 
     with edge():
+        check_unit_values(label, user, server=server_url, token_file=token_file, ca=ca)
         server_url = check_server_url(server_url, allow_plaintext)
         if not os.path.isabs(token_file):
             raise InputError("--token-file", f"{token_file!r} is not an absolute path",

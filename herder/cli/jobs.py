@@ -284,6 +284,9 @@ def should_dispatch(state: State, dedup_key: str, job_type: str | None,
     """Exit 0 if no job holds KEY (dispatch), 10 if one does or --type's dispatch_check says
     skip (the reason printed), 2 on error (the check failing too)."""
     with edge():
+        if not dedup_key:  # no job holds one: it would always say dispatch
+            raise InputError("KEY", "is empty",
+                             "pass the dedup key the job would be submitted with")
         payload: dict[str, str] = {}
         for item in params:
             name, sep, value = item.partition("=")

@@ -10,11 +10,9 @@ nowhere else (never a log line, an event or an API answer; only account names ar
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -43,6 +41,7 @@ from herder.scheduling.accounts import (
     state_of,
 )
 from herder.scheduling.placement import Reason
+from herder.short_process import output_within
 from herder.store import Store
 
 log = logging.getLogger("herder.accounts")
@@ -304,15 +303,12 @@ def run_probe(command: ProbeCommand, pass_env: Sequence[str] = ()) -> Probe | No
     except OSError as exc:
         log.warning("account probe %s could not start: %s", command.argv[0], exc)
         return None
-    try:
-        stdout, _ = process.communicate(timeout=command.timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+    output = output_within(process, command.timeout)
+    if output is None:
         log.warning("account probe %s gave no answer within %gs: ignored", command.argv[0],
                     command.timeout)
         return None
+    stdout = output[0]
     if process.returncode != 0:
         return None
     return coerce_probe(stdout[:PROBE_OUTPUT_LIMIT].decode(errors="replace"))

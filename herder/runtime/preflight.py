@@ -9,10 +9,8 @@ queued for other hosts with nothing spent. Results are cached for `ttl` seconds.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -23,6 +21,7 @@ import msgspec
 
 from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
+from herder.short_process import output_within
 
 if TYPE_CHECKING:
     from herder.config import JobTypeSection
@@ -97,14 +96,11 @@ def run(check: Check, pass_env: Sequence[str] = ()) -> Result:
                                    env=env, start_new_session=True, umask=JOB_UMASK)
     except OSError as exc:
         return Result(False, f"{check.argv[0]}: {exc.strerror or exc}", started)
-    try:
-        _, stderr = process.communicate(timeout=check.timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+    output = output_within(process, check.timeout)
+    if output is None:
         return Result(False, f"{' '.join(check.argv)}: no answer within {check.timeout:g}s",
                       started)
+    stderr = output[1]
     code = process.returncode
     if code < 0:
         return Result(False, f"{' '.join(check.argv)}: killed by signal {-code}", started)

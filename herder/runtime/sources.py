@@ -82,6 +82,8 @@ class OutcomeRules(msgspec.Struct, frozen=True):
     """Job type -> its transient budget, where it differs from `default_max_transient`."""
     default_max_transient: int = MAX_TRANSIENT_ATTEMPTS
     """[defaults] max_transient_attempts."""
+    pinned: Mapping[str, frozenset[str]] = msgspec.field(default_factory=dict)
+    """Job type -> the only hosts that run it (`[job_types.X] hosts`)."""
 
     def transient_budget(self, job_type: str) -> int:
         return self.max_transient.get(job_type, self.default_max_transient)
@@ -110,7 +112,10 @@ class OutcomeRules(msgspec.Struct, frozen=True):
                    log_on_success=frozenset(
                        name for name, job_type in settings.job_types.items()
                        if job_type.log_on_success),
-                   max_transient=max_transient, default_max_transient=budget)
+                   max_transient=max_transient, default_max_transient=budget,
+                   pinned={name: frozenset(job_type.hosts)
+                           for name, job_type in settings.job_types.items()
+                           if job_type.hosts is not None})
 
 
 def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Outcome, Rule]:
@@ -219,7 +224,8 @@ def record_ending(
         marked = learn_from_outcome(store, job, result.outcome, result.decision.available_at,
                                     now, rules.cooldown)
         if marked is not None:  # another account may serve it at once (issue 24)
-            result = rotate(store, rules, job, result, marked, hosts_for(store, job), now)
+            result = rotate(store, rules, job, result, marked,
+                            hosts_for(store, job, limits.rules.pinned.get(job.job_type)), now)
     applied = store.attempt_finish([result], now)
     if accounts:
         store.job_clear_account(job.id)
@@ -232,14 +238,21 @@ def record_ending(
     return status
 
 
-def hosts_for(store: Store, job: Job) -> frozenset[str] | None:
-    """The hosts that may run `job` as configured (enabled, allowing its type); None when
-    none is registered (`herder up` alone)."""
+def hosts_for(store: Store, job: Job, pinned: frozenset[str] | None = None
+              ) -> frozenset[str] | None:
+    """The hosts that may run `job` (enabled, allowing its type, within its type's `hosts`
+    and its own `--host`, which every claim honours); None when nothing limits it (no host
+    registered: `herder up` alone, which ignores allow-lists and type pins)."""
     hosts = store.host_list()
-    if not hosts:
-        return None
-    return frozenset(host.label for host in hosts if host.enabled and (
-        host.allowed_job_types is None or job.job_type in host.allowed_job_types))
+    found = None
+    if hosts:
+        found = frozenset(host.label for host in hosts if host.enabled and (
+            host.allowed_job_types is None or job.job_type in host.allowed_job_types))
+        if pinned is not None:
+            found &= pinned
+    if job.affinity is not None:
+        found = frozenset({job.affinity}) & (found if found is not None else {job.affinity})
+    return found
 
 
 def log_ending(job: Job, result: AttemptResult, status: JobStatus) -> None:

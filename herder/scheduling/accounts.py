@@ -42,6 +42,7 @@ from herder.model import (
     Outcome,
     Usage,
 )
+from herder.scheduling.policy import QUIET_REASONS
 
 AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
 PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")
@@ -291,8 +292,8 @@ def rotated(decision: Decision, outcome: Outcome, found: Rotation, marked: tuple
     with nothing spent when another account serves it (another host preferred only when
     none on its own does); when none can, a usage limit waits for the first account to
     turn usable (the earliest reset) and a revoked login keeps its rule (a human acts)."""
-    if outcome not in ROTATING:
-        return decision
+    if outcome not in ROTATING or decision.failure_reason in QUIET_REASONS:
+        return decision  # a job that ended on its own quiet word is not run again
     if found.serves is not None:
         host, name = found.serves
         return Decision(JobStatus.QUEUED, available_at=now,
