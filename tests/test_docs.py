@@ -35,14 +35,14 @@ def links(page: Path) -> list[str]:
     return LINK.findall(FENCE.sub("", page.read_text()))
 
 
-def test_the_slug_matches_mkdocs_for_code_and_punctuation():
+def test_the_slug_matches_mkdocs_for_code_and_punctuation() -> None:
     assert slug("Local hosts under `herder server`") == "local-hosts-under-herder-server"
     assert slug("Running jobs as another user: `[runtime] run_as`") == (
         "running-jobs-as-another-user-runtime-run_as")
     assert slug("Job types (`herder.toml`)") == "job-types-herdertoml"
 
 
-def test_every_readme_link_resolves_to_a_file_and_heading():
+def test_every_readme_link_resolves_to_a_file_and_heading() -> None:
     readme = ROOT / "README.md"
     relative = [t for t in links(readme) if not re.match(r"[a-z]+:", t)]
     assert any(t.startswith("docs/") for t in relative), "the README links into docs/"
@@ -57,7 +57,7 @@ def test_every_readme_link_resolves_to_a_file_and_heading():
     assert not broken, broken
 
 
-def test_every_page_in_docs_is_in_the_site_navigation():
+def test_every_page_in_docs_is_in_the_site_navigation() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert pages and {p for p in pages if p not in nav} == set()
@@ -98,7 +98,7 @@ def _keys(section: type[msgspec.Struct], name: str) -> list[tuple[str, str]]:
     return found
 
 
-def test_the_configuration_reference_lists_every_key():
+def test_the_configuration_reference_lists_every_key() -> None:
     page = (ROOT / "docs" / "configuration.md").read_text()
     sections = {m.group(1): m.group(2) for m in re.finditer(
         r"^## `\[+([^\]]+)\]+`\n(.*?)(?=^## |\Z)", page, re.S | re.M)}
