@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from herder.config import Settings
+from herder.config import DURATION, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -85,30 +85,58 @@ def _struct(annotation: typing.Any) -> tuple[type[msgspec.Struct] | None, str]:
     return None, ""
 
 
-def _keys(section: type[msgspec.Struct], name: str) -> list[tuple[str, str]]:
+def _is_duration(annotation: typing.Any) -> bool:
+    if typing.get_origin(annotation) is typing.Annotated:
+        return DURATION in typing.get_args(annotation)[1:]
+    return any(_is_duration(argument) for argument in typing.get_args(annotation))
+
+
+def _shown(field: msgspec.structs.FieldInfo, annotation: typing.Any) -> str | None:
+    """How the reference shows a plain default (None for lists and tables: not compared)."""
+    value = field.default
+    if value is msgspec.NODEFAULT:
+        return "required" if field.default_factory is msgspec.NODEFAULT else None
+    if value is None:
+        return "(not set)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, int | float) and _is_duration(annotation):
+        seconds = float(value)
+        unit, size = next(((u, s) for u, s in (("h", 3600), ("m", 60), ("s", 1))
+                           if seconds >= s and seconds % s == 0), ("s", 1))
+        return f'"{seconds / size:g}{unit}"'
+    if isinstance(value, int | float):
+        return repr(value)
+    return None
+
+
+def _keys(section: type[msgspec.Struct], name: str) -> list[tuple[str, str, str | None]]:
     hints = typing.get_type_hints(section, include_extras=True)
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str | None]] = []
     for field in msgspec.structs.fields(section):
         inner, kind = _struct(hints[field.name])
         if inner is None:
-            found.append((name, field.name))
+            found.append((name, field.name, _shown(field, hints[field.name])))
         else:
             path = f"{name}.{field.name}{kind}".lstrip(".")
             found += _keys(inner, path.replace("[]", "") + ("[]" if path.endswith("[]") else ""))
     return found
 
 
-def test_the_configuration_reference_lists_every_key() -> None:
+def test_the_configuration_reference_lists_every_key_with_its_default() -> None:
     page = (ROOT / "docs" / "configuration.md").read_text()
     sections = {m.group(1): m.group(2) for m in re.finditer(
         r"^## `\[+([^\]]+)\]+`\n(.*?)(?=^## |\Z)", page, re.S | re.M)}
-    missing = []
-    for section, key in _keys(Settings, ""):
+    wrong = []
+    for section, key, default in _keys(Settings, ""):
         if section == "":  # a top-level table of plain values: [weights]
             if key not in sections:
-                missing.append(f"[{key}]")
+                wrong.append(f"[{key}]: no section")
             continue
         heading = section.removesuffix("[]")
-        if f"| `{key}` |" not in sections.get(heading, ""):
-            missing.append(f"[{heading}] {key}")
-    assert not missing, f"docs/configuration.md lacks {missing}"
+        row = f"| `{key}` | `{default}` |" if default is not None else f"| `{key}` |"
+        if row not in sections.get(heading, ""):
+            wrong.append(f"[{heading}] {key}: no row {row!r}")
+    assert not wrong, f"docs/configuration.md: {wrong}"
