@@ -13,7 +13,7 @@ import msgspec
 from herder.config import DURATION, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # images too
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
