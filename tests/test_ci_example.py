@@ -35,9 +35,9 @@ def expand(value: str, context: dict[str, str]) -> str:
     return re.sub(r"\$\{\{\s*([\w.]+)\s*\}\}", one, value)
 
 
-def test_the_readme_shows_the_example_as_it_is():
-    readme = (ROOT / "README.md").read_text()
-    assert WORKFLOW.read_text() in readme
+def test_the_docs_show_the_example_as_it_is():
+    page = (ROOT / "docs" / "operating.md").read_text()
+    assert WORKFLOW.read_text() in page
 
 
 def test_the_workflow_claims_a_slot_and_releases_it_whatever_happened(make_fleet, tmp_path,

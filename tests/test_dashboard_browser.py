@@ -5,7 +5,7 @@ and a read token that sees no actions. Skipped only when chromium is not install
 (`.ci/run` installs it).
 
 `HERDER_DASHBOARD_SCREENSHOT=docs/dashboard-fleet.png` makes the fleet test write its
-screenshot there (the README's picture); otherwise it goes to the test's folder."""
+screenshot there (the picture in docs/monitoring.md); otherwise it goes to the test's folder."""
 
 from __future__ import annotations
 

@@ -842,16 +842,16 @@ def test_a_captured_generic_delivery_does_not_replay_as_new(make_fleet, tmp_path
     assert jobs_of(fleet) == jobs
 
 
-def test_the_readmes_openssl_example_signs_as_the_server_checks(tmp_path):
-    """The README's shell lines for a generic delivery, run as written: the server takes
+def test_the_docs_openssl_example_signs_as_the_server_checks(tmp_path):
+    """The webhooks page's shell lines for a generic delivery, run as written: the server takes
     their signature."""
     import re
     import subprocess
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = re.search(r"```bash\n(body='.*?)\ncurl ", readme, re.S)
-    assert block is not None, "the README's generic example moved"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "webhooks.md").read_text()
+    block = re.search(r"```bash\n(body='.*?)\ncurl ", page, re.S)
+    assert block is not None, "the webhooks page's generic example moved"
     script = block.group(1) + '\nprintf "%s\\n%s\\n%s\\n%s" "$ts" "$id" "$event" "$sig"\n'
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
                             env={"PATH": "/usr/bin:/bin", "HERDER_HOOK_CI_SECRET": "s3cret"})
