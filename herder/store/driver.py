@@ -43,24 +43,31 @@ def _named_blocks(path: str) -> Iterator[tuple[str, str]]:
         yield name, body.strip().rstrip(";")
 
 
-def load_queries(dialect: str) -> dict[str, str]:
-    """The named SQL blocks a dialect runs: `sql/queries.sql`, the queries both dialects
-    share (written with `:name` parameters), then `sql/<dialect>/queries.sql`, the ones
-    that must differ. A name lives in one of the two files only, so one grep finds it.
-    A line `{{ events.<kind> }}` in a dialect's query is that kind's event INSERT from
-    `sql/events.sql`, so both dialects write the same event rows with the same SQL."""
-    def dialect_text(body: str) -> str:
-        return body if dialect == "sqlite" else postgres_placeholders(body)
+JOB_RECORDS = {"sqlite": "herder_job_records", "postgres": "herder_jobs"}
+"""What `{{ job_records }}` names in a query: each job with its spec (SQLite keeps the
+spec in a table of its own and joins the two in a view; PostgreSQL keeps one row)."""
 
-    events = {name: dialect_text(body) for name, body in _named_blocks("events.sql")}
-    queries: dict[str, str] = {}
-    for name, body in _named_blocks("queries.sql"):
-        queries[name] = dialect_text(body)
+
+def load_queries(dialect: str) -> dict[str, str]:
+    """The named SQL blocks a dialect runs, all written with `:name` parameters:
+    `sql/queries.sql`, the queries both dialects share, then `sql/<dialect>/queries.sql`,
+    the ones that must differ. A name lives in one of the two files only, so one grep finds
+    it. A line `{{ events.<kind> }}` in a dialect's query is that kind's event INSERT from
+    `sql/events.sql`, so both dialects write the same event rows with the same SQL."""
+    events = dict(_named_blocks("events.sql"))
+    queries: dict[str, str] = dict(_named_blocks("queries.sql"))
     for name, body in _named_blocks(f"{dialect}/queries.sql"):
         if name in queries:
             raise ValueError(f"query {name!r} is both shared and in sql/{dialect}/queries.sql")
         queries[name] = _EVENTS.sub(lambda match: events[match.group(1)], body)
-    return queries
+    return {name: dialect_text(dialect, body) for name, body in queries.items()}
+
+
+def dialect_text(dialect: str, body: str) -> str:
+    """A query in the dialect's terms: its `{{ job_records }}` and, for PostgreSQL, its
+    placeholders."""
+    body = body.replace("{{ job_records }}", JOB_RECORDS[dialect])
+    return body if dialect == "sqlite" else postgres_placeholders(body)
 
 
 def postgres_placeholders(text: str) -> str:
