@@ -124,12 +124,12 @@ def test_opening_a_current_sqlite_database_does_not_wait_for_a_writer(sqlite_url
     # reads, so `should-dispatch` answers while `herder up` holds the write lock.
     import sqlite3
 
-    from herder.store.sqlite import SQLiteStore
+    from herder.store.sqlite import sqlite_store
 
     writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     try:
         writer.execute("BEGIN IMMEDIATE")
-        store = SQLiteStore(sqlite_url, busy_timeout=0.2)
+        store = sqlite_store(sqlite_url, busy_timeout=0.2)
         try:
             assert store.migrate() == []
             assert store.job_dedup_holder("free") is None
@@ -964,11 +964,10 @@ def _old_submit(store: Store, url: str, t: Callable[[float], Any], count: int) -
 def _migrate_up_to(store: Store, monkeypatch, version: int) -> Callable[[float], Any]:
     """Migrate a blank store to `version` only; returns how raw SQL writes `at(seconds)`.
     `monkeypatch.undo()` lets the next `migrate()` apply the rest."""
-    import importlib
+    from herder.store import base
 
-    module = importlib.import_module(type(store).__module__)
     everything = load_migrations(store.dialect)
-    monkeypatch.setattr(module, "load_migrations",
+    monkeypatch.setattr(base, "load_migrations",
                         lambda dialect: [m for m in everything if m[0] <= version])
     assert store.migrate() == list(range(1, version + 1))
     return (lambda s: at(s).timestamp()) if store.dialect == "sqlite" else at
@@ -1106,9 +1105,7 @@ def test_sqlite_migration_5_splits_each_job_into_its_state_and_its_spec(tmp_path
 
 def _insert_without_silence_timeout(store: Store, monkeypatch) -> None:
     """Submit as herder did before schema v8 (no silence_timeout_seconds column)."""
-    import importlib
-
-    queries = importlib.import_module(type(store).__module__).Q
+    queries = store.driver.queries
     for name in ("job_insert", "job_spec_insert"):
         if name in queries:
             old = (queries[name].replace(",\n        silence_timeout_seconds)", ")")
@@ -1177,16 +1174,17 @@ def test_postgres_finish_of_several_groups_is_all_or_nothing(postgres_url, monke
     with open_store(postgres_url) as store:
         submit(store, spec(), spec())
         first, second = store.job_claim("h1", "w1", 2, T0)
-        real = postgres._finish_group
+        real = postgres._adapt
         calls: list[int] = []
 
-        def fail_second(cursor, group, now):
-            calls.append(1)
-            if len(calls) == 2:
-                raise RuntimeError("crash between groups")
-            return real(cursor, group, now)
+        def fail_second(params):
+            if params and "next_status" in params:  # a finish group's parameters
+                calls.append(1)
+                if len(calls) == 2:
+                    raise RuntimeError("crash between groups")
+            return real(params)
 
-        monkeypatch.setattr(postgres, "_finish_group", fail_second)
+        monkeypatch.setattr(postgres, "_adapt", fail_second)
         with pytest.raises(RuntimeError, match="between groups"):
             store.attempt_finish(
                 [AttemptResult(first.token, Outcome.OK, 0, Decision(JobStatus.DONE)),

@@ -234,6 +234,9 @@ RETURNING id;
 -- name: schema_version
 SELECT max(version) AS version FROM herder_schema;
 
+-- name: schema_version_record
+INSERT INTO herder_schema (version, name, applied_at) VALUES (:version, :name, :now);
+
 -- name: account_upsert
 INSERT INTO herder_accounts (host, name, env, max_sessions, job_types, probe, source,
                              created_at, updated_at)

@@ -209,3 +209,29 @@ FROM (VALUES ('statement_timeout', :statement_timeout::text),
               :idle_in_transaction_session_timeout::text)) AS l (name, value)
 JOIN pg_settings s ON s.name = l.name
 WHERE s.source = 'default';
+
+-- Migrations ---------------------------------------------------------------------------------
+-- name: schema_table_create
+CREATE TABLE IF NOT EXISTS herder_schema (
+    version integer PRIMARY KEY, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now());
+
+-- name: migration_unlimited
+-- A migration may rewrite a large table, and a second server waits for the first one's
+-- lock: neither is a runaway statement.
+SET LOCAL statement_timeout = 0;
+
+-- name: migration_lock
+-- One migrator at a time, until its transaction ends.
+SELECT pg_advisory_xact_lock(:lock);
+
+-- Leadership and wake-ups --------------------------------------------------------------------
+-- name: leader_lease
+-- The leader's session advisory lock: held while its connection lives.
+SELECT pg_try_advisory_lock(:lock) AS held;
+
+-- name: leader_lease_check
+SELECT 1 AS held;
+
+-- name: notify
+SELECT pg_notify(:channel, :topic);

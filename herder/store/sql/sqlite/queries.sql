@@ -200,3 +200,8 @@ SELECT 1 AS stale;
 -- it would start as a reader and fail at once ("database is locked", no busy wait)
 -- whenever another process committed in between.
 PRAGMA optimize;
+
+-- Migrations ---------------------------------------------------------------------------------
+-- name: schema_table_create
+CREATE TABLE IF NOT EXISTS herder_schema (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);
