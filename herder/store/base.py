@@ -250,8 +250,8 @@ class Store:
         groups = finish_groups(results)
         applied = self.driver.attempt_finish([
             {**finish_params(outcome, exit_code, decision, memory), "now": now,
-             "available_at": decision.available_at, "job_ids": list(tokens),
-             "tokens": Json(tokens), "detail": Json(finish_detail(outcome, exit_code, report))}
+             "available_at": decision.available_at, "tokens": Json(tokens),
+             "detail": Json(finish_detail(outcome, exit_code, report))}
             for (outcome, exit_code, decision, report, memory), tokens, _ in groups])
         return [(held[job_id], STATUSES[status])
                 for (_, _, held), rows in zip(groups, applied, strict=True)

@@ -209,8 +209,9 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def attempt_finish(self, groups: Sequence[Mapping[str, Any]]
                        ) -> list[list[tuple[int, int, str]]]:
-        """Run attempt_finish (with its `finished` events) for each group's parameters, all
-        in one transaction: each group's applied (job id, attempt, status)."""
+        """Run attempt_finish (with its `finished` events) for each group's parameters (its
+        tokens as `Json({job_id: attempt})`), all in one transaction: each group's applied
+        (job id, attempt, status)."""
 
     @abc.abstractmethod
     def leader_lease(self) -> Lease:

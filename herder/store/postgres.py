@@ -310,8 +310,9 @@ class PostgresDriver(Driver):
             cursor = conn.cursor(row_factory=tuple_row)
             # One group is one statement; several are applied together, as on SQLite.
             with conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
-                return [[(row[0], row[1], row[2]) for row in
-                         cursor.execute(Q["attempt_finish"], _adapt(params)).fetchall()]
+                return [[(row[0], row[1], row[2]) for row in cursor.execute(
+                    Q["attempt_finish"], {**_adapt(params),
+                                          "job_ids": list(params["tokens"].value)}).fetchall()]
                         for params in groups]
 
     def leader_lease(self) -> Lease:

@@ -360,17 +360,20 @@ class SQLiteDriver(Driver):
 def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
     """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text, and a list
     (an array parameter, as PostgreSQL takes it) as a JSON array."""
-    adapted: dict[str, Any] = {}
-    for key, value in (params or {}).items():
+    adapted = dict(params or {})
+    for key, value in adapted.items():
+        if value is None or type(value) in _STORED_AS_IS:
+            continue  # most values: checked once, not against each adapted type
         if isinstance(value, datetime):
             adapted[key] = value.timestamp()
         elif isinstance(value, Json):
             adapted[key] = json.dumps(value.value)
         elif isinstance(value, list):
             adapted[key] = json.dumps(value)
-        else:
-            adapted[key] = value
     return adapted
+
+
+_STORED_AS_IS = frozenset({int, str, float, bool})
 
 
 def sqlite_store(url: str, busy_timeout: float = 30.0) -> Store:
