@@ -32,6 +32,7 @@ Row = dict[str, Any]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
+_PSYCOPG_PARAMETER = re.compile(r"%\(\w+\)s")
 _EVENTS = re.compile(r"^[ \t]*\{\{ events\.(\w+) \}\}[ \t]*$", re.MULTILINE)
 
 SQL = Path(__file__).with_name("sql")
@@ -69,6 +70,9 @@ def load_queries(dialect: str) -> dict[str, str]:
         if name in queries:
             raise ValueError(f"query {name!r} is both shared and in sql/{dialect}/queries.sql")
         queries[name] = _EVENTS.sub(lambda match: events[match.group(1)], body)
+    for name, body in queries.items():
+        if _PSYCOPG_PARAMETER.search(body):
+            raise ValueError(f"query {name!r} has a %(name)s parameter: write it :name")
     return {name: dialect_text(dialect, body) for name, body in queries.items()}
 
 
