@@ -19,8 +19,8 @@ from support.waits import wait_for
 
 from herder.errors import StoreUnavailable
 from herder.model import JobSpec
-from herder.store import as_unavailable, open_store
-from herder.store.postgres import _MIGRATION_LOCK, PostgresStore, connect
+from herder.store import Store, as_unavailable, open_store
+from herder.store.postgres import _MIGRATION_LOCK, PostgresDriver, connect
 
 
 def with_options(url: str, options: str) -> str:
@@ -37,7 +37,8 @@ def test_an_idle_transaction_timeout_is_a_lost_session():
 # -- on a real server ------------------------------------------------------------------------
 
 
-def setting(store: PostgresStore, name: str) -> str:
+def setting(store: Store, name: str) -> str:
+    assert isinstance(store.driver, PostgresDriver)
     with store.driver.connection() as conn:
         row = conn.execute(f"SHOW {name}").fetchone()
     assert row is not None
@@ -47,7 +48,7 @@ def setting(store: PostgresStore, name: str) -> str:
 @pytest.mark.postgres
 def test_herder_sessions_carry_the_default_limits(postgres_url):
     with open_store(postgres_url) as store:
-        assert isinstance(store, PostgresStore)
+        assert isinstance(store.driver, PostgresDriver)
         assert setting(store, "statement_timeout") == "1min"
         assert setting(store, "idle_in_transaction_session_timeout") == "1min"
 
@@ -59,12 +60,12 @@ def test_what_the_url_pgoptions_or_the_database_set_wins(postgres_server_url, po
     ALTER DATABASE ... SET (a DBA's choice) all keep theirs."""
     url = with_options(postgres_url, "-c statement_timeout=5s")
     with open_store(url, migrate=False) as store:
-        assert isinstance(store, PostgresStore)
+        assert isinstance(store.driver, PostgresDriver)
         assert setting(store, "statement_timeout") == "5s"
         assert setting(store, "idle_in_transaction_session_timeout") == "1min"
     monkeypatch.setenv("PGOPTIONS", "-c idle_in_transaction_session_timeout=0")
     with open_store(postgres_url, migrate=False) as store:
-        assert isinstance(store, PostgresStore)
+        assert isinstance(store.driver, PostgresDriver)
         assert setting(store, "idle_in_transaction_session_timeout") == "0"
         assert setting(store, "statement_timeout") == "1min"
     monkeypatch.delenv("PGOPTIONS")
@@ -75,7 +76,7 @@ def test_what_the_url_pgoptions_or_the_database_set_wins(postgres_server_url, po
             admin.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = '5min'").format(
                 sql.Identifier(name)))
             with open_store(postgres_url_for(postgres_server_url, name)) as store:
-                assert isinstance(store, PostgresStore)
+                assert isinstance(store.driver, PostgresDriver)
                 assert setting(store, "statement_timeout") == "5min"
                 assert setting(store, "idle_in_transaction_session_timeout") == "1min"
         finally:
@@ -103,7 +104,7 @@ def test_a_service_files_options_are_kept(postgres_url, tmp_path, monkeypatch):
                         "options=-c statement_timeout=7s\n")
     monkeypatch.setenv("PGSERVICEFILE", str(services))
     with open_store("postgresql://?service=herder-test", migrate=False) as store:
-        assert isinstance(store, PostgresStore)
+        assert isinstance(store.driver, PostgresDriver)
         assert setting(store, "statement_timeout") == "7s"
         assert setting(store, "idle_in_transaction_session_timeout") == "1min"
 
@@ -112,7 +113,7 @@ def test_a_service_files_options_are_kept(postgres_url, tmp_path, monkeypatch):
 def test_a_runaway_statement_is_cancelled_and_the_pool_goes_on(postgres_url):
     limited = with_options(postgres_url, "-c statement_timeout=1s")
     with open_store(limited, migrate=False) as store:
-        assert isinstance(store, PostgresStore)
+        assert isinstance(store.driver, PostgresDriver)
         with pytest.raises(StoreUnavailable, match="statement timeout"), \
                 store.driver.connection() as conn:
             conn.execute("SELECT pg_sleep(60)")
@@ -132,7 +133,7 @@ def test_a_session_idle_in_a_transaction_is_ended_and_its_row_locks_freed(postgr
     limited = with_options(postgres_url, "-c idle_in_transaction_session_timeout=300ms")
     with open_store(limited, migrate=False) as store, \
             psycopg.connect(postgres_url, autocommit=True) as other:
-        assert isinstance(store, PostgresStore)
+        assert isinstance(store.driver, PostgresDriver)
 
         def session_alive(pid: int) -> bool:
             row = other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",

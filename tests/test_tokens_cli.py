@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from support.cli import error_line, ok, run_herder, run_many
-from test_store import _migrate_up_to, _raw_execute
+from support.store import migrate_up_to, raw_execute
 
 from herder.api.tokens import token_hash
 from herder.model import HostRecord, Scope
@@ -109,8 +109,8 @@ def test_host_token_rotates_and_host_remove_revokes(tmp_path, sqlite_url):
 
 def test_migration_6_moves_host_tokens_into_the_token_table(blank_store_url, monkeypatch):
     with open_store(blank_store_url, migrate=False) as store:
-        t = _migrate_up_to(store, monkeypatch, 5)
-        _raw_execute(store, blank_store_url, [
+        t = migrate_up_to(store, monkeypatch, 5)
+        raw_execute(store, blank_store_url, [
             ("INSERT INTO herder_hosts (label, ram_total_gb, token_hash, created_at, updated_at)"
              " VALUES (%s, 8, %s, %s, %s)", ("alpha", token_hash("hdr_old-alpha"), t(1), t(2))),
             ("INSERT INTO herder_hosts (label, ram_total_gb, created_at, updated_at)"

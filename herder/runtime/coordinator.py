@@ -90,7 +90,8 @@ from herder.scheduling.health import shown_health
 from herder.scheduling.placement import Plan, Snapshot, explain, place
 from herder.scheduling.policy import SPAWN_OUTCOMES
 from herder.store import Store, Waker, as_unavailable
-from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached, Lease
+from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached
+from herder.store.driver import Lease
 from herder.submission import SubmitRequest
 from herder.views import iso
 from herder.webhooks import Delivery

@@ -6,12 +6,11 @@ grep finds the Python call and its SQL (shared, or one version per dialect).
 
 from __future__ import annotations
 
-import abc
 import json
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -45,7 +44,7 @@ from herder.model import (
     Transport,
     Usage,
 )
-from herder.store.driver import SQL, Driver, Json, Transaction, Waker
+from herder.store.driver import SQL, Driver, Json, Lease, Transaction, Waker
 
 
 def refuse_newer_schema(current: int, migrations: Sequence[tuple[int, str, str]]) -> None:
@@ -139,31 +138,39 @@ class DeliveryRecord(msgspec.Struct, frozen=True):
                    tuple(result.job_id for result in results if result.created))
 
 
-class Lease(abc.ABC):
-    """Leadership: at most one holder at a time across every process on the store."""
-
-    @abc.abstractmethod
-    def try_acquire(self) -> bool:
-        """True while this process holds the lease (re-checked on every call)."""
-
-    @abc.abstractmethod
-    def release(self) -> None: ...
-
-
-
-class Store(abc.ABC):
+class Store:
     """Durable jobs, attempts and events. Every state change is a guarded statement.
 
-    The methods written here run on both dialects through `driver`; the abstract ones are
-    each dialect's own (claim, finish, migrations, ...)."""
+    Written once, over `driver`: what differs between SQLite and PostgreSQL (connections
+    and transactions, claim locking, the leader lease, migrations' runner) is the driver's
+    (see driver.py)."""
 
-    url: str
-    dialect: str
-    driver: Driver
+    def __init__(self, url: str, driver: Driver) -> None:
+        self.url = url
+        self.driver = driver
+        self.dialect = driver.dialect
 
-    @abc.abstractmethod
     def migrate(self) -> list[int]:
         """Apply pending migrations; returns the versions applied."""
+        migrations = load_migrations(self.dialect)
+        if self.driver.schema_read_first:
+            current = self.schema_version()
+            refuse_newer_schema(current, migrations)
+            if current == max((version for version, _, _ in migrations), default=0):
+                return []  # the usual open: two reads, never waiting for a writer's lock
+        applied: list[int] = []
+        with self.driver.migration() as transaction:
+            transaction.fetch("schema_table_create")
+            current = int(transaction.fetch("schema_version")[0]["version"] or 0)
+            refuse_newer_schema(current, migrations)
+            for version, name, text in migrations:
+                if version <= current:
+                    continue
+                transaction.script(text)
+                transaction.fetch("schema_version_record", {
+                    "version": version, "name": name, "now": datetime.now(UTC)})
+                applied.append(version)
+        return applied
 
     def schema_version(self) -> int:
         """The latest migration applied; 0 for a blank database."""
@@ -171,7 +178,6 @@ class Store(abc.ABC):
             return 0
         return int(self.driver.read("schema_version")[0]["version"] or 0)
 
-    @abc.abstractmethod
     def job_insert(
         self, specs: Sequence[JobSpec], now: datetime, force: bool = False
     ) -> list[InsertResult]:
@@ -180,23 +186,43 @@ class Store(abc.ABC):
         `force` releases the key from a `done` job first (a deliberate rerun); it never
         releases a key held by a queued, claimed or running job.
         """
+        return self.driver.job_insert([spec_params(spec, now) for spec in specs],
+                                      sorted(dedup_keys(specs)) if force else [], now)
 
-    @abc.abstractmethod
     def delivery_record(self, source: str, delivery_id: str, event: str,
                         specs: Sequence[JobSpec], now: datetime) -> DeliveryRecord:
         """Record a webhook delivery and insert its jobs in one transaction; a delivery
         seen before (its source and id) inserts nothing. A crash loses both, so the
         forge's redelivery enqueues; a replay never enqueues twice."""
+        key = {"source": source, "delivery_id": delivery_id}
+        with self.driver.transaction() as transaction:
+            # A concurrent replay waits here on the key until this one commits (then it
+            # inserts nothing) or rolls back (then it enqueues in its place).
+            if not transaction.fetch("delivery_record", {**key, "event": event, "now": now}):
+                seen = transaction.fetch("delivery_get", key)
+                # (None only if the sweep forgot it in between: still a replay.)
+                return DeliveryRecord(False, tuple(seen[0]["job_ids"]) if seen else (), ())
+            results = transaction.job_insert([spec_params(spec, now) for spec in specs], [],
+                                             now)
+            transaction.fetch("delivery_set_jobs", {
+                **key, "job_ids": Json([result.job_id for result in results])})
+        return DeliveryRecord.of(results)
 
     def delivery_expire(self, before: datetime) -> int:
         """Forget deliveries received before `before`; how many."""
         return len(self.driver.write("delivery_expire", {"before": before}))
 
-    @abc.abstractmethod
     def job_claim(self, host: str, worker: str, limit: int, now: datetime,
                   blocked_job_types: Collection[str] = ()) -> list[Job]:
         """Atomically move up to `limit` due queued jobs to claimed, each with a new attempt;
         none of `blocked_job_types` (their preflight failed on this host)."""
+        if limit < 1:
+            return []
+        columns = self.driver.job_claim({
+            "host": host, "worker": worker, "limit": limit, "now": now,
+            "detail": Json({"host": host, "worker": worker}),
+            "blocked": Json(sorted(blocked_job_types))})
+        return claimed_jobs(columns, host, now) if columns else []
 
     def attempt_heartbeat(
         self, host: str, tokens: Sequence[AttemptToken], now: datetime
@@ -214,11 +240,22 @@ class Store(abc.ABC):
         return HeartbeatReply(frozenset(live),
                               frozenset(token for token, cancel in live.items() if cancel))
 
-    @abc.abstractmethod
     def attempt_finish(
         self, results: Sequence[AttemptResult], now: datetime
     ) -> list[tuple[AttemptToken, JobStatus]]:
         """Apply ended attempts; only live attempts are applied and returned."""
+        if not results:
+            return []
+        # Each group's parameters are ready before the driver takes a lock or a connection.
+        groups = finish_groups(results)
+        applied = self.driver.attempt_finish([
+            {**finish_params(outcome, exit_code, decision, memory), "now": now,
+             "available_at": decision.available_at, "tokens": Json(tokens),
+             "detail": Json(finish_detail(outcome, exit_code, report))}
+            for (outcome, exit_code, decision, report, memory), tokens, _ in groups])
+        return [(held[job_id], STATUSES[status])
+                for (_, _, held), rows in zip(groups, applied, strict=True)
+                for job_id, _, status in rows]
 
     def job_cancel_requested(self, job_ids: Sequence[int]) -> set[AttemptToken]:
         """Current attempts of these jobs whose cancellation was requested (read-only)."""
@@ -229,8 +266,9 @@ class Store(abc.ABC):
 
     # -- fleet ------------------------------------------------------------------------------
 
-    @abc.abstractmethod
-    def leader_lease(self) -> Lease: ...
+    def leader_lease(self) -> Lease:
+        """Leadership among every process on this store."""
+        return self.driver.leader_lease()
 
     def statistics_refresh(self) -> bool:
         """Refresh the planner's statistics of the jobs table when many rows changed since
@@ -240,8 +278,8 @@ class Store(abc.ABC):
         self.driver.write("statistics_refresh")
         return True
 
-    @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        self.driver.close()
 
     # -- written once, over the driver ----------------------------------------------------
 
@@ -764,6 +802,30 @@ def object_from_json(value: str | bytes | None) -> Any:
 
 DEDUP_RELEASED_DETAIL = {"reason": "forced rerun"}
 """The `dedup_released` event's detail: a forced submit is the only release."""
+
+
+def spec_params(spec: JobSpec, now: datetime) -> dict[str, Any]:
+    """A submitted job's column values, as job_insert takes them (each driver adapts the
+    times and JSON to its dialect)."""
+    return {
+        "job_type": spec.job_type,
+        "command": Json(list(spec.command)),
+        "shell": spec.shell,
+        "payload": Json(dict(spec.payload)),
+        "priority": spec.priority,
+        "weight": spec.weight,
+        "dedup_key": spec.dedup_key,
+        "affinity": spec.affinity,
+        "available_at": now if spec.available_at is None else spec.available_at,
+        "max_attempts": spec.max_attempts,
+        "timeout_seconds": spec.timeout_seconds,
+        "silence_timeout_seconds": spec.silence_timeout_seconds,
+        "env": Json(dict(spec.env)),
+        "workdir": spec.workdir,
+        "backoff_base_seconds": spec.backoff_base_seconds,
+        "backoff_max_seconds": spec.backoff_max_seconds,
+        "now": now,
+    }
 
 
 def dedup_keys(specs: Sequence[JobSpec]) -> set[str]:

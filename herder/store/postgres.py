@@ -1,7 +1,8 @@
 """The distributed store: PostgreSQL through psycopg 3 and a connection pool.
 
-`PostgresDriver` is the dialect's half of the driver protocol (see driver.py); the store
-keeps what must differ from SQLite. Claims use `FOR UPDATE SKIP LOCKED`, so concurrent
+`PostgresDriver` is the dialect's driver (see driver.py): its own are the pool, the
+adapters, and the statements and locking of submit, claim, finish, migrations and the lease.
+Claims use `FOR UPDATE SKIP LOCKED`, so concurrent
 claimers never wait on each other's rows; a claim and a finish are each one statement with
 data-modifying CTEs (job row and event row together), so a job costs two round trips from
 claim to finish. Submits, requeues, retries and cancels `NOTIFY herder`, which wakes idle
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,32 +26,19 @@ from psycopg_pool import ConnectionPool
 
 from herder.backoff import Backoff
 from herder.errors import StoreUnavailable
-from herder.model import (
-    AttemptResult,
-    AttemptToken,
-    InsertResult,
-    Job,
-    JobSpec,
-    JobStatus,
-)
-from herder.store import as_unavailable, lost_session_errors
-from herder.store.base import (
-    DEDUP_RELEASED_DETAIL,
-    STATUSES,
-    DeliveryRecord,
-    FinishGroup,
+from herder.model import InsertResult, JobStatus
+from herder.store.base import DEDUP_RELEASED_DETAIL, Store, object_from_json
+from herder.store.driver import (
+    Driver,
+    Json,
     Lease,
-    Store,
-    claimed_jobs,
-    dedup_keys,
-    finish_detail,
-    finish_groups,
-    finish_params,
-    load_migrations,
-    object_from_json,
-    refuse_newer_schema,
+    Row,
+    Transaction,
+    Waker,
+    as_unavailable,
+    load_queries,
+    lost_session_errors,
 )
-from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
 from herder.urls import redact_url
 
 log = logging.getLogger("herder.store")
@@ -79,22 +67,20 @@ _LEADER_LOCK = 0x6865726465720002  # "herder" + 2: the scheduler leader
 MAX_CLAIM = 1000
 
 
-def _finish_group(
-    cursor: psycopg.Cursor[tuple[Any, ...]], group: FinishGroup, now: datetime
-) -> list[tuple[AttemptToken, JobStatus]]:
-    (outcome, exit_code, decision, report, memory), tokens, held = group
-    rows = cursor.execute(Q["attempt_finish"], {
-        **finish_params(outcome, exit_code, decision, memory),
-        "available_at": decision.available_at, "now": now,
-        "job_ids": list(tokens), "tokens": Jsonb(tokens),
-        "detail": Jsonb(finish_detail(outcome, exit_code, report))}).fetchall()
-    return [(held[row[0]], STATUSES[row[2]]) for row in rows]
-
-
 def _claim_query(limit: int) -> str:
     """job_claim with its LIMIT as a literal: PostgreSQL then settles on one cached plan
     instead of planning every claim afresh (see queries.sql)."""
     return Q["job_claim"].replace("%(limit)s", str(min(int(limit), MAX_CLAIM)))
+
+
+def _insert_result(conn: psycopg.Connection[DictRow], spec: Mapping[str, Any],
+                   row: DictRow | None) -> InsertResult:
+    if row is not None:
+        return InsertResult(int(row["id"]), True, JobStatus.QUEUED)
+    holder = conn.execute(Q["job_dedup_holder"], {"dedup_key": spec["dedup_key"]}).fetchone()
+    if holder is None:  # the holder ended between our insert and this read
+        raise StoreUnavailable("dedup holder vanished; retry the submit")
+    return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
 
 
 def connect(url: str) -> psycopg.Connection[Any]:
@@ -198,7 +184,25 @@ class _PostgresTransaction(Transaction):
         return cursor.fetchall() if cursor.description else []
 
     def notify(self, topic: str) -> None:
-        self._conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, topic))
+        self._conn.execute(Q["notify"], {"channel": CHANNEL, "topic": topic})
+
+    def script(self, text: str) -> None:
+        self._conn.execute(text.encode())  # bytes: psycopg reads no placeholders in it
+
+    def job_insert(self, specs: Sequence[Mapping[str, Any]], release: Sequence[str],
+                   now: datetime) -> list[InsertResult]:
+        """One statement a job, with its event (and NOTIFY); several are pipelined."""
+        conn = self._conn
+        for key in release:
+            conn.execute(Q["job_dedup_release"], {
+                "dedup_key": key, "now": now, "detail": Jsonb(DEDUP_RELEASED_DETAIL)})
+        if len(specs) == 1:
+            rows = [conn.execute(Q["job_insert"], _adapt(specs[0])).fetchone()]
+        else:
+            with conn.pipeline():
+                cursors = [conn.execute(Q["job_insert"], _adapt(spec)) for spec in specs]
+            rows = [cursor.fetchone() for cursor in cursors]
+        return [_insert_result(conn, spec, row) for spec, row in zip(specs, rows, strict=True)]
 
 
 class PostgresDriver(Driver):
@@ -207,6 +211,7 @@ class PostgresDriver(Driver):
     dialect = "postgres"
     queries = Q
     conflict = psycopg.errors.UniqueViolation
+    schema_read_first = False  # a server opening mid-migration waits for it to end
 
     def __init__(self, url: str, max_connections: int, connect_timeout: float) -> None:
         self.url = url
@@ -273,6 +278,46 @@ class PostgresDriver(Driver):
     def listen(self) -> Waker:
         return PostgresWaker(self.url)
 
+    @contextlib.contextmanager
+    def migration(self) -> Iterator[Transaction]:
+        with self.connection() as conn, conn.transaction():
+            transaction = _PostgresTransaction(conn)
+            transaction.fetch("migration_unlimited")
+            transaction.fetch("migration_lock", {"lock": _MIGRATION_LOCK})
+            yield transaction
+
+    def job_insert(self, specs: Sequence[Mapping[str, Any]], release: Sequence[str],
+                   now: datetime) -> list[InsertResult]:
+        if len(specs) == 1 and not release:
+            # The common case is one statement in autocommit: one round trip, and the
+            # NOTIFY that wakes idle runners rides along in it.
+            with self.connection() as conn:
+                return _PostgresTransaction(conn).job_insert(specs, release, now)
+        return super().job_insert(specs, release, now)
+
+    def job_claim(self, params: Mapping[str, Any]) -> dict[str, Sequence[Any]] | None:
+        with self.connection() as conn:
+            cursor = conn.cursor(row_factory=tuple_row)
+            rows = cursor.execute(_claim_query(params["limit"]), _adapt(params)).fetchall()
+            names = [column.name for column in cursor.description or ()]
+        if not rows:
+            return None
+        return dict(zip(names, zip(*rows, strict=True), strict=True))
+
+    def attempt_finish(self, groups: Sequence[Mapping[str, Any]]
+                       ) -> list[list[tuple[int, int, str]]]:
+        with self.connection() as conn:
+            cursor = conn.cursor(row_factory=tuple_row)
+            # One group is one statement; several are applied together, as on SQLite.
+            with conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
+                return [[(row[0], row[1], row[2]) for row in cursor.execute(
+                    Q["attempt_finish"], {**_adapt(params),
+                                          "job_ids": list(params["tokens"].value)}).fetchall()]
+                        for params in groups]
+
+    def leader_lease(self) -> Lease:
+        return PostgresLease(self.url)
+
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     """JSON columns read as SQLite's are (an empty object skips the parser); the session
@@ -287,137 +332,10 @@ def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
             for key, value in (params or {}).items()}
 
 
-class PostgresStore(Store):
-    dialect = "postgres"
-    driver: PostgresDriver
-
-    def __init__(self, url: str, max_connections: int = 8, connect_timeout: float = 5.0) -> None:
-        self.url = url
-        self.driver = PostgresDriver(url, max_connections, connect_timeout)
-        self._pool = self.driver.pool
-
-    def close(self) -> None:
-        self.driver.close()
-
-    # -- schema ---------------------------------------------------------------------------
-
-    def migrate(self) -> list[int]:
-        applied: list[int] = []
-        with self.driver.connection() as conn, conn.transaction():
-            # A migration may rewrite a large table, and a second server waits here for the
-            # first one's: neither is a runaway statement.
-            conn.execute("SET LOCAL statement_timeout = 0")
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS herder_schema (version integer PRIMARY KEY,"
-                " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            row = conn.execute("SELECT max(version) AS v FROM herder_schema").fetchone()
-            current = int(row["v"] or 0) if row else 0
-            migrations = load_migrations("postgres")
-            refuse_newer_schema(current, migrations)
-            for version, name, text in migrations:
-                if version <= current:
-                    continue
-                conn.execute(text.encode())
-                conn.execute(
-                    "INSERT INTO herder_schema (version, name) VALUES (%s, %s)", (version, name)
-                )
-                applied.append(version)
-        return applied
-
-    # -- jobs -------------------------------------------------------------------------------
-
-    def job_insert(
-        self, specs: Sequence[JobSpec], now: datetime, force: bool = False
-    ) -> list[InsertResult]:
-        with self.driver.connection() as conn:
-            if len(specs) == 1 and not force:
-                # The common case is one statement in autocommit: one round trip, and the
-                # NOTIFY that wakes idle runners rides along in it.
-                return [self._insert_one(conn, specs[0], now)]
-            with conn.transaction():
-                if force:
-                    for key in sorted(dedup_keys(specs)):
-                        conn.execute(Q["job_dedup_release"], {
-                            "dedup_key": key, "now": now,
-                            "detail": Jsonb(DEDUP_RELEASED_DETAIL)})
-                with conn.pipeline():
-                    cursors = [conn.execute(Q["job_insert"], _spec_params(spec, now))
-                               for spec in specs]
-                rows = [cursor.fetchone() for cursor in cursors]
-                return [self._result(conn, spec, row) for spec, row in zip(specs, rows,
-                                                                           strict=True)]
-
-    def delivery_record(self, source: str, delivery_id: str, event: str,
-                        specs: Sequence[JobSpec], now: datetime) -> DeliveryRecord:
-        key = {"source": source, "delivery_id": delivery_id}
-        with self.driver.connection() as conn, conn.transaction():
-            # A concurrent replay waits here on the key until this one commits (then it
-            # inserts nothing) or rolls back (then it enqueues in its place).
-            if conn.execute(Q["delivery_record"], {**key, "event": event,
-                                                   "now": now}).fetchone() is None:
-                seen = conn.execute(Q["delivery_get"], key).fetchone()
-                # (None only if the sweep forgot it in between: still a replay.)
-                return DeliveryRecord(False, tuple(seen["job_ids"]) if seen else (), ())
-            results = [self._insert_one(conn, spec, now) for spec in specs]
-            conn.execute(Q["delivery_set_jobs"], _adapt(
-                {**key, "job_ids": Json([result.job_id for result in results])}))
-        return DeliveryRecord.of(results)
-
-    def _insert_one(
-        self, conn: psycopg.Connection[DictRow], spec: JobSpec, now: datetime
-    ) -> InsertResult:
-        row = conn.execute(Q["job_insert"], _spec_params(spec, now)).fetchone()
-        return self._result(conn, spec, row)
-
-    def _result(
-        self, conn: psycopg.Connection[DictRow], spec: JobSpec, row: DictRow | None
-    ) -> InsertResult:
-        if row is not None:
-            return InsertResult(int(row["id"]), True, JobStatus.QUEUED)
-        holder = conn.execute(Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}).fetchone()
-        if holder is None:  # the holder ended between our insert and this read
-            raise StoreUnavailable("dedup holder vanished; retry the submit")
-        return InsertResult(int(holder["id"]), False, JobStatus(holder["status"]))
-
-    def job_claim(self, host: str, worker: str, limit: int, now: datetime,
-                  blocked_job_types: Collection[str] = ()) -> list[Job]:
-        if limit < 1:
-            return []
-        with self.driver.connection() as conn:
-            cursor = conn.cursor(row_factory=tuple_row)
-            rows = cursor.execute(
-                _claim_query(limit), {"host": host, "worker": worker, "now": now,
-                                      "detail": Jsonb({"host": host, "worker": worker}),
-                                      "blocked": Jsonb(sorted(blocked_job_types))}
-            ).fetchall()
-            names = [column.name for column in cursor.description or ()]
-        if not rows:
-            return []
-        return claimed_jobs(dict(zip(names, zip(*rows, strict=True), strict=True)), host, now)
-
-    def attempt_finish(
-        self, results: Sequence[AttemptResult], now: datetime
-    ) -> list[tuple[AttemptToken, JobStatus]]:
-        if not results:
-            return []
-        groups = finish_groups(results)
-        applied: list[tuple[AttemptToken, JobStatus]] = []
-        with self.driver.connection() as conn:
-            cursor = conn.cursor(row_factory=tuple_row)
-            # One group is one statement; several are applied together, as on SQLite.
-            with conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
-                for group in groups:
-                    applied.extend(_finish_group(cursor, group, now))
-        return applied
-
-    # -- attempts and events ------------------------------------------------------------------
-
-    # -- fleet ------------------------------------------------------------------------------
-
-    def leader_lease(self) -> Lease:
-        return PostgresLease(self.url)
+def postgres_store(url: str, max_connections: int = 8, connect_timeout: float = 5.0
+                   ) -> Store:
+    """The store on the PostgreSQL database the URL names (not migrated)."""
+    return Store(url, PostgresDriver(url, max_connections, connect_timeout))
 
 
 class PostgresLease(Lease):
@@ -433,14 +351,14 @@ class PostgresLease(Lease):
         database cannot be asked (the lease is then not held)."""
         if self._conn is not None:
             try:
-                self._conn.execute("SELECT 1")
+                self._conn.execute(Q["leader_lease_check"])
                 return True
             except psycopg.Error:
                 self._drop()
         conn: psycopg.Connection[Any] | None = None
         try:
             conn = connect(self._url)
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,)).fetchone()
+            row = conn.execute(Q["leader_lease"], {"lock": _LEADER_LOCK}).fetchone()
         except psycopg.Error as exc:
             if conn is not None:
                 _close_quietly(conn)
@@ -459,25 +377,3 @@ class PostgresLease(Lease):
 
     def release(self) -> None:
         self._drop()
-
-
-def _spec_params(spec: JobSpec, now: datetime) -> dict[str, Any]:
-    return {
-        "job_type": spec.job_type,
-        "command": Jsonb(list(spec.command)),
-        "shell": spec.shell,
-        "payload": Jsonb(dict(spec.payload)),
-        "priority": spec.priority,
-        "weight": spec.weight,
-        "dedup_key": spec.dedup_key,
-        "affinity": spec.affinity,
-        "available_at": now if spec.available_at is None else spec.available_at,
-        "max_attempts": spec.max_attempts,
-        "timeout_seconds": spec.timeout_seconds,
-        "silence_timeout_seconds": spec.silence_timeout_seconds,
-        "env": Jsonb(dict(spec.env)),
-        "workdir": spec.workdir,
-        "backoff_base_seconds": spec.backoff_base_seconds,
-        "backoff_max_seconds": spec.backoff_max_seconds,
-        "now": now,
-    }

@@ -1,7 +1,7 @@
 """The embedded store: one SQLite file in WAL mode, safe for several processes on one machine.
 
-`SQLiteDriver` is the dialect's half of the driver protocol (see driver.py); the store keeps
-what must differ from PostgreSQL (submit, claim, finish, heartbeat, migrations, the lease).
+`SQLiteDriver` is the dialect's driver (see driver.py): its own are the connections, the
+adapters, and the statements and locking of submit, claim, finish, migrations and the lease.
 Writes run in `BEGIN IMMEDIATE` transactions, so the write lock is taken up front and two
 claimers can never read the same queued row and both update it; readers never block writers.
 """
@@ -14,37 +14,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from herder.errors import InputError, StoreUnavailable
-from herder.model import (
-    AttemptResult,
-    AttemptToken,
-    InsertResult,
-    Job,
-    JobSpec,
-    JobStatus,
-)
-from herder.store.base import (
-    DEDUP_RELEASED_DETAIL,
-    STATUSES,
-    DeliveryRecord,
-    Lease,
-    Store,
-    claimed_jobs,
-    dedup_keys,
-    finish_detail,
-    finish_groups,
-    finish_params,
-    load_migrations,
-    object_from_json,
-    refuse_newer_schema,
-)
-from herder.store.driver import Driver, Json, Row, Transaction, Waker, load_queries
+from herder.model import InsertResult, JobStatus
+from herder.store.base import DEDUP_RELEASED_DETAIL, Store, object_from_json
+from herder.store.driver import Driver, Json, Lease, Row, Transaction, Waker, load_queries
 
 Q = load_queries("sqlite")
 _TIME_COLUMNS = frozenset(
@@ -61,8 +40,6 @@ _JSON_COLUMNS = frozenset(
 )
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 PAGE_SIZE = 2048
-def to_epoch(value: datetime | None) -> float | None:
-    return None if value is None else value.timestamp()
 
 
 def from_epoch(value: float | None) -> datetime | None:
@@ -197,6 +174,39 @@ class _SQLiteTransaction(Transaction):
     def notify(self, topic: str) -> None:
         """Nothing to send: every commit already moves `data_version` for the wakers."""
 
+    def script(self, text: str) -> None:
+        for statement in _split_statements(text):
+            self._conn.execute(statement)
+
+    def job_insert(self, specs: Sequence[Mapping[str, Any]], release: Sequence[str],
+                   now: datetime) -> list[InsertResult]:
+        """Each job is a state row and a spec row; the events are one statement at the end."""
+        conn = self._conn
+        stamp = now.timestamp()
+        results: list[InsertResult] = []
+        released = [row[0] for key in release for row in conn.execute(
+            Q["job_dedup_release"], {"dedup_key": key, "now": stamp}).fetchall()]
+        if released:
+            conn.execute(Q["job_dedup_release_events"], {
+                "job_ids": json.dumps(released), "now": stamp,
+                "detail": json.dumps(DEDUP_RELEASED_DETAIL)})
+        for spec in specs:
+            params = _adapt(spec)
+            row = conn.execute(Q["job_insert"], params).fetchone()
+            if row is not None:
+                params["job_id"] = row[0]
+                conn.execute(Q["job_spec_insert"], params)
+                results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
+                continue
+            assert spec["dedup_key"] is not None, "insert without a dedup key cannot conflict"
+            holder = conn.execute(
+                Q["job_dedup_holder"], {"dedup_key": spec["dedup_key"]}).fetchone()
+            results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
+        created = [result.job_id for result in results if result.created]
+        if created:
+            conn.execute(Q["job_insert_events"], {"job_ids": json.dumps(created), "now": stamp})
+        return results
+
 
 class SQLiteDriver(Driver):
     """One connection per thread (sqlite3 connections are not for sharing), in autocommit;
@@ -205,6 +215,7 @@ class SQLiteDriver(Driver):
     dialect = "sqlite"
     queries = Q
     conflict = sqlite3.IntegrityError
+    schema_read_first = True  # an open never waits for `herder up`'s write lock
 
     def __init__(self, path: str, synchronous: str, busy_timeout: float) -> None:
         self.path = path
@@ -297,178 +308,79 @@ class SQLiteDriver(Driver):
     def listen(self) -> Waker:
         return SQLiteWaker(self.path)
 
+    def migration(self) -> AbstractContextManager[Transaction]:
+        """`BEGIN IMMEDIATE` already holds off every other writer, migrators included."""
+        return self.transaction()
 
-def _insert_jobs(conn: sqlite3.Connection, specs: Sequence[JobSpec], now: datetime,
-                 force: bool) -> list[InsertResult]:
-    """Insert jobs inside the caller's write transaction; a dedup conflict returns the
-    holder instead."""
-    stamp = now.timestamp()
-    results: list[InsertResult] = []
-    if force:
-        released = [row[0] for key in sorted(dedup_keys(specs)) for row in conn.execute(
-            Q["job_dedup_release"], {"dedup_key": key, "now": stamp}).fetchall()]
-        if released:
-            conn.execute(Q["job_dedup_release_events"], {
-                "job_ids": json.dumps(released), "now": stamp,
-                "detail": json.dumps(DEDUP_RELEASED_DETAIL)})
-    for spec in specs:
-        params = _spec_params(spec, stamp)
-        row = conn.execute(Q["job_insert"], params).fetchone()
-        if row is not None:
-            params["job_id"] = row[0]
-            conn.execute(Q["job_spec_insert"], params)
-            results.append(InsertResult(int(row[0]), True, JobStatus.QUEUED))
-            continue
-        assert spec.dedup_key is not None, "insert without a dedup key cannot conflict"
-        holder = conn.execute(
-            Q["job_dedup_holder"], {"dedup_key": spec.dedup_key}
-        ).fetchone()
-        results.append(InsertResult(int(holder[0]), False, JobStatus(holder[1])))
-    created = [result.job_id for result in results if result.created]
-    if created:
-        conn.execute(Q["job_insert_events"], {"job_ids": json.dumps(created), "now": stamp})
-    return results
-
-
-def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text, and a list
-    (an array parameter, as PostgreSQL takes it) as a JSON array."""
-    adapted: dict[str, Any] = {}
-    for key, value in (params or {}).items():
-        if isinstance(value, datetime):
-            adapted[key] = value.timestamp()
-        elif isinstance(value, Json):
-            adapted[key] = json.dumps(value.value)
-        elif isinstance(value, list):
-            adapted[key] = json.dumps(value)
-        else:
-            adapted[key] = value
-    return adapted
-
-
-class SQLiteStore(Store):
-    dialect = "sqlite"
-    driver: SQLiteDriver
-
-    def __init__(self, url: str, busy_timeout: float = 30.0) -> None:
-        self.url = url
-        self.path, synchronous = parse_sqlite_url(url)
-        self.driver = SQLiteDriver(self.path, synchronous, busy_timeout)
-
-    def close(self) -> None:
-        self.driver.close()
-
-    # -- schema ---------------------------------------------------------------------------
-
-    def migrate(self) -> list[int]:
-        migrations = load_migrations("sqlite")
-        current = self.schema_version()
-        refuse_newer_schema(current, migrations)
-        if current == max((version for version, _, _ in migrations), default=0):
-            return []  # the usual open: two reads, never waiting for a writer's lock
-        applied: list[int] = []
-        with self.driver.immediate() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS herder_schema ("
-                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-            )
-            current = conn.execute("SELECT max(version) FROM herder_schema").fetchone()[0] or 0
-            refuse_newer_schema(current, migrations)
-            for version, name, sql in migrations:
-                if version <= current:
-                    continue
-                for statement in _split_statements(sql):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO herder_schema (version, name, applied_at) VALUES (?, ?, ?)",
-                    (version, name, time.time()),
-                )
-                applied.append(version)
-        return applied
-
-    # -- jobs -------------------------------------------------------------------------------
-
-    def job_insert(
-        self, specs: Sequence[JobSpec], now: datetime, force: bool = False
-    ) -> list[InsertResult]:
-        with self.driver.immediate() as conn:
-            return _insert_jobs(conn, specs, now, force)
-
-    def delivery_record(self, source: str, delivery_id: str, event: str,
-                        specs: Sequence[JobSpec], now: datetime) -> DeliveryRecord:
-        key = {"source": source, "delivery_id": delivery_id}
-        with self.driver.immediate() as conn:
-            if not _rows(conn, Q["delivery_record"], _adapt({**key, "event": event,
-                                                             "now": now})):
-                [seen] = _rows(conn, Q["delivery_get"], key)
-                return DeliveryRecord(False, tuple(seen["job_ids"]), ())
-            results = _insert_jobs(conn, specs, now, force=False)
-            conn.execute(Q["delivery_set_jobs"], _adapt(
-                {**key, "job_ids": Json([result.job_id for result in results])}))
-        return DeliveryRecord.of(results)
-
-    def job_claim(self, host: str, worker: str, limit: int, now: datetime,
-                  blocked_job_types: Collection[str] = ()) -> list[Job]:
-        stamp = now.timestamp()
-        detail = json.dumps({"host": host, "worker": worker})
+    def job_claim(self, params: Mapping[str, Any]) -> dict[str, Sequence[Any]] | None:
+        adapted = _adapt(params)
         # The write lock is held for the statements only: the rows are decoded and the specs
         # read after COMMIT (a job's spec never changes once it is submitted).
-        with self.driver.immediate() as conn:
-            names, values = _fetch(conn, Q["job_claim"], {
-                "host": host, "worker": worker, "limit": limit, "now": stamp,
-                "blocked": json.dumps(sorted(blocked_job_types))})
+        with self.immediate() as conn:
+            names, values = _fetch(conn, Q["job_claim"], adapted)
             if not values:
-                return []
+                return None
             job_id, attempt, priority = (names.index(name) for name in
                                          ("id", "attempt", "priority"))
             conn.execute(Q["job_claim_events"], {
-                "tokens": json.dumps({row[job_id]: row[attempt] for row in values}),
-                "now": stamp, "detail": detail})
+                **adapted, "tokens": json.dumps({row[job_id]: row[attempt] for row in values})})
         values.sort(key=lambda row: (row[priority], row[job_id]))
         ids = [row[job_id] for row in values]
-        spec_names, spec_values = _fetch(self.driver.connection(), Q["job_claim_specs"],
+        spec_names, spec_values = _fetch(self.connection(), Q["job_claim_specs"],
                                          {"job_ids": json.dumps(ids)})
         specs = {row[0]: row for row in spec_values}
         missing = [claimed for claimed in ids if claimed not in specs]
         if missing:
             raise StoreUnavailable(
                 f"claimed jobs {missing} have no spec row: the database is damaged")
-        return claimed_jobs({**_columns(spec_names, [specs[claimed] for claimed in ids]),
-                             **_columns(names, values)}, host, now)
+        return {**_columns(spec_names, [specs[claimed] for claimed in ids]),
+                **_columns(names, values)}
 
-    def attempt_finish(
-        self, results: Sequence[AttemptResult], now: datetime
-    ) -> list[tuple[AttemptToken, JobStatus]]:
-        stamp = now.timestamp()
-        applied: list[tuple[AttemptToken, JobStatus]] = []
-        if not results:
-            return applied
-        # Each group's parameters are ready before the write lock is taken, so it is held
-        # for the statements only.
-        groups = [({**finish_params(outcome, exit_code, decision, memory), "now": stamp,
-                    "available_at": to_epoch(decision.available_at),
-                    "tokens": json.dumps(tokens),
-                    "detail": json.dumps(finish_detail(outcome, exit_code, report))}, held)
-                  for (outcome, exit_code, decision, report, memory), tokens, held
-                  in finish_groups(results)]
-        with self.driver.immediate() as conn:
-            for params, held in groups:
+    def attempt_finish(self, groups: Sequence[Mapping[str, Any]]
+                       ) -> list[list[tuple[int, int, str]]]:
+        # The parameters are adapted before the write lock is taken, so it is held for the
+        # statements only.
+        adapted = [_adapt(params) for params in groups]
+        applied: list[list[tuple[int, int, str]]] = []
+        with self.immediate() as conn:
+            for params in adapted:
                 cursor = conn.cursor()
                 cursor.row_factory = None  # (id, attempt, status) tuples
                 rows = cursor.execute(Q["attempt_finish"], params).fetchall()
-                if not rows:
-                    continue
-                params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
-                conn.execute(Q["attempt_finish_events"], params)
-                applied.extend((held[job_id], STATUSES[status]) for job_id, _, status in rows)
+                if rows:
+                    params["applied"] = json.dumps([job_id for job_id, _, _ in rows])
+                    conn.execute(Q["attempt_finish_events"], params)
+                applied.append(rows)
         return applied
-
-    # -- attempts and events ------------------------------------------------------------------
-
-    # -- fleet ------------------------------------------------------------------------------
 
     def leader_lease(self) -> Lease:
         return SQLiteLease(self.path + ".leader")
+
+
+def _adapt(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Parameters in SQLite's stored forms: times as epoch seconds, JSON as text, and a list
+    (an array parameter, as PostgreSQL takes it) as a JSON array."""
+    adapted = dict(params or {})
+    for key, value in adapted.items():
+        if value is None or type(value) in _STORED_AS_IS:
+            continue  # most values: checked once, not against each adapted type
+        if isinstance(value, datetime):
+            adapted[key] = value.timestamp()
+        elif isinstance(value, Json):
+            adapted[key] = json.dumps(value.value)
+        elif isinstance(value, list):
+            adapted[key] = json.dumps(value)
+    return adapted
+
+
+_STORED_AS_IS = frozenset({int, str, float, bool})
+
+
+def sqlite_store(url: str, busy_timeout: float = 30.0) -> Store:
+    """The store on the SQLite file the URL names (not migrated)."""
+    path, synchronous = parse_sqlite_url(url)
+    return Store(url, SQLiteDriver(path, synchronous, busy_timeout))
+
 
 class SQLiteLease(Lease):
     """An exclusive flock on a file beside the database; the kernel drops it with the
@@ -494,28 +406,6 @@ class SQLiteLease(Lease):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _spec_params(spec: JobSpec, stamp: float) -> dict[str, Any]:
-    return {
-        "job_type": spec.job_type,
-        "command": json.dumps(list(spec.command)),
-        "shell": int(spec.shell),
-        "payload": json.dumps(dict(spec.payload)),
-        "priority": spec.priority,
-        "weight": spec.weight,
-        "dedup_key": spec.dedup_key,
-        "affinity": spec.affinity,
-        "available_at": stamp if spec.available_at is None else spec.available_at.timestamp(),
-        "max_attempts": spec.max_attempts,
-        "timeout_seconds": spec.timeout_seconds,
-        "silence_timeout_seconds": spec.silence_timeout_seconds,
-        "env": json.dumps(dict(spec.env)),
-        "workdir": spec.workdir,
-        "backoff_base_seconds": spec.backoff_base_seconds,
-        "backoff_max_seconds": spec.backoff_max_seconds,
-        "now": stamp,
-    }
 
 
 def _split_statements(sql: str) -> list[str]:

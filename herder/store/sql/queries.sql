@@ -1,7 +1,8 @@
--- Named queries both dialects share, written with `:name` parameters (the PostgreSQL
--- driver turns them into `%(name)s`). Each `-- name:` block is one statement; the store
--- method of the same name runs it. A query that must differ between the dialects lives
--- in sql/<dialect>/queries.sql instead, under the same name.
+-- Named queries both dialects share, written with `:name` parameters (as every query is;
+-- the PostgreSQL driver turns them into `%(name)s`). Each `-- name:` block is one
+-- statement; the store method of the same name runs it. A query that must differ between
+-- the dialects lives in sql/<dialect>/queries.sql instead, under the same name.
+-- `{{ job_records }}` is each job with its spec (SQLite's view, PostgreSQL's table).
 
 -- name: job_counts
 SELECT status, count(*) AS count FROM herder_jobs
@@ -242,6 +243,9 @@ RETURNING id;
 -- name: schema_version
 SELECT max(version) AS version FROM herder_schema;
 
+-- name: schema_version_record
+INSERT INTO herder_schema (version, name, applied_at) VALUES (:version, :name, :now);
+
 -- name: account_upsert
 INSERT INTO herder_accounts (host, name, env, max_sessions, job_types, probe, source,
                              created_at, updated_at)
@@ -377,3 +381,53 @@ DELETE FROM herder_fleet_settings WHERE name = :name RETURNING name;
 INSERT INTO herder_alerts (key, message, opened_at, cleared_at)
 VALUES (:key, :message, :now, :now)
 RETURNING id;
+
+-- name: job_get
+SELECT * FROM {{ job_records }} WHERE id = :job_id;
+
+-- name: job_list_page
+-- The dashboard's jobs view: one page, newest first, before a cursor id (keyset paging:
+-- the cost is the page, not the table). A filter left NULL matches every job.
+SELECT * FROM {{ job_records }}
+WHERE (CAST(:status AS TEXT) IS NULL OR status = CAST(:status AS TEXT))
+  AND (CAST(:job_type AS TEXT) IS NULL OR job_type = CAST(:job_type AS TEXT))
+  AND (CAST(:host AS TEXT) IS NULL OR host = CAST(:host AS TEXT))
+  AND (CAST(:dedup_key AS TEXT) IS NULL OR dedup_key = CAST(:dedup_key AS TEXT))
+  AND (CAST(:before AS BIGINT) IS NULL OR id < CAST(:before AS BIGINT))
+ORDER BY id DESC LIMIT :limit;
+
+-- name: attempt_list_live
+SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
+       claimed_at, started_at, coalesce(heartbeat_at, claimed_at) AS heartbeat_at,
+       CAST(NULL AS TIMESTAMPTZ) AS ended_at, CAST(NULL AS INTEGER) AS exit_code,
+       CAST(NULL AS TEXT) AS outcome, status AS job_status, failures, lost, max_attempts,
+       backoff_base_seconds, backoff_max_seconds
+FROM {{ job_records }}
+WHERE status IN ('claimed', 'running') AND host IS NOT NULL
+  AND (CAST(:host AS TEXT) IS NULL OR host = CAST(:host AS TEXT));
+
+-- name: job_list_due
+SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
+FROM {{ job_records }}
+WHERE status = 'queued' AND available_at <= :now
+ORDER BY priority, id
+LIMIT :limit;
+
+-- name: attempt_list_recent_outcomes
+-- For the circuit breakers: each host and job type's newest ended attempts since `since`,
+-- at most `per_group` of them (newest first).
+SELECT host, job_type, outcome, ended_at FROM (
+    SELECT a.host, j.job_type, a.outcome, a.ended_at,
+           row_number() OVER (PARTITION BY a.host, j.job_type
+                              ORDER BY a.ended_at DESC, a.job_id DESC) AS n
+    FROM herder_attempts a JOIN {{ job_records }} j ON j.id = a.job_id
+    WHERE a.ended_at >= :since AND a.outcome IS NOT NULL AND a.host <> ''
+) recent
+WHERE n <= :per_group
+ORDER BY host, job_type, ended_at DESC;
+
+-- name: job_list_running_types
+-- For the circuit breakers: each host and job type's newest live attempt (a trial job).
+SELECT host, job_type, max(claimed_at) AS claimed_at FROM {{ job_records }}
+WHERE status IN ('claimed', 'running') AND host IS NOT NULL
+GROUP BY host, job_type;

@@ -1,4 +1,5 @@
--- Named queries (PostgreSQL). Each `-- name:` block is one statement; the store method of
+-- Named queries (PostgreSQL), with `:name` parameters as everywhere (the driver turns them
+-- into psycopg's `%(name)s`). Each `-- name:` block is one statement; the store method of
 -- the same name runs it. Every state change is guarded on (id, attempt, status) and writes
 -- its event rows in the same statement (the set-based ones from sql/events.sql).
 
@@ -10,10 +11,10 @@ WITH submitted AS (
         backoff_base_seconds, backoff_max_seconds, created_at, updated_at,
         silence_timeout_seconds)
     VALUES (
-        %(job_type)s, %(command)s, %(shell)s, %(payload)s, %(priority)s, %(weight)s,
-        %(dedup_key)s, %(affinity)s, %(available_at)s, %(max_attempts)s, %(timeout_seconds)s,
-        %(env)s, %(workdir)s, %(backoff_base_seconds)s, %(backoff_max_seconds)s,
-        %(now)s, %(now)s, %(silence_timeout_seconds)s)
+        :job_type, :command, :shell, :payload, :priority, :weight,
+        :dedup_key, :affinity, :available_at, :max_attempts, :timeout_seconds,
+        :env, :workdir, :backoff_base_seconds, :backoff_max_seconds,
+        :now, :now, :silence_timeout_seconds)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND NOT dedup_released
         AND status IN ('queued', 'claimed', 'running', 'done')
     DO NOTHING
@@ -25,58 +26,44 @@ SELECT id, pg_notify('herder', 'job') AS woke FROM submitted;
 
 -- name: job_dedup_holder
 SELECT id, status FROM herder_jobs
-WHERE dedup_key = %(dedup_key)s AND NOT dedup_released
+WHERE dedup_key = :dedup_key AND NOT dedup_released
   AND status IN ('queued', 'claimed', 'running', 'done')
 ORDER BY id DESC LIMIT 1;
 
 -- name: job_dedup_release
 WITH dedup_released AS (
-    UPDATE herder_jobs SET dedup_released = true, updated_at = %(now)s
-    WHERE dedup_key = %(dedup_key)s AND status = 'done' AND NOT dedup_released
+    UPDATE herder_jobs SET dedup_released = true, updated_at = :now
+    WHERE dedup_key = :dedup_key AND status = 'done' AND NOT dedup_released
     RETURNING id
 ), ev AS (
     {{ events.dedup_released }}
 )
 SELECT id FROM dedup_released;
 
--- name: job_get
-SELECT * FROM herder_jobs WHERE id = %(job_id)s;
-
 -- name: job_list
 SELECT * FROM herder_jobs
-WHERE (%(statuses)s::jsonb IS NULL
-       OR status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb)))
-ORDER BY id DESC LIMIT %(limit)s;
-
--- name: job_list_page
--- The dashboard's jobs view: one page, newest first, before a cursor id (keyset paging:
--- the cost is the page, not the table). A filter left NULL matches every job.
-SELECT * FROM herder_jobs
-WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
-  AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
-  AND (%(host)s::text IS NULL OR host = %(host)s::text)
-  AND (%(dedup_key)s::text IS NULL OR dedup_key = %(dedup_key)s::text)
-  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
-ORDER BY id DESC LIMIT %(limit)s;
+WHERE (:statuses::jsonb IS NULL
+       OR status IN (SELECT jsonb_array_elements_text(:statuses::jsonb)))
+ORDER BY id DESC LIMIT :limit;
 
 -- name: job_claim
 -- The store inlines LIMIT as a literal (one prepared statement per batch size): with a
 -- parameter there, a cached generic plan assumes a large limit and sorts the whole queue.
 WITH picked AS (
     SELECT id FROM herder_jobs
-    WHERE status = 'queued' AND available_at <= %(now)s
-      AND (affinity IS NULL OR affinity = %(host)s)
+    WHERE status = 'queued' AND available_at <= :now
+      AND (affinity IS NULL OR affinity = :host)
       -- the job types whose preflight failed here (mostly none), as one JSON array: an
       -- array parameter would keep the plan from being cached (see attempt_finish)
-      AND NOT (%(blocked)s::jsonb ? job_type)
+      AND NOT (:blocked::jsonb ? job_type)
     ORDER BY priority, id
-    LIMIT %(limit)s
+    LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE herder_jobs j
-    SET status = 'claimed', attempt = j.attempt + 1, host = %(host)s, worker = %(worker)s,
-        pid = NULL, log_path = NULL, claimed_at = %(now)s, started_at = NULL,
-        heartbeat_at = %(now)s, updated_at = %(now)s
+    SET status = 'claimed', attempt = j.attempt + 1, host = :host, worker = :worker,
+        pid = NULL, log_path = NULL, claimed_at = :now, started_at = NULL,
+        heartbeat_at = :now, updated_at = :now
     FROM picked WHERE j.id = picked.id
     -- The columns of a Job, no more, and none of those set here (the store fills them in
     -- from what it wrote: claimed_jobs).
@@ -93,13 +80,13 @@ SELECT * FROM claimed ORDER BY priority, id;
 
 -- name: attempt_heartbeat
 -- heartbeat_at is in no index, so this is a HOT update of the job row. Only attempts on
--- %(host)s: a host's token renews nothing of another host. IS NOT DISTINCT FROM (the same
+-- :host: a host's token renews nothing of another host. IS NOT DISTINCT FROM (the same
 -- test for a host that is never null) is no index condition, so the rows are still found
 -- by their key, not through the host's active jobs.
-UPDATE herder_jobs j SET heartbeat_at = %(now)s
-FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[]) AS t(job_id, attempt)
+UPDATE herder_jobs j SET heartbeat_at = :now
+FROM unnest(:job_ids::bigint[], :attempts::int[]) AS t(job_id, attempt)
 WHERE j.id = t.job_id AND j.attempt = t.attempt AND j.status IN ('claimed', 'running')
-  AND j.host IS NOT DISTINCT FROM %(host)s::text
+  AND j.host IS NOT DISTINCT FROM :host::text
 RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 
 -- name: attempt_finish
@@ -114,28 +101,28 @@ RETURNING j.id AS job_id, j.attempt, j.cancel_requested;
 -- that re-read the whole batch for every job row. The primary key finds the rows.
 WITH finished AS (
     UPDATE herder_jobs SET
-        status = CASE WHEN cancel_requested AND %(next_status)s::text = 'queued'
-                      THEN 'cancelled' ELSE %(next_status)s::text END,
-        exit_code = %(exit_code)s::int,
-        failure_reason = CASE WHEN cancel_requested AND %(next_status)s::text = 'queued'
-                              THEN 'cancelled' ELSE %(failure_reason)s::text END,
-        failures = failures + %(spend_failure)s::int,
-        lost = lost + %(spend_lost)s::int,
-        spawn_failures = spawn_failures + %(spend_spawn_failure)s::int,
-        transient_attempts = transient_attempts + %(spend_transient)s::int,
-        escalations = escalations + (%(weight)s::text IS NOT NULL)::int,
-        weight = COALESCE(%(weight)s::text, weight),
-        actionable = %(actionable)s::int::boolean,
-        human_action = %(human_action)s::int::boolean,
-        available_at = COALESCE(%(available_at)s::timestamptz, available_at),
-        finished_at = CASE WHEN %(next_status)s::text = 'queued' AND NOT cancel_requested
-                           THEN NULL ELSE %(now)s END,
-        avoid_host = CASE WHEN %(avoid_host)s::int = 1 OR started_at IS NULL THEN host
+        status = CASE WHEN cancel_requested AND :next_status::text = 'queued'
+                      THEN 'cancelled' ELSE :next_status::text END,
+        exit_code = :exit_code::int,
+        failure_reason = CASE WHEN cancel_requested AND :next_status::text = 'queued'
+                              THEN 'cancelled' ELSE :failure_reason::text END,
+        failures = failures + :spend_failure::int,
+        lost = lost + :spend_lost::int,
+        spawn_failures = spawn_failures + :spend_spawn_failure::int,
+        transient_attempts = transient_attempts + :spend_transient::int,
+        escalations = escalations + (:weight::text IS NOT NULL)::int,
+        weight = COALESCE(:weight::text, weight),
+        actionable = :actionable::int::boolean,
+        human_action = :human_action::int::boolean,
+        available_at = COALESCE(:available_at::timestamptz, available_at),
+        finished_at = CASE WHEN :next_status::text = 'queued' AND NOT cancel_requested
+                           THEN NULL ELSE :now END,
+        avoid_host = CASE WHEN :avoid_host::int = 1 OR started_at IS NULL THEN host
                           ELSE avoid_host END,
         cancel_requested = false,
-        updated_at = %(now)s
-    WHERE id = ANY(%(job_ids)s::bigint[])
-      AND attempt = (%(tokens)s::jsonb ->> id::text)::int
+        updated_at = :now
+    WHERE id = ANY(:job_ids::bigint[])
+      AND attempt = (:tokens::jsonb ->> id::text)::int
       AND status IN ('claimed', 'running')
     RETURNING id, attempt, status, host, worker, pid, log_path, claimed_at, started_at,
               heartbeat_at
@@ -148,16 +135,7 @@ FROM finished;
 
 -- name: job_cancel_requested
 SELECT id AS job_id, attempt FROM herder_jobs
-WHERE id = ANY(%(job_ids)s::bigint[]) AND cancel_requested;
-
--- name: attempt_list_live
-SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
-       claimed_at, started_at, coalesce(heartbeat_at, claimed_at) AS heartbeat_at, NULL::timestamptz AS ended_at, NULL::int AS exit_code,
-       NULL::text AS outcome, status AS job_status, failures, lost, max_attempts,
-       backoff_base_seconds, backoff_max_seconds
-FROM herder_jobs
-WHERE status IN ('claimed', 'running') AND host IS NOT NULL
-  AND (%(host)s::text IS NULL OR host = %(host)s::text);
+WHERE id = ANY(:job_ids::bigint[]) AND cancel_requested;
 
 -- Fleet: hosts ------------------------------------------------------------------------------
 -- name: host_preflight_record
@@ -165,51 +143,44 @@ WHERE status IN ('claimed', 'running') AND host IS NOT NULL
 -- in agent_info as an agent reports them (`preflight_failed`), its heartbeat untouched.
 UPDATE herder_hosts
 SET agent_info = agent_info || jsonb_build_object('preflight_failed',
-                                                  %(preflight_failed)s::jsonb)
-WHERE label = %(label)s RETURNING label;
+                                                  :preflight_failed::jsonb)
+WHERE label = :label RETURNING label;
 
 -- name: host_heartbeat_push
 -- A push host's heartbeat (`herder heartbeat`): it says only that the host is up, so the
 -- preflight the server ran over ssh stands.
 UPDATE herder_hosts
-SET last_heartbeat = %(now)s,
-    agent_info = jsonb_build_object('via', %(via)s::text, 'preflight_failed',
+SET last_heartbeat = :now,
+    agent_info = jsonb_build_object('via', :via::text, 'preflight_failed',
                                     agent_info -> 'preflight_failed')
-WHERE label = %(label)s RETURNING label;
+WHERE label = :label RETURNING label;
 
 -- name: host_agent_gone
 -- The host's agent died (its guardian said so): not live until an agent heartbeats again.
 -- Only while the dead worker is the last one heard from, so a new agent is left alone, and
 -- not after a clean stop (the agent said so itself).
 UPDATE herder_hosts
-SET agent_info = agent_info || jsonb_build_object('stopped', true, 'gone', %(worker)s::text)
-WHERE label = %(label)s AND agent_info ->> 'worker' = %(worker)s
+SET agent_info = agent_info || jsonb_build_object('stopped', true, 'gone', :worker::text)
+WHERE label = :label AND agent_info ->> 'worker' = :worker
   AND agent_info -> 'stopped' IS DISTINCT FROM 'true'::jsonb
 RETURNING label;
 
 -- name: host_lock
-SELECT label FROM herder_hosts WHERE label = %(label)s FOR UPDATE;
+SELECT label FROM herder_hosts WHERE label = :label FOR UPDATE;
 
 -- Fleet: placement -------------------------------------------------------------------------
--- name: job_list_due
-SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
-FROM herder_jobs
-WHERE status = 'queued' AND available_at <= %(now)s
-ORDER BY priority, id
-LIMIT %(limit)s;
-
 -- name: attempt_list_assigned
 SELECT * FROM herder_jobs
-WHERE host = %(host)s AND status = 'claimed' AND worker = ''
+WHERE host = :host AND status = 'claimed' AND worker = ''
 ORDER BY priority, id
-LIMIT %(limit)s;
+LIMIT :limit;
 
 -- Fleet: reservations ----------------------------------------------------------------------
 -- name: reservation_end
-UPDATE herder_reservations SET status = %(status)s, ended_at = %(now)s,
-    detail = detail || %(detail)s
-WHERE id = %(id)s AND status = 'active'
-  AND (%(by)s::bigint IS NULL OR created_by = %(by)s::bigint)
+UPDATE herder_reservations SET status = :status, ended_at = :now,
+    detail = detail || :detail
+WHERE id = :id AND status = 'active'
+  AND (:by::bigint IS NULL OR created_by = :by::bigint)
 RETURNING *;
 
 -- Fleet: alerts ----------------------------------------------------------------------------
@@ -223,25 +194,6 @@ SELECT n_mod_since_analyze > greatest(1000, 0.1 * n_live_tup) AS stale
 FROM pg_stat_user_tables
 WHERE relid = 'herder_jobs'::regclass;
 
--- name: attempt_list_recent_outcomes
--- For the circuit breakers: each host and job type's newest ended attempts since `since`,
--- at most `per_group` of them (newest first).
-SELECT host, job_type, outcome, ended_at FROM (
-    SELECT a.host, j.job_type, a.outcome, a.ended_at,
-           row_number() OVER (PARTITION BY a.host, j.job_type
-                              ORDER BY a.ended_at DESC, a.job_id DESC) AS n
-    FROM herder_attempts a JOIN herder_jobs j ON j.id = a.job_id
-    WHERE a.ended_at >= %(since)s AND a.outcome IS NOT NULL AND a.host <> ''
-) recent
-WHERE n <= %(per_group)s
-ORDER BY host, job_type, ended_at DESC;
-
--- name: job_list_running_types
--- For the circuit breakers: each host and job type's newest live attempt (a trial job).
-SELECT host, job_type, max(claimed_at) AS claimed_at FROM herder_jobs
-WHERE status IN ('claimed', 'running') AND host IS NOT NULL
-GROUP BY host, job_type;
-
 -- name: statistics_refresh
 ANALYZE herder_jobs;
 
@@ -252,8 +204,34 @@ SELECT to_regclass('herder_schema') IS NOT NULL AS present;
 -- herder's limits on its own session, each only where nothing else set it: the URL's or
 -- PGOPTIONS' options, a service file, ALTER ROLE/DATABASE ... SET and postgresql.conf win.
 SELECT set_config(l.name, l.value, false)
-FROM (VALUES ('statement_timeout', %(statement_timeout)s::text),
+FROM (VALUES ('statement_timeout', :statement_timeout::text),
              ('idle_in_transaction_session_timeout',
-              %(idle_in_transaction_session_timeout)s::text)) AS l (name, value)
+              :idle_in_transaction_session_timeout::text)) AS l (name, value)
 JOIN pg_settings s ON s.name = l.name
 WHERE s.source = 'default';
+
+-- Migrations ---------------------------------------------------------------------------------
+-- name: schema_table_create
+CREATE TABLE IF NOT EXISTS herder_schema (
+    version integer PRIMARY KEY, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now());
+
+-- name: migration_unlimited
+-- A migration may rewrite a large table, and a second server waits for the first one's
+-- lock: neither is a runaway statement.
+SET LOCAL statement_timeout = 0;
+
+-- name: migration_lock
+-- One migrator at a time, until its transaction ends.
+SELECT pg_advisory_xact_lock(:lock);
+
+-- Leadership and wake-ups --------------------------------------------------------------------
+-- name: leader_lease
+-- The leader's session advisory lock: held while its connection lives.
+SELECT pg_try_advisory_lock(:lock) AS held;
+
+-- name: leader_lease_check
+SELECT 1 AS held;
+
+-- name: notify
+SELECT pg_notify(:channel, :topic);

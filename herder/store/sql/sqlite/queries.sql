@@ -42,23 +42,9 @@ WITH dedup_released(id) AS (SELECT value FROM json_each(:job_ids))
 WITH submitted(id) AS (SELECT value FROM json_each(:job_ids))
 {{ events.submitted }};
 
--- name: job_get
-SELECT * FROM herder_job_records WHERE id = :job_id;
-
 -- name: job_list
 SELECT * FROM herder_job_records
 WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
-ORDER BY id DESC LIMIT :limit;
-
--- name: job_list_page
--- The dashboard's jobs view: one page, newest first, before a cursor id (keyset paging:
--- the cost is the page, not the table). A filter left NULL matches every job.
-SELECT * FROM herder_job_records
-WHERE (:status IS NULL OR status = :status)
-  AND (:job_type IS NULL OR job_type = :job_type)
-  AND (:host IS NULL OR host = :host)
-  AND (:dedup_key IS NULL OR dedup_key = :dedup_key)
-  AND (:before IS NULL OR id < :before)
 ORDER BY id DESC LIMIT :limit;
 
 -- name: job_claim
@@ -151,15 +137,6 @@ WITH finished AS (
 SELECT id AS job_id, attempt FROM herder_jobs
 WHERE id IN (SELECT value FROM json_each(:job_ids)) AND cancel_requested = 1;
 
--- name: attempt_list_live
-SELECT id AS job_id, attempt, host, coalesce(worker, '') AS worker, pid, log_path,
-       claimed_at, started_at, coalesce(heartbeat_at, claimed_at) AS heartbeat_at, NULL AS ended_at, NULL AS exit_code, NULL AS outcome,
-       status AS job_status, failures, lost, max_attempts, backoff_base_seconds,
-       backoff_max_seconds
-FROM herder_job_records
-WHERE status IN ('claimed', 'running') AND host IS NOT NULL
-  AND (:host IS NULL OR host = :host);
-
 -- Fleet: hosts ------------------------------------------------------------------------------
 -- name: host_preflight_record
 -- An ssh host's preflight, run over ssh by the server: the job types that fail there, kept
@@ -191,13 +168,6 @@ RETURNING label;
 SELECT label FROM herder_hosts WHERE label = :label;
 
 -- Fleet: placement -------------------------------------------------------------------------
--- name: job_list_due
-SELECT id, priority, weight, job_type, affinity, created_at, available_at, avoid_host
-FROM herder_job_records
-WHERE status = 'queued' AND available_at <= :now
-ORDER BY priority, id
-LIMIT :limit;
-
 -- name: attempt_list_assigned
 SELECT * FROM herder_job_records
 -- The IN repeats herder_jobs_host_active's predicate so the planner can use that index
@@ -218,25 +188,6 @@ RETURNING *;
 
 -- Tokens ------------------------------------------------------------------------------------
 
--- name: attempt_list_recent_outcomes
--- For the circuit breakers: each host and job type's newest ended attempts since `since`,
--- at most `per_group` of them (newest first).
-SELECT host, job_type, outcome, ended_at FROM (
-    SELECT a.host, j.job_type, a.outcome, a.ended_at,
-           row_number() OVER (PARTITION BY a.host, j.job_type
-                              ORDER BY a.ended_at DESC, a.job_id DESC) AS n
-    FROM herder_attempts a JOIN herder_job_records j ON j.id = a.job_id
-    WHERE a.ended_at >= :since AND a.outcome IS NOT NULL AND a.host <> ''
-) recent
-WHERE n <= :per_group
-ORDER BY host, job_type, ended_at DESC;
-
--- name: job_list_running_types
--- For the circuit breakers: each host and job type's newest live attempt (a trial job).
-SELECT host, job_type, max(claimed_at) AS claimed_at FROM herder_job_records
-WHERE status IN ('claimed', 'running') AND host IS NOT NULL
-GROUP BY host, job_type;
-
 -- name: schema_table_exists
 SELECT count(*) AS present FROM sqlite_master WHERE type = 'table' AND name = 'herder_schema';
 
@@ -249,3 +200,8 @@ SELECT 1 AS stale;
 -- it would start as a reader and fail at once ("database is locked", no busy wait)
 -- whenever another process committed in between.
 PRAGMA optimize;
+
+-- Migrations ---------------------------------------------------------------------------------
+-- name: schema_table_create
+CREATE TABLE IF NOT EXISTS herder_schema (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);

@@ -274,11 +274,11 @@ def test_postgres_claim_and_finish_settle_on_a_cached_plan(postgres_url):
     with arrays whose length the custom plans see, the generic plan's estimated cost differs
     from the custom plans' and PostgreSQL keeps planning each call afresh."""
     from herder.model import AttemptResult, Decision, JobStatus, Outcome
-    from herder.store.postgres import PostgresStore
+    from herder.store.postgres import postgres_store
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         _pg_fill(conn, 1)  # a 20k-job backlog
-    store = PostgresStore(postgres_url, max_connections=1)
+    store = postgres_store(postgres_url, max_connections=1)
     try:
         # Batches of 10: a generic plan costs `= ANY($n)` as a 10-element array, so custom
         # plans of smaller batches look cheaper and PostgreSQL keeps those (a single finish
@@ -289,7 +289,7 @@ def test_postgres_claim_and_finish_settle_on_a_cached_plan(postgres_url):
             store.attempt_heartbeat("h1", [job.token for job in jobs], T0)
             store.attempt_finish([AttemptResult(job.token, Outcome.OK, 0,
                                                 Decision(JobStatus.DONE)) for job in jobs], T0)
-        with store._pool.connection() as conn:
+        with store.driver.pool.connection() as conn:
             rows = conn.execute(
                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
             ).fetchall()
