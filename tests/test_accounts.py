@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.local import Harness
-from support.waits import wait_for
+from support.waits import holds_for, wait_for
 
 from herder.model import JobStatus
 
@@ -179,6 +179,50 @@ def test_accounts_rotate_wait_for_their_reset_and_probes_fail_open(tmp_path: Pat
                 assert SECRET not in json.dumps(dict(event.detail))
             assert SECRET not in h.cli("show", str(job_id), "--json").stdout
         assert SECRET not in h.stderr_of(up)
+    finally:
+        h.close()
+
+
+def test_herder_up_claims_no_job_whose_accounts_are_all_busy(tmp_path: Path, sqlite_url: str):
+    """A job rotated off a spent account while the only other one is busy waits queued
+    for that session to end: `herder up` does not claim it only to end it `refused` (an
+    attempt a second), as the server's placement passes such a host over."""
+    release = tmp_path / "release"
+    holder = tmp_path / "holder"
+    holder.write_text(f'#!/bin/sh\necho "$WHO" >> "{tmp_path / "runs"}"\n'
+                      f'while [ ! -e "{release}" ]; do sleep 0.1; done\n')
+    holder.chmod(0o755)
+    h = Harness(tmp_path, sqlite_url, extra_config=job_type(tmp_path) + (
+        f'\n[job_types.holder]\ncommand = ["{holder}"]\naccounts = true\n'
+        'preflight = false\n'))
+    try:
+        with open(h.config, "a") as config:
+            config.write(f'\n[hosts.{h.host}]\nram_total_gb = 16\ntransport = "local"\n'
+                         f'[hosts.{h.host}.accounts.first]\nenv = {{WHO = "first"}}\n'
+                         f'[hosts.{h.host}.accounts.second]\nenv = {{WHO = "second"}}\n')
+        up = h.up("--concurrency", "2")
+        try:
+            h.wait_ready(up)
+            held = h.client.submit("holder").job_id
+            wait_for(lambda: runs(tmp_path) == ["first"], 30, "the holder to run under first",
+                     h.describe)
+            limit(tmp_path, "second", 3600)
+            rotated = h.client.submit("agent").job_id
+            # second's limit sends it back at once; first, its only other account, is busy.
+            job = wait_for(lambda: (j := h.job(rotated)).attempt == 1 and j.status
+                           is JobStatus.QUEUED and j, 30, "the job to be rotated", h.describe)
+            assert (job.failures, job.spawn_failures) == (0, 0)
+            holds_for(lambda: h.job(rotated).attempt == 1, 3, "the job to stay unclaimed",
+                      h.describe)
+            release.touch()
+            done = h.wait_status(rotated, JobStatus.DONE, timeout=60)
+            assert done.attempt == 2 and account_of(h.store, rotated, 2) == "first"
+            assert [a.outcome.value for a in h.attempts(rotated) if a.outcome] == [
+                "usage_blocked", "ok"]
+            h.wait_status(held, JobStatus.DONE, timeout=30)
+        finally:
+            up.send_signal(signal.SIGTERM)
+            h.wait_exit(up, 30, "herder up")
     finally:
         h.close()
 

@@ -484,7 +484,20 @@ class ClaimSource(StoreSource):
         blocked = self.blocked(now)
         if blocked is None:
             return []  # the first preflights have not ended yet
+        blocked |= self.sessions_full(now)
         return self.bind(self.store.job_claim(self.host, self.worker, free, now, blocked), now)
+
+    def sessions_full(self, now: datetime) -> frozenset[str]:
+        """The job types whose every usable account here is at its session cap: claiming
+        one would only end it `refused` (an attempt, a second's wait, again and again until
+        a session ends), as the server's placement passes such a host over (`slots_full`).
+        A type with no usable account at all is still claimed: it waits for the first reset."""
+        rules = self.limits.rules.accounts
+        if not rules.needs:
+            return frozenset()
+        records = self.store.account_list(self.host)
+        return frozenset(job_type for job_type in rules.needs
+                         if rules.choose(records, self.host, job_type, now).full)
 
     def blocked(self, now: datetime) -> frozenset[str] | None:
         """The job types not to claim; an alert opened or cleared for each change."""
