@@ -519,22 +519,23 @@ def test_an_account_on_a_host_the_job_may_not_run_on_does_not_serve_it(store: St
     assert queued is not None and queued.available_at == at(3600)
 
 
-def test_herder_up_alone_honours_a_jobs_host_and_ignores_its_types_pin(store: Store):
-    """No host registered (`herder up`): claims honour --host, so an account elsewhere
-    cannot serve the job; a type's `hosts` is not honoured there, so it limits nothing."""
+def test_herder_up_alone_honours_a_jobs_host_and_its_types_pin(store: Store):
+    """No host registered (`herder up`): claims honour --host and the type's `hosts`, so
+    an account elsewhere cannot serve a job held by either; one held by neither rotates."""
     two_accounts(store, second_host="h2")
+    accounts = AccountRules({"adhoc": None})
+    loose = PolicyLimits(5, 5, 300.0, OutcomeRules(accounts=accounts))
     pinned = PolicyLimits(5, 5, 300.0, OutcomeRules(
-        accounts=AccountRules({"adhoc": None}), pinned={"adhoc": frozenset({"h1"})}))
-    store.job_insert([JobSpec(command=("agent",), affinity="h1"), JobSpec(command=("agent",))],
-                     NOW)
-    held = claim_and_bind(store, at(1))
-    assert record_ending(store, held, Outcome.USAGE_BLOCKED, at(2), pinned,
-                         resume_at=at(3600)) is JobStatus.QUEUED
-    store.account_clear("h1", "first", at(3))
-    free = claim_and_bind(store, at(3))
-    assert free.id != held.id
-    assert record_ending(store, free, Outcome.USAGE_BLOCKED, at(4), pinned,
-                         resume_at=at(3600)) is JobStatus.QUEUED
-    waits, rotates = store.job_get(held.id), store.job_get(free.id)
-    assert waits is not None and waits.available_at == at(3600)
-    assert rotates is not None and rotates.available_at == at(4)
+        accounts=accounts, pinned={"adhoc": frozenset({"h1"})}))
+    store.job_insert([JobSpec(command=("agent",), affinity="h1"), JobSpec(command=("agent",)),
+                      JobSpec(command=("agent",))], NOW)
+    ended = {}
+    for step, limits in enumerate((loose, pinned, loose)):
+        job = claim_and_bind(store, at(1 + 2 * step))
+        assert record_ending(store, job, Outcome.USAGE_BLOCKED, at(2 + 2 * step), limits,
+                             resume_at=at(3600)) is JobStatus.QUEUED
+        ended[step] = job.id
+        store.account_clear("h1", "first", at(2 + 2 * step))
+    waits = [store.job_get(ended[step]) for step in range(3)]
+    assert [job.available_at for job in waits if job is not None] == [
+        at(3600), at(3600), at(6)]

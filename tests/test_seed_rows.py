@@ -283,3 +283,31 @@ def test_a_job_books_its_subagents_under_herder_up_within_its_weights_cap(tmp_pa
         assert {r.job_id for r in h.store.reservation_list(h.host)} == {job_id}
     finally:
         h.close()
+
+
+def test_herder_up_claims_no_job_of_a_type_pinned_to_other_hosts(tmp_path: Path,
+                                                                  store_url: str):
+    """A `herder up` runs a pinned type only when its --host is one of the type's hosts; a
+    job of a type pinned elsewhere stays queued, nothing spent, `why` says which hosts, and
+    `--exit-when-idle` does not wait for it."""
+    label = h_label(tmp_path)
+    h = Harness(tmp_path, store_url, extra_config=(
+        f'[job_types.here]\ncommand = ["true"]\npreflight = false\nhosts = ["{label}"]\n'
+        '[job_types.there]\ncommand = ["true"]\npreflight = false\nhosts = ["gpu-1", "gpu-2"]\n'))
+    try:
+        here = h.client.submit("here").job_id
+        there = h.client.submit("there").job_id
+        ran = h.cli("up", "--exit-when-idle", "--host", label, timeout=120)
+        assert "pinned to other hosts (there)" in ran.stderr, ran.stderr
+        done, waiting = h.job(here), h.job(there)
+        assert done is not None and done.status is JobStatus.DONE
+        assert waiting is not None and (waiting.status, waiting.attempt) == (JobStatus.QUEUED, 0)
+        why = h.cli("why", str(there)).stdout
+        assert "only one whose --host is one of its type's hosts (gpu-1, gpu-2)" in why, why
+    finally:
+        h.close()
+
+
+def h_label(folder: Path) -> str:
+    """A host label of this test's own (a `herder up` of another test claims nothing of it)."""
+    return f"pin-{abs(hash(str(folder))) % 10**8}"

@@ -1086,6 +1086,10 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
                              f"({ahead} job(s) ahead of it)")
             if job.job_type in blocked:
                 found[job.id] += f", but not now: {blocked[job.job_type]}"
+            pinned = fleet.policy.pinned.get(job.job_type)
+            if pinned is not None:
+                found[job.id] += (f", but only one whose --host is one of its type's hosts "
+                                  f"({', '.join(sorted(pinned))})")
         return found
     plan, snapshot = (placement({job.id for job in due}) if placement is not None
                       else placed(store, fleet, now))

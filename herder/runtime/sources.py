@@ -242,14 +242,14 @@ def hosts_for(store: Store, job: Job, pinned: frozenset[str] | None = None
               ) -> frozenset[str] | None:
     """The hosts that may run `job` (enabled, allowing its type, within its type's `hosts`
     and its own `--host`, which every claim honours); None when nothing limits it (no host
-    registered: `herder up` alone, which ignores allow-lists and type pins)."""
+    registered: `herder up` alone, which ignores allow-lists, and no pin)."""
     hosts = store.host_list()
     found = None
     if hosts:
         found = frozenset(host.label for host in hosts if host.enabled and (
             host.allowed_job_types is None or job.job_type in host.allowed_job_types))
-        if pinned is not None:
-            found &= pinned
+    if pinned is not None:
+        found = pinned if found is None else found & pinned
     if job.affinity is not None:
         found = frozenset({job.affinity}) & (found if found is not None else {job.affinity})
     return found
@@ -463,6 +463,9 @@ class ClaimSource(StoreSource):
         """`[fleet] emergency_max_workers` as herder.toml starts it (`herder fleet cap`
         changes it at run time)."""
         self.preflight = preflight
+        self.pinned_elsewhere = frozenset(
+            job_type for job_type, hosts in limits.rules.pinned.items() if host not in hosts)
+        """Job types pinned to other hosts (`hosts = [...]`): never claimed here."""
         self.alerted: dict[str, str] | None = None
         """The failed job types with an open alert, with why (None: not read yet; a
         former runner of this host may have left some open)."""
@@ -484,7 +487,7 @@ class ClaimSource(StoreSource):
         blocked = self.blocked(now)
         if blocked is None:
             return []  # the first preflights have not ended yet
-        blocked |= self.sessions_full(now)
+        blocked |= self.sessions_full(now) | self.pinned_elsewhere
         return self.bind(self.store.job_claim(self.host, self.worker, free, now, blocked), now)
 
     def sessions_full(self, now: datetime) -> frozenset[str]:
@@ -536,19 +539,22 @@ class ClaimSource(StoreSource):
         return cap - counts.get(JobStatus.CLAIMED, 0) - counts.get(JobStatus.RUNNING, 0)
 
     def idle(self) -> bool:
-        """Nothing queued, claimed or running; or only jobs whose type's preflight fails
-        here (`--exit-when-idle` would wait forever for them: they stay queued, said)."""
+        """Nothing queued, claimed or running; or only jobs this runner never claims: their
+        type's preflight fails here, or their type is pinned to other hosts
+        (`--exit-when-idle` would wait forever for them: they stay queued, said)."""
         counts = self.store.job_counts()
         if not any(counts.values()):
             return True
         failed = self.preflight.failed() if self.preflight is not None else None
-        if not failed or counts.get(JobStatus.CLAIMED) or counts.get(JobStatus.RUNNING):
+        unclaimed = set(failed or ()) | self.pinned_elsewhere
+        if not unclaimed or counts.get(JobStatus.CLAIMED) or counts.get(JobStatus.RUNNING):
             return False
         queued = self.store.job_list([JobStatus.QUEUED], counts.get(JobStatus.QUEUED, 0) + 1)
-        if any(job.job_type not in failed for job in queued):
+        if any(job.job_type not in unclaimed for job in queued):
             return False
-        log.warning("%d queued job(s) left: their job types' preflight fails here (%s)",
-                    len(queued), ", ".join(sorted({job.job_type for job in queued})))
+        log.warning("%d queued job(s) left: their job types' preflight fails here or they "
+                    "are pinned to other hosts (%s)", len(queued),
+                    ", ".join(sorted({job.job_type for job in queued})))
         return True
 
     def close(self) -> None:
