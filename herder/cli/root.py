@@ -294,7 +294,7 @@ def log_to_stderr(level: str, log_format: str = "text") -> None:
 
 LOG_FORMAT_OPTION = click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-    help="json: one JSON object a line, with the seeds' event names (README: Watching it).")
+    help="json: one JSON object a line, with the seeds' event names (docs/monitoring.md).")
 
 
 class LazyCommands(MutableMapping[str, click.Command]):

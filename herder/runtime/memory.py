@@ -503,7 +503,7 @@ class MemoryControl:
             parent = detect(policy.cgroup_root)
             if parent is None and policy.enforcement == "cgroup":
                 log.warning("memory_enforcement is cgroup but no writable memory cgroup was "
-                            "found (see README, Memory): the watchdog enforces instead")
+                            "found (see docs/outcomes.md, Memory): the watchdog enforces instead")
         control = cls(policy, parent, prefix)
         log.info("memory: %s", control.mode)
         if sweep_gone:

@@ -1,6 +1,6 @@
 """`GET /metrics`: Prometheus metrics of the fleet and of this server process.
 
-Two kinds, and the README says which is which: gauges read from the store at scrape time
+Two kinds, and docs/monitoring.md says which is which: gauges read from the store at scrape time
 (jobs by status, queue depth, each host's RAM and health, failures by reason, agents) are
 fleet-wide, the same on every replica; histograms observed in this process (the placement
 cycle, which only the leader runs, and the submit-to-start latency of the attempts this

@@ -133,7 +133,7 @@ def policy_of(job_type: str, overrides: Mapping[str, RuleSection]) -> Mapping[Ou
         problems = rule.problems()
         if problems:
             raise ConfigError(f"job_types.{job_type}.policy.{name}", "; ".join(problems),
-                              "see the outcome table in the README")
+                              "see the outcome table in docs/outcomes.md")
         table[outcome] = rule
     return table
 

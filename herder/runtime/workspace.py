@@ -209,7 +209,7 @@ MIRROR_REFSPEC = "+refs/*:refs/*"
 def _sanitise(mirror: Path, repository: str) -> None:
     """The mirror's config back to what herder wrote, and files a job could have planted
     in it removed: the mirror is shared by every attempt on this host, and a job under
-    herder's own user can find it and write into it (see README, Workspaces)."""
+    herder's own user can find it and write into it (see docs/job-types.md, Workspaces)."""
     config = mirror / "config"
     object_format = "sha1"
     with contextlib.suppress(WorkspaceError):
