@@ -36,6 +36,7 @@ from herder.runtime.accounts import (
     record_probes,
     sync_account_alerts,
     usage_report,
+    went_again_at_once,
 )
 from herder.runtime.sources import (
     Ending,
@@ -397,6 +398,64 @@ def test_all_accounts_blocked_one_after_the_other_wait_for_the_earliest_reset(st
     assert (third.attempt, third.env["WHO"]) == (3, "first")
     assert record_ending(store, third, Outcome.OK, at(601), LIMITS) is JobStatus.DONE
     assert open_alerts(store).keys() == {"account:h1:second"}
+
+
+def test_a_job_goes_again_at_once_only_once_in_a_row(store: Store):
+    """A job whose output says every account it meets is spent (a prompt-injected agent)
+    spends two accounts, not all: after one at-once rotation, the next failure waits for
+    the first blocked account to turn usable, though a third is healthy; a success in
+    between lets it rotate again."""
+    for name in ("first", "second", "third"):
+        store.account_upsert(Account("h1", name, {"WHO": name}), NOW)
+    store.job_insert([JobSpec(command=("agent",))], NOW)
+    job = claim_and_bind(store, at(1))
+    assert record_ending(store, job, Outcome.USAGE_BLOCKED, at(2), LIMITS,
+                         resume_at=at(600)) is JobStatus.QUEUED
+    again = claim_and_bind(store, at(2))
+    assert (again.attempt, again.env["WHO"]) == (2, "second")
+    assert record_ending(store, again, Outcome.USAGE_BLOCKED, at(3), LIMITS,
+                         resume_at=at(7200)) is JobStatus.QUEUED
+    waiting = store.job_get(job.id)
+    assert waiting is not None and waiting.available_at == at(600)  # not third, at once
+    assert (waiting.failures, waiting.spawn_failures) == (0, 0)
+    [*_, finished] = [e for e in store.event_list(job.id) if e.kind == "finished"]
+    assert "failed it twice in a row" in finished.detail["note"]
+    depleted = {r.account.name for r in store.account_list() if r.health.depleted_until}
+    assert depleted == {"first", "second"}
+    # third, healthy all along, still serves other jobs.
+    store.job_insert([JobSpec(command=("agent",))], NOW)
+    other = claim_and_bind(store, at(4))
+    assert other.env["WHO"] == "third"
+    assert record_ending(store, other, Outcome.OK, at(5), LIMITS) is JobStatus.DONE
+
+
+def test_the_previous_attempt_decides_whether_it_went_again_at_once(store: Store):
+    """Only the attempt before counts, a refusal skipped: usage_blocked, refused, now
+    revoked is twice in a row; usage_blocked, ok-then-retried would not be."""
+    two_accounts(store)
+    store.job_insert([JobSpec(command=("agent",))], NOW)
+    job = claim_and_bind(store, at(1))
+    assert not went_again_at_once(store, job)
+    record_ending(store, job, Outcome.USAGE_BLOCKED, at(2), LIMITS, resume_at=at(600))
+    refused = store.job_claim("h1", "w1", 1, at(2))[0]
+    record_ending(store, refused, Outcome.REFUSED, at(2), LIMITS)
+    later = claim_and_bind(store, at(4))
+    assert later.attempt == 3 and went_again_at_once(store, later)
+    assert record_ending(store, later, Outcome.AUTH_REVOKED, at(5), LIMITS) is (
+        JobStatus.FAILED)  # no third account, and twice in a row: a human acts
+
+
+def test_pure_rotation_with_serve_off_names_only_when_the_first_blocked_turns_usable():
+    accounts = records(("h1", "first", AccountHealth(depleted_until=at(3600))),
+                       ("h1", "second", AccountHealth(depleted_until=at(900))),
+                       ("h1", "third", AccountHealth()))
+    assert rotation(accounts, FIRST, "t", None, NOW).serves == ("h1", "third")
+    held = rotation(accounts, FIRST, "t", None, NOW, serve=False)
+    assert held == Rotation(resume_at=at(900))
+    decision = rotated(WAIT, Outcome.USAGE_BLOCKED, held, FIRST, NOW, again=True)
+    assert decision.available_at == at(900)
+    assert "twice in a row" in (decision.note or "")
+    assert rotated(FAIL, Outcome.AUTH_REVOKED, held, FIRST, NOW, again=True) is FAIL
 
 
 def test_a_revoked_login_on_one_of_two_accounts_runs_the_job_under_the_other(store: Store):

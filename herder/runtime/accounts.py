@@ -226,9 +226,11 @@ def rotate(store: Store, rules: AccountRules, job: Job, result: AttemptResult,
     .accounts.rotated)."""
     if result.outcome not in ROTATING:
         return result
+    again = went_again_at_once(store, job)
     found = rotation(store.account_list(), marked, job.job_type,
-                     rules.needs.get(job.job_type), now, hosts, rules.cooldown)
-    decision = rotated(result.decision, result.outcome, found, marked, now)
+                     rules.needs.get(job.job_type), now, hosts, rules.cooldown,
+                     serve=not again)
+    decision = rotated(result.decision, result.outcome, found, marked, now, again)
     if decision is result.decision:
         return result
     if found.serves is not None:
@@ -238,6 +240,18 @@ def rotate(store: Store, rules: AccountRules, job: Job, result: AttemptResult,
     report = json.loads(result.report) if result.report else {}
     report = {**(report if isinstance(report, dict) else {}), "note": decision.note}
     return replace(result, decision=decision, report=json.dumps(report, sort_keys=True))
+
+
+def went_again_at_once(store: Store, job: Job) -> bool:
+    """Whether the job's previous attempt (one that ran: a refusal is skipped) also ended on
+    its account's limit or login: then it does not go again at once a second time in a
+    row, so a job whose output lies (a prompt-injected agent printing a usage limit) spends
+    at most two accounts a run instead of every one."""
+    earlier = sorted((attempt for attempt in store.attempt_list(job.id)
+                      if attempt.attempt < job.attempt and attempt.outcome is not None
+                      and attempt.outcome is not Outcome.REFUSED),
+                     key=lambda attempt: attempt.attempt)
+    return bool(earlier) and earlier[-1].outcome in ROTATING
 
 
 def sync_account_alerts(store: Store, now: datetime,

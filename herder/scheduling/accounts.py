@@ -258,11 +258,12 @@ class Rotation(msgspec.Struct, frozen=True):
 def rotation(records: Sequence[AccountRecord], marked: tuple[str, str], job_type: str,
              names: frozenset[str] | None, now: datetime,
              hosts: Collection[str] | None = None,
-             cooldown: float = AUTH_REVOKED_COOLDOWN_SECONDS) -> Rotation:
+             cooldown: float = AUTH_REVOKED_COOLDOWN_SECONDS, serve: bool = True) -> Rotation:
     """The accounts anywhere (on `hosts`, those that may run the job; None: every host)
     that could run `job_type` now, the `marked` one (just depleted or revoked) never among
     them, whatever its stored health says: so a job cannot bounce on one account. Sessions
-    do not count: a busy account frees one soon."""
+    do not count: a busy account frees one soon. With `serve` false none serves: only when
+    the first blocked account turns usable (a job that already went again at once)."""
     serves: tuple[str, str] | None = None
     same_host = False
     resumes: list[datetime] = []
@@ -273,7 +274,7 @@ def rotation(records: Sequence[AccountRecord], marked: tuple[str, str], job_type
                 hosts is not None and account.host not in hosts and key != marked):
             continue
         state, _ = state_of(record.health, now, cooldown)
-        if key != marked and state is AccountState.HEALTHY:
+        if serve and key != marked and state is AccountState.HEALTHY:
             if serves is None or (account.host == marked[0] and not same_host):
                 serves = key
             same_host = same_host or account.host == marked[0]
@@ -287,11 +288,12 @@ def rotation(records: Sequence[AccountRecord], marked: tuple[str, str], job_type
 
 
 def rotated(decision: Decision, outcome: Outcome, found: Rotation, marked: tuple[str, str],
-            now: datetime) -> Decision:
+            now: datetime, again: bool = False) -> Decision:
     """The decision for a job whose account hit its limit or lost its login: at once and
     with nothing spent when another account serves it (another host preferred only when
     none on its own does); when none can, a usage limit waits for the first account to
-    turn usable (the earliest reset) and a revoked login keeps its rule (a human acts)."""
+    turn usable (the earliest reset) and a revoked login keeps its rule (a human acts).
+    `again`: its previous attempt went again at once already (`found` then serves none)."""
     if outcome not in ROTATING or decision.failure_reason in QUIET_REASONS:
         return decision  # a job that ended on its own quiet word is not run again
     if found.serves is not None:
@@ -303,9 +305,11 @@ def rotated(decision: Decision, outcome: Outcome, found: Rotation, marked: tuple
     if (outcome is Outcome.USAGE_BLOCKED and decision.status is JobStatus.QUEUED
             and found.resume_at is not None and found.resume_at > now
             and (decision.available_at is None or found.resume_at < decision.available_at)):
-        return replace(decision, available_at=found.resume_at,
-                       note=f"every account is blocked: waits for the first to turn usable "
-                            f"({_clock(found.resume_at)})")
+        when = _clock(found.resume_at)
+        note = (f"its accounts failed it twice in a row: waits for the first blocked account "
+                f"to turn usable ({when})" if again
+                else f"every account is blocked: waits for the first to turn usable ({when})")
+        return replace(decision, available_at=found.resume_at, note=note)
     return decision
 
 
