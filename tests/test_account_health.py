@@ -5,15 +5,12 @@ is killed at its timeout and counts as unknown) and the config's checks."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from support.waits import wait_for
+from support.processes import escaping_daemon
 
 from herder.config import load_config
 from herder.errors import ConfigError
@@ -179,14 +176,6 @@ def test_placement_learns_which_hosts_cannot_serve_a_type_and_why():
 
 def test_a_daemon_the_probe_left_holding_its_stdout_does_not_hold_the_probe_loop(
         tmp_path: Path) -> None:
-    pid_file = tmp_path / "daemon.pid"
-    script = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 120' & exit 0"
-    try:
-        assert run_probe(ProbeCommand(("/bin/sh", "-c", script), 1.0, 300)) is None
-        daemon = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
-                              30, "the daemon's pid"))
-        assert os.path.exists(f"/proc/{daemon}")  # returned while it still held the pipe
-    finally:
-        if pid_file.exists() and pid_file.read_text().strip():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    with escaping_daemon(tmp_path) as daemon:
+        assert run_probe(ProbeCommand(daemon.argv, 1.0, 300)) is None
+        daemon.assert_alive()

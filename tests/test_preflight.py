@@ -3,15 +3,14 @@ queued for other hosts with nothing spent."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import sys
 from pathlib import Path
 
 import pytest
+from support.processes import escaping_daemon
 from support.waits import wait_for
 
 from herder.config import load_config
@@ -274,15 +273,7 @@ def test_a_daemon_the_check_left_holding_its_stderr_does_not_hold_the_runner(
         tmp_path: Path) -> None:
     """`herder up` claims nothing until the first preflights end: a check whose daemon
     (out of its killed group) keeps stderr open must still end at its timeout."""
-    pid_file = tmp_path / "daemon.pid"
-    script = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 120' & exit 0"
-    try:
-        result = run(Check(("sh", "-c", script), strict=True, timeout=1.0))
+    with escaping_daemon(tmp_path) as daemon:
+        result = run(Check(daemon.argv, strict=True, timeout=1.0))
         assert not result.ok and "no answer within 1s" in result.detail
-        daemon = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
-                              30, "the daemon's pid"))
-        assert os.path.exists(f"/proc/{daemon}")  # returned while it still held the pipe
-    finally:
-        if pid_file.exists() and pid_file.read_text().strip():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        daemon.assert_alive()

@@ -237,3 +237,40 @@ class StartedProcesses:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(started.process.pid, signal.SIGCONT)
             kill_group(started.process)
+
+
+# -- a daemon that outlives the check which left it -------------------------------------------
+
+
+class EscapingDaemon:
+    """A command that starts a daemon in a session of its own (out of the group a timeout
+    kills) holding the caller's stdout and stderr, then exits: a bounded subprocess must
+    still return at its timeout."""
+
+    def __init__(self, folder: Path) -> None:
+        self.pid_file = folder / "daemon.pid"
+        self.argv = ("/bin/sh", "-c",
+                     'setsid sh -c \'echo $$ > "$1"; exec sleep 120\' daemon "$1" & exit 0',
+                     "check", str(self.pid_file))
+
+    def pid(self) -> int | None:
+        text = self.pid_file.read_text().strip() if self.pid_file.exists() else ""
+        return int(text) if text else None
+
+    def assert_alive(self) -> None:
+        """The caller returned while the daemon still held its pipes."""
+        daemon = wait_for(self.pid, 30, "the daemon's pid")
+        assert Path(f"/proc/{daemon}").exists()
+
+
+@contextlib.contextmanager
+def escaping_daemon(folder: Path) -> Iterator[EscapingDaemon]:
+    """An `EscapingDaemon`, killed when the block ends."""
+    daemon = EscapingDaemon(folder)
+    try:
+        yield daemon
+    finally:
+        pid = daemon.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
