@@ -598,6 +598,24 @@ def test_a_token_ends_only_the_reservations_and_slots_it_made(grants):
     assert store.reservation_list() == []
 
 
+def test_a_token_limited_to_job_types_books_only_for_jobs_of_them(grants):
+    """`job` on a reservation: a restricted token names only jobs of its types (else it
+    would learn any job's state from the refusal), as for cancel and retry."""
+    client, store = grants.client, grants.store
+    foreign = store.job_insert([JobSpec(command=("true",))], NOW)[0].job_id
+    for missing in (foreign, 999_999):
+        response = client.post("/api/v1/reservations", headers=grants.restricted,
+                               json={"owner": "sub", "host": "alpha", "count": 1,
+                                     "job": missing})
+        assert response.status_code in (403, 404), response.text
+        assert "queued" not in response.text
+    assert store.reservation_list() == []
+    # An unrestricted token is told the job's state.
+    told = client.post("/api/v1/reservations", headers=grants.other,
+                       json={"owner": "sub", "host": "alpha", "count": 1, "job": foreign})
+    assert told.status_code == 422 and "queued" in told.text, told.text
+
+
 def test_non_admin_tokens_are_capped_on_reservations_and_slots(grants):
     client, store = grants.client, grants.store
     heavy = client.post("/api/v1/reservations", headers=grants.other,

@@ -8,7 +8,12 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from herder.api.depends import ReservationId, Service, Submitter, call
-from herder.api.tokens import authorize_owner, authorize_reservation, held_by
+from herder.api.tokens import (
+    authorize_job_type,
+    authorize_owner,
+    authorize_reservation,
+    held_by,
+)
 from herder.errors import NotFound
 from herder.wire import (
     CompleteBody,
@@ -28,6 +33,10 @@ async def reserve(body: ReserveBody, caller: Submitter, service: Service) -> Res
     server = service.settings.server
     authorize_reservation(caller, body.weight, service.settings.weights,
                           server.max_reservation_weight)
+    if body.job is not None and caller.job_types is not None:
+        # as cancel and retry: a token limited to job types names only jobs of them (their
+        # state is in the refusals below)
+        authorize_job_type(caller, (await call(service.job, body.job)).job_type)
     created_by, max_held = held_by(caller, server.max_reservations_per_token)
     created = await call(service.operations.reserve, body.owner, body.host, body.weight,
                          body.count, created_by, max_held, body.job)
