@@ -92,13 +92,13 @@ def medians(samples: Sequence[tuple[float, float]]) -> str:
 STEPS = [
     ("click", "import click"),
     ("herder.cli (root group, no command)", "import herder.cli"),
-    ("herder.model (msgspec Structs, enums)", "import herder.model"),
-    ("herder.config (the settings Structs)", "import herder.config"),
-    ("load_config() (validate herder.toml, with tomllib)", "herder.config.load_config()"),
+    ("herder.core.model (msgspec Structs, enums)", "import herder.core.model"),
+    ("herder.core.config (the settings Structs)", "import herder.core.config"),
+    ("load_config() (validate herder.toml, with tomllib)", "herder.core.config.load_config()"),
     ("herder.store.sqlite", "import herder.store.sqlite"),
     ("herder.client, herder.cli.jobs", "import herder.client, herder.cli.jobs"),
     ("open_store() (connect, check the schema)",
-     "herder.store.open_store(herder.config.load_config().db_url()).close()"),
+     "herder.store.open_store(herder.core.config.load_config().db_url()).close()"),
     ("herder.intake (only submit: render and check the command)", "import herder.intake"),
     ("herder.views (pydantic; only --json)", "import herder.views"),
 ]

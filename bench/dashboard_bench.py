@@ -30,8 +30,8 @@ from fastapi.testclient import TestClient
 
 from herder.api.app import Access, create_app
 from herder.api.tokens import new_token, token_hash
-from herder.config import Config, Settings
-from herder.model import (
+from herder.core.config import Config, Settings
+from herder.core.model import (
     AttemptResult,
     Decision,
     HostRecord,

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from herder.api.tokens import new_token, token_hash  # noqa: E402
 from herder.client import Client  # noqa: E402
-from herder.model import HostRecord, Scope  # noqa: E402
+from herder.core.model import HostRecord, Scope  # noqa: E402
 from herder.store import open_store  # noqa: E402
 
 PARTS = os.environ.get("PARTS", "latency idle").split()

@@ -88,7 +88,7 @@ sys.path.insert(0, REPO)
 import common  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
 import psycopg  # noqa: E402
 
-from herder.model import (  # noqa: E402
+from herder.core.model import (  # noqa: E402
     AttemptResult,
     Decision,
     JobSpec,

@@ -26,9 +26,9 @@ from msgspec.structs import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from herder.scheduling.capacity import WindowCaps
-from herder.scheduling.health import HostHealth
-from herder.scheduling.placement import (
+from herder.core.scheduling.capacity import WindowCaps
+from herder.core.scheduling.health import HostHealth
+from herder.core.scheduling.placement import (
     HostLoad,
     HostSpec,
     PendingJob,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from herder.errors import NotFound
-from herder.model import Attempt
+from herder.core.errors import NotFound
+from herder.core.model import Attempt
 
 CHUNK_BYTES = 1024 * 1024
 """The most one read returns: a follower asks again from where it stopped."""

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from herder.config import Config, load_config
-from herder.errors import Conflict, InputError, NotFound
-from herder.model import (
+from herder.core.config import Config, load_config
+from herder.core.errors import Conflict, InputError, NotFound
+from herder.core.model import (
     INT_MAX,
     Account,
     Attempt,
@@ -37,10 +37,10 @@ from herder.model import (
 from herder.store import Store, open_store
 
 if TYPE_CHECKING:
+    from herder.core.submission import SubmitRequest
     from herder.host_settings import HostSettings
     from herder.runtime.scheduler import Fleet
     from herder.store.base import Alert
-    from herder.submission import SubmitRequest
     from herder.wire import AccountView, FleetCapView, HostView
 
 
@@ -55,7 +55,7 @@ class Submitted(msgspec.Struct, frozen=True):
 def submit_request(**fields: Any) -> SubmitRequest:
     """A submit from Python values, unvalidated: `resolve` checks every field and names the
     fix. An unknown field is a TypeError, as a keyword argument would be."""
-    from herder.submission import SubmitRequest  # only submit: reading loads one class less
+    from herder.core.submission import SubmitRequest  # only submit: reading loads one class less
 
     unknown = sorted(set(fields) - {item.name for item in msgspec.structs.fields(SubmitRequest)})
     if unknown:
@@ -75,7 +75,7 @@ def submit_request_of(job_type: str | None, command: Sequence[str] | None,
 
 def check_account_names(host: str, name: str) -> None:
     """InputError naming HOST or NAME when either is not a valid name."""
-    from herder.config import _NAME
+    from herder.core.config import _NAME
 
     for field, value in (("HOST", host), ("NAME", name)):
         if not _NAME.match(value):
@@ -119,7 +119,7 @@ class Client:
         **fields: Any,
     ) -> Submitted:
         """Validate and enqueue one job. `fields` are those of
-        `herder.submission.SubmitRequest`, as in the HTTP API's submit body (priority, weight,
+        `herder.core.submission.SubmitRequest`, as in the HTTP API's submit body (priority, weight,
         dedup_key, force, affinity, max_attempts, timeout_seconds, workdir, env,
         delay_seconds); `available_at` stands for
         delay_seconds. Raises InputError (naming the field) on bad input."""
@@ -141,9 +141,9 @@ class Client:
     def check_feasible(self, spec: JobSpec, hosts: Sequence[HostRecord]) -> None:
         """Refuse (InputError naming the field) a job none of these hosts can ever take:
         bound to a host that does not exist or refuses it, or heavier than any host."""
+        from herder.core.scheduling.feasibility import check_job
+        from herder.core.scheduling.placement import HostSpec
         from herder.runtime.scheduler import Fleet
-        from herder.scheduling.feasibility import check_job
-        from herder.scheduling.placement import HostSpec
 
         fleet = Fleet.from_settings(self.config.settings)
         check_job(spec.job_type, spec.weight, spec.priority, spec.affinity,
@@ -305,7 +305,7 @@ class Client:
 
     def host_add(self, label: str, settings: HostSettings, enabled: bool = True) -> str:
         """Register a host; its first agent token (only the hash is stored)."""
-        from herder.config import _NAME
+        from herder.core.config import _NAME
         from herder.host_settings import apply_settings
 
         if not _NAME.match(label):
@@ -349,7 +349,7 @@ class Client:
 
     def account_add(self, account: Account) -> None:
         """Add or update an account; InputError naming the CLI option when it is invalid."""
-        from herder.config import _ENV_NAME
+        from herder.core.config import _ENV_NAME
 
         check_account_names(account.host, account.name)
         for key in account.env:

@@ -18,7 +18,7 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from herder.errors import HerderError, InputError
+from herder.core.errors import HerderError, InputError
 from herder.hardening import PRIVATE_UMASK
 from herder.short_process import output_within
 

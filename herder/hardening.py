@@ -33,10 +33,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 
 if TYPE_CHECKING:
-    from herder.config import Settings
+    from herder.core.config import Settings
 
 log = logging.getLogger("herder.hardening")
 

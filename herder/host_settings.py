@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from msgspec.structs import replace
 
-from herder.errors import InputError
-from herder.model import HostRecord, Transport
+from herder.core.errors import InputError
+from herder.core.model import HostRecord, Transport
 
 if TYPE_CHECKING:
-    from herder.config import Config, HostSection
+    from herder.core.config import Config, HostSection
 
 ANY_WEIGHT = ("", "any")
 """A window's max weight that lifts the cap."""
@@ -92,10 +92,10 @@ def transport_refusal(host: HostRecord, transport: Transport | None) -> tuple[st
 
 
 def _check_feasible(host: HostRecord, config: Config) -> None:
+    from herder.core.scheduling.feasibility import check_host
+    from herder.core.scheduling.placement import HostSpec
     from herder.intake import ADHOC
     from herder.runtime.scheduler import Fleet
-    from herder.scheduling.feasibility import check_host
-    from herder.scheduling.placement import HostSpec
 
     fleet = Fleet.from_settings(config.settings)
     check_host(HostSpec.configured(host), {*config.settings.job_types, ADHOC},
@@ -137,7 +137,7 @@ def check_declared_hosts(config: Config) -> None:
     """Refuse, naming the key, a host herder.toml declares against itself, as `herder host
     add` refuses one: checked when `herder server` starts, before it stores any (the check
     imports placement, too much for every command's config load)."""
-    from herder.errors import ConfigError
+    from herder.core.errors import ConfigError
 
     for label, section in config.settings.hosts.items():
         try:

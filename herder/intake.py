@@ -14,16 +14,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from herder.config import Config, JobTypeSection
-from herder.env_policy import check_submitted_env
-from herder.errors import InputError
-from herder.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
-from herder.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX
-from herder.shell_templates import render_shell
-from herder.submission import SubmitRequest, storable
-from herder.templates import fill_prompt, placeholders, render, render_argv, text
-from herder.workspace import VARIABLE as WORKSPACE_VARIABLE
-from herder.workspace import (
+from herder.core.config import Config, JobTypeSection
+from herder.core.env_policy import check_submitted_env
+from herder.core.errors import InputError
+from herder.core.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
+from herder.core.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX
+from herder.core.shell_templates import render_shell
+from herder.core.submission import SubmitRequest, storable
+from herder.core.templates import fill_prompt, placeholders, render, render_argv, text
+from herder.core.workspace import VARIABLE as WORKSPACE_VARIABLE
+from herder.core.workspace import (
     WORKDIR_BASE,
     WorkspaceSpec,
     checked,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from herder.model import AccountRecord, Job
+from herder.core.model import AccountRecord, Job
 from herder.store.base import Alert
 from herder.wire import AccountView, AlertView, JobView
 
@@ -21,7 +21,7 @@ def job_view(job: Job) -> dict[str, Any]:
 
 def account_view(record: AccountRecord, now: datetime, cooldown: float) -> AccountView:
     """One account for `herder accounts` and `GET /api/v1/accounts` alike."""
-    from herder.scheduling.accounts import state_of
+    from herder.core.scheduling.accounts import state_of
 
     account, health = record.account, record.health
     condition, why = state_of(health, now, cooldown)

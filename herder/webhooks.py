@@ -20,10 +20,10 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from herder.submission import SubmitRequest
+from herder.core.submission import SubmitRequest
 
 if TYPE_CHECKING:
-    from herder.config import HookRuleSection
+    from herder.core.config import HookRuleSection
 
 PING = "ping"
 DELIVERY_ID_LENGTH = 200

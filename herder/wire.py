@@ -2,7 +2,7 @@
 
 The server validates requests and declares responses with them (so the OpenAPI document
 shows real schemas); the agent parses what it receives with them; the Python client submits
-with the same model. Only pydantic and `herder.model` are imported, so an agent or a client
+with the same model. Only pydantic and `herder.core.model` are imported, so an agent or a client
 does not pull in FastAPI or the server.
 
 Requests are strict (unknown fields, NUL characters, non-finite numbers and out-of-range
@@ -27,7 +27,7 @@ from pydantic import (
     field_validator,
 )
 
-from herder.model import (
+from herder.core.model import (
     BIGINT_MAX,
     INT_MAX,
     INT_MIN,
@@ -44,7 +44,7 @@ from herder.model import (
     ReservationStatus,
     Transport,
 )
-from herder.submission import (
+from herder.core.submission import (
     DEDUP_KEY_LENGTH,
     NAME_LENGTH,
     WORKDIR_LENGTH,
@@ -100,7 +100,7 @@ class Reply(BaseModel):
 
 
 class SubmitBody(Body):
-    """A job to submit over HTTP: the fields of `herder.submission.SubmitRequest` (what the
+    """A job to submit over HTTP: the fields of `herder.core.submission.SubmitRequest` (what the
     client and the CLI build), with their limits checked at the edge."""
 
     job_type: str | None = Field(default=None, max_length=NAME_LENGTH)
@@ -735,7 +735,7 @@ class PushHeartbeat(Reply):
 
 class TroubleBody(Body):
     """`POST /api/v1/agent/{label}/trouble`: an agent back from trouble with its server says
-    what it was (herder.scheduling.alerting.Trouble): the server raises it as the alert
+    what it was (herder.core.scheduling.alerting.Trouble): the server raises it as the alert
     `agent:<label>:<kind>`, or only records it when the agent's own alert URLs sent it."""
 
     kind: Literal["unreachable", "token_refused"]

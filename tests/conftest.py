@@ -30,8 +30,8 @@ from support.postgres import (
     postgres_url_for,
 )
 
+from herder.core.urls import redact_url
 from herder.store import Store, open_store
-from herder.urls import redact_url
 
 _postgres_unreachable: list[str] = []
 

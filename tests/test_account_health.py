@@ -1,4 +1,4 @@
-"""The account health gate (herder.scheduling.accounts) as pure functions: only positive
+"""The account health gate (herder.core.scheduling.accounts) as pure functions: only positive
 evidence removes an account, the healthiest with the most headroom is picked, and a probe's
 output counts only when it is exactly the three booleans. Plus the probe's process (a hang
 is killed at its timeout and counts as unknown) and the config's checks."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from support.processes import escaping_daemon
 
-from herder.config import load_config
-from herder.errors import ConfigError
-from herder.model import Account, AccountHealth
+from herder.core.config import load_config
+from herder.core.errors import ConfigError
+from herder.core.model import Account, AccountHealth
+from herder.core.scheduling.accounts import AccountState, Probe, coerce_probe, pick, state_of
 from herder.runtime.accounts import ProbeCommand, Prober, account_needs, run_probe
-from herder.scheduling.accounts import AccountState, Probe, coerce_probe, pick, state_of
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 GOOD = '{"credentials_present": true, "has_refresh_token": true, "access_expired": true}'
@@ -154,9 +154,9 @@ def test_an_account_with_a_bad_key_is_refused_naming_it(tmp_path: Path):
 
 
 def test_placement_learns_which_hosts_cannot_serve_a_type_and_why():
-    from herder.model import AccountRecord
+    from herder.core.model import AccountRecord
+    from herder.core.scheduling.placement import Reason
     from herder.runtime.accounts import AccountRules
-    from herder.scheduling.placement import Reason
 
     rules = AccountRules({"fix": None})
     records = [

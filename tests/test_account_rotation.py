@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from herder.model import (
+from herder.core.model import (
     Account,
     AccountHealth,
     AccountRecord,
@@ -29,6 +29,17 @@ from herder.model import (
     JobStatus,
     Outcome,
     Usage,
+)
+from herder.core.scheduling.accounts import (
+    AccountState,
+    Rotation,
+    coerce_probe,
+    coerce_usage,
+    pick,
+    rotated,
+    rotation,
+    state_of,
+    usable_at,
 )
 from herder.runtime.accounts import (
     AccountRules,
@@ -44,17 +55,6 @@ from herder.runtime.sources import (
     PolicyLimits,
     bind_jobs,
     record_ending,
-)
-from herder.scheduling.accounts import (
-    AccountState,
-    Rotation,
-    coerce_probe,
-    coerce_usage,
-    pick,
-    rotated,
-    rotation,
-    state_of,
-    usable_at,
 )
 from herder.store import Store
 from herder.views import account_view
@@ -190,7 +190,7 @@ def test_the_accounts_view_shows_usage_and_the_exclusion():
 def test_placement_names_the_nearly_spent_accounts_it_passes_over():
     """`herder why` and the fleet-stopped alert: the host refuses the type and each
     account's reason is listed, its headroom included."""
-    from herder.scheduling.placement import Reason
+    from herder.core.scheduling.placement import Reason
 
     rules = AccountRules({"fix": None})
     spent = [AccountRecord(Account("h1", "a"), AccountHealth(

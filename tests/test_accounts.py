@@ -19,7 +19,7 @@ import pytest
 from support.local import Harness
 from support.waits import holds_for, wait_for
 
-from herder.model import JobStatus
+from herder.core.model import JobStatus
 
 FAKE_AGENT = """\
 #!/bin/sh

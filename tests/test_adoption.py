@@ -17,7 +17,7 @@ import pytest
 from support.fleet import FleetHarness
 from support.waits import wait_for
 
-from herder.model import JobStatus, Outcome
+from herder.core.model import JobStatus, Outcome
 from herder.runtime.executor import Status, read_status, status_path_for, write_record
 from herder.runtime.guardian import await_successor
 from herder.runtime.supervisor import write_status

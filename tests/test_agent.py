@@ -9,7 +9,7 @@ from pathlib import Path
 from support.cli import run_herder
 from support.waits import wait_for
 
-from herder.model import JobStatus, Outcome
+from herder.core.model import JobStatus, Outcome
 
 
 def _agent_running_a_job(make_fleet, tmp_path, sqlite_url, label: str, workers: str,

@@ -35,8 +35,8 @@ from support.ports import free_port
 from support.waits import wait_for
 from test_tls import make_certificate
 
-from herder.errors import InputError
-from herder.model import AttemptToken, Job, Outcome
+from herder.core.errors import InputError
+from herder.core.model import AttemptToken, Job, Outcome
 from herder.runtime.agent import HttpSource, LocalGate, job_from_assignment
 from herder.runtime.agent_client import (
     ServerClient,

@@ -15,16 +15,16 @@ import pytest
 from support.waits import wait_for
 from test_alert_delivery import Receiver, receiver, section  # noqa: F401  (the fixture)
 
-from herder.runtime.agent_client import Reply, ServerUnavailable, Verdict
-from herder.runtime.agent_trouble import STATE_FILE, TroubleWatch, failure_of, trouble_body
-from herder.runtime.delivery import Delivery
-from herder.scheduling.alerting import (
+from herder.core.scheduling.alerting import (
     TOKEN_REFUSED,
     UNREACHABLE,
     Trouble,
     track_trouble,
     trouble_due,
 )
+from herder.runtime.agent_client import Reply, ServerUnavailable, Verdict
+from herder.runtime.agent_trouble import STATE_FILE, TroubleWatch, failure_of, trouble_body
+from herder.runtime.delivery import Delivery
 from herder.wire import TroubleBody
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -230,8 +230,8 @@ def test_a_refused_token_is_sent_by_the_agent_itself_and_recorded_by_the_server(
 
 
 def test_the_sweep_clears_agent_trouble_once_sent_or_after_the_window(store):
+    from herder.core.scheduling.alerting import AlertRules, due_notices
     from herder.runtime.maintenance import AgentTroubleSweep
-    from herder.scheduling.alerting import AlertRules, due_notices
 
     for key in ("agent:a:unreachable", "agent:b:unreachable", "ram:a"):
         assert store.alert_open(key, "m", T0)

@@ -28,7 +28,7 @@ from support.postgres import BACKENDS, empty_herder_tables
 
 from herder.api.app import Access, create_app
 from herder.api.tokens import new_token, token_hash
-from herder.config import (
+from herder.core.config import (
     Config,
     HerderSection,
     HookRuleSection,
@@ -38,7 +38,7 @@ from herder.config import (
     ServerSection,
     Settings,
 )
-from herder.model import HostRecord, Scope
+from herder.core.model import HostRecord, Scope
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.metrics import CONTENT_TYPE
 from herder.store import open_store

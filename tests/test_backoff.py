@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.backoff import Backoff, full_jitter
+from herder.core.backoff import Backoff, full_jitter
 
 
 def upper(low: float, high: float) -> float:

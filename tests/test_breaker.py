@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.model import Outcome
-from herder.scheduling.breaker import BreakerState, Ended, breaker
+from herder.core.model import Outcome
+from herder.core.scheduling.breaker import BreakerState, Ended, breaker
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.scheduling.capacity import (
+from herder.core.scheduling.capacity import (
     DEFAULT_WEIGHTS,
     NIGHT,
     PRIME,

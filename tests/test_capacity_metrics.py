@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client.parser import text_string_to_metric_families
 from support.waits import wait_for
 
-from herder.model import AttemptResult, Decision, JobSpec, JobStatus, Outcome
+from herder.core.model import AttemptResult, Decision, JobSpec, JobStatus, Outcome
+from herder.core.scheduling.capacity import WindowCaps
+from herder.core.scheduling.health import HostHealth
+from herder.core.scheduling.placement import HostLoad, HostSpec, fleet_capacity
 from herder.runtime.metrics import FleetSample, families
-from herder.scheduling.capacity import WindowCaps
-from herder.scheduling.health import HostHealth
-from herder.scheduling.placement import HostLoad, HostSpec, fleet_capacity
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ import yaml
 from support.environment import clean_environment
 
 from herder.api.tokens import new_token, token_hash
-from herder.model import Scope
+from herder.core.model import Scope
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / "examples" / "github-actions.yml"

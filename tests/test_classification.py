@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.model import Outcome
-from herder.scheduling.classification import (
+from herder.core.model import Outcome
+from herder.core.scheduling.classification import (
     DEFAULT_PATTERNS,
     SEED_EXIT_CODES,
     Pattern,

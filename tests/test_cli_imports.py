@@ -16,7 +16,7 @@ from support.cli import CLI_TIMEOUT
 from support.environment import clean_environment
 
 SERVER_SIDE = ("fastapi", "starlette", "uvicorn", "httpx", "anyio", "asyncio", "psycopg",
-               "herder.api", "herder.runtime", "herder.scheduling", "herder.demo",
+               "herder.api", "herder.runtime", "herder.core.scheduling", "herder.demo",
                "herder.store.postgres")
 """What the queue commands never need: the HTTP stack, the event loop, PostgreSQL's driver
 and store (the database here is SQLite), the coordinator and the scheduler."""
@@ -49,7 +49,7 @@ main(sys.argv[2:])
 
 def imported(tmp_path: Path, *args: str) -> list[str]:
     """The watched packages the command `herder ARGS...` imported; it must succeed (or skip)."""
-    watched = [*HEAVY, *OTHER_COMMANDS, "herder.intake", "herder.submission"]
+    watched = [*HEAVY, *OTHER_COMMANDS, "herder.intake", "herder.core.submission"]
     result = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(watched), *args], cwd=tmp_path,
         env=clean_environment({"HERDER_DB": f"sqlite:///{tmp_path / 'herder.db'}"}),
@@ -76,8 +76,8 @@ def folder(tmp_path: Path) -> Path:
     ("cancel", "1"),
 ])
 def test_commands_scripts_loop_on_import_nothing_heavy_nor_other_commands(folder, args):
-    # herder.toml is checked by herder.config's own walk, a submit is a plain Struct
-    # (herder.submission) and the tables are plain text: pydantic (~45 ms to import) is
+    # herder.toml is checked by herder.core.config's own walk, a submit is a plain Struct
+    # (herder.core.submission) and the tables are plain text: pydantic (~45 ms to import) is
     # for the HTTP API, and rich (~30 ms, as much again to lay out a table) is no longer
     # used by any command: it stays listed so that it does not come back unnoticed.
     assert set(imported(folder, *args)) & {*HEAVY, *OTHER_COMMANDS} == set()
@@ -86,8 +86,9 @@ def test_commands_scripts_loop_on_import_nothing_heavy_nor_other_commands(folder
 @pytest.mark.parametrize("args", [("jobs",), ("show", "1"), ("should-dispatch", "held"),
                                   ("cancel", "1")])
 def test_only_submit_loads_what_renders_and_checks_a_submit(folder, args):
-    assert {"herder.intake", "herder.submission"} <= set(imported(folder, "submit", "--", "true"))
-    assert set(imported(folder, *args)) & {"herder.intake", "herder.submission"} == set()
+    submit = {"herder.intake", "herder.core.submission"}
+    assert submit <= set(imported(folder, "submit", "--", "true"))
+    assert set(imported(folder, *args)) & {"herder.intake", "herder.core.submission"} == set()
 
 
 @pytest.mark.parametrize("args", [("jobs", "--json"), ("show", "1", "--json")])
@@ -105,7 +106,8 @@ def test_the_command_line_itself_loads_no_configuration_store_or_command(tmp_pat
              "if m.startswith(('herder.', 'pydantic', 'rich'))))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=clean_environment(),
                             capture_output=True, text=True, timeout=CLI_TIMEOUT, check=True)
-    assert result.stdout.strip() == "['herder.cli', 'herder.cli.root', 'herder.errors']"
+    assert result.stdout.strip() == ("['herder.cli', 'herder.cli.root', 'herder.core', "
+                                    "'herder.core.errors']")
 
 
 def test_every_named_command_loads_from_its_module_under_its_name():

@@ -19,10 +19,10 @@ from support.environment import clean_environment
 from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
+from herder.core.errors import InputError, NotFound
+from herder.core.model import Account, JobStatus, ReservationStatus, Scope
 from herder.dispatch_check import DispatchCheckFailed
-from herder.errors import InputError, NotFound
 from herder.host_settings import HostSettings
-from herder.model import Account, JobStatus, ReservationStatus, Scope
 from herder.remote import (
     Refused,
     RemoteClient,

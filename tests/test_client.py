@@ -11,9 +11,9 @@ import pytest
 from support.cli import store_state
 
 from herder.client import Client, Submitted
-from herder.config import Config, Settings
-from herder.errors import InputError, NotFound
-from herder.model import Job, JobStatus
+from herder.core.config import Config, Settings
+from herder.core.errors import InputError, NotFound
+from herder.core.model import Job, JobStatus
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.store import open_store
 

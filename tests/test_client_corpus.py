@@ -15,14 +15,14 @@ from typing import NamedTuple
 
 import pytest
 
-from herder.model import Outcome
-from herder.runtime.executor import read_ending
-from herder.scheduling.classification import (
+from herder.core.model import Outcome
+from herder.core.scheduling.classification import (
     SEED_EXIT_CODES,
     SUCCESS_LOG_OUTCOMES,
     classify,
     verdict,
 )
+from herder.runtime.executor import read_ending
 
 FIXTURES = Path(__file__).parent / "fixtures" / "clients"
 MANIFEST = FIXTURES / "README.md"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.cli import ok, run_herder
 
-from herder.config import (
+from herder.core.config import (
     ESCALATION_CHAIN,
     Config,
     Settings,
@@ -17,9 +17,9 @@ from herder.config import (
     parse_duration,
     sample_config,
 )
-from herder.errors import ConfigError, InputError
+from herder.core.errors import ConfigError, InputError
+from herder.core.urls import DEFAULT_DB
 from herder.runtime.sources import OutcomeRules
-from herder.urls import DEFAULT_DB
 
 MARK = "# <-"
 
@@ -515,7 +515,7 @@ def shell_type(path: Path, script: str) -> Config:
     ("a[{n}]=1", "in an arithmetic context"),
 ])
 def test_a_shell_placeholder_where_it_would_be_code_is_refused_at_load(tmp_path, script, says):
-    """The lexical check of herder.shell_templates: each construct that evaluates text."""
+    """The lexical check of herder.core.shell_templates: each construct that evaluates text."""
     with pytest.raises(ConfigError) as error:
         shell_type(tmp_path / "herder.toml", script)
     assert "job_types.say: command:" in str(error.value)

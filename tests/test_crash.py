@@ -23,7 +23,7 @@ from support.local import Harness, open_harness, shell
 from support.processes import Proc
 from support.waits import wait_for
 
-from herder.model import (
+from herder.core.model import (
     AttemptResult,
     AttemptToken,
     Decision,

@@ -20,7 +20,7 @@ from support.fleet import FleetHarness
 from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
-from herder.model import JobStatus, Scope
+from herder.core.model import JobStatus, Scope
 
 CHROMIUM = Path("/usr/bin/chromium")
 WAIT = 45_000  # ms: generous, for a loaded 2-core machine

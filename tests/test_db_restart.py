@@ -252,7 +252,7 @@ def test_a_database_failure_after_connect_is_one_line_and_exit_2(tmp_path, postg
 def test_operational_errors_of_both_backends_are_store_unavailable():
     import sqlite3
 
-    from herder.errors import StoreUnavailable
+    from herder.core.errors import StoreUnavailable
     from herder.store import as_unavailable
 
     locked = as_unavailable(sqlite3.OperationalError("database is locked"))
@@ -272,7 +272,7 @@ def test_operational_errors_of_both_backends_are_store_unavailable():
 
 @pytest.mark.postgres
 def test_waker_lease_and_pool_heal_after_a_restart(private_postgres):
-    from herder.errors import StoreUnavailable
+    from herder.core.errors import StoreUnavailable
     from herder.store.postgres import PostgresWaker
 
     with open_store(private_postgres.url) as store:

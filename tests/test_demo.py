@@ -14,7 +14,7 @@ from pathlib import Path
 
 from support.cli import ok, run_herder
 
-from herder.model import JobStatus
+from herder.core.model import JobStatus
 from herder.store import open_store
 
 # The demo's hosts (label: worker cap) and which of them admit each weight: mid-1 takes up to

@@ -18,15 +18,15 @@ from support.processes import escaping_daemon
 from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
-from herder.config import load_config
+from herder.core.config import load_config
+from herder.core.errors import ConfigError, InputError
+from herder.core.model import Scope
 from herder.dispatch_check import (
     DispatchCheckFailed,
     check_environment,
     check_payload,
     run_dispatch_check,
 )
-from herder.errors import ConfigError, InputError
-from herder.model import Scope
 
 # The check: what its environment says decides; it records what it was given (argv and
 # the HERDER_ variables) so a test can see a value arrived as data.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from herder.config import DURATION, Settings
+from herder.core.config import DURATION, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # images too

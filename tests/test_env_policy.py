@@ -1,12 +1,12 @@
-"""The env deny-list (herder.env_policy): one case per entry, in upper and lower case, plus
+"""The env deny-list (herder.core.env_policy): one case per entry, in upper and lower case, plus
 the `submit_env` allow-list and its checks at load."""
 
 from __future__ import annotations
 
 import pytest
 
-from herder.config import load_config
-from herder.env_policy import (
+from herder.core.config import load_config
+from herder.core.env_policy import (
     DENIED,
     allow_entry_refusal,
     allowed,
@@ -14,7 +14,7 @@ from herder.env_policy import (
     env_refusal,
     matches,
 )
-from herder.errors import ConfigError, InputError
+from herder.core.errors import ConfigError, InputError
 
 
 def example(pattern: str) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from herder.errors import InputError
-from herder.scheduling.capacity import DEFAULT_WEIGHTS, WindowCaps
-from herder.scheduling.feasibility import check_host, check_job
-from herder.scheduling.placement import HostSpec
+from herder.core.errors import InputError
+from herder.core.scheduling.capacity import DEFAULT_WEIGHTS, WindowCaps
+from herder.core.scheduling.feasibility import check_host, check_job
+from herder.core.scheduling.placement import HostSpec
 
 BMS4 = HostSpec("bms-4", ram_total_gb=32, ram_reserved_gb=4, prime=WindowCaps(3),
                 night=WindowCaps(4))  # books 22.4 GB

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from herder.model import AttemptResult, AttemptToken, Decision, JobStatus, Outcome
+from herder.core.model import AttemptResult, AttemptToken, Decision, JobStatus, Outcome
 from herder.store.base import finish_groups
 
 DONE = Decision(JobStatus.DONE)

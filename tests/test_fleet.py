@@ -16,7 +16,7 @@ import pytest
 from support.fleet import WEIGHTS, bookable, peaks, read_intervals, read_lines, recorder
 from support.waits import holds_for, wait_for
 
-from herder.model import JobStatus, Outcome
+from herder.core.model import JobStatus, Outcome
 
 # -- 1. RAM and worker caps hold across several agents ---------------------------------------
 

@@ -13,13 +13,12 @@ from support.cli import run_herder
 from support.waits import wait_for
 
 from herder.client import Client
-from herder.config import Config, Settings
-from herder.errors import InputError
-from herder.model import JobStatus, Scope
-from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS, Fleet, fleet_cap
-from herder.scheduling.capacity import WindowCaps
-from herder.scheduling.health import HostHealth
-from herder.scheduling.placement import (
+from herder.core.config import Config, Settings
+from herder.core.errors import InputError
+from herder.core.model import JobStatus, Scope
+from herder.core.scheduling.capacity import WindowCaps
+from herder.core.scheduling.health import HostHealth
+from herder.core.scheduling.placement import (
     HostLoad,
     HostSpec,
     PendingJob,
@@ -29,6 +28,7 @@ from herder.scheduling.placement import (
     place,
     stopped,
 )
+from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS, Fleet, fleet_cap
 
 NOON = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
 ALPHA = HostSpec("alpha", 32, prime=WindowCaps(4), night=WindowCaps(4))
@@ -207,8 +207,8 @@ def test_herder_up_claims_no_more_than_the_cap_lets_start(harness):
 
 
 def test_herder_toml_refuses_a_cap_that_is_not_a_count(tmp_path):
-    from herder.config import load_config
-    from herder.errors import ConfigError
+    from herder.core.config import load_config
+    from herder.core.errors import ConfigError
 
     path = tmp_path / "herder.toml"
     for bad in ("-1", "2.5", "true", '"many"'):

@@ -18,7 +18,7 @@ from support.fleet import FleetHarness, read_intervals, read_lines, recorder
 from support.processes import Proc
 from support.waits import holds_for, wait_for
 
-from herder.model import JobStatus, Outcome
+from herder.core.model import JobStatus, Outcome
 from herder.runtime.scheduler import NO_HEALTHY_HOST
 
 LEASE = 2.0  # FAST_RUNTIME's attempt_lease (> missed_heartbeats × heartbeat_interval)

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from herder.backoff import Backoff
+from herder.core.backoff import Backoff
 from herder.runtime.guardian import decode_deadlines, due, encode_deadlines, report_gone, watch
 
 TOKEN = "hdr_secret-token-never-logged"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from herder.scheduling.health import (
+from herder.core.scheduling.health import (
     HealthThresholds,
     HostHealth,
     HostLiveness,

@@ -135,7 +135,7 @@ def test_hosts_and_the_server_log_say_what_happened_to_each_host(make_fleet, tmp
 
 
 def test_the_listening_url_is_the_address_and_port_the_socket_has():
-    from herder.urls import listen_url
+    from herder.core.urls import listen_url
 
     assert listen_url("http", ("127.0.0.1", 8470)) == "http://127.0.0.1:8470"
     assert listen_url("https", ("::1", 8471, 0, 0)) == "https://[::1]:8471"

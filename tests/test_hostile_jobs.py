@@ -41,7 +41,7 @@ from support.processes import StartedProcesses, kill_group
 from support.unprivileged import as_user, give, owned_folder, unprivileged_ids
 from support.waits import wait_for
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 from herder.hardening import (
     check_secret_file,
     child_environment,

@@ -35,9 +35,9 @@ from herder.api.tokens import (
     new_token,
     token_hash,
 )
-from herder.config import Config, JobTypeSection, ServerSection, Settings
-from herder.env_policy import DENIED
-from herder.model import (
+from herder.core.config import Config, JobTypeSection, ServerSection, Settings
+from herder.core.env_policy import DENIED
+from herder.core.model import (
     AttemptToken,
     HostRecord,
     JobSpec,
@@ -48,6 +48,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
+from herder.core.submission import SubmitRequest
 from herder.runtime.agent_client import LOG_GIVE_UP
 from herder.runtime.coordinator import (
     LOG_GRACE,
@@ -57,7 +58,6 @@ from herder.runtime.coordinator import (
 )
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
-from herder.submission import SubmitRequest
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "restricted",

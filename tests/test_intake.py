@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from herder.config import Config, JobTypeSection, load_config
-from herder.errors import ConfigError, InputError
+from herder.core.config import Config, JobTypeSection, load_config
+from herder.core.errors import ConfigError, InputError
+from herder.core.model import JobSpec
 from herder.intake import parse_assignments, parse_payload, resolve
-from herder.model import JobSpec
 from herder.wire import SubmitBody
 
 CONFIG = """

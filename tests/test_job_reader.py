@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from herder.model import AttemptResult, AttemptToken, Decision, Job, JobStatus, Outcome
+from herder.core.model import AttemptResult, AttemptToken, Decision, Job, JobStatus, Outcome
 from herder.store.base import claimed_jobs, job_from_row, object_from_json
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -23,9 +23,8 @@ from support.processes import (
 from support.waits import wait_for
 
 from herder.api.app import Access, create_app
-from herder.config import Config, Settings
-from herder.hardening import SECRET_VARIABLES
-from herder.model import (
+from herder.core.config import Config, Settings
+from herder.core.model import (
     AttemptToken,
     HostRecord,
     JobSpec,
@@ -35,6 +34,7 @@ from herder.model import (
     TokenRecord,
     Transport,
 )
+from herder.hardening import SECRET_VARIABLES
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.local_child import (
     ChildLaunch,

@@ -10,7 +10,7 @@ import pytest
 from support.coordinator import coordinator_in
 from support.waits import wait_for
 
-from herder.errors import StoreUnavailable
+from herder.core.errors import StoreUnavailable
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.loop_health import LoopRegistry, LoopState, assess, stale_after
 

@@ -17,7 +17,7 @@ import pytest
 from support.local import Harness
 from support.waits import wait_for
 
-from herder.model import Attempt, Enforcement, Job, JobStatus, Outcome
+from herder.core.model import Attempt, Enforcement, Job, JobStatus, Outcome
 from herder.runtime.memory import detect
 
 MB = 1024**2

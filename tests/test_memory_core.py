@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from herder.config import load_config
-from herder.errors import ConfigError
-from herder.model import Enforcement, Job, JobStatus, MemoryUse, Outcome
+from herder.core.config import load_config
+from herder.core.errors import ConfigError
+from herder.core.model import Enforcement, Job, JobStatus, MemoryUse, Outcome
+from herder.core.scheduling.capacity import WeightTable
 from herder.runtime.memory import (
     SUPERVISOR_FILE,
     CgroupParent,
@@ -32,7 +33,6 @@ from herder.runtime.memory import (
     sweep,
 )
 from herder.runtime.process import process_start_time
-from herder.scheduling.capacity import WeightTable
 from herder.wire import FinishBody
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

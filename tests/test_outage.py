@@ -61,8 +61,8 @@ def test_up_survives_dropped_connections_and_reports_the_result(tmp_path, postgr
 def test_up_retries_its_first_maintenance_pass(tmp_path, store):
     """A store that is busy or unreachable when `herder up` starts (its first rescue pass)
     delays the runner instead of ending it; the queued job then runs."""
-    from herder.errors import StoreUnavailable
-    from herder.model import JobSpec, JobStatus
+    from herder.core.errors import StoreUnavailable
+    from herder.core.model import JobSpec, JobStatus
     from herder.runtime.maintenance import Rescuer
     from herder.runtime.runner import Runner, RunnerOptions
     from herder.runtime.sources import ClaimSource

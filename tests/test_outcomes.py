@@ -14,7 +14,7 @@ import pytest
 from support.local import Harness
 from support.waits import wait_for
 
-from herder.model import AttemptResult, Decision, Job, JobStatus, Outcome
+from herder.core.model import AttemptResult, Decision, Job, JobStatus, Outcome
 
 FAKE_AGENT = """\
 #!/bin/sh

@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from herder.scheduling import placement
-from herder.scheduling.capacity import (
+from herder.core.scheduling import placement
+from herder.core.scheduling.capacity import (
     DEFAULT_WEIGHTS,
     WeightTable,
     WindowCaps,
     bookable_gb,
 )
-from herder.scheduling.health import HostHealth, accepts_work
-from herder.scheduling.placement import (
+from herder.core.scheduling.health import HostHealth, accepts_work
+from herder.core.scheduling.placement import (
     RAM_TOLERANCE_GB,
     Assignment,
     HostLoad,

@@ -9,11 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from herder.config import load_config
-from herder.model import Action, Budget, JobStatus, Outcome
-from herder.runtime.scheduler import Fleet
-from herder.runtime.sources import OutcomeRules
-from herder.scheduling.policy import (
+from herder.core.config import load_config
+from herder.core.model import Action, Budget, JobStatus, Outcome
+from herder.core.scheduling.policy import (
     DEFAULT_RULES,
     FAILURE_REASONS,
     QUIET_REASONS,
@@ -24,6 +22,8 @@ from herder.scheduling.policy import (
     decide,
     quiet_ending,
 )
+from herder.runtime.scheduler import Fleet
+from herder.runtime.sources import OutcomeRules
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FAILING = (Outcome.FAILED, Outcome.TIMEOUT, Outcome.LAUNCH_FAILED)

@@ -13,7 +13,7 @@ from support.cli import error_line, run_herder, store_state, submitted_id
 from support.config import write_config
 from support.ports import free_port
 
-from herder.model import HostRecord, Scope
+from herder.core.model import HostRecord, Scope
 from herder.store import open_store
 
 TYPES = "".join(f"[job_types.{name}]\ncommand = ['true']\n\n"

@@ -11,7 +11,7 @@ import pytest
 from support.coordinator import coordinator_in
 from support.waits import wait_for
 
-from herder.model import HostRecord, JobSpec, JobStatus
+from herder.core.model import HostRecord, JobSpec, JobStatus
 from herder.runtime.coordinator import Coordinator
 from herder.store import open_store
 

@@ -27,8 +27,8 @@ from support.local import Harness, shell
 from support.processes import Proc
 from support.waits import wait_for
 
-from herder.errors import InputError
-from herder.model import Enforcement, JobStatus, Outcome
+from herder.core.errors import InputError
+from herder.core.model import Enforcement, JobStatus, Outcome
 from herder.runtime import workspace
 from herder.runtime.executor import RESULT_NAME, collect_result, job_environment
 from herder.runtime.job_user import JobUser, foreign_folders, passable, resolve

@@ -15,7 +15,7 @@ from support.local import Harness, shell
 from support.processes import Proc, process_group
 from support.waits import wait_for
 
-from herder.model import JobStatus, Outcome
+from herder.core.model import JobStatus, Outcome
 from herder.runtime.process import process_alive
 
 KILL_GRACE = 1.0

@@ -20,8 +20,8 @@ from support.local import Harness, shell
 from support.waits import wait_for
 from test_runner import submit_in_missing_workdir
 
-from herder.errors import StoreUnavailable
-from herder.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.core.errors import StoreUnavailable
+from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.maintenance import Rescuer
 from herder.runtime.process import token_markers
 from herder.runtime.runner import Runner, RunnerOptions

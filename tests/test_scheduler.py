@@ -15,14 +15,14 @@ from support.cli import herder_argv
 from support.ports import free_port
 from support.waits import wait_for
 
-from herder.config import Config, Settings
-from herder.errors import Conflict
-from herder.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
+from herder.core.config import Config, Settings
+from herder.core.errors import Conflict
+from herder.core.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
+from herder.core.scheduling.alerting import in_start_grace
+from herder.core.scheduling.health import HostHealth
 from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch, Rescuer
 from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot
-from herder.scheduling.alerting import in_start_grace
-from herder.scheduling.health import HostHealth
 from herder.store import open_store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # prime window (night is 20:00–03:00 UTC)
@@ -295,7 +295,7 @@ def test_the_lease_rescue_leaves_an_untaken_placement_to_the_pickup_watch(store)
 def test_a_lost_attempt_spends_the_lost_budget_once_a_runner_took_it():
     """Untaken placements go back for free; a taken one spends `lost` even if its start
     report never arrived (the runner may have died with it, perhaps killed by its job)."""
-    from herder.model import Attempt
+    from herder.core.model import Attempt
     from herder.runtime.maintenance import lost_result
     from herder.store import LiveAttempt
 

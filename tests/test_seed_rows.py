@@ -16,9 +16,9 @@ from support.cli import herder_argv
 from support.local import Harness, shell
 
 from herder.client import Client
-from herder.config import Settings, load_config, subagent_caps
-from herder.errors import ConfigError, Conflict, InputError
-from herder.model import HostRecord, JobSpec, JobStatus, Outcome, ReservationStatus
+from herder.core.config import Settings, load_config, subagent_caps
+from herder.core.errors import ConfigError, Conflict, InputError
+from herder.core.model import HostRecord, JobSpec, JobStatus, Outcome, ReservationStatus
 from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.scheduler import Fleet, Scheduler
 

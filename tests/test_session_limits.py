@@ -17,8 +17,8 @@ from psycopg import sql
 from support.postgres import postgres_url_for
 from support.waits import wait_for
 
-from herder.errors import StoreUnavailable
-from herder.model import JobSpec
+from herder.core.errors import StoreUnavailable
+from herder.core.model import JobSpec
 from herder.store import Store, as_unavailable, open_store
 from herder.store.postgres import _MIGRATION_LOCK, PostgresDriver, connect
 

@@ -20,10 +20,7 @@ from support.processes import StartedProcesses
 from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
-from herder.errors import InputError
-from herder.model import Scope
-from herder.store import open_store
-from herder.systemd_unit import (
+from herder.cli.systemd_unit import (
     Unit,
     agent_unit,
     environment_line,
@@ -31,6 +28,9 @@ from herder.systemd_unit import (
     render,
     server_unit,
 )
+from herder.core.errors import InputError
+from herder.core.model import Scope
+from herder.store import open_store
 
 SECRET_URL = "postgresql://herder:pa%24s%22w0rd@db.internal:5432/herder"
 

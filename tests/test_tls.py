@@ -15,7 +15,7 @@ from support.environment import clean_environment
 from support.ports import free_port
 from support.waits import wait_for
 
-from herder.model import JobStatus
+from herder.core.model import JobStatus
 from herder.store import open_store
 
 

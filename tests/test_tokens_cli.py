@@ -11,7 +11,7 @@ from support.cli import error_line, ok, run_herder, run_many
 from support.store import migrate_up_to, raw_execute
 
 from herder.api.tokens import token_hash
-from herder.model import HostRecord, Scope
+from herder.core.model import HostRecord, Scope
 from herder.store import open_store
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

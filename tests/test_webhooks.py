@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.waits import wait_for
 
-from herder.config import Config, HookRuleSection, load_config
-from herder.errors import ConfigError, InputError
-from herder.model import JobSpec, JobStatus
+from herder.core.config import Config, HookRuleSection, load_config
+from herder.core.errors import ConfigError, InputError
+from herder.core.model import JobSpec, JobStatus
 from herder.runtime.maintenance import DeliverySweep
 from herder.webhooks import (
     REPLAY_WINDOW,

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 from pydantic import ValidationError
 
-from herder.model import AttemptToken, Job, JobStatus
+from herder.core.model import AttemptToken, Job, JobStatus
+from herder.core.submission import SubmitRequest
 from herder.runtime.agent import job_from_assignment
-from herder.submission import SubmitRequest
 from herder.wire import Assignment, HeartbeatBody, HeartbeatReply, JobView, SubmitBody, tokens
 
 T0 = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
@@ -81,8 +81,8 @@ def test_the_api_submit_body_has_the_fields_and_defaults_of_the_submit_request()
 
 
 def test_host_settings_cross_the_wire_unchanged_and_a_field_left_out_stays_out():
+    from herder.core.model import Transport
     from herder.host_settings import HostSettings
-    from herder.model import Transport
     from herder.wire import HostAddBody, HostSettingsBody
 
     given = HostSettings(ram_total_gb=32.0, ram_reserved_gb=4.0, cpus=8,

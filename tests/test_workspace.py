@@ -19,10 +19,13 @@ import pytest
 from support.local import Harness
 from support.waits import wait_for
 
-from herder.config import load_config
-from herder.errors import ConfigError, InputError
+from herder.core.config import load_config
+from herder.core.errors import ConfigError, InputError
+from herder.core.model import Job, JobStatus, Outcome
+from herder.core.submission import SubmitRequest
+from herder.core.templates import check_command, fill_prompt, render_argv
+from herder.core.workspace import VARIABLE, WorkspaceSpec, of_env
 from herder.intake import resolve
-from herder.model import Job, JobStatus, Outcome
 from herder.runtime.agent import job_from_assignment
 from herder.runtime.executor import LaunchError, spawn
 from herder.runtime.process import TOKEN_VARIABLE, process_start_time
@@ -40,9 +43,6 @@ from herder.runtime.workspace import (
     runner_alive,
     sweep,
 )
-from herder.submission import SubmitRequest
-from herder.templates import check_command, fill_prompt, render_argv
-from herder.workspace import VARIABLE, WorkspaceSpec, of_env
 
 PROMPT = 'Fix issue #{issue} in {job_type}.\nKeep {"json": true} and {{issue}} as written.\n'
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from herder.api.depends import HOST_LABEL, Admin, HostLabel, Reader, Service, call
-from herder.model import Account
+from herder.core.model import Account
 from herder.wire import AccountBody, AccountChanged, AccountView
 
 router = APIRouter(prefix="/api/v1/accounts", tags=["accounts"])

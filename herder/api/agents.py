@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, call, check_worker
-from herder.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
+from herder.core.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
+from herder.core.scheduling.alerting import Trouble
 from herder.runtime.coordinator import LogRefused
 from herder.runtime.sources import Ending
-from herder.scheduling.alerting import Trouble
 from herder.wire import (
     AdoptBody,
     Adopted,

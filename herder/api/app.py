@@ -39,7 +39,7 @@ from herder.api.board import AssignmentBoard
 from herder.api.depends import Access, Reader, Throttled, route_scope
 from herder.api.guard import FailureLimiter, rebinding_refusal
 from herder.api.tokens import Denied
-from herder.errors import Conflict, HerderError, InputError, NotFound
+from herder.core.errors import Conflict, HerderError, InputError, NotFound
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import SessionBook
 from herder.store import lost_session_errors

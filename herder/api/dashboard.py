@@ -32,14 +32,14 @@ from herder.api.depends import (
 )
 from herder.api.sessions import csrf_refusal, foreign_origin
 from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, Denied, authorize, token_hash
-from herder.model import BIGINT_MAX, JobStatus, Scope
+from herder.core.model import BIGINT_MAX, JobStatus, Scope
+from herder.core.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.runtime.sessions import (
     LIFETIME_SECONDS,
     SessionBook,
     legacy_key,
     new_session_id,
 )
-from herder.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.wire import JobPage, SessionView
 
 router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"])

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from herder.urls import loopback_name
+from herder.core.urls import loopback_name
 
 FAILURE_LIMIT = 20
 """Different tokens a client may fail with in one window before it waits."""

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
 from herder.api.depends import Access, Service, call, signed
-from herder.errors import InputError
+from herder.core.errors import InputError
 from herder.webhooks import PING, Delivery, Refused, match, parse_body, verify
 from herder.wire import HookReply
 

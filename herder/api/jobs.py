@@ -10,9 +10,9 @@ from fastapi import APIRouter, Query, Response
 
 from herder.api.depends import JobId, Reader, Service, Submitter, call
 from herder.api.tokens import authorize_job_type, authorize_submit
-from herder.errors import NotFound
-from herder.model import BIGINT_MAX, INT_MAX, JobStatus
-from herder.submission import DEDUP_KEY_LENGTH
+from herder.core.errors import NotFound
+from herder.core.model import BIGINT_MAX, INT_MAX, JobStatus
+from herder.core.submission import DEDUP_KEY_LENGTH
 from herder.wire import (
     Cancelled,
     DedupHolder,

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request, Response
 
 from herder.api.depends import Service, call, operator
-from herder.model import Scope
+from herder.core.model import Scope
 from herder.runtime.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"])

@@ -14,7 +14,7 @@ from herder.api.tokens import (
     authorize_reservation,
     held_by,
 )
-from herder.errors import NotFound
+from herder.core.errors import NotFound
 from herder.wire import (
     CompleteBody,
     ReservationEnded,

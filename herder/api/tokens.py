@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from herder.env_policy import allowed
+from herder.core.env_policy import allowed
+from herder.core.model import JobSpec, Reservation, Scope, TokenRecord
 from herder.intake import ADHOC
-from herder.model import JobSpec, Reservation, Scope, TokenRecord
 
 if TYPE_CHECKING:
-    from herder.config import JobTypeSection
-    from herder.submission import SubmitRequest
+    from herder.core.config import JobTypeSection
+    from herder.core.submission import SubmitRequest
     from herder.wire import SubmitBody
 
 TOKEN_PREFIX = "hdr_"

@@ -1,4 +1,4 @@
-"""Account commands: accounts, account add/remove (herder.scheduling.accounts)."""
+"""Account commands: accounts, account add/remove (herder.core.scheduling.accounts)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shlex
 import click
 
 from herder.cli.root import State, columns, edge, pass_state
-from herder.errors import InputError
+from herder.core.errors import InputError
 
 
 @click.command()
@@ -54,7 +54,7 @@ def account() -> None:
 def account_add(state: State, host: str, name: str, env: tuple[str, ...], max_sessions: int,
                 job_types: tuple[str, ...], probe: str | None) -> None:
     """Add or update an account on HOST."""
-    from herder.model import Account
+    from herder.core.model import Account
 
     with edge():
         variables = {}

@@ -25,15 +25,15 @@ from herder.cli.root import (
     pass_state,
     utcnow,
 )
-from herder.errors import InputError
+from herder.core.errors import InputError
 from herder.hardening import harden_process
 
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from herder.core.scheduling.alerting import Trouble
     from herder.runtime.agent_client import ServerClient
     from herder.runtime.agent_trouble import TroubleWatch
-    from herder.scheduling.alerting import Trouble
 
 DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
 PLAINTEXT_OPTION = click.option(
@@ -148,7 +148,7 @@ UNIT_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 def check_unit_values(label: str, user: str, **paths: str | None) -> None:
     """What goes into a unit line: a newline in any value would add a line of its own
     (`ExecStartPre=...`), so each is refused naming its option (exit 2)."""
-    from herder.config import _NAME
+    from herder.core.config import _NAME
 
     if not _NAME.fullmatch(label):
         raise InputError("--host", f"{label!r} is not a valid host label",
@@ -183,8 +183,8 @@ def install_heartbeat_systemd(server_url: str, label: str, user: str, token_file
                               allow_plaintext: bool) -> None:
     """Write a oneshot service running `herder heartbeat` and the timer that starts it every
     minute (an ssh push host, which has no agent to heartbeat for it)."""
+    from herder.cli.systemd_unit import heartbeat_timer, heartbeat_unit, render
     from herder.runtime.agent_client import check_server_url
-    from herder.systemd_unit import heartbeat_timer, heartbeat_unit, render
 
     with edge():
         check_unit_values(label, user, server=server_url, token_file=token_file, ca=ca,
@@ -366,8 +366,8 @@ def die_with_parent(parent: int) -> None:
 def install_systemd(server_url: str, label: str, user: str, token_file: str,
                     drain_seconds: int, ca: str | None, allow_plaintext: bool) -> None:
     """Print a systemd unit (Restart=always) for this host's agent."""
+    from herder.cli.systemd_unit import agent_unit, render
     from herder.runtime.agent_client import check_server_url
-    from herder.systemd_unit import agent_unit, render
 
     with edge():
         check_unit_values(label, user, server=server_url, token_file=token_file, ca=ca)
@@ -405,7 +405,7 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     attempt; 2 the server cannot be reached; 3 RAM contention.
     """
     harden_process()  # first: the imports below take tens of milliseconds
-    from herder.model import AttemptToken, Outcome
+    from herder.core.model import AttemptToken, Outcome
     from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.job_user import job_user_at_start

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from herder.cli.root import State, edge, fail, pass_state
-from herder.model import INT_MAX
+from herder.core.model import INT_MAX
 
 if TYPE_CHECKING:
     from herder.wire import FleetCapView

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from herder.cli.root import State, columns, edge, elapsed, names, pass_state
-from herder.errors import NotFound
-from herder.model import INT_MAX, INT_MIN, Transport
+from herder.core.errors import NotFound
+from herder.core.model import INT_MAX, INT_MIN, Transport
 
 if TYPE_CHECKING:
     from herder.host_settings import HostSettings
@@ -58,7 +58,7 @@ def _condition(view: dict[str, Any]) -> str:
 
 
 def _liveness(view: dict[str, Any]) -> str:
-    from herder.scheduling.health import HostLiveness, LivenessState
+    from herder.core.scheduling.health import HostLiveness, LivenessState
 
     state = view.get("liveness")
     if state is None:  # a server older than the field

@@ -22,8 +22,8 @@ from herder.cli.root import (
     labelled,
     pass_state,
 )
-from herder.errors import InputError
-from herder.model import JobStatus, launch_errors
+from herder.core.errors import InputError
+from herder.core.model import JobStatus, launch_errors
 
 if TYPE_CHECKING:
     from herder.client import Client

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from herder.errors import HerderError, InputError, NotFound
+from herder.core.errors import HerderError, InputError, NotFound
 
 if TYPE_CHECKING:
     from herder.client import Client
-    from herder.config import Config
-    from herder.model import HostRecord
+    from herder.core.config import Config
+    from herder.core.model import HostRecord
     from herder.remote import RemoteClient
     from herder.store import Store
 
@@ -119,7 +119,7 @@ class State:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from herder.config import load_config
+            from herder.core.config import load_config
 
             self._config = load_config(self.config_path)
         return self._config
@@ -233,7 +233,7 @@ def duration(value: str | None, field: str) -> float | None:
     """Seconds from an option like `10m`; an InputError naming `field` if it is not one."""
     if value is None:
         return None
-    from herder.config import parse_duration
+    from herder.core.config import parse_duration
 
     try:
         return parse_duration(value)
@@ -284,7 +284,7 @@ def labelled(label: str, value: object) -> str:
 def log_to_stderr(level: str, log_format: str = "text") -> None:
     import logging
 
-    from herder.log_records import formatter
+    from herder.core.log_records import formatter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(log_format))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
-from herder.errors import InputError
+from herder.core.errors import InputError
 from herder.hardening import check_secret_file, harden_process
 
 STARTUP_FAILURE = 3
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from herder.api.depends import Access
-    from herder.config import Settings
+    from herder.core.config import Settings
     from herder.runtime.coordinator import Coordinator
     from herder.store import Store
 
@@ -218,7 +218,7 @@ def start_accounts(store: Store, settings: Settings, host: str) -> None:
 
 
 def loopback(bind: str) -> bool:
-    from herder.urls import loopback_name
+    from herder.core.urls import loopback_name
 
     return loopback_name(bind)
 
@@ -339,7 +339,7 @@ def install_systemd(state: State, listen: str | None, tls_cert: str | None,
     """Write a systemd unit (Restart=on-failure) for `herder server`, and its environment
     file with the database URL (never on the command line or in the unit)."""
     from herder.cli.root import installed_herder
-    from herder.systemd_unit import environment_line, render, server_unit
+    from herder.cli.systemd_unit import environment_line, render, server_unit
 
     with edge():
         for option, path in (("--unit-file", unit_file), ("--env-file", environment_file)):
@@ -432,7 +432,7 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
 
     import uvicorn
 
-    from herder.urls import listen_url
+    from herder.core.urls import listen_url
 
     class Announcing(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from herder.cli.root import State, edge, pass_state
-from herder.model import ReservationStatus
+from herder.core.model import ReservationStatus
 
 
 @click.group()

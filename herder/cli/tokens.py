@@ -17,8 +17,8 @@ from herder.cli.root import (
     pass_state,
     utcnow,
 )
-from herder.errors import InputError
-from herder.model import Scope, TokenRecord
+from herder.core.errors import InputError
+from herder.core.model import Scope, TokenRecord
 
 
 @click.group()

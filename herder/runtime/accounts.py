@@ -2,7 +2,7 @@
 account of its host (or end it as `no_healthy_account`), learn health from outcomes (and
 send a job whose account failed it to another account at once), keep each account's alert
 in step with its health, and probe credentials on the host. The decisions are
-herder.scheduling.accounts'.
+herder.core.scheduling.accounts'.
 
 An account's env may hold secrets: it goes from the store into the job's environment and
 nowhere else (never a log line, an event or an API answer; only account names are shown).
@@ -22,11 +22,9 @@ from datetime import datetime
 import msgspec
 from msgspec.structs import replace
 
-from herder.config import AccountSection, Settings
-from herder.hardening import JOB_UMASK
-from herder.model import Account, AccountRecord, AttemptResult, Job, Outcome, Usage
-from herder.runtime.executor import BASE_ENVIRONMENT, passes
-from herder.scheduling.accounts import (
+from herder.core.config import AccountSection, Settings
+from herder.core.model import Account, AccountRecord, AttemptResult, Job, Outcome, Usage
+from herder.core.scheduling.accounts import (
     AUTH_REVOKED_COOLDOWN_SECONDS,
     ROTATING,
     UNHEALTHY_ALERTED,
@@ -40,7 +38,9 @@ from herder.scheduling.accounts import (
     rotation,
     state_of,
 )
-from herder.scheduling.placement import Reason
+from herder.core.scheduling.placement import Reason
+from herder.hardening import JOB_UMASK
+from herder.runtime.executor import BASE_ENVIRONMENT, passes
 from herder.short_process import output_within
 from herder.store import Store
 
@@ -222,7 +222,7 @@ def rotate(store: Store, rules: AccountRules, job: Job, result: AttemptResult,
            now: datetime) -> AttemptResult:
     """`result` for a job whose account (`marked`) just hit its limit or lost its login:
     run again at once, nothing spent, when another account (of `hosts`, those that may run
-    it; None: any) can serve it; else wait for the earliest reset (herder.scheduling
+    it; None: any) can serve it; else wait for the earliest reset (herder.core.scheduling
     .accounts.rotated)."""
     if result.outcome not in ROTATING:
         return result

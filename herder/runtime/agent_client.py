@@ -30,10 +30,10 @@ from typing import Any
 import httpx
 import msgspec
 
-from herder.backoff import Backoff
-from herder.errors import InputError
-from herder.model import AttemptToken
-from herder.urls import loopback_name
+from herder.core.backoff import Backoff
+from herder.core.errors import InputError
+from herder.core.model import AttemptToken
+from herder.core.urls import loopback_name
 
 log = logging.getLogger("herder.agent")
 

@@ -2,7 +2,7 @@
 an alert, though the server is the one that sends alerts and is the very thing out of reach.
 
 Every call the agent makes is observed (`ServerClient.observer`); the pure rules in
-`herder.scheduling.alerting` (`track_trouble`, `trouble_due`) say when a stretch of failures
+`herder.core.scheduling.alerting` (`track_trouble`, `trouble_due`) say when a stretch of failures
 is worth an alert. While it lasts, the agent's own `[alerts] urls` (in its herder.toml, if
 any) are given it directly; once the server answers and takes the token again, the agent
 reports what happened (`POST /api/v1/agent/{label}/trouble`) and the server raises it (or
@@ -26,9 +26,7 @@ from typing import Any
 
 import msgspec
 
-from herder.runtime.agent_client import Reply, ServerError, Verdict
-from herder.runtime.delivery import Delivery
-from herder.scheduling.alerting import (
+from herder.core.scheduling.alerting import (
     TOKEN_REFUSED,
     UNREACHABLE,
     Notice,
@@ -37,6 +35,8 @@ from herder.scheduling.alerting import (
     track_trouble,
     trouble_due,
 )
+from herder.runtime.agent_client import Reply, ServerError, Verdict
+from herder.runtime.delivery import Delivery
 
 log = logging.getLogger("herder.agent")
 

@@ -18,13 +18,11 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from herder.backoff import Backoff
 from herder.client import Client
-from herder.config import Config, JobTypeSection, subagent_caps
-from herder.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
-from herder.host_settings import declared_host
-from herder.intake import resolve
-from herder.model import (
+from herder.core.backoff import Backoff
+from herder.core.config import Config, JobTypeSection, subagent_caps
+from herder.core.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
+from herder.core.model import (
     Attempt,
     AttemptToken,
     Event,
@@ -42,6 +40,15 @@ from herder.model import (
     Transport,
     launch_failure,
 )
+from herder.core.scheduling.accounts import state_of
+from herder.core.scheduling.alerting import Trouble
+from herder.core.scheduling.breaker import Breaker
+from herder.core.scheduling.health import shown_health
+from herder.core.scheduling.placement import Plan, Snapshot, explain, place
+from herder.core.scheduling.policy import SPAWN_OUTCOMES
+from herder.core.submission import SubmitRequest
+from herder.host_settings import declared_host
+from herder.intake import resolve
 from herder.runtime.accounts import (
     accounts_why,
     probe_commands,
@@ -83,16 +90,9 @@ from herder.runtime.sources import (
     record_ending,
 )
 from herder.runtime.ssh import SshLauncher
-from herder.scheduling.accounts import state_of
-from herder.scheduling.alerting import Trouble
-from herder.scheduling.breaker import Breaker
-from herder.scheduling.health import shown_health
-from herder.scheduling.placement import Plan, Snapshot, explain, place
-from herder.scheduling.policy import SPAWN_OUTCOMES
 from herder.store import Store, Waker, as_unavailable
 from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached
 from herder.store.driver import Lease
-from herder.submission import SubmitRequest
 from herder.views import iso
 from herder.webhooks import Delivery
 from herder.wire import (

@@ -1,5 +1,5 @@
 """Alerts, delivered: a leader-only service that reads `herder_alerts` and sends what
-`herder.scheduling.alerting` says is due, through Apprise, from a queue of its own.
+`herder.core.scheduling.alerting` says is due, through Apprise, from a queue of its own.
 
 Why a service that diffs the store rather than a hook on `alert_open`: alerts are opened by
 the scheduler, by whoever records an attempt's end (the server, `herder up`, any runner on
@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from herder.backoff import Backoff
-from herder.config import AlertsSection
-from herder.errors import ConfigError
-from herder.hardening import secret_value
-from herder.scheduling.alerting import (
+from herder.core.backoff import Backoff
+from herder.core.config import AlertsSection
+from herder.core.errors import ConfigError
+from herder.core.scheduling.alerting import (
     HOUR,
     AlertRules,
     Notice,
@@ -39,6 +38,7 @@ from herder.scheduling.alerting import (
     pending_notices,
     silent_for,
 )
+from herder.hardening import secret_value
 
 if TYPE_CHECKING:
     from herder.store import Store

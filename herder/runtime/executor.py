@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 import msgspec
 
+from herder.core.model import AttemptToken, Job, MemoryUse, Outcome
+from herder.core.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 from herder.hardening import JOB_UMASK, NEVER_INHERITED
-from herder.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.runtime.job_user import JobUser, foreign_folders
 from herder.runtime.memory import SUPERVISOR_FILE, AttemptMemory
 from herder.runtime.process import (
@@ -40,7 +41,6 @@ from herder.runtime.workspace import (
     open_to,
     spec_of,
 )
-from herder.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 
 
 def attempt_marker(token: AttemptToken, worker: str) -> str:

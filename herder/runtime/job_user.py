@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 
 log = logging.getLogger("herder.runner")
 

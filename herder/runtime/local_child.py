@@ -27,9 +27,9 @@ from pathlib import Path
 
 import msgspec
 
-from herder.backoff import Backoff
+from herder.core.backoff import Backoff
+from herder.core.model import HostRecord, Scope
 from herder.hardening import child_environment
-from herder.model import HostRecord, Scope
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import WorkerId, local_worker_alive
 from herder.store import Store

@@ -23,11 +23,11 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from herder.model import AttemptResult, Decision, HostRecord, JobStatus, Outcome
+from herder.core.model import AttemptResult, Decision, HostRecord, JobStatus, Outcome
+from herder.core.scheduling.alerting import ram_spike
+from herder.core.scheduling.policy import RetryState, decide
 from herder.runtime.executor import attempt_marker
 from herder.runtime.process import kill_tree, process_alive
-from herder.scheduling.alerting import ram_spike
-from herder.scheduling.policy import RetryState, decide
 from herder.store import LiveAttempt, Store
 
 log = logging.getLogger("herder.maintenance")

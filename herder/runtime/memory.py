@@ -28,11 +28,11 @@ import msgspec
 import psutil
 from msgspec.structs import replace
 
-from herder.config import RuntimeSection
-from herder.model import Enforcement, Job, MemoryUse
+from herder.core.config import RuntimeSection
+from herder.core.model import Enforcement, Job, MemoryUse
+from herder.core.scheduling.capacity import WeightTable
 from herder.runtime import supervisor
 from herder.runtime.process import process_alive
-from herder.scheduling.capacity import WeightTable
 
 log = logging.getLogger("herder.memory")
 

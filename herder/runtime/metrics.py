@@ -19,8 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from herder.model import JobStatus
-from herder.scheduling.health import HostHealth
+from herder.core.model import JobStatus
+from herder.core.scheduling.health import HostHealth
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PRIORITY_BANDS = (10, 50, 100)

@@ -29,9 +29,9 @@ from typing import TypeVar
 
 import msgspec
 
-from herder.backoff import Backoff
-from herder.config import FleetSection, RuntimeSection, Settings
-from herder.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
+from herder.core.backoff import Backoff
+from herder.core.config import FleetSection, RuntimeSection, Settings
+from herder.core.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
 from herder.runtime.executor import (
     Adopted,
     LaunchError,

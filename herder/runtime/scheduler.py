@@ -17,11 +17,10 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from herder.config import FleetSection, Settings
-from herder.model import HostRecord
-from herder.runtime.accounts import FLEET_STOPPED, AccountRules, sync_account_alerts
-from herder.scheduling.alerting import in_start_grace
-from herder.scheduling.breaker import (
+from herder.core.config import FleetSection, Settings
+from herder.core.model import HostRecord
+from herder.core.scheduling.alerting import in_start_grace
+from herder.core.scheduling.breaker import (
     PAUSE_SECONDS,
     THRESHOLD,
     Breaker,
@@ -29,14 +28,14 @@ from herder.scheduling.breaker import (
     Ended,
     breaker,
 )
-from herder.scheduling.capacity import (
+from herder.core.scheduling.capacity import (
     Shedding,
     WeightTable,
     WindowCaps,
     WindowSchedule,
     bookable_gb,
 )
-from herder.scheduling.health import (
+from herder.core.scheduling.health import (
     DEFAULT_LIVENESS,
     HealthThresholds,
     HostHealth,
@@ -49,7 +48,7 @@ from herder.scheduling.health import (
     host_liveness,
     liveness_changes,
 )
-from herder.scheduling.placement import (
+from herder.core.scheduling.placement import (
     HostLoad,
     HostSpec,
     PendingJob,
@@ -61,6 +60,7 @@ from herder.scheduling.placement import (
     place,
     stopped,
 )
+from herder.runtime.accounts import FLEET_STOPPED, AccountRules, sync_account_alerts
 from herder.store import Store
 
 log = logging.getLogger("herder.scheduler")

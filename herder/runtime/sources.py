@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import msgspec
 from msgspec.structs import replace
 
-from herder.config import AlertsSection, RuleSection, Settings
-from herder.errors import ConfigError
-from herder.model import (
+from herder.core.config import AlertsSection, RuleSection, Settings
+from herder.core.errors import ConfigError
+from herder.core.model import (
     INT_MAX,
     Action,
     AttemptResult,
@@ -31,6 +31,22 @@ from herder.model import (
     MemoryUse,
     Outcome,
 )
+from herder.core.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
+from herder.core.scheduling.capacity import WeightTable
+from herder.core.scheduling.classification import (
+    DEFAULT_PATTERNS,
+    SEED_EXIT_CODES,
+    Pattern,
+    verdict,
+)
+from herder.core.scheduling.policy import (
+    DEFAULT_RULES,
+    MAX_TRANSIENT_ATTEMPTS,
+    RetryState,
+    Rule,
+    decide,
+    quiet_ending,
+)
 from herder.runtime.accounts import (
     AccountRules,
     bind_accounts,
@@ -40,22 +56,6 @@ from herder.runtime.accounts import (
 )
 from herder.runtime.guardian import GuardianLink
 from herder.runtime.maintenance import Rescuer
-from herder.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
-from herder.scheduling.capacity import WeightTable
-from herder.scheduling.classification import (
-    DEFAULT_PATTERNS,
-    SEED_EXIT_CODES,
-    Pattern,
-    verdict,
-)
-from herder.scheduling.policy import (
-    DEFAULT_RULES,
-    MAX_TRANSIENT_ATTEMPTS,
-    RetryState,
-    Rule,
-    decide,
-    quiet_ending,
-)
 from herder.store import Store, Waker
 
 if TYPE_CHECKING:

@@ -33,8 +33,7 @@ from typing import IO
 
 import msgspec
 
-from herder.hardening import child_environment
-from herder.model import (
+from herder.core.model import (
     LAUNCH_ERROR_CHARS,
     AttemptResult,
     AttemptToken,
@@ -44,6 +43,7 @@ from herder.model import (
     Outcome,
     Transport,
 )
+from herder.hardening import child_environment
 from herder.runtime.preflight import Check
 from herder.runtime.sources import Ending, PolicyLimits, bind_jobs, decide_for
 from herder.store import Store

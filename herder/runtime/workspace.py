@@ -1,6 +1,6 @@
 """Each attempt's fresh git checkout: prepared inside the attempt, removed or kept after it.
 
-A job whose spec holds a workspace (herder.workspace) does not start its command directly:
+A job whose spec holds a workspace (herder.core.workspace) does not start its command directly:
 the runner starts `python -m herder.runtime.workspace`, which checks the disk, checks out
 the ref (a shared clone of a mirror cached under the workspace root, or a shallow clone),
 fills the prompt from the checkout, and then execs the job's command in the checkout. So
@@ -30,14 +30,14 @@ from typing import Any
 
 import msgspec
 
-from herder.errors import InputError
+from herder.core.errors import InputError
+from herder.core.model import AttemptToken, Job
+from herder.core.shell_templates import variable
+from herder.core.templates import fill_prompt, render
+from herder.core.workspace import WORKDIR_BASE, WorkspaceSpec, of_env, resolved_inside
 from herder.hardening import child_environment
-from herder.model import AttemptToken, Job
 from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
-from herder.shell_templates import variable
-from herder.templates import fill_prompt, render
-from herder.workspace import WORKDIR_BASE, WorkspaceSpec, of_env, resolved_inside
 
 EXIT_WORKSPACE_FAILED = 6
 """Seed 004's exit code for a workspace that could not be prepared."""
@@ -238,7 +238,7 @@ def _sanitise(mirror: Path, repository: str) -> None:
 
 def git(*args: str) -> str:
     """Run git with hooks, fsmonitor and every config a job could write defused (no
-    payload value is ever an option: herder.workspace refuses a leading '-'); its stdout,
+    payload value is ever an option: herder.core.workspace refuses a leading '-'); its stdout,
     or WorkspaceError with its stderr."""
     overrides = [item for key, value in SAFE_CONFIG for item in ("-c", f"{key}={value}")]
     env = dict(os.environ)
@@ -277,7 +277,7 @@ def fill_command(argv: Sequence[str], spec: WorkspaceSpec, shell: bool, folder: 
                  env: dict[str, str]) -> list[str]:
     """The job's argv with the prompt read from the checkout, filled from the payload
     (InputError when a field is missing, WorkspaceError when the file cannot be read). A
-    shell script reads them from its env ($HERDER_P_PROMPT, herder.shell_templates)."""
+    shell script reads them from its env ($HERDER_P_PROMPT, herder.core.shell_templates)."""
     if spec.prompt_file is None:
         return list(argv)
     path = (folder / spec.prompt_file).resolve()

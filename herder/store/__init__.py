@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 from herder.store.base import LiveAttempt, Store
 from herder.store.driver import Waker, as_unavailable, lost_session_errors
 

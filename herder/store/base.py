@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 from msgspec.structs import fields
 
-from herder.errors import Conflict, InputError, StoreUnavailable
-from herder.model import (
+from herder.core.errors import Conflict, InputError, StoreUnavailable
+from herder.core.model import (
     Account,
     AccountHealth,
     AccountRecord,
@@ -709,7 +709,7 @@ class Store:
         return bool(self.driver.write("alert_mark_resolved_sent",
                                       {"id": alert_id, "now": now}))
 
-    # -- accounts (herder.scheduling.accounts) ----------------------------------------------
+    # -- accounts (herder.core.scheduling.accounts) ----------------------------------------------
 
     def account_upsert(self, account: Account, now: datetime) -> None:
         """Create or update an account's declaration; its health is kept."""

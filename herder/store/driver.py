@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-from herder.errors import StoreUnavailable
-from herder.model import InsertResult
+from herder.core.errors import StoreUnavailable
+from herder.core.model import InsertResult
 
 Row = dict[str, Any]
 

@@ -24,9 +24,10 @@ from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb, set_json_loads
 from psycopg_pool import ConnectionPool
 
-from herder.backoff import Backoff
-from herder.errors import StoreUnavailable
-from herder.model import InsertResult, JobStatus
+from herder.core.backoff import Backoff
+from herder.core.errors import StoreUnavailable
+from herder.core.model import InsertResult, JobStatus
+from herder.core.urls import redact_url
 from herder.store.base import DEDUP_RELEASED_DETAIL, Store, object_from_json
 from herder.store.driver import (
     Driver,
@@ -39,7 +40,6 @@ from herder.store.driver import (
     load_queries,
     lost_session_errors,
 )
-from herder.urls import redact_url
 
 log = logging.getLogger("herder.store")
 Q = load_queries("postgres")

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from herder.errors import InputError, StoreUnavailable
-from herder.model import InsertResult, JobStatus
+from herder.core.errors import InputError, StoreUnavailable
+from herder.core.model import InsertResult, JobStatus
 from herder.store.base import DEDUP_RELEASED_DETAIL, Store, object_from_json
 from herder.store.driver import Driver, Json, Lease, Row, Transaction, Waker, load_queries
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from herder.model import Job, JobStatus
+from herder.core.model import Job, JobStatus
 
 TICK = 0.2  # mark_job.py's tick period
 MARK_KINDS = ("start", "held", "tick", "end", "term")

@@ -62,7 +62,7 @@ from support.fleet import FleetHarness
 from support.postgres import PostgresCluster
 from support.waits import wait_for
 
-from herder.model import JobSpec, JobStatus
+from herder.core.model import JobSpec, JobStatus
 from herder.store import open_store
 
 SETTLE_SECONDS = 90.0  # after the faults: everything restarted, every job finishes
@@ -328,7 +328,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_config_is_valid_and_writes_only_keys_this_herder_knows(tmp_path: Path) -> None:
-    from herder.config import load_config
+    from herder.core.config import load_config
 
     fleet = FleetHarness(tmp_path, f"sqlite:///{tmp_path / 'herder.db'}", **config_sections())
     try:

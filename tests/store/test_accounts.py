@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from herder.model import Account, AttemptResult, Decision, JobSpec, JobStatus, Outcome
+from herder.core.model import Account, AttemptResult, Decision, JobSpec, JobStatus, Outcome
 from herder.store import Store
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

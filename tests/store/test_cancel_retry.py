@@ -13,7 +13,7 @@ from support.store import (
     submit,
 )
 
-from herder.model import (
+from herder.core.model import (
     AttemptResult,
     JobStatus,
     Outcome,

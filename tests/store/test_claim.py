@@ -14,7 +14,7 @@ from support.store import (
     submit,
 )
 
-from herder.model import (
+from herder.core.model import (
     AttemptResult,
     AttemptToken,
     Decision,
@@ -187,7 +187,7 @@ def test_a_stored_job_whose_spec_row_is_missing_is_reported_as_damage(tmp_path):
     import sqlite3
     from contextlib import closing
 
-    from herder.errors import StoreUnavailable
+    from herder.core.errors import StoreUnavailable
 
     path = tmp_path / "h.db"
     with open_store(f"sqlite:///{path}") as store:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from herder.model import AttemptResult, Decision, JobSpec, JobStatus, Outcome
+from herder.core.model import AttemptResult, Decision, JobSpec, JobStatus, Outcome
 from herder.store import open_store
 from herder.store.sqlite import parse_sqlite_url
 

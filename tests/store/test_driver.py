@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from support.store import T0, at, spec
 
-from herder.model import InsertResult, JobStatus
+from herder.core.model import InsertResult, JobStatus
 from herder.store import Store, open_store
 from herder.store.base import DEDUP_RELEASED_DETAIL, spec_params
 from herder.store.driver import Driver, Json

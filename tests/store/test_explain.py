@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from herder.model import Decision, JobStatus, Outcome
+from herder.core.model import Decision, JobStatus, Outcome
 from herder.store.base import finish_params
 from herder.store.driver import load_queries
 from herder.store.sqlite import parse_sqlite_url
@@ -273,7 +273,7 @@ def test_postgres_claim_and_finish_settle_on_a_cached_plan(postgres_url):
     for this, and the finish's tokens come as one JSON object: with a LIMIT parameter, or
     with arrays whose length the custom plans see, the generic plan's estimated cost differs
     from the custom plans' and PostgreSQL keeps planning each call afresh."""
-    from herder.model import AttemptResult, Decision, JobStatus, Outcome
+    from herder.core.model import AttemptResult, Decision, JobStatus, Outcome
     from herder.store.postgres import postgres_store
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:

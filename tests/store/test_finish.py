@@ -14,7 +14,7 @@ from support.store import (
     submit,
 )
 
-from herder.model import (
+from herder.core.model import (
     AttemptResult,
     AttemptToken,
     Decision,

@@ -16,7 +16,7 @@ from support.store import (
     submit,
 )
 
-from herder.model import (
+from herder.core.model import (
     Attempt,
     AttemptToken,
     HostRecord,
@@ -271,7 +271,7 @@ def test_migration_7_gives_jobs_a_host_to_avoid_and_keeps_them(blank_store_url, 
 
 
 def test_a_schema_newer_than_the_code_stops_migrate_and_changes_nothing(blank_store_url):
-    from herder.errors import StoreUnavailable
+    from herder.core.errors import StoreUnavailable
 
     with open_store(blank_store_url) as store:
         latest = store.schema_version()

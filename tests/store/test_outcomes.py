@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from herder.model import AttemptResult, Decision, JobSpec, JobStatus, Outcome
+from herder.core.model import AttemptResult, Decision, JobSpec, JobStatus, Outcome
 from herder.store import Store
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

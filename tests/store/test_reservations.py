@@ -6,7 +6,7 @@ from support.store import (
     at,
 )
 
-from herder.model import (
+from herder.core.model import (
     HostRecord,
     Reservation,
     ReservationKind,

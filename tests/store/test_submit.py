@@ -14,8 +14,8 @@ from support.store import (
     submit,
 )
 
-from herder.errors import InputError
-from herder.model import (
+from herder.core.errors import InputError
+from herder.core.model import (
     JobSpec,
     JobStatus,
     Outcome,

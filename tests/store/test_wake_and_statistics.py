@@ -9,7 +9,7 @@ from support.store import (
     submit,
 )
 
-from herder.model import (
+from herder.core.model import (
     JobSpec,
 )
 from herder.store import open_store

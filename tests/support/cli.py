@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from herder.model import AttemptResult, Job, JobStatus, Outcome
-from herder.scheduling.policy import RetryState, decide
+from herder.core.model import AttemptResult, Job, JobStatus, Outcome
+from herder.core.scheduling.policy import RetryState, decide
 from herder.store import open_store
 from support.environment import clean_environment
 

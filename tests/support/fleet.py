@@ -27,7 +27,7 @@ import msgspec
 import pytest
 
 from herder.api.tokens import new_token, token_hash
-from herder.model import Scope
+from herder.core.model import Scope
 from herder.store import Store, open_store
 from support.config import toml_value, write_config
 from support.harness import HarnessBase

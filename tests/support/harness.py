@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from herder.model import Attempt, Job, JobStatus
+from herder.core.model import Attempt, Job, JobStatus
 from herder.store import Store
 from support.cli import herder_argv, run_herder
 from support.environment import clean_environment

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from herder.client import Client
-from herder.model import Event
+from herder.core.model import Event
 from herder.store import Store
 from support.config import write_config
 from support.harness import HarnessBase

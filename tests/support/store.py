@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from herder.model import (
+from herder.core.model import (
     AttemptResult,
     AttemptToken,
     Decision,
@@ -17,7 +17,7 @@ from herder.model import (
     JobStatus,
     Outcome,
 )
-from herder.scheduling.policy import RetryState, decide
+from herder.core.scheduling.policy import RetryState, decide
 from herder.store import Store
 from herder.store.base import load_migrations
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from herder.model import Job, JobStatus
+from herder.core.model import Job, JobStatus
 
 T = TypeVar("T")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from herder.errors import InputError
-from herder.scheduling.capacity import WeightTable, bookable_gb
-from herder.scheduling.placement import HostSpec
+from herder.core.errors import InputError
+from herder.core.scheduling.capacity import WeightTable, bookable_gb
+from herder.core.scheduling.placement import HostSpec
 
 
 def check_job(job_type: str, weight: str, priority: int, affinity: str | None,

@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from herder.errors import InputError
-from herder.templates import leading_dash_refusal, placeholders, text
+from herder.core.errors import InputError
+from herder.core.templates import leading_dash_refusal, placeholders, text
 
 VARIABLE_PREFIX = "HERDER_P_"
 """The job's env entries that carry a shell job type's payload values."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from herder.config import FleetSection, RuntimeSection
+from herder.core.config import FleetSection, RuntimeSection
 
 
 class HostHealth(enum.StrEnum):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 
 
 class Unit(msgspec.Struct, frozen=True):

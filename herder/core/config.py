@@ -22,13 +22,13 @@ from typing import Annotated, Any, Union
 
 from msgspec import Struct, field
 
-from herder.errors import ConfigError, InputError
-from herder.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
-from herder.shell_templates import argv_problem, shell_problem
-from herder.templates import check_command, placeholders
-from herder.urls import DEFAULT_DB
-from herder.workspace import MODES as WORKSPACE_MODES
-from herder.workspace import PROMPT_SOURCES, prefix_problem, relative_inside
+from herder.core.errors import ConfigError, InputError
+from herder.core.model import JOB_OUTCOMES, MAX_DURATION, Action, Budget, Outcome
+from herder.core.shell_templates import argv_problem, shell_problem
+from herder.core.templates import check_command, placeholders
+from herder.core.urls import DEFAULT_DB
+from herder.core.workspace import MODES as WORKSPACE_MODES
+from herder.core.workspace import PROMPT_SOURCES, prefix_problem, relative_inside
 
 CONFIG_FILE = "herder.toml"
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?"
@@ -144,7 +144,7 @@ _env_names = _names(_ENV_NAME, "{name!r} is not a valid environment variable nam
 
 
 def _submit_env(value: list[str]) -> list[str]:
-    from herder.env_policy import allow_entry_refusal
+    from herder.core.env_policy import allow_entry_refusal
 
     for entry in value:
         refusal = allow_entry_refusal(entry)
@@ -256,7 +256,7 @@ def _regex(value: str) -> str:
 
 class RuleSection(Struct, frozen=True):
     """[job_types.NAME.policy.OUTCOME]: this job type's rule for one outcome (the table in
-    herder.scheduling.policy); a key left out keeps the default rule's."""
+    herder.core.scheduling.policy); a key left out keeps the default rule's."""
 
     action: Annotated[str | None, rules(check=_one_of(ACTIONS))] = None
     spends: Annotated[str | None, rules(check=_one_of(BUDGETS))] = None
@@ -385,7 +385,7 @@ class JobTypeSection(Struct, frozen=True):
     """Read the log of an attempt that exited 0 too, for a program that ends 0 after an API
     error (aider): a usage limit or a revoked login found there stands; nothing else does."""
     accounts: list[str] | bool = False
-    """Runs under one of its host's accounts (herder.scheduling.accounts): true is any that
+    """Runs under one of its host's accounts (herder.core.scheduling.accounts): true is any that
     serves the type, a list names those it may use, false (the default) is none."""
     policy: Annotated[dict[str, RuleSection], rules(
         check=_names(re.compile("^(" + "|".join(OUTCOMES) + ")$"),
@@ -399,7 +399,7 @@ class JobTypeSection(Struct, frozen=True):
     # What a submit token restricted to job types (`--job-types`) may set besides the
     # payload, a dedup key, a priority within its floor and a delay: nothing else unless
     # listed here (herder.api.tokens.authorize_submit). Admin and unrestricted submit
-    # tokens are not bound by these; the env deny-list (herder.env_policy) binds everyone.
+    # tokens are not bound by these; the env deny-list (herder.core.env_policy) binds everyone.
     submit_env: Annotated[list[str], rules(check=_submit_env)] = field(default_factory=list)
     """Variables such a token may set: names or PREFIX* patterns."""
     allow_workdir: bool = False
@@ -416,7 +416,7 @@ class JobTypeSection(Struct, frozen=True):
     submit_max_attempts: Annotated[int | None, rules(ge=1)] = None
     """Such a token may choose max_attempts up to this; left out: none."""
     """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
-    (`herder.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
+    (`herder.core.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
     # -- what a payload value may become (issue 23: payload values stay values) --
     option_fields: Annotated[list[str], rules(check=_names(
         _ENV_NAME, "{name!r} is not a payload field name"))] = field(default_factory=list)
@@ -433,7 +433,7 @@ class JobTypeSection(Struct, frozen=True):
 
     def check(self) -> None:
         """What a payload value may become: never shell code, never an escape out of the
-        workdir's base (herder.shell_templates, herder.workspace)."""
+        workdir's base (herder.core.shell_templates, herder.core.workspace)."""
         if self.shell and isinstance(self.command, str):
             problem = shell_problem(self.command)
             if problem is not None:

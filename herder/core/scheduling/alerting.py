@@ -19,8 +19,8 @@ from typing import Protocol
 
 import msgspec
 
-from herder.config import AlertsSection
-from herder.model import Attempt, Outcome
+from herder.core.config import AlertsSection
+from herder.core.model import Attempt, Outcome
 
 HOUR = timedelta(hours=1)
 

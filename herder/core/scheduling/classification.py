@@ -23,7 +23,7 @@ import msgspec
 from msgspec.structs import replace
 from pydantic import ValidationError
 
-from herder.model import Outcome
+from herder.core.model import Outcome
 from herder.wire import JobResult
 
 TAIL_BYTES = 16 * 1024

@@ -13,7 +13,7 @@ import string
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 
 _FORMATTER = string.Formatter()
 _PROMPT_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")

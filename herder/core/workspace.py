@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 from msgspec.structs import asdict
 
-from herder.errors import InputError
+from herder.core.errors import InputError
 
 VARIABLE = "HERDER_WORKSPACE"
 """The job's env entry that holds its workspace spec."""

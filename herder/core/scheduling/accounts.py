@@ -32,8 +32,8 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.config import FleetSection
-from herder.model import (
+from herder.core.config import FleetSection
+from herder.core.model import (
     Account,
     AccountHealth,
     AccountRecord,
@@ -42,7 +42,7 @@ from herder.model import (
     Outcome,
     Usage,
 )
-from herder.scheduling.policy import QUIET_REASONS
+from herder.core.scheduling.policy import QUIET_REASONS
 
 AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
 PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")

@@ -54,7 +54,7 @@ class Outcome(enum.StrEnum):
     REFUSED = "refused"
     RAM_CONTENTION = "ram_contention"
     SPAWN_FAILED = "spawn_failed"
-    # Read from the log or the exit code (herder.scheduling.classification).
+    # Read from the log or the exit code (herder.core.scheduling.classification).
     TRANSIENT = "transient"
     USAGE_BLOCKED = "usage_blocked"
     NEEDS_HEAVIER = "needs_heavier"
@@ -67,7 +67,7 @@ class Outcome(enum.StrEnum):
 
 
 class Action(enum.StrEnum):
-    """What an outcome does to its job (the outcome table, herder.scheduling.policy)."""
+    """What an outcome does to its job (the outcome table, herder.core.scheduling.policy)."""
 
     DONE = "done"
     RETRY = "retry"

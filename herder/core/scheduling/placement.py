@@ -34,9 +34,9 @@ from operator import attrgetter
 
 import msgspec
 
-from herder.config import FleetSection
-from herder.model import HostRecord
-from herder.scheduling.capacity import (
+from herder.core.config import FleetSection
+from herder.core.model import HostRecord
+from herder.core.scheduling.capacity import (
     DEFAULT_SCHEDULE,
     DEFAULT_WEIGHTS,
     NIGHT,
@@ -48,7 +48,7 @@ from herder.scheduling.capacity import (
     bookable_gb,
     capacity_ratio,
 )
-from herder.scheduling.health import HostHealth, accepts_work
+from herder.core.scheduling.health import HostHealth, accepts_work
 
 RAM_TOLERANCE_GB = 1e-9
 """Slack on the RAM check so float sums (22.4 − 3 − 3 …) never refuse an exact fit."""
