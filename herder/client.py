@@ -37,11 +37,13 @@ from herder.core.model import (
 from herder.store import Store, open_store
 
 if TYPE_CHECKING:
+    from herder.core.host_settings import HostSettings
     from herder.core.submission import SubmitRequest
-    from herder.host_settings import HostSettings
     from herder.runtime.scheduler import Fleet
     from herder.store.base import Alert
-    from herder.wire import AccountView, FleetCapView, HostView
+    from herder.wire.accounts import AccountView
+    from herder.wire.fleet import FleetCapView
+    from herder.wire.hosts import HostView
 
 
 class Submitted(msgspec.Struct, frozen=True):
@@ -199,7 +201,7 @@ class Client:
     def fleet_cap(self) -> FleetCapView:
         """`[fleet] emergency_max_workers` now, and the jobs running against it."""
         from herder.runtime.scheduler import fleet_cap
-        from herder.wire import FleetCapView
+        from herder.wire.fleet import FleetCapView
 
         cap = fleet_cap(self.store, self.config.settings.fleet.emergency_max_workers)
         counts = self.store.job_counts()

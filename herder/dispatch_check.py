@@ -1,5 +1,6 @@
-"""`herder should-dispatch KEY --type T`: a job type's own check (seed 004's dedup guard: "a
-merged pull request already closes this issue"), run after the dedup key is found free.
+"""`herder should-dispatch KEY --type T`: a job type's own check (a dedup guard the key alone
+cannot be, e.g. "a merged pull request already closes this issue"), run after the dedup key is
+found free.
 
 The command is `[job_types.T] dispatch_check` from herder.toml, run as an argv (never a
 shell line built from values): the caller's key and payload reach it only as environment
@@ -7,7 +8,7 @@ variables (`HERDER_DEDUP_KEY`, `HERDER_JOB_TYPE`, `HERDER_PAYLOAD_<FIELD>`), so 
 as `--force` or `$(rm -rf ~)` stays data. Its contract: exit 0 dispatch; exit 10 skip, its
 first non-empty stdout line the reason; anything else (another exit, a signal, no answer
 within `dispatch_check_timeout`, a program that cannot start) is an error, `should-dispatch`
-exit 2 (seed 004: "2 -> error (network / config)").
+exit 2, the exit every herder command uses for an error of the network or the config.
 
 Light on purpose: `should-dispatch` runs in dispatcher loops (no pydantic, no store).
 """
@@ -15,12 +16,11 @@ Light on purpose: `should-dispatch` runs in dispatcher loops (no pydantic, no st
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 
 from herder.core.errors import HerderError, InputError
 from herder.hardening import PRIVATE_UMASK
-from herder.short_process import output_within
+from herder.short_process import run_within
 
 EXIT_DISPATCH = 0
 EXIT_SKIP = 10
@@ -65,24 +65,20 @@ def run_dispatch_check(argv: Sequence[str], timeout: float, environment: Mapping
     """Run the check in a session of its own (its whole group killed at the timeout);
     the skip reason, None to dispatch, DispatchCheckFailed otherwise."""
     try:
-        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=dict(environment), cwd=cwd,
-                                   start_new_session=True, umask=PRIVATE_UMASK)
+        ended = run_within(argv, timeout, environment, PRIVATE_UMASK, cwd=cwd)
     except OSError as exc:
         raise DispatchCheckFailed(f"{where}: {argv[0]} cannot start: "
                                   f"{exc.strerror or exc}") from None
-    output = output_within(process, timeout)
-    if output is None:
+    if ended is None:
         raise DispatchCheckFailed(f"{where}: no answer within {timeout:g}s")
-    stdout, stderr = output
-    code = process.returncode
+    code, stdout, stderr = ended
     if code == EXIT_DISPATCH:
         return None
     if code == EXIT_SKIP:
         return first_line(stdout) or "the dispatch check said skip"
     said = last_line(stderr)
-    ended = f"killed by signal {-code}" if code < 0 else f"exit {code}"
-    raise DispatchCheckFailed(f"{where}: {ended}{f': {said}' if said else ''} (0 is "
+    how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+    raise DispatchCheckFailed(f"{where}: {how}{f': {said}' if said else ''} (0 is "
                               "dispatch, 10 skip)")
 
 

@@ -20,7 +20,8 @@ check, an ssh launch, a workspace's git, a job) can inherit them, whoever starts
 however it builds its environment; the process keeps reading them through `secret_value`.
 
 Short commands (`submit`, `jobs`, ...) do not call it: they live well under a second, start no
-job, and import ctypes would cost 2-4 ms of their ~100 ms budget (tests/test_cli_imports.py).
+job, and importing ctypes would spend a noticeable share of their start-up budget
+(tests/test_cli_imports.py; the figure is in bench/README.md, "Import costs behind the code").
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def disable_dumping() -> bool:
     """Turn off PR_SET_DUMPABLE for this process (Linux); False where it cannot be."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes  # only here: 2-4 ms, and only the long-lived commands come here
+    import ctypes  # only here: not free to import, and only the long-lived commands come here
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)

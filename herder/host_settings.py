@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from msgspec.structs import replace
 
 from herder.core.errors import InputError
+from herder.core.host_settings import HostSettings
 from herder.core.model import HostRecord, Transport
 
 if TYPE_CHECKING:
@@ -17,25 +17,6 @@ if TYPE_CHECKING:
 
 ANY_WEIGHT = ("", "any")
 """A window's max weight that lifts the cap."""
-
-
-class HostSettings(msgspec.Struct, frozen=True):
-    """The options given; None leaves a field as it is. `job_types` and `weights` empty
-    mean any; a window's max weight "" or "any" means no cap."""
-
-    ram_total_gb: float | None = None
-    ram_reserved_gb: float | None = None
-    cpus: int | None = None
-    transport: Transport | None = None
-    ssh_target: str | None = None
-    prime_workers: int | None = None
-    prime_max_weight: str | None = None
-    night_workers: int | None = None
-    night_max_weight: str | None = None
-    job_types: frozenset[str] | None = None
-    weights: frozenset[str] | None = None
-    priority_floor: int | None = None
-    labels: frozenset[str] | None = None
 
 
 def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> HostRecord:

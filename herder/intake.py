@@ -33,7 +33,7 @@ from herder.core.workspace import (
 )
 
 if TYPE_CHECKING:
-    from herder.wire import SubmitBody
+    from herder.wire.jobs import SubmitBody
 
 ADHOC = "adhoc"
 MAX_PAYLOAD_BYTES = 1_000_000

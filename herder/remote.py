@@ -20,33 +20,26 @@ import msgspec
 from herder.client import Submitted, check_account_names, submit_request_of, wait_for_end
 from herder.core.config import _NAME
 from herder.core.errors import HerderError, InputError, NotFound
+from herder.core.host_settings import HostSettings
 from herder.core.model import Account, Attempt, Event, Job, JobStatus, MemoryUse, ReservationStatus
 from herder.core.urls import loopback_name
-from herder.host_settings import HostSettings
-from herder.wire import (
-    AccountBody,
-    AccountChanged,
-    AccountView,
-    AlertView,
+from herder.wire.accounts import AccountBody, AccountChanged, AccountView
+from herder.wire.alerts import AlertView
+from herder.wire.fleet import FleetCapView
+from herder.wire.hosts import HostSettingsBody, HostToken, HostView
+from herder.wire.jobs import (
     AttemptView,
     Cancelled,
     DedupHolder,
     DispatchChecked,
     EventView,
-    FleetCapView,
-    HostSettingsBody,
-    HostToken,
-    HostView,
     JobDetail,
     JobView,
-    ReservationEnded,
-    Reserved,
     Retried,
-    SlotClaimed,
-    SlotReleased,
     Why,
 )
-from herder.wire import Submitted as SubmittedReply
+from herder.wire.jobs import Submitted as SubmittedReply
+from herder.wire.reservations import ReservationEnded, Reserved, SlotClaimed, SlotReleased
 
 TIMEOUT_SECONDS = 30.0
 """How long one call may take before the command gives up with one line."""

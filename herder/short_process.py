@@ -13,9 +13,35 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 DRAIN_SECONDS = 1.0
 """How long the pipes are read after the group is killed (what it printed before)."""
+
+
+class Ended(NamedTuple):
+    """How a short process ended: its exit status (negative: the signal) and its output."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def run_within(argv: Sequence[str], timeout: float, env: Mapping[str, str], umask: int,
+               cwd: str | None = None, stdout: bool = True, stderr: bool = True
+               ) -> Ended | None:
+    """Run `argv` in a session of its own, with no stdin, and what it said within `timeout`
+    (`stdout`/`stderr` False: that stream is discarded); None when it gave no answer in
+    time (its group is killed). OSError when it cannot start."""
+    process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+                               stderr=subprocess.PIPE if stderr else subprocess.DEVNULL,
+                               env=dict(env), cwd=cwd, start_new_session=True, umask=umask)
+    output = output_within(process, timeout)
+    if output is None:
+        return None
+    return Ended(process.returncode, *output)
 
 
 def output_within(process: subprocess.Popen[bytes], timeout: float

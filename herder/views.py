@@ -8,7 +8,9 @@ from typing import Any
 
 from herder.core.model import AccountRecord, Job
 from herder.store.base import Alert
-from herder.wire import AccountView, AlertView, JobView
+from herder.wire.accounts import AccountView
+from herder.wire.alerts import AlertView
+from herder.wire.jobs import JobView
 
 
 def iso(value: datetime | None) -> str | None:
@@ -16,7 +18,7 @@ def iso(value: datetime | None) -> str | None:
 
 
 def job_view(job: Job) -> dict[str, Any]:
-    return JobView.of(job).model_dump(mode="json")
+    return JobView.model_validate(job).model_dump(mode="json")
 
 
 def account_view(record: AccountRecord, now: datetime, cooldown: float) -> AccountView:

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs
 
 import msgspec
 
+from herder.core.errors import Refused
 from herder.core.submission import SubmitRequest
 
 if TYPE_CHECKING:
@@ -60,16 +61,6 @@ SCHEMES: Mapping[str, Scheme] = {
 REPLAY_WINDOW = 300.0
 """Seconds a generic delivery's timestamp may be off this server's clock, either way."""
 KINDS = tuple(SCHEMES)
-
-
-class Refused(Exception):
-    """A delivery refused with an HTTP status; `reason` never holds the secret or the
-    signature sent."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 class Delivery(msgspec.Struct, frozen=True):

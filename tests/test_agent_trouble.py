@@ -25,7 +25,7 @@ from herder.core.scheduling.alerting import (
 from herder.runtime.agent_client import Reply, ServerUnavailable, Verdict
 from herder.runtime.agent_trouble import STATE_FILE, TroubleWatch, failure_of, trouble_body
 from herder.runtime.delivery import Delivery
-from herder.wire import TroubleBody
+from herder.wire.agents import TroubleBody
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 DOWN = Reply(Verdict.RETRY, None, None, "ConnectError: [Errno 111] Connection refused")

@@ -40,7 +40,7 @@ from herder.runtime.runner import (
     fence_kill_at,
     fence_margin,
 )
-from herder.wire import HeartbeatReply, HostGate, pairs
+from herder.wire.agents import HeartbeatReply, HostGate, pairs
 
 # -- the decision (pure) ------------------------------------------------------------------------
 

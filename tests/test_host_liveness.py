@@ -143,7 +143,7 @@ def test_the_listening_url_is_the_address_and_port_the_socket_has():
 
 def test_a_host_row_reads_a_new_view_and_one_from_a_server_older_than_its_fields():
     from herder.cli.hosts import HOST_COLUMNS, host_row
-    from herder.wire import HostView
+    from herder.wire.hosts import HostView
 
     older = {  # what a server before `condition` and `liveness` sent
         "label": "alpha", "enabled": True, "agent": None, "transport": "agent",

@@ -25,7 +25,6 @@ from herder.api.app import (
 from herder.api.sessions import COOKIE, CSRF_HEADER
 from herder.api.tokens import (
     Caller,
-    Denied,
     authorize,
     authorize_owner,
     authorize_reservation,
@@ -37,6 +36,7 @@ from herder.api.tokens import (
 )
 from herder.core.config import Config, JobTypeSection, ServerSection, Settings
 from herder.core.env_policy import DENIED
+from herder.core.errors import Refused
 from herder.core.model import (
     AttemptToken,
     HostRecord,
@@ -403,22 +403,22 @@ def test_authorize_ranks_operator_scopes_and_binds_agents_to_their_host():
             if held in allowed_scopes:
                 authorize(caller, scope)
             else:
-                with pytest.raises(Denied) as refused:
+                with pytest.raises(Refused) as refused:
                     authorize(caller, scope)
                 assert refused.value.status == 403
-        with pytest.raises(Denied):
+        with pytest.raises(Refused):
             authorize(Caller("a", Scope.AGENT, host="alpha"), scope)
     authorize(Caller("a", Scope.AGENT, host="alpha"), Scope.AGENT, "alpha")
     for caller in (Caller("a", Scope.AGENT, host="beta"), Caller("root", Scope.ADMIN)):
-        with pytest.raises(Denied) as refused:
+        with pytest.raises(Refused) as refused:
             authorize(caller, Scope.AGENT, "alpha")
         assert refused.value.status == 403
 
 
 def test_identify_refuses_unknown_and_revoked_tokens():
-    with pytest.raises(Denied, match="unknown"):
+    with pytest.raises(Refused, match="unknown"):
         identify(None)
-    with pytest.raises(Denied, match="revoked"):
+    with pytest.raises(Refused, match="revoked"):
         identify(record(Scope.ADMIN, revoked_at=NOW))
     assert identify(record(Scope.READ)).scope is Scope.READ
 
@@ -433,9 +433,9 @@ def test_authorize_submit_limits():
         authorize_submit(caller, SubmitRequest(job_type=name), spec, job_type, {})
 
     submit(limited, "dev-issue", 10)
-    with pytest.raises(Denied, match="job type"):
+    with pytest.raises(Refused, match="job type"):
         submit(limited, "review-pr", 50)
-    with pytest.raises(Denied, match="floor"):
+    with pytest.raises(Refused, match="floor"):
         submit(limited, "dev-issue", 9)
     submit(Caller("free", Scope.SUBMIT), "anything", -5)
 
@@ -790,14 +790,14 @@ def test_authorize_owner_and_reservation_bounds():
                        ReservationStatus.ACTIVE, NOW, NOW, None, created_by=7)
     authorize_owner(mine, made)
     authorize_owner(Caller("root", Scope.ADMIN), made)
-    with pytest.raises(Denied, match="another token") as refused:
+    with pytest.raises(Refused, match="another token") as refused:
         authorize_owner(other, made)
     assert refused.value.status == 403
     budgets = {"light": 3.0, "heavy": 8.0}
     authorize_reservation(mine, "light", budgets, "light")
     authorize_reservation(Caller("root", Scope.ADMIN), "heavy", budgets, "light")
     authorize_reservation(mine, "unknown", budgets, "light")  # the 422 names it later
-    with pytest.raises(Denied, match="max_reservation_weight"):
+    with pytest.raises(Refused, match="max_reservation_weight"):
         authorize_reservation(mine, "heavy", budgets, "light")
     assert held_by(mine, 5) == (7, 5) and held_by(Caller("root", Scope.ADMIN, id=1), 5) == (
         1, None)

@@ -17,7 +17,7 @@ from herder.core.config import Config, JobTypeSection, load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import JobSpec
 from herder.intake import parse_assignments, parse_payload, resolve
-from herder.wire import SubmitBody
+from herder.wire.jobs import SubmitBody
 
 CONFIG = """
 [defaults]

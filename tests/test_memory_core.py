@@ -33,7 +33,7 @@ from herder.runtime.memory import (
     sweep,
 )
 from herder.runtime.process import process_start_time
-from herder.wire import FinishBody
+from herder.wire.agents import FinishBody
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 GB, MB = 1024**3, 1024**2

@@ -13,7 +13,6 @@ from herder.core.config import load_config
 from herder.core.model import Action, Budget, JobStatus, Outcome
 from herder.core.scheduling.policy import (
     DEFAULT_RULES,
-    FAILURE_REASONS,
     QUIET_REASONS,
     SPAWN_OUTCOMES,
     RetryState,
@@ -448,7 +447,7 @@ def test_the_spawn_failure_cap_fails_the_job_for_a_human(outcome: Outcome):
                     max_spawn_failures=5)
     assert (capped.status, capped.actionable, capped.human_action) == (
         JobStatus.FAILED, True, True)
-    assert capped.failure_reason == FAILURE_REASONS[outcome]
+    assert capped.failure_reason == DEFAULT_RULES[outcome].failure_reason
     # Below the cap it is only a retry: nothing to alert on yet.
     retry = decide(outcome, replace(state(), spawn_failures=0, escalations=1), NOW,
                    max_spawn_failures=5)

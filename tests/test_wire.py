@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from herder.core.model import AttemptToken, Job, JobStatus
 from herder.core.submission import SubmitRequest
 from herder.runtime.agent import job_from_assignment
-from herder.wire import Assignment, HeartbeatBody, HeartbeatReply, JobView, SubmitBody, tokens
+from herder.wire.agents import Assignment, HeartbeatBody, HeartbeatReply, tokens
+from herder.wire.jobs import JobView, SubmitBody
 
 T0 = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
 JOB = Job(
@@ -27,7 +28,7 @@ JOB = Job(
 
 
 def test_an_assignment_reaches_the_agent_as_the_job_the_server_placed():
-    sent = json.loads(Assignment.of(JOB).model_dump_json())
+    sent = json.loads(Assignment.model_validate(JOB).model_dump_json())
     received = job_from_assignment(sent)
     # What the agent does not get (it is the server's business) it fills as a claim.
     expected = msgspec.structs.replace(JOB, dedup_key=None, affinity=None, host=None,
@@ -36,7 +37,7 @@ def test_an_assignment_reaches_the_agent_as_the_job_the_server_placed():
 
 
 def test_times_are_written_as_isoformat_with_an_offset():
-    view = JobView.of(JOB).model_dump(mode="json")
+    view = JobView.model_validate(JOB).model_dump(mode="json")
     assert view["created_at"] == "2026-01-01T12:30:00+00:00"
     assert view["started_at"] is None
     assert view["status"] == "claimed"
@@ -81,9 +82,9 @@ def test_the_api_submit_body_has_the_fields_and_defaults_of_the_submit_request()
 
 
 def test_host_settings_cross_the_wire_unchanged_and_a_field_left_out_stays_out():
+    from herder.core.host_settings import HostSettings
     from herder.core.model import Transport
-    from herder.host_settings import HostSettings
-    from herder.wire import HostAddBody, HostSettingsBody
+    from herder.wire.hosts import HostAddBody, HostSettingsBody
 
     given = HostSettings(ram_total_gb=32.0, ram_reserved_gb=4.0, cpus=8,
                          transport=Transport.SSH, ssh_target="u@h", prime_workers=3,
@@ -99,3 +100,18 @@ def test_host_settings_cross_the_wire_unchanged_and_a_field_left_out_stays_out()
     assert added.settings() == only and (added.label, added.enabled) == ("lap-1", False)
     with pytest.raises(ValidationError):
         HostSettingsBody.model_validate({"cpus": 2, "label": "x"})  # add's field, not set's
+
+
+def test_an_attempt_view_reads_its_memory_from_the_attempt_and_by_name_from_json():
+    from herder.core.model import Attempt, Enforcement, MemoryUse
+    from herder.wire.jobs import AttemptView
+
+    attempt = Attempt(job_id=7, attempt=1, host="h1", worker="h1/1/1", pid=4, log_path=None,
+                      claimed_at=T0, started_at=T0, heartbeat_at=T0, ended_at=None,
+                      exit_code=None, outcome=None,
+                      memory=MemoryUse(100, 200, next(iter(Enforcement))))
+    view = AttemptView.model_validate(attempt)
+    assert (view.peak_rss_bytes, view.memory_budget_bytes) == (100, 200)
+    assert AttemptView.model_validate_json(view.model_dump_json()) == view
+    unmeasured = AttemptView.model_validate(msgspec.structs.replace(attempt, memory=None))
+    assert unmeasured.memory_enforcement is None and unmeasured.peak_rss_bytes is None

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query
 
 from herder.api.depends import HOST_LABEL, Admin, HostLabel, Reader, Service, call
 from herder.core.model import Account
-from herder.wire import AccountBody, AccountChanged, AccountView
+from herder.wire.accounts import AccountBody, AccountChanged, AccountView
 
 router = APIRouter(prefix="/api/v1/accounts", tags=["accounts"])
 AccountName = Annotated[str, Path(pattern=HOST_LABEL)]

@@ -9,11 +9,11 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, call, check_worker
+from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
 from herder.core.scheduling.alerting import Trouble
-from herder.runtime.coordinator import LogRefused
 from herder.runtime.sources import Ending
-from herder.wire import (
+from herder.wire.agents import (
     AdoptBody,
     Adopted,
     Assignment,
@@ -86,7 +86,7 @@ async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=
         jobs = await call(service.take_assigned, label, worker, free)
         remaining = deadline - asyncio.get_running_loop().time()
         if jobs or remaining <= 0:
-            return Assignments(jobs=[Assignment.of(job) for job in jobs],
+            return Assignments(jobs=[Assignment.model_validate(job) for job in jobs],
                                lease_seconds=service.lease_seconds)
         await board.wait(label, seen, remaining)
 
@@ -97,7 +97,7 @@ async def attempt_get(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
     """The attempt an ssh push placed on this host (`herder run-attempt`). Not quite a pure
     read: an attempt whose bound account was removed meanwhile is ended here as refused."""
     job = await call(service.placed_attempt, label, AttemptToken(job_id, attempt))
-    return PlacedAttempt(job=None if job is None else Assignment.of(job),
+    return PlacedAttempt(job=None if job is None else Assignment.model_validate(job),
                          lease_seconds=service.lease_seconds)
 
 
@@ -159,7 +159,7 @@ async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
     try:
         size = await call(service.write_log, label, AttemptToken(job_id, attempt), offset,
                           data)
-    except LogRefused as refused:
+    except Refused as refused:
         raise HTTPException(refused.status, refused.reason) from None
     return LogWritten(size=size)
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from herder.api.depends import Reader, Service, call
 from herder.views import alert_view
-from herder.wire import AlertView
+from herder.wire.alerts import AlertView
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 

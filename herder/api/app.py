@@ -36,10 +36,10 @@ from herder.api import (
     reservations,
 )
 from herder.api.board import AssignmentBoard
+from herder.api.body import declared_over, read_within
 from herder.api.depends import Access, Reader, Throttled, route_scope
 from herder.api.guard import FailureLimiter, rebinding_refusal
-from herder.api.tokens import Denied
-from herder.core.errors import Conflict, HerderError, InputError, NotFound
+from herder.core.errors import Conflict, HerderError, InputError, NotFound, Refused
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import SessionBook
 from herder.store import lost_session_errors
@@ -91,24 +91,26 @@ class BodyLimit:
             if not declared.isdigit():
                 await _plain(send, 400, "Content-Length is not a number")
                 return
-            if int(declared) > self.max_bytes:
+            if declared_over(declared, self.max_bytes):
                 await _plain(send, 413, f"request body over {self.max_bytes} bytes")
                 return
             await self.app(scope, receive, send)
             return
         buffered: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            buffered.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                await _plain(send, 413, f"request body over {self.max_bytes} bytes")
-                return
-            if not message.get("more_body", False):
-                break
+
+        async def bodies() -> AsyncIterator[bytes]:
+            while True:
+                message = await receive()
+                buffered.append(message)
+                if message["type"] != "http.request":
+                    return
+                yield message.get("body", b"")
+                if not message.get("more_body", False):
+                    return
+
+        if await read_within(bodies(), self.max_bytes) is None:
+            await _plain(send, 413, f"request body over {self.max_bytes} bytes")
+            return
 
         async def replay() -> Message:
             return buffered.pop(0) if buffered else await receive()
@@ -170,8 +172,8 @@ def _map_errors(app: FastAPI) -> None:
     async def conflict(_request: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
-    @app.exception_handler(Denied)
-    async def denied(request: Request, exc: Denied) -> JSONResponse:
+    @app.exception_handler(Refused)
+    async def denied(request: Request, exc: Refused) -> JSONResponse:
         log.info("%s %s refused (%d): %s", request.method, request.url.path, exc.status,
                  exc.reason)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None

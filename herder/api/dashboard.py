@@ -31,7 +31,8 @@ from herder.api.depends import (
     token_caller,
 )
 from herder.api.sessions import csrf_refusal, foreign_origin
-from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, Denied, authorize, token_hash
+from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, authorize, token_hash
+from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, JobStatus, Scope
 from herder.core.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.runtime.sessions import (
@@ -40,7 +41,7 @@ from herder.runtime.sessions import (
     legacy_key,
     new_session_id,
 )
-from herder.wire import JobPage, SessionView
+from herder.wire.dashboard import JobPage, SessionView
 
 router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"])
 pages = APIRouter(prefix="/ui", dependencies=[Depends(public)], include_in_schema=False)
@@ -165,7 +166,7 @@ async def signed_in(request: Request) -> bool:
         return False
     try:
         await session_identity(request, found)
-    except Denied:
+    except Refused:
         await call(sessions_of(request).close, found.id)
         return False
     return True
@@ -204,7 +205,7 @@ async def login_page() -> Response:
 
 async def session_key(request: Request, token: str, session_id: str) -> str:
     """What session `session_id` keeps of a pasted token (its hash, never the token), once
-    the token is checked as the API checks a bearer token: Denied (401/403) otherwise."""
+    the token is checked as the API checks a bearer token: Refused (401/403) otherwise."""
     caller = await token_caller(request, token)
     if caller is LEGACY_ADMIN:
         return legacy_key(session_id, token)
@@ -227,7 +228,7 @@ async def login(request: Request) -> Response:
     session_id = new_session_id()
     try:
         key = await session_key(request, token, session_id)
-    except Denied as refused:
+    except Refused as refused:
         return login_form(refused.status, refused.reason)
     opened = await call(sessions_of(request).open, key, session_id)
     response = RedirectResponse("/ui/", status_code=303)

@@ -21,7 +21,6 @@ from herder.api.tokens import (
     ANONYMOUS_ADMIN,
     LEGACY_ADMIN,
     Caller,
-    Denied,
     authorize,
     identify,
     plausible_token,
@@ -29,6 +28,7 @@ from herder.api.tokens import (
     token_hash,
 )
 from herder.core.config import _NAME, ServerSection
+from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, INT_MAX, Scope
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
@@ -101,7 +101,7 @@ async def caller_of(request: Request, authorization: str | None) -> Caller | Non
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise Denied(401, "use 'Authorization: Bearer <token>'")
+        raise Refused(401, "use 'Authorization: Bearer <token>'")
     return await token_caller(request, token)
 
 
@@ -122,7 +122,7 @@ def client_address(request: Request) -> str:
 
 async def token_caller(request: Request, token: str) -> Caller:
     """Who a token stands for, however it came (a bearer header, the dashboard's sign-in);
-    Denied (401) for one that is unknown or revoked, Throttled (429) once this client
+    Refused (401) for one that is unknown or revoked, Throttled (429) once this client
     failed too often (refused before any store lookup)."""
     failures: FailureLimiter = request.app.state.failures
     address = client_address(request)
@@ -132,13 +132,13 @@ async def token_caller(request: Request, token: str) -> Caller:
         raise Throttled(wait)
     try:
         if not plausible_token(token):
-            raise Denied(401, "unknown token")
+            raise Refused(401, "unknown token")
         access: Access = request.app.state.access
         if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
             caller = LEGACY_ADMIN
         else:
             caller = identify(await call(coordinator(request).token, key))
-    except Denied as refused:
+    except Refused as refused:
         if refused.status == 401:
             failures.failed(address, key)
         raise
@@ -157,7 +157,7 @@ async def session_caller(request: Request) -> Caller | None:
     refusal = csrf_refusal(session, request.method, request.headers.get(CSRF_HEADER),
                            request.headers.get("origin"), request.headers.get("host"))
     if refusal is not None:
-        raise Denied(403, refusal)
+        raise Refused(403, refusal)
     request.state.session = session
     return await session_identity(request, session)
 
@@ -178,7 +178,7 @@ async def session_identity(request: Request, session: Session) -> Caller:
         if access.legacy_admin_token and same_secret(
                 session.key, legacy_key(session.id, access.legacy_admin_token)):
             return LEGACY_ADMIN
-        raise Denied(401, "unknown token")
+        raise Refused(401, "unknown token")
     return identify(await call(coordinator(request).token, session.key))
 
 
@@ -193,7 +193,7 @@ def operator(scope: Scope) -> Any:
             caller = await session_caller(request)
         if caller is None:
             if not request.app.state.access.open_access:
-                raise Denied(401, f"a {scope} token is required "
+                raise Refused(401, f"a {scope} token is required "
                                   "(Authorization: Bearer <token>)")
             caller = ANONYMOUS_ADMIN
         authorize(caller, scope)
@@ -208,7 +208,7 @@ async def agent_host(request: Request, label: Annotated[str, Path(max_length=200
     """The token must be an agent token of the host named in the path: 403 otherwise."""
     caller = await caller_of(request, authorization)
     if caller is None:
-        raise Denied(401, "an agent token is required (Authorization: Bearer <token>)")
+        raise Refused(401, "an agent token is required (Authorization: Bearer <token>)")
     authorize(caller, Scope.AGENT, label)
     return label
 

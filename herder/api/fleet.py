@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from herder.api.depends import Admin, Reader, Service, call
-from herder.wire import FleetCapBody, FleetCapView
+from herder.wire.fleet import FleetCapBody, FleetCapView
 
 router = APIRouter(prefix="/api/v1/fleet", tags=["fleet"])
 

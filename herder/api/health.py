@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from herder.api.depends import Service, public
-from herder.wire import Health
+from herder.wire.health import Health
 
 router = APIRouter(tags=["health"])
 

@@ -11,10 +11,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
+from herder.api.body import declared_over, read_within
 from herder.api.depends import Access, Service, call, signed
-from herder.core.errors import InputError
-from herder.webhooks import PING, Delivery, Refused, match, parse_body, verify
-from herder.wire import HookReply
+from herder.core.errors import InputError, Refused
+from herder.webhooks import PING, Delivery, match, parse_body, verify
+from herder.wire.hooks import HookReply
 
 log = logging.getLogger("herder.hooks")
 router = APIRouter(prefix="/hooks", tags=["webhooks"])
@@ -73,14 +74,9 @@ async def receive(source: Source, request: Request, response: Response,
 
 async def _read(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it passes `limit` (never buffered past it)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    body = None
+    if not declared_over(request.headers.get("content-length"), limit):
+        body = await read_within(request.stream(), limit)
+    if body is None:
         raise Refused(413, f"the body is over {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Refused(413, f"the body is over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return body

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from herder.api.depends import Admin, HostLabel, Reader, Service, call
-from herder.wire import (
+from herder.wire.hosts import (
     HostAddBody,
     HostChanged,
     HostSettingsBody,

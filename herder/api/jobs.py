@@ -13,7 +13,7 @@ from herder.api.tokens import authorize_job_type, authorize_submit
 from herder.core.errors import NotFound
 from herder.core.model import BIGINT_MAX, INT_MAX, JobStatus
 from herder.core.submission import DEDUP_KEY_LENGTH
-from herder.wire import (
+from herder.wire.jobs import (
     Cancelled,
     DedupHolder,
     DispatchCheckBody,
@@ -42,7 +42,7 @@ async def submit(body: SubmitBody, caller: Submitter, service: Service) -> Submi
 async def list_jobs(_caller: Reader, service: Service,
                     status: Annotated[list[JobStatus] | None, Query()] = None,
                     limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[JobView]:
-    return [JobView.of(job) for job in await call(service.jobs, status, limit)]
+    return [JobView.model_validate(job) for job in await call(service.jobs, status, limit)]
 
 
 @router.get("/dedup-holder", response_model=DedupHolder)

@@ -1,4 +1,4 @@
-"""`GET /queue`: the fleet at a glance (seed 002's counts and recent jobs, with hosts,
+"""`GET /queue`: the fleet at a glance (counts and recent jobs, with hosts,
 breakers, preflight, accounts and open alerts), for a read token."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from herder.api.depends import Reader, Service, call
-from herder.wire import QueueView
+from herder.wire.queue import QueueView
 
 router = APIRouter(tags=["queue"])
 

@@ -15,7 +15,7 @@ from herder.api.tokens import (
     held_by,
 )
 from herder.core.errors import NotFound
-from herder.wire import (
+from herder.wire.reservations import (
     CompleteBody,
     ReservationEnded,
     ReserveBody,

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from herder.core.env_policy import allowed
+from herder.core.errors import Refused
 from herder.core.model import JobSpec, Reservation, Scope, TokenRecord
 from herder.intake import ADHOC
 
 if TYPE_CHECKING:
     from herder.core.config import JobTypeSection
     from herder.core.submission import SubmitRequest
-    from herder.wire import SubmitBody
+    from herder.wire.jobs import SubmitBody
 
 TOKEN_PREFIX = "hdr_"
 OPERATOR_RANK = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}
@@ -44,15 +45,6 @@ def same_secret(given: str, expected: str) -> bool:
 def plausible_token(text: str) -> bool:
     """Cheap shape check before any lookup: printable ASCII, no spaces, bounded length."""
     return 8 <= len(text) <= 256 and text.isascii() and text.isprintable() and " " not in text
-
-
-class Denied(Exception):
-    """Access refused: 401 when the caller is not known, 403 when it may not do this."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -78,24 +70,24 @@ LEGACY_ADMIN = Caller("HERDER_API_TOKEN (deprecated)", Scope.ADMIN)
 
 
 def authorize(caller: Caller, required: Scope, host: str | None = None) -> None:
-    """Raise Denied unless `caller` may use a route that needs `required` (for `host`)."""
+    """Raise Refused unless `caller` may use a route that needs `required` (for `host`)."""
     if required is Scope.AGENT:
         if caller.scope is not Scope.AGENT:
-            raise Denied(403, "this route is for agents: use the host's agent token")
+            raise Refused(403, "this route is for agents: use the host's agent token")
         if caller.host != host:
-            raise Denied(403, f"this token is not valid for host {host!r}")
+            raise Refused(403, f"this token is not valid for host {host!r}")
         return
     if caller.scope is Scope.AGENT:
-        raise Denied(403, "an agent token cannot use operator routes")
+        raise Refused(403, "an agent token cannot use operator routes")
     if OPERATOR_RANK[caller.scope] < OPERATOR_RANK[required]:
-        raise Denied(403, f"this route needs a {required} token; this one is {caller.scope}")
+        raise Refused(403, f"this route needs a {required} token; this one is {caller.scope}")
 
 
 def authorize_job_type(caller: Caller, job_type: str) -> None:
     """A submit token limited to some job types reaches only jobs of those types."""
     if caller.job_types is not None and job_type not in caller.job_types:
         allowed = ", ".join(sorted(caller.job_types)) or "none"
-        raise Denied(403, f"this token may not act on job type {job_type!r} (allowed: {allowed})")
+        raise Refused(403, f"this token may not act on job type {job_type!r} (allowed: {allowed})")
 
 
 def authorize_submit(caller: Caller, request: SubmitRequest | SubmitBody, spec: JobSpec,
@@ -108,11 +100,11 @@ def authorize_submit(caller: Caller, request: SubmitRequest | SubmitBody, spec: 
     `request` says what the submitter set, `spec` is it resolved, `budgets` the weights."""
     authorize_job_type(caller, spec.job_type)
     if caller.priority_floor is not None and spec.priority < caller.priority_floor:
-        raise Denied(403, f"priority: this token may not submit priority {spec.priority}: "
+        raise Refused(403, f"priority: this token may not submit priority {spec.priority}: "
                           f"its floor is {caller.priority_floor} (lower numbers run first)")
     if job_type is None or spec.job_type == ADHOC:
         if caller.scope is not Scope.ADMIN and not caller.allow_adhoc:
-            raise Denied(403, "command: this token may not submit ad-hoc commands (one is a "
+            raise Refused(403, "command: this token may not submit ad-hoc commands (one is a "
                               "shell on every host): submit a job type, or use a token "
                               "created with `herder token create --scope submit "
                               "--allow-adhoc`")
@@ -122,20 +114,20 @@ def authorize_submit(caller: Caller, request: SubmitRequest | SubmitBody, spec: 
     where = f"[job_types.{spec.job_type}]"
     for name in request.env:
         if not allowed(name, job_type.submit_env):
-            raise Denied(403, f"env.{name}: this token may not set {name} on job type "
+            raise Refused(403, f"env.{name}: this token may not set {name} on job type "
                               f"{spec.job_type!r}: leave it out, or list it in {where} "
                               "submit_env")
     for field, given, allowed_by in (("workdir", request.workdir, "allow_workdir"),
                                      ("affinity", request.affinity, "allow_host")):
         if given is not None and not getattr(job_type, allowed_by):
-            raise Denied(403, f"{field}: this token may not choose the {field} of job type "
+            raise Refused(403, f"{field}: this token may not choose the {field} of job type "
                               f"{spec.job_type!r}: leave it out, or set {allowed_by} = true "
                               f"in {where}")
     weight_bound = job_type.submit_max_weight
     if request.weight is not None and (
             weight_bound is None
             or budgets.get(request.weight, 0.0) > budgets.get(weight_bound, 0.0)):
-        raise Denied(403, _over("weight", request.weight, weight_bound,
+        raise Refused(403, _over("weight", request.weight, weight_bound,
                                 "submit_max_weight", where))
     for field, value, bound, key in (
             ("timeout", request.timeout_seconds, job_type.submit_max_timeout,
@@ -143,7 +135,7 @@ def authorize_submit(caller: Caller, request: SubmitRequest | SubmitBody, spec: 
             ("max_attempts", request.max_attempts, job_type.submit_max_attempts,
              "submit_max_attempts")):
         if value is not None and (bound is None or value > bound):
-            raise Denied(403, _over(field, value, bound, key, where))
+            raise Refused(403, _over(field, value, bound, key, where))
 
 
 def _over(field: str, value: object, bound: object, key: str, where: str) -> str:
@@ -160,7 +152,7 @@ def authorize_reservation(caller: Caller, weight: str, budgets: Mapping[str, flo
     if caller.scope is Scope.ADMIN or max_weight is None or weight not in budgets:
         return
     if budgets[weight] > budgets.get(max_weight, 0.0):
-        raise Denied(403, f"weight: this token may reserve at most {max_weight!r}; "
+        raise Refused(403, f"weight: this token may reserve at most {max_weight!r}; "
                           f"{weight!r} books more RAM (server.max_reservation_weight)")
 
 
@@ -169,7 +161,7 @@ def authorize_owner(caller: Caller, reservation: Reservation) -> None:
     if caller.scope is Scope.ADMIN or reservation.created_by == caller.id:
         return
     what = "CI slot" if reservation.kind == "ci" else "reservation"
-    raise Denied(403, f"this {what} ({reservation.owner!r}) was made by another token; only "
+    raise Refused(403, f"this {what} ({reservation.owner!r}) was made by another token; only "
                       "that token or an admin may end it")
 
 
@@ -179,11 +171,11 @@ def held_by(caller: Caller, cap: int) -> tuple[int | None, int | None]:
 
 
 def identify(record: TokenRecord | None) -> Caller:
-    """The caller a stored token stands for; Denied(401) when unknown or revoked."""
+    """The caller a stored token stands for; Refused(401) when unknown or revoked."""
     if record is None:
-        raise Denied(401, "unknown token")
+        raise Refused(401, "unknown token")
     if record.revoked_at is not None:
-        raise Denied(401, "this token was revoked")
+        raise Refused(401, "this token was revoked")
     return Caller.of(record)
 
 

@@ -13,7 +13,7 @@ from herder.cli.root import State, edge, pass_state
 
 if TYPE_CHECKING:
     from herder.store.base import Alert
-    from herder.wire import AlertView
+    from herder.wire.alerts import AlertView
 
     AlertLike = Alert | AlertView
     """The store's Alert (against the database) or the API's AlertView (with --server)."""

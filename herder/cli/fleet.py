@@ -13,7 +13,7 @@ from herder.cli.root import State, edge, fail, pass_state
 from herder.core.model import INT_MAX
 
 if TYPE_CHECKING:
-    from herder.wire import FleetCapView
+    from herder.wire.fleet import FleetCapView
 
 
 @click.group()

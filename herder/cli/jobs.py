@@ -157,7 +157,7 @@ def show(state: State, job_id: int, as_json: bool) -> None:
     with edge():
         job, attempts, events = state.reader.history(job_id)
     if as_json:
-        from herder.wire import JobDetail  # pydantic: only here
+        from herder.wire.jobs import JobDetail  # pydantic: only here
 
         click.echo(json.dumps(JobDetail.of_history(job, attempts, events).model_dump(mode="json"),
                               indent=2))

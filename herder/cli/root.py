@@ -260,7 +260,8 @@ def installed_herder() -> list[str]:
 def columns(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     """A table as lines of left-aligned columns two spaces apart, the header first in bold
     (click drops the style when the output is not a terminal). Plain text, so `jobs` loads
-    no table library: rich costs ~30 ms of imports and as much again to lay out 50 rows."""
+    no table library: rich's imports and layout would cost a loop command more than the rest
+    of its work (bench/README.md, "Import costs behind the code")."""
     table = [list(header), *(list(row) for row in rows)]
     widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()

@@ -35,3 +35,14 @@ class NotFound(HerderError):
 class Conflict(HerderError):
     """A request the current state refuses (HTTP 409): a report about an attempt that is no
     longer live (fenced out, ended, moved on), a host label taken, a host with running jobs."""
+
+
+class Refused(HerderError):
+    """A request refused with an HTTP status and a reason the caller may read: access (401
+    when the caller is not known, 403 when it may not do this), a webhook delivery (its
+    `reason` never holds the secret or the signature sent), a log chunk (410, 413, 416)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason

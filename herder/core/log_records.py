@@ -1,9 +1,9 @@
 """Log records as one JSON object a line (`--log-format json`), for a log shipper.
 
-Each line has `ts`, `level`, `logger`, `message`, and `event` where the line is one of the
-seeds' events (`dispatch_cycle`, `dispatch_scheduled`, `spawn_ok`, `spawn_oom`,
-`spawn_ram_contention`, `dispatch_failed`, ...) or of herder's own (`server_listening`,
-`host_down`, `host_back`): the log call passes it and its fields with
+Each line has `ts`, `level`, `logger`, `message`, and `event` where the line is one of
+the dispatcher's events that log alerts watch (`dispatch_cycle`, `dispatch_scheduled`,
+`spawn_ok`, `spawn_oom`, `spawn_ram_contention`, `dispatch_failed`, ...) or of herder's own
+(`server_listening`, `host_down`, `host_back`): the log call passes it and its fields with
 `extra={"event": ..., ...}`. Those fields are ids, labels and counts, never secrets; the
 message is the same text the plain format prints."""
 

@@ -30,8 +30,8 @@ PROMPT_SOURCES = ("submit", "workspace")
 MAX_LENGTH = 2000
 _USERINFO_SECRET = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://[^/@]*:[^/@]*@|https?://[^/@]+@)",
                               re.IGNORECASE)
-"""A password in a URL, or any user in an HTTP URL (a token passed as the user name): seed
-000's at-rest leak, the credential stored with the job and shown in its log."""
+"""A password in a URL, or any user in an HTTP URL (a token passed as the user name): a leak
+at rest, the credential stored with the job and shown in its log."""
 _LOCATION = re.compile(r"^(/|[A-Za-z][A-Za-z0-9+.-]*://|[^/:]+:)")
 """An absolute path, a URL or scp-like `host:path`: a relative path would be relative to
 wherever the host happens to run git."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +40,7 @@ from herder.core.scheduling.accounts import (
 from herder.core.scheduling.placement import Reason
 from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
-from herder.short_process import output_within
+from herder.short_process import run_within
 from herder.store import Store
 
 log = logging.getLogger("herder.accounts")
@@ -311,21 +310,17 @@ def run_probe(command: ProbeCommand, pass_env: Sequence[str] = ()) -> Probe | No
     patterns = (*BASE_ENVIRONMENT, *pass_env)
     env = {name: value for name, value in os.environ.items() if passes(name, patterns)}
     try:
-        process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                   env=env, start_new_session=True, umask=JOB_UMASK)
+        ended = run_within(command.argv, command.timeout, env, JOB_UMASK, stderr=False)
     except OSError as exc:
         log.warning("account probe %s could not start: %s", command.argv[0], exc)
         return None
-    output = output_within(process, command.timeout)
-    if output is None:
+    if ended is None:
         log.warning("account probe %s gave no answer within %gs: ignored", command.argv[0],
                     command.timeout)
         return None
-    stdout = output[0]
-    if process.returncode != 0:
+    if ended.returncode != 0:
         return None
-    return coerce_probe(stdout[:PROBE_OUTPUT_LIMIT].decode(errors="replace"))
+    return coerce_probe(ended.stdout[:PROBE_OUTPUT_LIMIT].decode(errors="replace"))
 
 
 class Prober:

@@ -26,7 +26,6 @@ from typing import Any
 import msgspec
 import psutil
 
-from herder import wire
 from herder.core.config import RuntimeSection, ServerSection
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.accounts import ProbeCommand, Prober
@@ -48,12 +47,14 @@ from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, process_log, token_markers
 from herder.runtime.sources import Ending, WorkSource
 from herder.store import Waker
-from herder.wire import FinishBody, StartBody, storable_text
+from herder.wire import agents as protocol
+from herder.wire.agents import FinishBody, StartBody, storable_text
 
 log = logging.getLogger("herder.agent")
 
 RAM_FACTOR = 1.2
-"""Spawn only when MemAvailable covers the job's budget with 20% headroom (seed 004, exit 3)."""
+"""Spawn only when MemAvailable covers the job's budget with 20% headroom: a job started
+short of RAM would be killed by the OOM killer, so it ends as RAM contention (exit 3) instead."""
 
 
 class LocalGate(msgspec.Struct, frozen=True):
@@ -138,7 +139,7 @@ class HttpSource(WorkSource):
         self.handed_back: Outcome | None = None
         self.in_flight: Callable[[], int] = lambda: 0
         self.draining = threading.Event()
-        self.server_gate: wire.HostGate | None = None
+        self.server_gate: protocol.HostGate | None = None
         self.host_attempts: list[tuple[AttemptToken, str]] = []
         self.stopped = False
         self.close_timeout = close_timeout
@@ -252,7 +253,7 @@ class HttpSource(WorkSource):
         reply = self._heartbeat_call(tokens, retry=False)
         # An attempt whose start report is still in the outbox is not live on the server yet.
         pending = frozenset(t for t in tokens if self._pending_start(t))
-        return HeartbeatReply(wire.tokens(reply.live) | pending, wire.tokens(reply.cancel))
+        return HeartbeatReply(protocol.tokens(reply.live) | pending, protocol.tokens(reply.cancel))
 
     def finished(self, job: Job, outcome: Outcome, exit_code: int | None, now: datetime,
                  retry_after: float | None = None, ending: Ending | None = None
@@ -294,10 +295,10 @@ class HttpSource(WorkSource):
         if now >= self._next_cancel_check and job_ids:
             self._next_cancel_check = now + 0.5
             try:
-                reply = wire.Cancels.model_validate(self.client.call(
+                reply = protocol.Cancels.model_validate(self.client.call(
                     "GET", "/cancels", retry=False, params={"jobs": ",".join(map(str, job_ids))},
                     timeout=self.runner_timeout))
-                self._cancels = set(wire.tokens(reply.cancel))
+                self._cancels = set(protocol.tokens(reply.cancel))
             except ServerError:
                 pass
         return set(self._cancels)
@@ -328,10 +329,10 @@ class HttpSource(WorkSource):
 
     def adopt(self, token: AttemptToken, previous: str, log_path: str) -> bool:
         try:
-            reply = wire.Adopted.model_validate(self.client.call(
+            reply = protocol.Adopted.model_validate(self.client.call(
                 "POST", f"/attempts/{token.job_id}/{token.attempt}/adopt", retry=False,
                 timeout=self.runner_timeout,
-                json=wire.AdoptBody(worker=self.worker, previous=previous).model_dump()))
+                json=protocol.AdoptBody(worker=self.worker, previous=previous).model_dump()))
         except (ReportGone, RequestRefused) as exc:
             log.warning("attempt %s of dead agent %s cannot be adopted (%s): killing it",
                         token, previous, exc)
@@ -405,9 +406,9 @@ class HttpSource(WorkSource):
         return 0.0
 
     def _heartbeat_call(self, tokens: Sequence[AttemptToken], retry: bool,
-                        with_attempts: bool = False) -> wire.HeartbeatReply:
-        body = wire.HeartbeatBody(
-            worker=self.worker, running=wire.pairs(tokens), with_attempts=with_attempts,
+                        with_attempts: bool = False) -> protocol.HeartbeatReply:
+        body = protocol.HeartbeatBody(
+            worker=self.worker, running=protocol.pairs(tokens), with_attempts=with_attempts,
             info={"pid": os.getpid(), "mem_available_gb": mem_available_gb(),
                   "draining": self.draining.is_set(), "stopped": self.stopped,
                   "gate": self.gate.view(), "preflight_failed": self.preflight.failed(),
@@ -415,7 +416,7 @@ class HttpSource(WorkSource):
                   "account_usage": self.prober.usage_view()})
         answer = self.client.call("POST", "/heartbeat", retry=retry, stop=self._stop,
                                   timeout=self.runner_timeout, json=body.model_dump(mode="json"))
-        reply = wire.HeartbeatReply.model_validate(answer)
+        reply = protocol.HeartbeatReply.model_validate(answer)
         self.learn_lease(reply.lease_seconds)
         if reply.host is not None:
             self.server_gate = reply.host
@@ -471,7 +472,7 @@ class HttpSource(WorkSource):
                 # Before the request left: the server restarts a placement's lease when it
                 # hands it out, so the runner's fence must count from no later than this.
                 sent = time.monotonic()
-                reply = wire.Assignments.model_validate(self.client.call(
+                reply = protocol.Assignments.model_validate(self.client.call(
                     "GET", "/assignments", stop=self._stop,
                     params={"worker": self.worker, "free": free, "wait": wait},
                     timeout=wait + 10.0))
@@ -502,7 +503,7 @@ def fetch_attempt(client: ServerClient, token: AttemptToken
     """One placed attempt of the client's host (for `herder run-attempt` over ssh), and the
     lease the server enforces."""
     try:
-        reply = wire.PlacedAttempt.model_validate(
+        reply = protocol.PlacedAttempt.model_validate(
             client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False))
     except ServerError:
         return None, None
@@ -547,4 +548,4 @@ def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:
 
 def job_from_assignment(view: dict[str, Any]) -> Job:
     """An assignment as the server sends it, as the job the agent runs."""
-    return wire.Assignment.model_validate(view).job(datetime.now().astimezone())
+    return protocol.Assignment.model_validate(view).job(datetime.now().astimezone())

@@ -21,7 +21,13 @@ from msgspec.structs import replace
 from herder.client import Client
 from herder.core.backoff import Backoff
 from herder.core.config import Config, JobTypeSection, subagent_caps
-from herder.core.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
+from herder.core.errors import (
+    Conflict,
+    InputError,
+    NotFound,
+    Refused,
+    StoreUnavailable,
+)
 from herder.core.model import (
     Attempt,
     AttemptToken,
@@ -95,23 +101,11 @@ from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached
 from herder.store.driver import Lease
 from herder.views import iso
 from herder.webhooks import Delivery
-from herder.wire import (
-    AccountProbe,
-    HeartbeatReply,
-    HostGate,
-    HostView,
-    JobPage,
-    JobRow,
-    PreflightCheck,
-    QueueAccount,
-    QueueAlert,
-    QueueJob,
-    QueueView,
-    Resilience,
-    SubmitBody,
-    WindowView,
-    pairs,
-)
+from herder.wire.agents import AccountProbe, HeartbeatReply, HostGate, PreflightCheck, pairs
+from herder.wire.dashboard import JobPage, JobRow
+from herder.wire.hosts import HostView, WindowView
+from herder.wire.jobs import SubmitBody
+from herder.wire.queue import QueueAccount, QueueAlert, QueueJob, QueueView, Resilience
 
 log = logging.getLogger("herder.coordinator")
 PLACEMENT_REUSE = 2.0
@@ -768,7 +762,7 @@ class Coordinator:
         ran on that host: they are kept for `log_grace` after it ended (the agent ships the
         tail right after the finish), then refused (410: the agent stops shipping), so a
         host token cannot fill the disk through every attempt its host ever ran.
-        LogRefused when the chunk would end past `server.max_log_bytes` or start past the
+        Refused when the chunk would end past `server.max_log_bytes` or start past the
         file's end (a sparse file: a host token could reserve a terabyte with one
         request)."""
         ran = next((a for a in self.store.attempt_list(token.job_id)
@@ -781,7 +775,7 @@ class Coordinator:
         else:
             late = late_log_refusal(ran.ended_at, utcnow(), self.log_grace)
             if late is not None:
-                raise LogRefused(*late)
+                raise Refused(*late)
         path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
         try:
             size = path.stat().st_size
@@ -790,7 +784,7 @@ class Coordinator:
         refusal = log_write_refusal(offset, len(data), size,
                                     self.settings.server.max_log_bytes)
         if refusal is not None:  # refused before anything is created (a log only grows)
-            raise LogRefused(*refusal)
+            raise Refused(*refusal)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
@@ -865,7 +859,7 @@ class Coordinator:
                 max_sessions=record.account.max_sessions))
         return QueueView(
             counts={str(status): counts.get(status, 0) for status in JobStatus},
-            recent=[QueueJob.of(job) for job in self.store.job_list(None, recent)],
+            recent=[QueueJob.model_validate(job) for job in self.store.job_list(None, recent)],
             hosts=hosts,
             resilience=Resilience(
                 breakers={h.label: h.breakers for h in hosts if h.breakers},
@@ -924,7 +918,9 @@ class Coordinator:
         queued = [job for job in shown if job.status is JobStatus.QUEUED]
         reasons = why_of(self.store, self.fleet, queued, utcnow(),
                          self.recent_placement) if queued else {}
-        return JobPage(jobs=[JobRow.of_row(job, reasons.get(job.id)) for job in shown],
+        rows = [JobRow.model_validate(job).model_copy(update={"why": reasons.get(job.id)})
+                for job in shown]
+        return JobPage(jobs=rows,
                        next_before=shown[-1].id if len(jobs) > limit else None)
 
     def recent_placement(self, job_ids: set[int]) -> tuple[Plan, Snapshot]:
@@ -1130,15 +1126,6 @@ def _settled_why(job: Job, now: datetime) -> str | None:
             return f"not before {iso(until)}: submitted with a delay ({wait:.0f}s to go)"
         return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(until)})"
     return None
-
-
-class LogRefused(HerderError):
-    """A log chunk the server does not write: `status` is the HTTP answer (413, 416)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 LOG_GRACE = timedelta(minutes=15)

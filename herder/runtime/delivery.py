@@ -67,7 +67,8 @@ def alert_urls(section: AlertsSection, environ: dict[str, str] | None = None) ->
 
 def check_urls(section: AlertsSection, environ: dict[str, str] | None = None) -> list[str]:
     """The URLs, each one Apprise knows; a ConfigError naming the key otherwise. Checked where
-    alerts are sent (server, up), not at every config load: Apprise takes ~150 ms to import."""
+    alerts are sent (server, up), not at every config load: Apprise is slow to import (the
+    figure is in bench/README.md, "Import costs behind the code")."""
     urls = alert_urls(section, environ)
     if not urls:
         return urls

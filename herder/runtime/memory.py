@@ -32,7 +32,7 @@ from herder.core.config import RuntimeSection
 from herder.core.model import Enforcement, Job, MemoryUse
 from herder.core.scheduling.capacity import WeightTable
 from herder.runtime import supervisor
-from herder.runtime.process import process_alive
+from herder.runtime.process import is_zombie, process_alive
 
 log = logging.getLogger("herder.memory")
 
@@ -150,7 +150,7 @@ class Cgroup(abc.ABC):
         self.signal(signal.SIGKILL)
 
     def alive(self) -> bool:
-        return any(psutil.pid_exists(pid) and not _zombie(pid) for pid in self.pids())
+        return any(psutil.pid_exists(pid) and not is_zombie(pid) for pid in self.pids())
 
     def join_fd(self) -> int | None:
         """A descriptor the child writes `0` to, joining before it runs the job's program
@@ -353,13 +353,6 @@ def detect(root: str | None = None, proc: Path = Path("/proc/self"),
 # -- sampling ---------------------------------------------------------------------------------
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
-
-
 def tree_rss(leader: int, members: Iterable[int] = ()) -> int | None:
     """RSS in bytes of the leader, all its descendants and `members`; None when none could
     be read (all gone)."""
@@ -477,9 +470,6 @@ class AttemptMemory:
             self._ended = self._final()
             if not self.cgroup.remove():
                 log.warning("cgroup %s not removed", self.cgroup.path)
-
-
-ENFORCEMENTS = ("auto", "cgroup", "watchdog", "off")
 
 
 class MemoryControl:

@@ -25,8 +25,8 @@ from herder.core.scheduling.health import HostHealth
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PRIORITY_BANDS = (10, 50, 100)
 """Upper bounds (exclusive) of the priority bands queue depth is counted in: lower numbers
-run first (the seeds' rotation and incident jobs go at 1, implementation at 10, reviews at
-15, low at 50; herder's default is 100)."""
+run first (a dispatcher's rotation and incident jobs typically go at 1, implementation at
+10, reviews at 15, low at 50; herder's default is 100)."""
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LATENCY_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
                    21600.0, 86400.0)
@@ -65,7 +65,7 @@ class FleetSample(msgspec.Struct, frozen=True):
     hosts: tuple[HostSample, ...] = msgspec.field(default_factory=tuple)
     leader: bool = False
     capacity_ratio: float = 1.0
-    """Seed 003's share of the enabled slots on hosts accepting work (shedding reads it)."""
+    """The share of the enabled slots on hosts accepting work (shedding reads it)."""
     spawn_failures: Mapping[tuple[str, str], int] = msgspec.field(default_factory=dict)
     """(host, outcome) -> attempts that failed to start there in the last hour."""
     max_workers: int | None = None

@@ -1,6 +1,6 @@
 """Preflight: a cheap check, per job type, that this host can run it at all, before taking
-one (seed 002, "Resilience" A: the CLI exists and `--version` answers; no prompt, no
-tokens spent).
+one (the CLI exists and `--version` answers; no prompt, no tokens spent), so a broken host
+turns work away before it burns an attempt.
 
 A failing check makes the host refuse that job type for now: the agent reports it with its
 heartbeat, placement skips the host for the type (`preflight_failed`), and the job stays
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +20,7 @@ import msgspec
 
 from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
-from herder.short_process import output_within
+from herder.short_process import run_within
 
 if TYPE_CHECKING:
     from herder.core.config import JobTypeSection
@@ -29,9 +28,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("herder.preflight")
 
 TTL_SECONDS = 45.0
-"""How long a result stands (seed 002's `preflight_cache_ttl`)."""
+"""How long a result stands: a check per job type per minute or so costs nothing, and a host
+that breaks is noticed soon."""
 TIMEOUT_SECONDS = 5.0
-"""How long a check may take before it counts as failed (seed 002)."""
+"""How long a check may take before it counts as failed: a `--version` that hangs is a broken
+CLI."""
 DETAIL_CHARS = 200
 
 
@@ -91,17 +92,14 @@ def run(check: Check, pass_env: Sequence[str] = ()) -> Result:
     env = {name: value for name, value in os.environ.items() if passes(name, patterns)}
     started = time.monotonic()
     try:
-        process = subprocess.Popen(check.argv, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   env=env, start_new_session=True, umask=JOB_UMASK)
+        ended = run_within(check.argv, check.timeout, env, JOB_UMASK, stdout=False)
     except OSError as exc:
         return Result(False, f"{check.argv[0]}: {exc.strerror or exc}", started)
-    output = output_within(process, check.timeout)
-    if output is None:
+    if ended is None:
         return Result(False, f"{' '.join(check.argv)}: no answer within {check.timeout:g}s",
                       started)
-    stderr = output[1]
-    code = process.returncode
+    stderr = ended.stderr
+    code = ended.returncode
     if code < 0:
         return Result(False, f"{' '.join(check.argv)}: killed by signal {-code}", started)
     if code != 0 and check.strict:

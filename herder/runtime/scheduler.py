@@ -68,7 +68,7 @@ log = logging.getLogger("herder.scheduler")
 BREAKER_HISTORY = timedelta(days=1)
 CYCLE_HEARTBEAT = timedelta(minutes=1)
 """An idle scheduler still logs `dispatch_cycle` at INFO this often: the heartbeat a
-"dispatcher silent" alert on the logs watches (seed 004)."""
+"dispatcher silent" alert on the logs can watch, so silence means a dead scheduler."""
 """How far back a run of transient outcomes counts towards opening a breaker."""
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
 
@@ -350,7 +350,7 @@ class Scheduler:
             sync_account_alerts(self.store, now, self.fleet.accounts.cooldown)
         summary = {"placed": placed, "waiting": len(plan.waiting), "due": len(snapshot.jobs),
                    "healthy_hosts": healthy}
-        # The dispatcher's heartbeat (seed 004): INFO when it placed work or a minute passed.
+        # The dispatcher's heartbeat for log alerts: INFO when it placed work or a minute passed.
         beat = placed > 0 or self.last_heartbeat is None or (
             now - self.last_heartbeat >= CYCLE_HEARTBEAT)
         if beat:

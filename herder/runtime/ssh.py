@@ -4,16 +4,17 @@ which fetches the attempt, runs it under the same supervision as an agent and re
 over the HTTP API with the host's own token (kept on that host, never sent by the server).
 
 The ssh process lives as long as the attempt. When it ends before the attempt started, its
-exit code says why (seed 004): 255 the host is unreachable, 1 bad arguments, 3 RAM
-contention; those become spawn failures with a backoff. Once the attempt runs, only its own
-reports and heartbeats count: a dropped connection does not requeue a job that may still be
-running (the lease decides).
+exit code says why (the launch wrapper's contract): 255 the host is unreachable, 1 bad
+arguments, 3 RAM contention; those become spawn failures with a backoff. Once the attempt
+runs, only its own reports and heartbeats count: a dropped connection does not requeue a job
+that may still be running (the lease decides).
 
-Preflight runs on the host too, through the same ssh (seed 002): `herder preflight` there
-gets the due checks of the job types the host may run on its stdin (nothing on argv) and
-prints their verdicts; the failing types are kept on the host (`preflight_failed`, as an
-agent reports them), so placement passes the host over for them and `herder why` says why.
-An ssh session or remote herder that fails decides nothing (logged; tried again later).
+Preflight runs on the host too (the host is what it checks), through the same ssh:
+`herder preflight` there gets the due checks of the job types the host may run on its stdin
+(nothing on argv) and prints their verdicts; the failing types are kept on the host
+(`preflight_failed`, as an agent reports them), so placement passes the host over for them
+and `herder why` says why. An ssh session or remote herder that fails decides nothing
+(logged; tried again later).
 """
 
 from __future__ import annotations

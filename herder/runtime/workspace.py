@@ -9,7 +9,7 @@ output lands in the job's log. The job's environment reaches it on stdin, never 
 git runs with the host's environment (herder's own variables removed), never the job's.
 
 A failure to prepare ends the attempt as `workspace_failed` ($HERDER_RESULT, and exit 6
-under seed 004's exit codes) with git's message in the log. The runner removes the folder
+under the launch wrapper's exit codes) with git's message in the log. The runner removes the folder
 when the attempt succeeded and keeps it `keep_failed` seconds otherwise (`sweep`).
 """
 
@@ -40,7 +40,8 @@ from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
 
 EXIT_WORKSPACE_FAILED = 6
-"""Seed 004's exit code for a workspace that could not be prepared."""
+"""The launch wrapper's exit code for a workspace that could not be prepared
+(`herder.core.scheduling.classification.SEED_EXIT_CODES`)."""
 EXIT_LAUNCH_FAILED = 127
 GIT_PROTOCOLS = "file:git:http:https:ssh"
 """The transports git may use: no `ext::` (it runs a command), whatever the repository says."""

@@ -2,15 +2,16 @@
 
 An account gives a job its environment (a Claude Code config directory, an API key
 variable) and has its own quota and login. Its health is known only from positive evidence
-(seed 004 #7667): an attempt that hit the usage limit (`depleted` until the reset), one whose
-login was revoked (`auth_revoked`, for a cooldown), or a probe on the host that says the
-credentials cannot authenticate and cannot renew (`dead_token`). Anything unknown, a probe
-that hung or printed garbage included, counts as healthy: the gate fails open, so it can
-only route around a dead account, never stop a fleet that works.
+(a guess would take a working account out of the fleet): an attempt that hit the usage limit
+(`depleted` until the reset), one whose login was revoked (`auth_revoked`, for a cooldown),
+or a probe on the host that says the credentials cannot authenticate and cannot renew
+(`dead_token`). Anything unknown, a probe that hung or printed garbage included, counts as
+healthy: the gate fails open, so it can only route around a dead account, never stop a fleet
+that works.
 
 A probe may also say how much of the account's quota is used (`usage_percent`) and when it
-resets (`resets_at`): accounts are ranked by that headroom, and one nearly spent (seed 004's
-subscription check: at least 99 %, or 95 % with its reset more than a day away) is passed
+resets (`resets_at`): accounts are ranked by that headroom, and one nearly spent (at least
+99 %, or 95 % with its reset more than a day away: it would stop mid-job) is passed
 over (`near_limit`). Usage that is missing, malformed or out of range is unknown.
 
 When an attempt hits an account's limit or finds its login revoked, `rotation` says whether
@@ -50,11 +51,11 @@ PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")
 USAGE_KEYS = ("usage_percent", "resets_at")
 """What a probe may add about the account's quota; each may be left out."""
 USAGE_LIMIT_PERCENT = 99.0
-"""An account at or above this share of its quota is not chosen (seed 004)."""
+"""An account at or above this share of its quota is not chosen: a job would stop mid-way."""
 USAGE_HIGH_PERCENT = 95.0
 FAR_RESET = timedelta(days=1)
 """An account at or above USAGE_HIGH_PERCENT whose quota resets further away than this is
-not chosen either: it would run dry long before its reset (seed 004)."""
+not chosen either: it would run dry long before its reset."""
 EARLIEST_RESET = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST_RESET = datetime(9000, 1, 1, tzinfo=UTC)
 """A reset outside these is a probe's garbage (unknown), and stays storable everywhere."""
@@ -84,7 +85,7 @@ class Probe(msgspec.Struct, frozen=True):
 
     @property
     def dead(self) -> bool:
-        """Cannot authenticate now and cannot renew (seed 004's dead token)."""
+        """Cannot authenticate now and cannot renew: a dead token, only a human can fix it."""
         return not self.credentials_present or (
             self.access_expired and not self.has_refresh_token)
 
@@ -140,7 +141,7 @@ def current_percent(usage: Usage, now: datetime) -> float | None:
 
 
 def usage_refusal(usage: Usage, now: datetime) -> tuple[str, datetime | None] | None:
-    """Why a quota is too spent to choose the account (seed 004's subscription check), and
+    """Why a quota is too spent to choose the account (a subscription's usage check), and
     when that ends by itself (None: only a new probe can tell); None when it is fine or
     unknown. A reset that has passed makes the figure stale: unknown."""
     percent, resets_at = current_percent(usage, now), usage.resets_at

@@ -161,10 +161,10 @@ class LowRam(msgspec.Struct, frozen=True):
 
 def ram_spike(measured_gb: float | None, below_since: datetime | None, now: datetime,
               threshold_gb: float, hold_seconds: float) -> LowRam:
-    """Seed 004's "RAM headroom below 4 GB for 5 minutes": measured available RAM below
-    `threshold_gb` for `hold_seconds` opens the alert; back at or above it clears it. An
-    unknown measurement (no agent, a stale heartbeat) restarts the clock and changes
-    nothing; a threshold of 0 turns the alert off."""
+    """"RAM headroom below 4 GB for 5 minutes", said before the OOM killer acts: measured
+    available RAM below `threshold_gb` for `hold_seconds` opens the alert; back at or above
+    it clears it. An unknown measurement (no agent, a stale heartbeat) restarts the clock
+    and changes nothing; a threshold of 0 turns the alert off."""
     if threshold_gb <= 0:
         return LowRam(None, False)
     if measured_gb is None:

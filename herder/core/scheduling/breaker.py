@@ -1,4 +1,4 @@
-"""The circuit breaker per host and job type (seed 002, "Resilience" D): after a run of
+"""The circuit breaker per host and job type: after a run of
 transient outcomes (a rate limit, an overloaded API) a host stops launching that job type
 for a pause instead of burning attempts into the same wall, then tries one job.
 
@@ -22,9 +22,9 @@ from herder.core.config import FleetSection
 from herder.core.model import Outcome
 
 THRESHOLD = FleetSection().breaker_threshold
-"""Transient outcomes in a row that open the breaker (seed 002's breaker_threshold)."""
+"""Transient outcomes in a row that open the breaker (`[fleet] breaker_threshold`)."""
 PAUSE_SECONDS = FleetSection().breaker_pause
-"""How long it stays open (seed 002's breaker_pause_seconds)."""
+"""How long it stays open (`[fleet] breaker_pause`)."""
 
 
 class BreakerState(enum.StrEnum):

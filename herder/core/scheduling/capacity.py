@@ -100,7 +100,7 @@ DEFAULT_WEIGHTS = WeightTable(DEFAULT_BUDGETS)
 
 class Shedding(msgspec.Struct, frozen=True):
     """Fleet capacity ratio → the heaviest weight still placed, so a shrunken fleet keeps
-    its remaining slots for the light, urgent work (seed 003 §2.3).
+    its remaining slots for the light, urgent work.
 
     `steps` go from the highest threshold down; the first threshold the ratio reaches
     decides, and a ratio below every threshold gets the last step's weight.
@@ -128,7 +128,7 @@ SEED_SHEDDING = Shedding()
 def bookable_gb(total_gb: float, reserved_gb: float,
                 fraction: float = FleetSection().bookable_fraction) -> float:
     """RAM the scheduler may book on a host: a fraction of what the OS reservation leaves,
-    so measured use above the budgets still has headroom (seed 004: 0.8 × (32 − 4) = 22.4)."""
+    so measured use above the budgets still has headroom (e.g. 0.8 × (32 − 4) = 22.4)."""
     return max(0.0, fraction * (total_gb - reserved_gb))
 
 

@@ -1,10 +1,10 @@
 """What an attempt's log says about how it ended: a rate limit, a usage quota with its reset
 time, a revoked login, memory, or nothing herder knows.
 
-AI agent CLIs end in many ways that an exit code does not tell apart (seed 002's
-"Resilience" layer, seed 004's exit codes): a 429 must wait and retry on its own budget, a
+AI agent CLIs end in many ways that an exit code does not tell apart (beyond the launch
+wrapper's exit codes): a 429 must wait and retry on its own budget, a
 usage limit must wait until its reset, a revoked login needs a human. The classifier reads
-the tail of the log (16 KB, as the seed's `classify_log_file`) and, where the agent printed
+the tail of the log (16 KB: where a CLI prints why it stopped) and, where the agent printed
 one, its structured result (Claude Code's `--output-format json` / `stream-json` result
 line), and names the outcome with what it found. Pure: the clock is passed in, the patterns
 are data a job type may extend or replace.
@@ -23,11 +23,11 @@ import msgspec
 from msgspec.structs import replace
 from pydantic import ValidationError
 
+from herder.core.job_result import JobResult
 from herder.core.model import Outcome
-from herder.wire import JobResult
 
 TAIL_BYTES = 16 * 1024
-"""How much of the log's end is read (seed 002)."""
+"""How much of the log's end is read: enough for a CLI's last error, bounded for a huge log."""
 RESULT_BYTES = 64 * 1024
 """The most of `$HERDER_RESULT` that is read; a bigger file is not a result."""
 
@@ -40,7 +40,7 @@ SEED_EXIT_CODES: Mapping[int, Outcome] = {
     7: Outcome.AUTH_REVOKED,
     8: Outcome.NO_HEALTHY_ACCOUNT,
 }
-"""Seed 004's exit-code contract of the wrapper that launches an agent: a job type's
+"""The exit-code contract of the wrapper that launches an agent: a job type's
 default `exit_codes` (a job type sets `exit_codes = {}` for a program that means something
 else by them)."""
 
@@ -89,7 +89,7 @@ def _defaults() -> tuple[Pattern, ...]:
     # The words are the clients' own, recorded from Claude Code, Codex CLI, Gemini CLI and
     # aider against stand-ins of their APIs (tests/fixtures/clients/README.md).
     return tuple(Pattern.of(outcome, expression) for outcome, expression in (
-        # A login or key only a human can renew (seed 004: exit 7, spawn_oauth_expired).
+        # A login or key only a human can renew (the wrapper's exit 7, spawn_oauth_expired).
         (auth, r"oauth (access )?token (has been|was) revoked"),
         (auth, r"invalid (x-)?api[ -_]?key|authentication_error|invalid bearer token"),
         (auth, r"please run /login|not logged in|login required|token (has )?expired"),
@@ -122,7 +122,7 @@ def _defaults() -> tuple[Pattern, ...]:
         (failed, r"prompt is too long|context_length_exceeded|maximum context length"),
         (failed, r"(exceeds|out of room in) the (model's )?context window"),
         (failed, r"input token count \(\d+\) exceeds the maximum|has hit a token limit"),
-        # Worth another try after a while (seed 002: 429/rate limit/overloaded/503/529).
+        # Worth another try after a while (429/rate limit/overloaded/503/529).
         # A bare status number only next to a word that makes it one ("processed 503 files"
         # is no outage).
         (transient, guard + r".*(error|status|http|code)\W{0,3}(\w+\W{1,3}){0,2}"

@@ -1,4 +1,4 @@
-"""A host's health from the age of its last heartbeat (seed 003 §2.1)."""
+"""A host's health from the age of its last heartbeat: healthy, degraded (late) or dead."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def host_health(
 
 
 def accepts_work(health: HostHealth) -> bool:
-    """Degraded hosts still get work (seed 003 §5): a slow heartbeat is not a dead host,
+    """Degraded hosts still get work: a slow heartbeat is not a dead host,
     while dispatching to a dead or never-seen one is the worse failure."""
     return health in (HostHealth.HEALTHY, HostHealth.DEGRADED)
 

@@ -165,7 +165,7 @@ class PlacementPolicy(msgspec.Struct, frozen=True):
     shedding: Shedding = SEED_SHEDDING
     schedule: WindowSchedule = DEFAULT_SCHEDULE
     pinned: Mapping[str, frozenset[str]] = msgspec.field(default_factory=dict)
-    """Job type -> the only hosts that run it (seed 000's hard affinity per type)."""
+    """Job type -> the only hosts that run it (a hard affinity per type)."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -788,7 +788,7 @@ def stopped(plan: Plan) -> dict[str, str] | None:
 
 def fleet_capacity(hosts: Sequence[HostSpec], loads: Mapping[str, HostLoad],
                    window: str) -> float:
-    """Seed 003's capacity ratio: the share of the enabled hosts' slots in this window that
+    """The capacity ratio: the share of the enabled hosts' slots in this window that
     sit on hosts accepting work (shedding reads it; `/queue` and `/metrics` show it)."""
     enabled_slots = healthy_slots = 0
     for spec in hosts:

@@ -5,8 +5,8 @@ Each outcome maps to an action (done, retry after a delay, move to a heavier wei
 until a time, fail), to the budget it spends (the job's attempts, its transient attempts,
 its spawn failures, its lost attempts, or none), to the `failure_reason` it records and to
 two flags: actionable (someone should look at it) and human action (only a human can fix
-it). The defaults are seed 004's exit-code table and seed 002's resilience layer; a job type
-may override any rule in `herder.toml`.
+it). The defaults follow the launch wrapper's exit codes and treat rate limits as weather; a
+job type may override any rule in `herder.toml`.
 
 Separate budgets are the point: host trouble (spawn failures), rate limits (transient) and
 infrastructure churn (lost) never burn the attempts a job has for its own faults.
@@ -24,7 +24,7 @@ from herder.core.config import FleetSection, RuntimeSection
 from herder.core.model import Action, Budget, Decision, JobStatus, Outcome
 
 MAX_TRANSIENT_ATTEMPTS = 5
-"""Transient outcomes (a 429, an overloaded API) a job may meet before it fails (seed 002)."""
+"""Transient outcomes (a 429, an overloaded API) a job may meet before it fails."""
 
 
 class Rule(msgspec.Struct, frozen=True):
@@ -69,8 +69,7 @@ DEFAULT_RULES: Mapping[Outcome, Rule] = {
     # The job's own faults spend its attempts, with its backoff.
     Outcome.FAILED: Rule(Action.RETRY, Budget.ATTEMPTS, "implementation_error",
                          actionable=True),
-    # A timeout may mean too little room: one step up the chain, then as a failure (seed
-    # 004's retry_count row).
+    # A timeout may mean too little room: one step up the chain, then as a failure.
     Outcome.TIMEOUT: Rule(Action.ESCALATE, Budget.ATTEMPTS, "timeout", actionable=True,
                           escalations=1),
     Outcome.STUCK: Rule(Action.RETRY, Budget.ATTEMPTS, "stuck", actionable=True),
@@ -90,8 +89,8 @@ DEFAULT_RULES: Mapping[Outcome, Rule] = {
     Outcome.NEEDS_HEAVIER: Rule(Action.ESCALATE, Budget.NONE, "spawn_oom", actionable=True),
     Outcome.OOM: Rule(Action.ESCALATE, Budget.SPAWN, "spawn_oom", actionable=True,
                       human_action=True, escalations=1),
-    # Host trouble spends spawn failures, never the job's attempts (seed 004); a job that
-    # reaches max_spawn_failures fails for a human to look at the hosts (the flags of a
+    # Host trouble spends spawn failures, never the job's attempts (not the job's fault); a
+    # job that reaches max_spawn_failures fails for a human to look at the hosts (the flags of a
     # retrying rule only count when its budget runs out).
     Outcome.RAM_CONTENTION: Rule(Action.RETRY, Budget.SPAWN, "spawn_ram", actionable=True,
                                  human_action=True, avoid_host=True),
@@ -110,7 +109,7 @@ DEFAULT_RULES: Mapping[Outcome, Rule] = {
 QUIET_REASONS = frozenset({"mutex_collision", "stale_duplicate"})
 """A job's own `failure_reason` ($HERDER_RESULT) that ends it at once, neither retried nor
 actionable: a sibling holds its work (mutex_collision), or the work is already done or moot
-(stale_duplicate). Seed 004 keeps both out of the alert count."""
+(stale_duplicate). Both stay out of the alert count: nothing is wrong."""
 
 
 def quiet_ending(ended: Outcome, claimed: Outcome | None, reason: str | None
@@ -127,9 +126,6 @@ def quiet_ending(ended: Outcome, claimed: Outcome | None, reason: str | None
     return None
 
 
-# Kept for the spawn path and the tests that name them.
-FAILURE_REASONS = {outcome: rule.failure_reason for outcome, rule in DEFAULT_RULES.items()
-                   if rule.failure_reason}
 SPAWN_OUTCOMES = frozenset(outcome for outcome, rule in DEFAULT_RULES.items()
                            if rule.spends is Budget.SPAWN)
 
