@@ -1,7 +1,8 @@
 """What a submit carries, whoever sends it: the one list of submit fields with their defaults
 and limits, and what the store can hold. No pydantic here: `herder submit` runs in scripts'
-loops and builds a SubmitRequest; the API's `herder.wire.SubmitBody` declares the same fields
-with these limits (a test keeps the two in step), and `herder.intake.resolve` takes either."""
+loops and builds a SubmitRequest; the API's `herder.wire.jobs.SubmitBody` declares the same
+fields with these limits (a test keeps the two in step), and `herder.intake.resolve` takes
+either."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ class TroubleWatch:
 
 
 def trouble_body(trouble: Trouble, until: datetime, delivered: bool) -> dict[str, Any]:
-    """The report's JSON body (`herder.wire.TroubleBody`)."""
+    """The report's JSON body (`herder.wire.agents.TroubleBody`)."""
     body: dict[str, Any] = json.loads(msgspec.json.encode({
         "kind": trouble.kind, "since": trouble.since, "until": until,
         "problem": trouble.problem[:PROBLEM_CHARS], "delivered": delivered}))
