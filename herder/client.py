@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from herder.core.submission import SubmitRequest
     from herder.host_settings import HostSettings
     from herder.runtime.scheduler import Fleet
-    from herder.store.base import Alert
+    from herder.store.records import Alert
     from herder.wire import AccountView, FleetCapView, HostView
 
 

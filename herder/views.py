@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from herder.core.model import AccountRecord, Job
-from herder.store.base import Alert
+from herder.store.records import Alert
 from herder.wire import AccountView, AlertView, JobView
 
 

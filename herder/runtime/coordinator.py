@@ -91,8 +91,8 @@ from herder.runtime.sources import (
 )
 from herder.runtime.ssh import SshLauncher
 from herder.store import Store, Waker, as_unavailable
-from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached
 from herder.store.driver import Lease
+from herder.store.records import ASSIGNED, DeliveryRecord, JobCapReached
 from herder.views import iso
 from herder.webhooks import Delivery
 from herder.wire import (
