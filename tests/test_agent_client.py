@@ -42,13 +42,12 @@ from herder.runtime.agent_client import (
     ServerClient,
     ServerUnavailable,
     Verdict,
-    backlog_skip,
     check_server_url,
     classify,
-    drop_marker,
     read_token_file,
     retry_after_seconds,
 )
+from herder.runtime.log_shipper import backlog_skip, drop_marker
 
 LABEL = "h1"
 TOKEN = "hdr_unit-test-token"

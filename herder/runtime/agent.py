@@ -31,11 +31,6 @@ from herder.core.config import RuntimeSection, ServerSection
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
-    FINAL_LOG_WAIT,
-    LOG_BACKLOG,
-    LogShipper,
-    Outbox,
-    Report,
     ReportGone,
     RequestRefused,
     ServerClient,
@@ -43,7 +38,9 @@ from herder.runtime.agent_client import (
     ServerUnavailable,
 )
 from herder.runtime.guardian import handover_path, lost_path, touch
+from herder.runtime.log_shipper import FINAL_LOG_WAIT, LOG_BACKLOG, LogShipper
 from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.outbox import Outbox, Report
 from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, process_log, token_markers
 from herder.runtime.sources import Ending, WorkSource

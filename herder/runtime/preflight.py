@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from herder.hardening import JOB_UMASK
-from herder.runtime.executor import BASE_ENVIRONMENT, passes
+from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
 from herder.short_process import output_within
 
 if TYPE_CHECKING:

@@ -32,23 +32,21 @@ import msgspec
 from herder.core.backoff import Backoff
 from herder.core.config import FleetSection, RuntimeSection, Settings
 from herder.core.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
-from herder.runtime.executor import (
-    Adopted,
-    LaunchError,
-    RunningAttempt,
+from herder.runtime.attempt_files import (
     append_log,
     attempt_marker,
     collect_result,
     log_path_for,
     read_ending,
     read_record,
-    spawn,
     write_record,
 )
+from herder.runtime.cgroup import runner_prefix
+from herder.runtime.executor import Adopted, LaunchError, RunningAttempt, spawn
 from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer, WorkerId
-from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
+from herder.runtime.memory import MemoryControl, MemoryPolicy
 from herder.runtime.preflight import Check, Refresher, job_type_checks
 from herder.runtime.process import process_start_time
 from herder.runtime.sources import (
