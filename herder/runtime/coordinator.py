@@ -43,8 +43,9 @@ from herder.core.model import (
 from herder.core.scheduling.accounts import state_of
 from herder.core.scheduling.alerting import Trouble
 from herder.core.scheduling.breaker import Breaker
+from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.health import shown_health
-from herder.core.scheduling.placement import Plan, Snapshot, explain, place
+from herder.core.scheduling.placement import Plan, Snapshot, place
 from herder.core.scheduling.policy import SPAWN_OUTCOMES
 from herder.core.submission import SubmitRequest
 from herder.host_settings import declared_host
