@@ -57,6 +57,12 @@ from herder.runtime.accounts import (
     sync_accounts,
 )
 from herder.runtime.delivery import Alerts, start_alerts
+from herder.runtime.endings import (
+    Ending,
+    PolicyLimits,
+    bind_jobs,
+    record_ending,
+)
 from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import (
@@ -83,12 +89,6 @@ from herder.runtime.scheduler import (
     lease_seconds,
     pickup_timeout_seconds,
     take_snapshot,
-)
-from herder.runtime.sources import (
-    Ending,
-    PolicyLimits,
-    bind_jobs,
-    record_ending,
 )
 from herder.runtime.ssh import SshLauncher
 from herder.store import Store, Waker, as_unavailable
