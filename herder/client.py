@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from herder.core.host_settings import HostSettings
     from herder.core.submission import SubmitRequest
     from herder.runtime.scheduler import Fleet
-    from herder.store.base import Alert
+    from herder.store.records import Alert
     from herder.wire.accounts import AccountView
     from herder.wire.fleet import FleetCapView
     from herder.wire.hosts import HostView

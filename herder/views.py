@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from herder.core.model import AccountRecord, Job
-from herder.store.base import Alert
+from herder.store.records import Alert
 from herder.wire.accounts import AccountView
 from herder.wire.alerts import AlertView
 from herder.wire.jobs import JobView

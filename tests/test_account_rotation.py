@@ -49,7 +49,7 @@ from herder.runtime.accounts import (
     usage_report,
     went_again_at_once,
 )
-from herder.runtime.sources import (
+from herder.runtime.endings import (
     Ending,
     OutcomeRules,
     PolicyLimits,

@@ -18,7 +18,7 @@ from support.fleet import FleetHarness
 from support.waits import wait_for
 
 from herder.core.model import JobStatus, Outcome
-from herder.runtime.executor import Status, read_status, status_path_for, write_record
+from herder.runtime.attempt_files import Status, read_status, status_path_for, write_record
 from herder.runtime.guardian import await_successor
 from herder.runtime.supervisor import write_status
 
@@ -282,7 +282,7 @@ def test_a_supervisor_status_is_written_whole_and_read_back(tmp_path):
 def test_a_record_that_cannot_be_written_fails_loudly(tmp_path):
     from test_agent_client import make_job
 
-    from herder.runtime.executor import AttemptRecord, read_record
+    from herder.runtime.attempt_files import AttemptRecord, read_record
 
     log_path = tmp_path / "1.log"
     record = AttemptRecord("7.1@a/1/1", "a/1/1", 10, 20, 11, make_job(7), time.time())

@@ -37,18 +37,18 @@ from test_tls import make_certificate
 
 from herder.core.errors import InputError
 from herder.core.model import AttemptToken, Job, Outcome
-from herder.runtime.agent import HttpSource, LocalGate, job_from_assignment
+from herder.runtime.agent import HttpSource, job_from_assignment
 from herder.runtime.agent_client import (
     ServerClient,
     ServerUnavailable,
     Verdict,
-    backlog_skip,
     check_server_url,
     classify,
-    drop_marker,
     read_token_file,
     retry_after_seconds,
 )
+from herder.runtime.local_gate import LocalGate
+from herder.runtime.log_shipper import backlog_skip, drop_marker
 
 LABEL = "h1"
 TOKEN = "hdr_unit-test-token"

@@ -554,7 +554,7 @@ def test_the_server_places_work_while_the_alert_receiver_hangs(make_fleet, tmp_p
 def test_three_memory_endings_of_one_job_open_an_oom_loop_alert(store_url: str):
     from herder.client import Client
     from herder.core.config import Settings
-    from herder.runtime.sources import PolicyLimits, record_ending
+    from herder.runtime.endings import PolicyLimits, record_ending
 
     limits = PolicyLimits.from_settings(Settings())
     client = Client(store_url)

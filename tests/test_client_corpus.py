@@ -22,7 +22,7 @@ from herder.core.scheduling.classification import (
     classify,
     verdict,
 )
-from herder.runtime.executor import read_ending
+from herder.runtime.attempt_files import read_ending
 
 FIXTURES = Path(__file__).parent / "fixtures" / "clients"
 MANIFEST = FIXTURES / "README.md"

@@ -19,7 +19,7 @@ from herder.core.config import (
 )
 from herder.core.errors import ConfigError, InputError
 from herder.core.urls import DEFAULT_DB
-from herder.runtime.sources import OutcomeRules
+from herder.runtime.endings import OutcomeRules
 
 MARK = "# <-"
 

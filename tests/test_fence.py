@@ -32,7 +32,8 @@ from test_runner_faults import RunnerThread
 from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import AttemptToken, JobStatus, Outcome
-from herder.runtime.agent import HttpSource, LocalGate, ServerClient
+from herder.runtime.agent import HttpSource, ServerClient
+from herder.runtime.local_gate import LocalGate
 from herder.runtime.runner import (
     Runner,
     RunnerOptions,

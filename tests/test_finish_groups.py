@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from herder.core.model import AttemptResult, AttemptToken, Decision, JobStatus, Outcome
-from herder.store.base import finish_groups
+from herder.store.parameters import finish_groups
 
 DONE = Decision(JobStatus.DONE)
 RETRY = Decision(JobStatus.QUEUED, available_at=datetime(2026, 1, 1, tzinfo=UTC),

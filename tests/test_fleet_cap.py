@@ -17,6 +17,7 @@ from herder.core.config import Config, Settings
 from herder.core.errors import InputError
 from herder.core.model import JobStatus, Scope
 from herder.core.scheduling.capacity import WindowCaps
+from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.health import HostHealth
 from herder.core.scheduling.placement import (
     HostLoad,
@@ -24,7 +25,6 @@ from herder.core.scheduling.placement import (
     PendingJob,
     Reason,
     Snapshot,
-    explain,
     place,
     stopped,
 )

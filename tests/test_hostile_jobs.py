@@ -49,7 +49,7 @@ from herder.hardening import (
     tighten,
     withdraw_secrets,
 )
-from herder.runtime.executor import passes
+from herder.runtime.job_environment import passes
 from herder.runtime.workspace import git_environment
 from herder.store import open_store
 

@@ -49,13 +49,13 @@ from herder.core.model import (
     Transport,
 )
 from herder.core.submission import SubmitRequest
-from herder.runtime.agent_client import LOG_GIVE_UP
 from herder.runtime.coordinator import (
     LOG_GRACE,
     Coordinator,
     late_log_refusal,
     log_write_refusal,
 )
+from herder.runtime.log_shipper import LOG_GIVE_UP
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
 

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from herder.core.model import AttemptResult, AttemptToken, Decision, Job, JobStatus, Outcome
-from herder.store.base import claimed_jobs, job_from_row, object_from_json
+from herder.store.rows import claimed_jobs, job_from_row, object_from_json
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JOB = Job(

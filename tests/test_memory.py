@@ -18,7 +18,7 @@ from support.local import Harness
 from support.waits import wait_for
 
 from herder.core.model import Attempt, Enforcement, Job, JobStatus, Outcome
-from herder.runtime.memory import detect
+from herder.runtime.cgroup import detect
 
 MB = 1024**2
 

@@ -17,21 +17,17 @@ from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Enforcement, Job, JobStatus, MemoryUse, Outcome
 from herder.core.scheduling.capacity import WeightTable
-from herder.runtime.memory import (
+from herder.runtime.cgroup import (
     SUPERVISOR_FILE,
     CgroupParent,
     CgroupV1,
     CgroupV2,
-    MemoryControl,
-    MemoryPolicy,
-    Watch,
-    budget_bytes,
     detect,
-    limit_bytes,
     mounts,
     own_cgroups,
     sweep,
 )
+from herder.runtime.memory import MemoryControl, MemoryPolicy, Watch, budget_bytes, limit_bytes
 from herder.runtime.process import process_start_time
 from herder.wire.agents import FinishBody
 

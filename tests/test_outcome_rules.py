@@ -12,7 +12,7 @@ import pytest
 from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Job, JobStatus, Outcome
-from herder.runtime.sources import Ending, OutcomeRules, PolicyLimits, decide_for
+from herder.runtime.endings import Ending, OutcomeRules, PolicyLimits, decide_for
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -19,6 +19,7 @@ from herder.core.scheduling.capacity import (
     WindowCaps,
     bookable_gb,
 )
+from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.health import HostHealth, accepts_work
 from herder.core.scheduling.placement import (
     RAM_TOLERANCE_GB,
@@ -31,7 +32,6 @@ from herder.core.scheduling.placement import (
     Reason,
     Rejection,
     Snapshot,
-    explain,
     place,
 )
 

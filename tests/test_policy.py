@@ -21,8 +21,8 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
+from herder.runtime.endings import OutcomeRules
 from herder.runtime.scheduler import Fleet
-from herder.runtime.sources import OutcomeRules
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FAILING = (Outcome.FAILED, Outcome.TIMEOUT, Outcome.LAUNCH_FAILED)

@@ -30,9 +30,10 @@ from support.waits import wait_for
 from herder.core.errors import InputError
 from herder.core.model import Enforcement, JobStatus, Outcome
 from herder.runtime import workspace
-from herder.runtime.executor import RESULT_NAME, collect_result, job_environment
+from herder.runtime.attempt_files import RESULT_NAME, collect_result
+from herder.runtime.cgroup import detect
+from herder.runtime.job_environment import job_environment
 from herder.runtime.job_user import JobUser, foreign_folders, passable, resolve
-from herder.runtime.memory import detect
 
 NOBODY = 65534
 

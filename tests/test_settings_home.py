@@ -15,9 +15,10 @@ from herder.core.scheduling.capacity import DEFAULT_WEIGHTS, Shedding, WindowSch
 from herder.core.scheduling.health import HealthThresholds, Liveness
 from herder.core.scheduling.placement import PlacementPolicy
 from herder.core.scheduling.policy import RetryState, decide
+from herder.runtime.endings import OutcomeRules, PolicyLimits
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.runtime.scheduler import Fleet
-from herder.runtime.sources import ClaimSource, OutcomeRules, PolicyLimits
+from herder.runtime.sources import ClaimSource
 from herder.store import open_store
 
 HERDER = Path(__file__).resolve().parent.parent / "herder"

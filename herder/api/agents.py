@@ -12,7 +12,7 @@ from herder.api.depends import AgentHost, AttemptNumber, Board, JobId, Service, 
 from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, LAUNCH_ERROR_CHARS, AttemptToken, Outcome
 from herder.core.scheduling.alerting import Trouble
-from herder.runtime.sources import Ending
+from herder.runtime.endings import Ending
 from herder.wire.agents import (
     AdoptBody,
     Adopted,

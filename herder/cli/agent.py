@@ -258,9 +258,10 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
     if parent_pid is not None:
         die_with_parent(parent_pid)
     harden_process()  # first: the imports below take tens of milliseconds
-    from herder.runtime.agent import HttpSource, LocalGate
+    from herder.runtime.agent import HttpSource
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.job_user import job_user_at_start, warn_root
+    from herder.runtime.local_gate import LocalGate
     from herder.runtime.runner import Runner, RunnerOptions
 
     log_to_stderr(log_level, log_format)
@@ -406,10 +407,11 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     """
     harden_process()  # first: the imports below take tens of milliseconds
     from herder.core.model import AttemptToken, Outcome
-    from herder.runtime.agent import LocalGate, SingleAttemptSource, fetch_attempt
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.job_user import job_user_at_start
+    from herder.runtime.local_gate import LocalGate
     from herder.runtime.runner import Runner, RunnerOptions
+    from herder.runtime.single_attempt import SingleAttemptSource, fetch_attempt
 
     log_to_stderr("info")
     runtime = state.config.settings.runtime

@@ -12,7 +12,7 @@ import click
 from herder.cli.root import State, edge, pass_state
 
 if TYPE_CHECKING:
-    from herder.store.base import Alert
+    from herder.store.records import Alert
     from herder.wire.alerts import AlertView
 
     AlertLike = Alert | AlertView

@@ -39,7 +39,7 @@ from herder.core.scheduling.accounts import (
 )
 from herder.core.scheduling.placement import Reason
 from herder.hardening import JOB_UMASK
-from herder.runtime.executor import BASE_ENVIRONMENT, passes
+from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
 from herder.short_process import run_within
 from herder.store import Store
 

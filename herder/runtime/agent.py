@@ -23,71 +23,30 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import psutil
-
 from herder.core.config import RuntimeSection, ServerSection
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
-    FINAL_LOG_WAIT,
-    LOG_BACKLOG,
-    LogShipper,
-    Outbox,
-    Report,
     ReportGone,
     RequestRefused,
     ServerClient,
     ServerError,
     ServerUnavailable,
 )
+from herder.runtime.endings import Ending
 from herder.runtime.guardian import handover_path, lost_path, touch
+from herder.runtime.local_gate import RAM_FACTOR, LocalGate, mem_available_gb
+from herder.runtime.log_shipper import FINAL_LOG_WAIT, LOG_BACKLOG, LogShipper
 from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.outbox import Outbox, Report
 from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, process_log, token_markers
-from herder.runtime.sources import Ending, WorkSource
+from herder.runtime.sources import WorkSource
 from herder.store import Waker
 from herder.wire import agents as protocol
 from herder.wire.agents import FinishBody, StartBody, storable_text
 
 log = logging.getLogger("herder.agent")
-
-RAM_FACTOR = 1.2
-"""Spawn only when MemAvailable covers the job's budget with 20% headroom: a job started
-short of RAM would be killed by the OOM killer, so it ends as RAM contention (exit 3) instead."""
-
-
-class LocalGate(msgspec.Struct, frozen=True):
-    """The agent's own allow-lists; None means "no local restriction"."""
-
-    job_types: frozenset[str] | None = None
-    weights: frozenset[str] | None = None
-    priority_floor: int | None = None
-
-    def view(self) -> dict[str, Any]:
-        """Advertised to the server, so placement respects it and refusals stay rare."""
-        return {
-            "job_types": None if self.job_types is None else sorted(self.job_types),
-            "weights": None if self.weights is None else sorted(self.weights),
-            "priority_floor": self.priority_floor,
-        }
-
-    def refusal(self, job: Job) -> str | None:
-        if self.job_types is not None and job.job_type not in self.job_types:
-            return f"job type {job.job_type!r} is not allowed on this host"
-        if self.weights is not None and job.weight not in self.weights:
-            return f"weight {job.weight!r} is not allowed on this host"
-        if self.priority_floor is not None and job.priority < self.priority_floor:
-            return f"priority {job.priority} is below this host's floor {self.priority_floor}"
-        return None
-
-
-def mem_available_gb() -> float | None:
-    """What the kernel could give new work without swapping (MemAvailable on Linux)."""
-    try:
-        return float(psutil.virtual_memory().available) / 1024**3
-    except (OSError, RuntimeError):
-        return None
 
 
 class _Event(Waker):
@@ -496,46 +455,6 @@ class HttpSource(WorkSource):
 
     def _ship_loop(self) -> None:
         self._logs.run(self._stop)
-
-
-def fetch_attempt(client: ServerClient, token: AttemptToken
-                  ) -> tuple[Job | None, float | None]:
-    """One placed attempt of the client's host (for `herder run-attempt` over ssh), and the
-    lease the server enforces."""
-    try:
-        reply = protocol.PlacedAttempt.model_validate(
-            client.call("GET", f"/attempts/{token.job_id}/{token.attempt}", retry=False))
-    except ServerError:
-        return None, None
-    job = None if reply.job is None else reply.job.job(datetime.now().astimezone())
-    return job, reply.lease_seconds
-
-
-class SingleAttemptSource(HttpSource):
-    """Runs exactly one placed attempt, then lets the runner exit (ssh push)."""
-
-    supervised = False
-    """One attempt over ssh: nothing to adopt, and none of its attempts is adopted."""
-
-    def __init__(self, client: ServerClient, gate: LocalGate, job: Job, **kwargs: Any) -> None:
-        super().__init__(client, gate, concurrency=1, poll=False, **kwargs)
-        self.job = job
-        self.taken = False
-
-    def take(self, free: int, now: datetime) -> list[Job]:
-        if self.taken or free <= 0:
-            return []
-        self.taken = True
-        return [self.job] if self.admit(self.job) else []
-
-    def idle(self) -> bool:
-        return self.taken
-
-    def maintain(self, now: datetime) -> None:
-        """Orphan recovery belongs to the host's agent, not to a one-shot attempt."""
-
-    def predecessors(self) -> list[tuple[AttemptToken, str]]:
-        return []
 
 
 def parse_marker(marker: str) -> tuple[AttemptToken | None, WorkerId | None]:

@@ -49,8 +49,9 @@ from herder.core.model import (
 from herder.core.scheduling.accounts import state_of
 from herder.core.scheduling.alerting import Trouble
 from herder.core.scheduling.breaker import Breaker
+from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.health import shown_health
-from herder.core.scheduling.placement import Plan, Snapshot, explain, place
+from herder.core.scheduling.placement import Plan, Snapshot, place
 from herder.core.scheduling.policy import SPAWN_OUTCOMES
 from herder.core.submission import SubmitRequest
 from herder.host_settings import declared_host
@@ -62,6 +63,12 @@ from herder.runtime.accounts import (
     sync_accounts,
 )
 from herder.runtime.delivery import Alerts, start_alerts
+from herder.runtime.endings import (
+    Ending,
+    PolicyLimits,
+    bind_jobs,
+    record_ending,
+)
 from herder.runtime.local_child import LocalChild
 from herder.runtime.loop_health import Loop, LoopRegistry
 from herder.runtime.maintenance import (
@@ -89,16 +96,10 @@ from herder.runtime.scheduler import (
     pickup_timeout_seconds,
     take_snapshot,
 )
-from herder.runtime.sources import (
-    Ending,
-    PolicyLimits,
-    bind_jobs,
-    record_ending,
-)
 from herder.runtime.ssh import SshLauncher
 from herder.store import Store, Waker, as_unavailable
-from herder.store.base import ASSIGNED, DeliveryRecord, JobCapReached
 from herder.store.driver import Lease
+from herder.store.records import ASSIGNED, DeliveryRecord, JobCapReached
 from herder.views import iso
 from herder.webhooks import Delivery
 from herder.wire.agents import AccountProbe, HeartbeatReply, HostGate, PreflightCheck, pairs

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -21,10 +19,24 @@ from typing import Any, Protocol
 import msgspec
 
 from herder.core.model import AttemptToken, Job, MemoryUse, Outcome
-from herder.core.scheduling.classification import RESULT_BYTES, TAIL_BYTES
-from herder.hardening import JOB_UMASK, NEVER_INHERITED
+from herder.hardening import JOB_UMASK
+from herder.runtime.attempt_files import (
+    RESULT_NAME,
+    AttemptRecord,
+    Status,
+    append_log,
+    attempt_marker,
+    collect_result,
+    log_path_for,
+    private_opener,
+    read_status,
+    status_path_for,
+    write_record,
+)
+from herder.runtime.cgroup import SUPERVISOR_FILE
+from herder.runtime.job_environment import job_environment
 from herder.runtime.job_user import JobUser, foreign_folders
-from herder.runtime.memory import SUPERVISOR_FILE, AttemptMemory
+from herder.runtime.memory import AttemptMemory
 from herder.runtime.process import (
     TOKEN_VARIABLE,
     process_alive,
@@ -32,100 +44,7 @@ from herder.runtime.process import (
     signal_tree,
     tree_alive,
 )
-from herder.runtime.workspace import (
-    OWNER_SUFFIX,
-    Launch,
-    Workspaces,
-    claim,
-    launch,
-    open_to,
-    spec_of,
-)
-
-
-def attempt_marker(token: AttemptToken, worker: str) -> str:
-    """Globally unique per attempt: the worker id (host/pid/start time) makes it so even
-    when several herder databases on one machine reuse job ids."""
-    return f"{token}@{worker}"
-
-
-def log_path_for(log_dir: Path, token: AttemptToken) -> Path:
-    return log_dir / str(token.job_id) / f"{token.attempt}.log"
-
-
-def result_path_for(log_path: Path) -> Path:
-    """Where the attempt's $HERDER_RESULT is read from: beside its log (written there by a
-    job of herder's own user, copied there from its own folder under run_as)."""
-    return log_path.with_suffix(".result.json")
-
-
-def status_path_for(log_path: Path) -> Path:
-    """Where an attempt's supervisor writes how its job ended (herder.runtime.supervisor)."""
-    return log_path.with_suffix(".exit.json")
-
-
-def record_path_for(log_path: Path) -> Path:
-    """Where an agent notes what a successor needs to adopt the attempt (`AttemptRecord`)."""
-    return log_path.with_suffix(".attempt.json")
-
-
-class AttemptRecord(msgspec.Struct, frozen=True):
-    """What a new agent of the host needs to supervise an attempt its predecessor started:
-    written once, beside the log, when the attempt starts. The job is kept without its
-    environment (an account's key may be in it; the process has it already)."""
-
-    marker: str
-    worker: str
-    supervisor: int
-    supervisor_start: int
-    job_pid: int
-    job: Job
-    started_at: float
-    """Wall-clock seconds: the new agent's timeout counts from here."""
-    workspace: str | None = None
-    run_folder: str | None = None
-    cgroup: str | None = None
-
-
-class Status(msgspec.Struct, frozen=True):
-    """How a supervised job ended, as its supervisor wrote it."""
-
-    ended_at: float
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    peak_rss: int | None = None
-    launch_error: str | None = None
-
-    @property
-    def returncode(self) -> int | None:
-        """Popen's convention: the exit code, or minus the signal."""
-        if self.signal is not None:
-            return -self.signal
-        return self.exit_code
-
-
-def read_status(log_path: Path) -> Status | None:
-    """The supervisor's word on the attempt's end; None when it wrote none (it runs, or it
-    died too) or what it wrote cannot be read."""
-    try:
-        return msgspec.json.decode(status_path_for(log_path).read_bytes(), type=Status)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-def write_record(log_path: Path, record: AttemptRecord) -> None:
-    """Atomically (a temporary file renamed), private to herder's user."""
-    path = record_path_for(log_path)
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "wb", opener=private_opener) as handle:
-        handle.write(msgspec.json.encode(record))
-    os.replace(temporary, path)
-
-
-def read_record(log_path: Path) -> AttemptRecord:
-    """Raises OSError or msgspec.DecodeError/ValidationError when it cannot be read."""
-    return msgspec.json.decode(record_path_for(log_path).read_bytes(), type=AttemptRecord)
+from herder.runtime.workspace import Launch, Workspaces, claim, launch, open_to, spec_of
 
 
 class AttemptProcess(Protocol):
@@ -186,103 +105,6 @@ class Adopted:
                 code = -signal.SIGKILL
             self.returncode = code
         return self.returncode
-
-
-RESULT_NAME = "result.json"
-"""The $HERDER_RESULT of a job under run_as, in the attempt's folder that it owns."""
-
-
-def collect_result(run_folder: Path, log_path: Path) -> str | None:
-    """Copy a run_as job's $HERDER_RESULT beside its log and remove the folder it owned;
-    what to log when its result was not a plain file. The job controls that folder, so
-    the file is opened without following a link or blocking on a pipe, and a hard link
-    (someone else's file) is not read."""
-    note = None
-    data = None
-    try:
-        handle = os.open(run_folder / RESULT_NAME,
-                         os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            note = f"$HERDER_RESULT ignored: {exc.strerror}"
-    else:
-        with os.fdopen(handle, "rb") as result:
-            status = os.fstat(handle)
-            if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
-                data = result.read(RESULT_BYTES + 1)
-            else:
-                note = "$HERDER_RESULT ignored: not a plain file"
-    if data is not None:
-        with contextlib.suppress(OSError):
-            result_path_for(log_path).write_bytes(data)
-    shutil.rmtree(run_folder, ignore_errors=True)
-    run_folder.with_name(run_folder.name + OWNER_SUFFIX).unlink(missing_ok=True)
-    return note
-
-
-def read_ending(log_path: Path) -> tuple[str, str | None]:
-    """The last 16 KB of the attempt's log and its $HERDER_RESULT (None when it wrote none;
-    one byte over the limit, so an oversized result is known as such)."""
-    tail = b""
-    with contextlib.suppress(OSError), open(log_path, "rb") as handle:
-        handle.seek(max(0, handle.seek(0, os.SEEK_END) - TAIL_BYTES))
-        tail = handle.read(TAIL_BYTES)
-    try:
-        with open(result_path_for(log_path), "rb") as handle:
-            result: str | None = handle.read(RESULT_BYTES + 1).decode(errors="replace")
-    except OSError:
-        result = None
-    return tail.decode(errors="replace"), result
-
-
-BASE_ENVIRONMENT: tuple[str, ...] = ("PATH", "HOME", "USER", "LANG", "LC_*", "TZ", "TERM",
-                                      "SHELL")
-"""The runner's variables every job gets; `[runtime] pass_env` adds to them."""
-
-HERDER_PREFIX = "HERDER_"
-"""herder's own namespace (its credentials, its configuration, job identity): nothing of the
-runner's under it reaches a job, whatever pass_env says."""
-
-
-def passes(name: str, patterns: Sequence[str]) -> bool:
-    """Whether a variable of the runner's environment may reach a job: named exactly or by
-    a `PREFIX*` pattern, and never one of herder's own."""
-    if name.startswith(HERDER_PREFIX) or name in NEVER_INHERITED:
-        return False
-    return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
-               for pattern in patterns)
-
-
-def job_environment(job: Job, host: str, marker: str, log_path: Path,
-                    pass_env: Sequence[str] = (),
-                    runner_environment: Mapping[str, str] | None = None,
-                    user: JobUser | None = None,
-                    result_path: Path | None = None) -> dict[str, str]:
-    """An allow-list of the runner's variables, then the run_as user's HOME, USER, LOGNAME
-    and SHELL, then the job's own env (the submitter's or its account's choice, a HOME
-    included), then herder's identity variables, which nothing overrides. Nothing else of
-    the runner's passes: it may hold herder's database URL or tokens, and jobs are AI
-    agents."""
-    source = os.environ if runner_environment is None else runner_environment
-    patterns = (*BASE_ENVIRONMENT, *pass_env)
-    env = {name: value for name, value in source.items() if passes(name, patterns)}
-    if user is not None:
-        env.update(user.environment())
-    env.update(job.env)
-    env.update(
-        {
-            "HERDER_JOB_ID": str(job.id),
-            "HERDER_ATTEMPT": str(job.attempt),
-            "HERDER_JOB_TYPE": job.job_type,
-            "HERDER_WEIGHT": job.weight,
-            "HERDER_HOST": host,
-            "HERDER_LOG": str(log_path),
-            "HERDER_RESULT": str(result_path or result_path_for(log_path)),
-            "HERDER_PAYLOAD": json.dumps(dict(job.payload)),
-            TOKEN_VARIABLE: marker,
-        }
-    )
-    return env
 
 
 class LaunchError(Exception):
@@ -616,8 +438,6 @@ def _start_supervisor(argv: Sequence[str], env: Mapping[str, str], switch: Mappi
         ours.close()
 
 
-
-
 def _switch(user: JobUser | None, now: bool) -> dict[str, Any]:
     """Popen's arguments that start a job as `user` (none when `now` is false: the
     preparing process switches itself)."""
@@ -660,13 +480,3 @@ def _workspace_launch(job: Job, env: Mapping[str, str], worker: str, marker: str
         raise LaunchError("this runner has no workspace root for the job's workspace")
     claim(workspaces.folder(job.token, marker), worker)
     return launch(job, spec, env, TOKEN_VARIABLE, marker, workspaces, user=user)
-
-
-def private_opener(path: str, flags: int) -> int:
-    """`open(..., opener=)` creating the file 0600: logs may hold what a job printed."""
-    return os.open(path, flags, 0o600)
-
-
-def append_log(path: Path, line: str) -> None:
-    with contextlib.suppress(OSError), open(path, "ab") as log:
-        log.write(f"# herder: {line}\n".encode())

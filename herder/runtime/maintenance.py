@@ -26,7 +26,7 @@ import msgspec
 from herder.core.model import AttemptResult, Decision, HostRecord, JobStatus, Outcome
 from herder.core.scheduling.alerting import ram_spike
 from herder.core.scheduling.policy import RetryState, decide
-from herder.runtime.executor import attempt_marker
+from herder.runtime.attempt_files import attempt_marker
 from herder.runtime.process import kill_tree, process_alive
 from herder.store import LiveAttempt, Store
 

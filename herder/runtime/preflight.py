@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from herder.hardening import JOB_UMASK
-from herder.runtime.executor import BASE_ENVIRONMENT, passes
+from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
 from herder.short_process import run_within
 
 if TYPE_CHECKING:

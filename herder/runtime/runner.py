@@ -21,7 +21,6 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -31,33 +30,28 @@ import msgspec
 
 from herder.core.backoff import Backoff
 from herder.core.config import FleetSection, RuntimeSection, Settings
-from herder.core.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
-from herder.runtime.executor import (
-    Adopted,
-    LaunchError,
-    RunningAttempt,
+from herder.core.model import AttemptToken, Job, Outcome
+from herder.runtime.attempt_files import (
     append_log,
     attempt_marker,
     collect_result,
     log_path_for,
     read_ending,
     read_record,
-    spawn,
     write_record,
 )
+from herder.runtime.cgroup import runner_prefix
+from herder.runtime.endings import Ending, OutcomeRules, PolicyLimits
+from herder.runtime.executor import Adopted, LaunchError, RunningAttempt, spawn
+from herder.runtime.fence import FENCE_KILL_SHARE, fence_due, fence_kill_at, fence_margin
 from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer, WorkerId
-from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
+from herder.runtime.memory import MemoryControl, MemoryPolicy
+from herder.runtime.pending_results import Result, Retry, launch_failed
 from herder.runtime.preflight import Check, Refresher, job_type_checks
 from herder.runtime.process import process_start_time
-from herder.runtime.sources import (
-    ClaimSource,
-    Ending,
-    OutcomeRules,
-    PolicyLimits,
-    WorkSource,
-)
+from herder.runtime.sources import ClaimSource, WorkSource
 from herder.runtime.workspace import Workspaces, claim, release, sweep
 from herder.store import Store, Waker
 
@@ -66,75 +60,6 @@ T = TypeVar("T")
 
 BUSY_TICK = 0.02
 CANCEL_CHECK_PERIOD = 0.05
-
-
-DEFAULT_FENCE_SHARE = 0.25
-"""Without a configured fence_margin, attempts stop a quarter of the lease before it ends."""
-
-
-def fence_margin(lease: float, configured: float | None) -> float:
-    """The configured margin, or a quarter of the lease when none is set or it does not
-    fit inside the lease (the server's lease may be shorter than the local config's)."""
-    if configured is None or configured >= lease:
-        return lease * DEFAULT_FENCE_SHARE
-    return configured
-
-
-def fence_due(renewed: float, now: float, lease: float, margin: float) -> bool:
-    """Whether an attempt last renewed at `renewed` must be stopped now (monotonic times)."""
-    return now >= renewed + lease - margin
-
-
-FENCE_KILL_SHARE = 0.75
-"""A fenced attempt's SIGKILL comes within this share of what is left of its lease; the
-rest is headroom for the kill itself on a busy machine."""
-
-
-def fence_kill_at(now: float, lease_end: float, kill_grace: float) -> float:
-    """When a fenced attempt's SIGTERM escalates to SIGKILL: after `kill_grace`, but soon
-    enough that the tree is gone before anyone else may run the job (at once if the lease
-    has run out already)."""
-    return min(now + kill_grace, now + max(0.0, lease_end - now) * FENCE_KILL_SHARE)
-
-
-@dataclass
-class Retry:
-    """When a failed call may be tried again (capped exponential backoff, full jitter)."""
-
-    due: float = 0.0
-    backoff: Backoff = field(default_factory=lambda: Backoff(base=0.25, cap=5.0))
-
-    def ready(self, now: float) -> bool:
-        return now >= self.due
-
-    def failed(self, now: float, cap: float | None = None) -> float:
-        delay = self.backoff.next()
-        if cap is not None:
-            delay = min(delay, cap)
-        self.due = now + delay
-        return delay
-
-    def succeeded(self) -> None:
-        self.backoff.reset()
-        self.due = 0.0
-
-
-@dataclass
-class Result:
-    """An ended attempt (or one that could not be launched) whose result is not recorded."""
-
-    job: Job
-    outcome: Outcome
-    exit_code: int | None
-    retry: Retry = field(default_factory=Retry)
-    ending: Ending | None = None
-    """The log's tail and $HERDER_RESULT, for an attempt that ran."""
-
-
-def launch_failed(job: Job, error: str) -> Result:
-    """An attempt that never started, with why in the OS's words."""
-    return Result(job, Outcome.LAUNCH_FAILED, None,
-                  ending=Ending(launch_error=error[:LAUNCH_ERROR_CHARS]))
 
 
 def utcnow() -> datetime:

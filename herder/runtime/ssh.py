@@ -45,8 +45,8 @@ from herder.core.model import (
     Transport,
 )
 from herder.hardening import child_environment
+from herder.runtime.endings import Ending, PolicyLimits, bind_jobs, decide_for
 from herder.runtime.preflight import Check
-from herder.runtime.sources import Ending, PolicyLimits, bind_jobs, decide_for
 from herder.store import Store
 
 log = logging.getLogger("herder.ssh")

@@ -9,7 +9,7 @@ with `ok PID` or `error TEXT` (so a missing program fails the launch as before),
 and writes its exit status, peak RSS (the job's own, as the kernel counts it) and end time
 to STATUS (a temporary file renamed over it, so a reader sees all or nothing), then exits.
 A new agent of the host reads that file for an attempt that ended while no agent was up
-(herder.runtime.executor.read_status).
+(herder.runtime.attempt_files.read_status).
 
 A separate interpreter, not a fork of the agent: a fork of a threaded process that goes on
 running Python may deadlock, and would carry the agent's memory (its token) along. `-I` and

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from herder.core.errors import InputError
-from herder.store.base import LiveAttempt, Store
+from herder.store.base import Store
 from herder.store.driver import Waker, as_unavailable, lost_session_errors
+from herder.store.records import LiveAttempt
 
 __all__ = ["LiveAttempt", "Store", "Waker", "as_unavailable", "lost_session_errors",
            "open_store"]

@@ -28,7 +28,7 @@ from herder.core.backoff import Backoff
 from herder.core.errors import StoreUnavailable
 from herder.core.model import InsertResult, JobStatus
 from herder.core.urls import redact_url
-from herder.store.base import DEDUP_RELEASED_DETAIL, Store, object_from_json
+from herder.store.base import Store
 from herder.store.driver import (
     Driver,
     Json,
@@ -40,6 +40,8 @@ from herder.store.driver import (
     load_queries,
     lost_session_errors,
 )
+from herder.store.parameters import DEDUP_RELEASED_DETAIL
+from herder.store.rows import object_from_json
 
 log = logging.getLogger("herder.store")
 Q = load_queries("postgres")

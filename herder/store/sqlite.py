@@ -22,8 +22,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from herder.core.errors import InputError, StoreUnavailable
 from herder.core.model import InsertResult, JobStatus
-from herder.store.base import DEDUP_RELEASED_DETAIL, Store, object_from_json
+from herder.store.base import Store
 from herder.store.driver import Driver, Json, Lease, Row, Transaction, Waker, load_queries
+from herder.store.parameters import DEDUP_RELEASED_DETAIL
+from herder.store.rows import object_from_json
 
 Q = load_queries("sqlite")
 _TIME_COLUMNS = frozenset(

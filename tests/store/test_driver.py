@@ -11,8 +11,8 @@ from support.store import T0, at, spec
 
 from herder.core.model import InsertResult, JobStatus
 from herder.store import Store, open_store
-from herder.store.base import DEDUP_RELEASED_DETAIL, spec_params
 from herder.store.driver import Driver, Json
+from herder.store.parameters import DEDUP_RELEASED_DETAIL, spec_params
 
 
 @pytest.fixture

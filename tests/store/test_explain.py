@@ -18,8 +18,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from herder.core.model import Decision, JobStatus, Outcome
-from herder.store.base import finish_params
 from herder.store.driver import load_queries
+from herder.store.parameters import finish_params
 from herder.store.sqlite import parse_sqlite_url
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
