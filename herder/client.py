@@ -272,7 +272,7 @@ class Client:
         (also when it has none). InputError for an unknown type or a bad payload,
         `DispatchCheckFailed` when the check neither dispatched nor skipped."""
         from herder.dispatch_check import check_environment, check_payload, run_dispatch_check
-        from herder.hardening import child_environment, secret_variables
+        from herder.runtime.hardening import child_environment, secret_variables
 
         section = self.config.settings.job_types.get(job_type)
         if section is None:
@@ -340,7 +340,7 @@ class Client:
         return self._agent_token(label)
 
     def _agent_token(self, label: str) -> str:
-        from herder.api.tokens import new_token, token_hash  # pure: hashlib and secrets
+        from herder.core.access import new_token, token_hash  # pure: hashlib and secrets
 
         token = new_token()
         self.store.token_insert(f"host:{label}", Scope.AGENT, token_hash(token),

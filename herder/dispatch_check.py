@@ -19,8 +19,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from herder.core.errors import HerderError, InputError
-from herder.hardening import PRIVATE_UMASK
-from herder.short_process import output_within
+from herder.runtime.hardening import PRIVATE_UMASK
+from herder.runtime.short_process import output_within
 
 EXIT_DISPATCH = 0
 EXIT_SKIP = 10

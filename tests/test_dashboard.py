@@ -17,7 +17,7 @@ from support.ports import free_port
 
 from herder.api.app import Access, create_app
 from herder.api.sessions import COOKIE, CSRF_HEADER, csrf_refusal
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.config import Config, ServerSection, Settings
 from herder.core.model import HostRecord, JobSpec, JobStatus, Scope
 from herder.runtime import coordinator as coordinator_module

@@ -34,8 +34,8 @@ from herder.core.model import (
     TokenRecord,
     Transport,
 )
-from herder.hardening import SECRET_VARIABLES
 from herder.runtime.coordinator import Coordinator
+from herder.runtime.hardening import SECRET_VARIABLES
 from herder.runtime.local_child import (
     ChildLaunch,
     LocalChild,

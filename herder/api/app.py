@@ -38,7 +38,7 @@ from herder.api import (
 from herder.api.board import AssignmentBoard
 from herder.api.depends import Access, Reader, Throttled, route_scope
 from herder.api.guard import FailureLimiter, rebinding_refusal
-from herder.api.tokens import Denied
+from herder.core.access import Denied
 from herder.core.errors import Conflict, HerderError, InputError, NotFound
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import SessionBook

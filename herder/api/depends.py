@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from herder.api.board import AssignmentBoard
 from herder.api.guard import FAILURE_LIMIT, FailureLimiter
 from herder.api.sessions import CSRF_HEADER, cookie_name, csrf_refusal
-from herder.api.tokens import (
+from herder.core.access import (
     ANONYMOUS_ADMIN,
     LEGACY_ADMIN,
     Caller,

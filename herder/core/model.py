@@ -18,6 +18,8 @@ MAX_DURATION = 366 * 86400.0
 LAUNCH_ERROR_CHARS = 1000
 """The longest launch error (an OS error's text) an attempt keeps."""
 """Longer is surely a typo, and would overflow datetime arithmetic downstream."""
+ADHOC = "adhoc"
+"""The job type of a job submitted as a command rather than as a job type."""
 
 
 class JobStatus(enum.StrEnum):

@@ -39,9 +39,9 @@ from herder.core.scheduling.accounts import (
     state_of,
 )
 from herder.core.scheduling.placement import Reason
-from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
-from herder.short_process import output_within
+from herder.runtime.hardening import JOB_UMASK
+from herder.runtime.short_process import output_within
 from herder.store import Store
 
 log = logging.getLogger("herder.accounts")

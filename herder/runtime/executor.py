@@ -22,7 +22,7 @@ import msgspec
 
 from herder.core.model import AttemptToken, Job, MemoryUse, Outcome
 from herder.core.scheduling.classification import RESULT_BYTES, TAIL_BYTES
-from herder.hardening import JOB_UMASK, NEVER_INHERITED
+from herder.runtime.hardening import JOB_UMASK, NEVER_INHERITED
 from herder.runtime.job_user import JobUser, foreign_folders
 from herder.runtime.memory import SUPERVISOR_FILE, AttemptMemory
 from herder.runtime.process import (
@@ -515,7 +515,7 @@ def spawn(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
-                    umask=JOB_UMASK,  # herder's own is 0077 (herder.hardening)
+                    umask=JOB_UMASK,  # herder's own is 0077 (herder.runtime.hardening)
                     **switch,
                     # Joins the attempt's cgroup before exec, so nothing escapes it: two
                     # system calls on a descriptor opened beforehand, under the GIL the

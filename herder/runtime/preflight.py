@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
-from herder.short_process import output_within
+from herder.runtime.hardening import JOB_UMASK
+from herder.runtime.short_process import output_within
 
 if TYPE_CHECKING:
     from herder.core.config import JobTypeSection

@@ -43,7 +43,7 @@ from herder.core.model import (
     Outcome,
     Transport,
 )
-from herder.hardening import child_environment
+from herder.runtime.hardening import child_environment
 from herder.runtime.preflight import Check
 from herder.runtime.sources import Ending, PolicyLimits, bind_jobs, decide_for
 from herder.store import Store
