@@ -12,9 +12,9 @@ from support.cli import run_herder
 from support.local import Harness
 
 from herder.core.config import Settings
+from herder.core.fleet import Fleet
 from herder.core.model import JobSpec, JobStatus, Outcome, launch_errors
 from herder.runtime.coordinator import why
-from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import Ending, PolicyLimits, record_ending
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from herder.core.config import load_config
+from herder.core.fleet import Fleet
 from herder.core.model import Action, Budget, JobStatus, Outcome
 from herder.core.scheduling.policy import (
     DEFAULT_RULES,
@@ -22,7 +23,6 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
-from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import OutcomeRules
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

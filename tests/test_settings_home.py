@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 
 from herder.core.config import Settings, load_config
+from herder.core.fleet import Fleet
 from herder.core.model import JobStatus, Outcome
 from herder.core.scheduling.capacity import DEFAULT_WEIGHTS, Shedding, WindowSchedule, bookable_gb
 from herder.core.scheduling.health import HealthThresholds, Liveness
 from herder.core.scheduling.placement import PlacementPolicy
 from herder.core.scheduling.policy import RetryState, decide
 from herder.runtime.runner import Runner, RunnerOptions
-from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import ClaimSource, OutcomeRules, PolicyLimits
 from herder.store import open_store
 

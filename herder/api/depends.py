@@ -29,9 +29,8 @@ from herder.core.access import (
     token_hash,
 )
 from herder.core.config import _NAME, ServerSection
-from herder.core.model import BIGINT_MAX, INT_MAX, Scope
+from herder.core.model import BIGINT_MAX, INT_MAX, Scope, WorkerId
 from herder.runtime.coordinator import Coordinator
-from herder.runtime.maintenance import WorkerId
 from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
 
 T = TypeVar("T")

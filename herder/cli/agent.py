@@ -294,8 +294,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         warn_root(runtime.run_as)
         # Then, before any thread exists: the guardian that cleans up if this agent dies
         # (and tells the server, so its jobs are rerun at once).
+        from herder.core.model import WorkerId
         from herder.runtime.guardian import report_gone, start_guardian
-        from herder.runtime.maintenance import WorkerId
         from herder.runtime.preflight import Preflight
         from herder.runtime.process import process_start_time
 

@@ -138,6 +138,27 @@ class AttemptToken(msgspec.Struct, frozen=True):
         return f"{self.job_id}.{self.attempt}"
 
 
+class WorkerId(msgspec.Struct, frozen=True):
+    """A runner process: host label, pid and kernel start time (pids get reused)."""
+
+    host: str
+    pid: int
+    start_time: int
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.pid}/{self.start_time}"
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerId | None:
+        parts = text.rsplit("/", 2)
+        if len(parts) != 3:
+            return None
+        try:
+            return cls(parts[0], int(parts[1]), int(parts[2]))
+        except ValueError:
+            return None
+
+
 class JobSpec(msgspec.Struct, frozen=True):
     """A job as submitted: everything resolved, nothing decided by the store yet."""
 

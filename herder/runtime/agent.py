@@ -28,7 +28,7 @@ import psutil
 
 from herder import wire
 from herder.core.config import RuntimeSection, ServerSection
-from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome, WorkerId
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
     FINAL_LOG_WAIT,
@@ -43,7 +43,7 @@ from herder.runtime.agent_client import (
     ServerUnavailable,
 )
 from herder.runtime.guardian import handover_path, lost_path, touch
-from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.maintenance import local_worker_alive
 from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, process_log, token_markers
 from herder.runtime.sources import Ending, WorkSource

@@ -22,6 +22,7 @@ from herder.client import Client
 from herder.core.backoff import Backoff
 from herder.core.config import Config, JobTypeSection, subagent_caps
 from herder.core.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
+from herder.core.fleet import Fleet
 from herder.core.model import (
     Attempt,
     AttemptToken,
@@ -38,6 +39,7 @@ from herder.core.model import (
     ReservationStatus,
     TokenRecord,
     Transport,
+    WorkerId,
     launch_failure,
 )
 from herder.core.scheduling.accounts import state_of
@@ -64,14 +66,12 @@ from herder.runtime.maintenance import (
     PickupWatch,
     RamSpikeWatch,
     Rescuer,
-    WorkerId,
     lost_result,
 )
 from herder.runtime.metrics import FleetSample, HostSample, Metrics
 from herder.runtime.preflight import job_type_checks
 from herder.runtime.runner import default_host
 from herder.runtime.scheduler import (
-    Fleet,
     Scheduler,
     agent_state,
     blocked_job_types,
@@ -82,6 +82,7 @@ from herder.runtime.scheduler import (
     lease_seconds,
     pickup_timeout_seconds,
     take_snapshot,
+    tripped_breakers,
 )
 from herder.runtime.sources import (
     Ending,
@@ -820,7 +821,7 @@ class Coordinator:
     def host_views(self) -> list[HostView]:
         now = utcnow()
         usage = self.store.host_usage(now)
-        breakers = self.fleet.breakers(self.store, now)
+        breakers = tripped_breakers(self.store, self.fleet, now)
         return [host_status(self.fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
 

@@ -29,10 +29,10 @@ import msgspec
 
 from herder.core.access import new_token, token_hash
 from herder.core.backoff import Backoff
-from herder.core.model import HostRecord, Scope
+from herder.core.model import HostRecord, Scope, WorkerId
 from herder.runtime.hardening import child_environment
 from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.maintenance import local_worker_alive
 from herder.store import Store
 
 log = logging.getLogger("herder.local")

@@ -31,7 +31,7 @@ import msgspec
 
 from herder.core.backoff import Backoff
 from herder.core.config import FleetSection, RuntimeSection, Settings
-from herder.core.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
+from herder.core.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome, WorkerId
 from herder.runtime.executor import (
     Adopted,
     LaunchError,
@@ -47,7 +47,7 @@ from herder.runtime.executor import (
 )
 from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
-from herder.runtime.maintenance import Rescuer, WorkerId
+from herder.runtime.maintenance import Rescuer
 from herder.runtime.memory import MemoryControl, MemoryPolicy, runner_prefix
 from herder.runtime.preflight import Check, Refresher, job_type_checks
 from herder.runtime.process import process_start_time

@@ -31,6 +31,7 @@ from herder.core.model import (
     MemoryUse,
     Outcome,
 )
+from herder.core.scheduling.accounts import AccountRules
 from herder.core.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
 from herder.core.scheduling.capacity import WeightTable
 from herder.core.scheduling.classification import (
@@ -48,7 +49,6 @@ from herder.core.scheduling.policy import (
     quiet_ending,
 )
 from herder.runtime.accounts import (
-    AccountRules,
     bind_accounts,
     learn_from_outcome,
     rotate,

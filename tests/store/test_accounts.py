@@ -75,7 +75,7 @@ def test_sessions_are_live_attempts_bound_to_the_account_up_to_its_cap(store: St
 def test_an_ending_teaches_the_account_it_ran_under(store: Store):
     """record_ending, where herder up and the server judge attempts: a revoked login stamps
     the account, a success clears it, and the ended attempt frees its session."""
-    from herder.runtime.accounts import AccountRules
+    from herder.core.scheduling.accounts import AccountRules
     from herder.runtime.sources import OutcomeRules, PolicyLimits, record_ending
 
     limits = PolicyLimits(5, 5, 300.0, OutcomeRules(accounts=AccountRules({"adhoc": None})))
