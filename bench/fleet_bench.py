@@ -37,8 +37,8 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from herder.api.tokens import new_token, token_hash  # noqa: E402
 from herder.client import Client  # noqa: E402
+from herder.core.access import new_token, token_hash  # noqa: E402
 from herder.core.model import HostRecord, Scope  # noqa: E402
 from herder.store import open_store  # noqa: E402
 

@@ -36,8 +36,8 @@ from fleet_bench import database, drop, free_port, herder, start, stop, wait_htt
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from herder.api.tokens import new_token, token_hash  # noqa: E402
 from herder.client import Client  # noqa: E402
+from herder.core.access import new_token, token_hash  # noqa: E402
 from herder.core.config import parse_duration  # noqa: E402
 from herder.core.model import HostRecord  # noqa: E402
 from herder.store import open_store  # noqa: E402

@@ -37,9 +37,9 @@ from herder.core.model import (
 from herder.store import Store, open_store
 
 if TYPE_CHECKING:
+    from herder.core.fleet import Fleet
     from herder.core.host_settings import HostSettings
     from herder.core.submission import SubmitRequest
-    from herder.runtime.scheduler import Fleet
     from herder.store.records import Alert
     from herder.wire.accounts import AccountView
     from herder.wire.fleet import FleetCapView
@@ -143,9 +143,9 @@ class Client:
     def check_feasible(self, spec: JobSpec, hosts: Sequence[HostRecord]) -> None:
         """Refuse (InputError naming the field) a job none of these hosts can ever take:
         bound to a host that does not exist or refuses it, or heavier than any host."""
+        from herder.core.fleet import Fleet
         from herder.core.scheduling.feasibility import check_job
         from herder.core.scheduling.placement import HostSpec
-        from herder.runtime.scheduler import Fleet
 
         fleet = Fleet.from_settings(self.config.settings)
         check_job(spec.job_type, spec.weight, spec.priority, spec.affinity,
@@ -181,20 +181,21 @@ class Client:
                                   self.attempts(job_id)), offset)
 
     def why(self, job_id: int) -> str:
+        from herder.core.fleet import Fleet
         from herder.runtime.coordinator import why
-        from herder.runtime.scheduler import Fleet
 
         return why(self.store, Fleet.from_settings(self.config.settings), job_id,
                    datetime.now(UTC))
 
     def hosts(self) -> builtins.list[HostView]:
+        from herder.core.fleet import Fleet
         from herder.runtime.coordinator import host_status
-        from herder.runtime.scheduler import Fleet
+        from herder.runtime.scheduler import tripped_breakers
 
         fleet = Fleet.from_settings(self.config.settings)
         now = datetime.now(UTC)
         usage = self.store.host_usage(now)
-        breakers = fleet.breakers(self.store, now)
+        breakers = tripped_breakers(self.store, fleet, now)
         return [host_status(fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
 
@@ -274,7 +275,7 @@ class Client:
         (also when it has none). InputError for an unknown type or a bad payload,
         `DispatchCheckFailed` when the check neither dispatched nor skipped."""
         from herder.dispatch_check import check_environment, check_payload, run_dispatch_check
-        from herder.hardening import child_environment, secret_variables
+        from herder.runtime.hardening import child_environment, secret_variables
 
         section = self.config.settings.job_types.get(job_type)
         if section is None:
@@ -295,7 +296,7 @@ class Client:
     # -- hosts, accounts and reservations (`herder host`, `account`, `slots`, `reserve`) -------
 
     def _fleet(self) -> Fleet:
-        from herder.runtime.scheduler import Fleet
+        from herder.core.fleet import Fleet
 
         return Fleet.from_settings(self.config.settings)
 
@@ -342,7 +343,7 @@ class Client:
         return self._agent_token(label)
 
     def _agent_token(self, label: str) -> str:
-        from herder.api.tokens import new_token, token_hash  # pure: hashlib and secrets
+        from herder.core.access import new_token, token_hash  # pure: hashlib and secrets
 
         token = new_token()
         self.store.token_insert(f"host:{label}", Scope.AGENT, token_hash(token),

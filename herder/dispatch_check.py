@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 from herder.core.errors import HerderError, InputError
-from herder.hardening import PRIVATE_UMASK
-from herder.short_process import run_within
+from herder.runtime.hardening import PRIVATE_UMASK
+from herder.runtime.short_process import run_within
 
 EXIT_DISPATCH = 0
 EXIT_SKIP = 10

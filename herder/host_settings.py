@@ -73,10 +73,10 @@ def transport_refusal(host: HostRecord, transport: Transport | None) -> tuple[st
 
 
 def _check_feasible(host: HostRecord, config: Config) -> None:
+    from herder.core.fleet import Fleet
+    from herder.core.model import ADHOC
     from herder.core.scheduling.feasibility import check_host
     from herder.core.scheduling.placement import HostSpec
-    from herder.intake import ADHOC
-    from herder.runtime.scheduler import Fleet
 
     fleet = Fleet.from_settings(config.settings)
     check_host(HostSpec.configured(host), {*config.settings.job_types, ADHOC},

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from herder.core.config import Config, JobTypeSection
 from herder.core.env_policy import check_submitted_env
 from herder.core.errors import InputError
-from herder.core.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
+from herder.core.model import ADHOC, INT_MAX, INT_MIN, MAX_DURATION, JobSpec
 from herder.core.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX
 from herder.core.shell_templates import render_shell
 from herder.core.submission import SubmitRequest, storable
@@ -35,7 +35,6 @@ from herder.core.workspace import (
 if TYPE_CHECKING:
     from herder.wire.jobs import SubmitBody
 
-ADHOC = "adhoc"
 MAX_PAYLOAD_BYTES = 1_000_000
 
 

@@ -15,8 +15,15 @@ from support.processes import escaping_daemon
 from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Account, AccountHealth
-from herder.core.scheduling.accounts import AccountState, Probe, coerce_probe, pick, state_of
-from herder.runtime.accounts import ProbeCommand, Prober, account_needs, run_probe
+from herder.core.scheduling.accounts import (
+    AccountState,
+    Probe,
+    account_needs,
+    coerce_probe,
+    pick,
+    state_of,
+)
+from herder.runtime.accounts import ProbeCommand, Prober, run_probe
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 GOOD = '{"credentials_present": true, "has_refresh_token": true, "access_expired": true}'
@@ -155,8 +162,8 @@ def test_an_account_with_a_bad_key_is_refused_naming_it(tmp_path: Path):
 
 def test_placement_learns_which_hosts_cannot_serve_a_type_and_why():
     from herder.core.model import AccountRecord
+    from herder.core.scheduling.accounts import AccountRules
     from herder.core.scheduling.placement import Reason
-    from herder.runtime.accounts import AccountRules
 
     rules = AccountRules({"fix": None})
     records = [

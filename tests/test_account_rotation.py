@@ -31,6 +31,7 @@ from herder.core.model import (
     Usage,
 )
 from herder.core.scheduling.accounts import (
+    AccountRules,
     AccountState,
     Rotation,
     coerce_probe,
@@ -42,7 +43,6 @@ from herder.core.scheduling.accounts import (
     usable_at,
 )
 from herder.runtime.accounts import (
-    AccountRules,
     accounts_why,
     record_probes,
     sync_account_alerts,

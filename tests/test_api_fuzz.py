@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from support.postgres import BACKENDS, empty_herder_tables
 
 from herder.api.app import Access, create_app
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.config import (
     Config,
     HerderSection,

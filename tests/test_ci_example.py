@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from support.environment import clean_environment
 
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.model import Scope
 
 ROOT = Path(__file__).resolve().parent.parent

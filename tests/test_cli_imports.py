@@ -16,7 +16,7 @@ from support.cli import CLI_TIMEOUT
 from support.environment import clean_environment
 
 SERVER_SIDE = ("fastapi", "starlette", "uvicorn", "httpx", "anyio", "asyncio", "psycopg",
-               "herder.api", "herder.runtime", "herder.core.scheduling", "herder.demo",
+               "herder.api", "herder.runtime", "herder.core.scheduling", "herder.cli.demo",
                "herder.store.postgres")
 """What the queue commands never need: the HTTP stack, the event loop, PostgreSQL's driver
 and store (the database here is SQLite), the coordinator and the scheduler."""

@@ -18,7 +18,7 @@ from support.cli import herder_argv, run_herder
 from support.environment import clean_environment
 from support.waits import wait_for
 
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.errors import InputError, NotFound
 from herder.core.host_settings import HostSettings
 from herder.core.model import Account, JobStatus, ReservationStatus, Scope

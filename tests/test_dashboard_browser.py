@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from support.fleet import FleetHarness
 from support.waits import wait_for
 
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.model import JobStatus, Scope
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -17,7 +17,7 @@ from support.cli import run_herder
 from support.processes import escaping_daemon
 from support.waits import wait_for
 
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.config import load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import Scope

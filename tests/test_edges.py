@@ -20,7 +20,7 @@ from support.waits import wait_for
 from herder.api.app import Access, create_app
 from herder.api.guard import FailureLimiter, host_name, proxy_options, rebinding_refusal
 from herder.api.sessions import COOKIE, SECURE_COOKIE
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.config import Config, Settings
 from herder.core.errors import InputError
 from herder.core.model import AttemptToken, Scope

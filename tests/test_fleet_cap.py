@@ -15,6 +15,7 @@ from support.waits import wait_for
 from herder.client import Client
 from herder.core.config import Config, Settings
 from herder.core.errors import InputError
+from herder.core.fleet import Fleet
 from herder.core.model import JobStatus, Scope
 from herder.core.scheduling.capacity import WindowCaps
 from herder.core.scheduling.explanation import explain
@@ -28,7 +29,7 @@ from herder.core.scheduling.placement import (
     place,
     stopped,
 )
-from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS, Fleet, fleet_cap
+from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS, fleet_cap
 
 NOON = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
 ALPHA = HostSpec("alpha", 32, prime=WindowCaps(4), night=WindowCaps(4))

@@ -42,7 +42,7 @@ from support.unprivileged import as_user, give, owned_folder, unprivileged_ids
 from support.waits import wait_for
 
 from herder.core.errors import InputError
-from herder.hardening import (
+from herder.runtime.hardening import (
     check_secret_file,
     child_environment,
     secret_value,
@@ -342,7 +342,7 @@ def healthy(url: str) -> bool:
 
 HARDENED = """
 import json, os, subprocess, sys
-from herder.hardening import dumpable, harden_process, secret_value, withdraw_secrets
+from herder.runtime.hardening import dumpable, harden_process, secret_value, withdraw_secrets
 harden_process()
 withdraw_secrets(["HERDER_DB", "MY_SECRET"])
 child = subprocess.run(["sh", "-c", "echo ${HERDER_DB:-none} ${MY_SECRET:-none} $(umask)"],
@@ -380,7 +380,7 @@ def test_child_environment_drops_herder_variables_and_withdrawn_secrets(monkeypa
     monkeypatch.setenv("FORGE_SECRET", "forge")
     monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
     monkeypatch.setenv("PGPASSWORD", "pg")
-    monkeypatch.setattr("herder.hardening._withdrawn", {})
+    monkeypatch.setattr("herder.runtime.hardening._withdrawn", {})
     withdraw_secrets(["FORGE_SECRET"])
     assert "FORGE_SECRET" not in os.environ
     assert secret_value("FORGE_SECRET") == "forge"

@@ -23,8 +23,9 @@ from herder.api.app import (
     route_scope,
 )
 from herder.api.sessions import COOKIE, CSRF_HEADER
-from herder.api.tokens import (
+from herder.core.access import (
     Caller,
+    SubmitterChoices,
     authorize,
     authorize_owner,
     authorize_reservation,
@@ -58,6 +59,7 @@ from herder.runtime.coordinator import (
 from herder.runtime.log_shipper import LOG_GIVE_UP
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
+from herder.wire.jobs import SubmitBody
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 ROLES = ("none", "bogus", "revoked", "agent_here", "agent_elsewhere", "read", "restricted",
@@ -438,6 +440,24 @@ def test_authorize_submit_limits():
     with pytest.raises(Refused, match="floor"):
         submit(limited, "dev-issue", 9)
     submit(Caller("free", Scope.SUBMIT), "anything", -5)
+
+
+@pytest.mark.parametrize("build", [SubmitRequest, SubmitBody])
+def test_authorize_submit_reads_a_request_and_a_body_alike(build):
+    # The core cannot name the API's SubmitBody: it reads what a submitter chose through
+    # SubmitterChoices, which a SubmitRequest and a SubmitBody both satisfy.
+    limited = Caller.of(record(Scope.SUBMIT, job_types=frozenset({"dev-issue"})))
+    job_type = JobTypeSection(command=["true"], submit_env=["MODE"])
+    spec = JobSpec(command=("true",), job_type="dev-issue")
+    chosen: SubmitterChoices = build(job_type="dev-issue", env={"MODE": "fast"})
+    authorize_submit(limited, chosen, spec, job_type, {})
+    for refused, match in (({"env": {"HOME": "/"}}, "env.HOME"), ({"workdir": "/tmp"}, "workdir"),
+                           ({"affinity": "alpha"}, "affinity"), ({"weight": "heavy"}, "weight"),
+                           ({"timeout_seconds": 5.0}, "timeout"), ({"max_attempts": 2},
+                                                                   "max_attempts")):
+        with pytest.raises(Refused, match=match):
+            authorize_submit(limited, build(job_type="dev-issue", **refused), spec, job_type,
+                             {"heavy": 8.0})
 
 
 # -- what each token was given (issue 23) ------------------------------------------------------

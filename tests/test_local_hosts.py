@@ -33,9 +33,10 @@ from herder.core.model import (
     Scope,
     TokenRecord,
     Transport,
+    WorkerId,
 )
-from herder.hardening import SECRET_VARIABLES
 from herder.runtime.coordinator import Coordinator
+from herder.runtime.hardening import SECRET_VARIABLES
 from herder.runtime.local_child import (
     ChildLaunch,
     LocalChild,
@@ -45,7 +46,7 @@ from herder.runtime.local_child import (
     token_name,
 )
 from herder.runtime.loop_health import LoopRegistry
-from herder.runtime.maintenance import Rescuer, WorkerId, local_worker_alive, rescue_plan
+from herder.runtime.maintenance import Rescuer, local_worker_alive, rescue_plan
 from herder.runtime.process import process_alive, process_start_time
 
 LOCAL = HostRecord(label="late", ram_total_gb=8, transport=Transport.LOCAL,

@@ -16,13 +16,13 @@ from support.fleet import WEIGHTS, bookable
 from support.waits import wait_for
 
 from herder.core.config import Settings
+from herder.core.fleet import Fleet
 from herder.core.log_records import JsonFormatter
 from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome, Transport
 from herder.core.scheduling.health import HostHealth
 from herder.runtime.coordinator import host_sample
 from herder.runtime.endings import ending_event
 from herder.runtime.metrics import FleetSample, families, priority_band
-from herder.runtime.scheduler import Fleet
 
 RUNNING = ["/bin/sh", "-c", "sleep 120"]
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from herder.core.config import load_config
+from herder.core.fleet import Fleet
 from herder.core.model import Action, Budget, JobStatus, Outcome
 from herder.core.scheduling.policy import (
     DEFAULT_RULES,
@@ -22,7 +23,6 @@ from herder.core.scheduling.policy import (
     quiet_ending,
 )
 from herder.runtime.endings import OutcomeRules
-from herder.runtime.scheduler import Fleet
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 FAILING = (Outcome.FAILED, Outcome.TIMEOUT, Outcome.LAUNCH_FAILED)

@@ -18,9 +18,10 @@ from support.local import Harness, shell
 from herder.client import Client
 from herder.core.config import Settings, load_config, subagent_caps
 from herder.core.errors import ConfigError, Conflict, InputError
+from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, JobSpec, JobStatus, Outcome, ReservationStatus
 from herder.runtime.coordinator import Coordinator, why
-from herder.runtime.scheduler import Fleet, Scheduler
+from herder.runtime.scheduler import Scheduler
 
 WRAPPER = """\
 #!/bin/sh

@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 
 from herder.core.config import Settings, load_config
+from herder.core.fleet import Fleet
 from herder.core.model import JobStatus, Outcome
 from herder.core.scheduling.capacity import DEFAULT_WEIGHTS, Shedding, WindowSchedule, bookable_gb
 from herder.core.scheduling.health import HealthThresholds, Liveness
@@ -17,7 +18,6 @@ from herder.core.scheduling.placement import PlacementPolicy
 from herder.core.scheduling.policy import RetryState, decide
 from herder.runtime.endings import OutcomeRules, PolicyLimits
 from herder.runtime.runner import Runner, RunnerOptions
-from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import ClaimSource
 from herder.store import open_store
 

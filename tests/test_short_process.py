@@ -11,7 +11,7 @@ import time
 import pytest
 
 from herder.api.body import declared_over, read_within
-from herder.short_process import run_within
+from herder.runtime.short_process import run_within
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 

@@ -19,7 +19,6 @@ from support.ports import free_port
 from support.processes import StartedProcesses
 from support.waits import wait_for
 
-from herder.api.tokens import new_token, token_hash
 from herder.cli.systemd_unit import (
     Unit,
     agent_unit,
@@ -28,6 +27,7 @@ from herder.cli.systemd_unit import (
     render,
     server_unit,
 )
+from herder.core.access import new_token, token_hash
 from herder.core.errors import InputError
 from herder.core.model import Scope
 from herder.store import open_store

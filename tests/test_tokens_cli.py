@@ -10,7 +10,7 @@ import pytest
 from support.cli import error_line, ok, run_herder, run_many
 from support.store import migrate_up_to, raw_execute
 
-from herder.api.tokens import token_hash
+from herder.core.access import token_hash
 from herder.core.model import HostRecord, Scope
 from herder.store import open_store
 

@@ -31,7 +31,7 @@ from herder.api.depends import (
     token_caller,
 )
 from herder.api.sessions import csrf_refusal, foreign_origin
-from herder.api.tokens import LEGACY_ADMIN, OPERATOR_RANK, authorize, token_hash
+from herder.core.access import LEGACY_ADMIN, OPERATOR_RANK, authorize, token_hash
 from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, JobStatus, Scope
 from herder.core.submission import DEDUP_KEY_LENGTH, NAME_LENGTH

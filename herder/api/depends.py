@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from herder.api.board import AssignmentBoard
 from herder.api.guard import FAILURE_LIMIT, FailureLimiter
 from herder.api.sessions import CSRF_HEADER, cookie_name, csrf_refusal
-from herder.api.tokens import (
+from herder.core.access import (
     ANONYMOUS_ADMIN,
     LEGACY_ADMIN,
     Caller,
@@ -29,9 +29,8 @@ from herder.api.tokens import (
 )
 from herder.core.config import _NAME, ServerSection
 from herder.core.errors import Refused
-from herder.core.model import BIGINT_MAX, INT_MAX, Scope
+from herder.core.model import BIGINT_MAX, INT_MAX, Scope, WorkerId
 from herder.runtime.coordinator import Coordinator
-from herder.runtime.maintenance import WorkerId
 from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
 
 T = TypeVar("T")

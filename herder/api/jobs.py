@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from herder.api.depends import JobId, Reader, Service, Submitter, call
-from herder.api.tokens import authorize_job_type, authorize_submit
+from herder.core.access import authorize_job_type, authorize_submit
 from herder.core.errors import NotFound
 from herder.core.model import BIGINT_MAX, INT_MAX, JobStatus
 from herder.core.submission import DEDUP_KEY_LENGTH

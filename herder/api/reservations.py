@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from herder.api.depends import ReservationId, Service, Submitter, call
-from herder.api.tokens import (
+from herder.core.access import (
     authorize_job_type,
     authorize_owner,
     authorize_reservation,

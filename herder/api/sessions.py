@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from herder.api.tokens import same_secret
+from herder.core.access import same_secret
 from herder.runtime.sessions import Session
 
 COOKIE = "herder_session"

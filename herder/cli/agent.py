@@ -26,7 +26,6 @@ from herder.cli.root import (
     utcnow,
 )
 from herder.core.errors import InputError
-from herder.hardening import harden_process
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -82,7 +81,7 @@ def warn_secret_flag(parameter: str, option: str, instead: str) -> None:
 
 def private_logs(state: State, log_dir: str | None) -> Path:
     """The attempt logs' folder (--log-dir, else herder.toml's), made private to this user."""
-    from herder.hardening import private_folder
+    from herder.runtime.hardening import private_folder
 
     folder = Path(log_dir) if log_dir else state.config.log_dir
     private_folder(folder, "--log-dir" if log_dir else "herder.log_dir")
@@ -92,7 +91,7 @@ def private_logs(state: State, log_dir: str | None) -> Path:
 def forget_token_variable(state: State) -> None:
     """Jobs and helpers start from this process's environment: no secret may be in it
     (HERDER_AGENT_TOKEN, HERDER_TOKEN, herder.toml's secret variables)."""
-    from herder.hardening import secret_variables, withdraw_secrets
+    from herder.runtime.hardening import secret_variables, withdraw_secrets
 
     withdraw_secrets(secret_variables(state.config.settings))
 
@@ -257,6 +256,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         return
     if parent_pid is not None:
         die_with_parent(parent_pid)
+    from herder.runtime.hardening import harden_process
+
     harden_process()  # first: the imports below take tens of milliseconds
     from herder.runtime.agent import HttpSource
     from herder.runtime.agent_client import ServerClient, check_server_url
@@ -294,8 +295,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         warn_root(runtime.run_as)
         # Then, before any thread exists: the guardian that cleans up if this agent dies
         # (and tells the server, so its jobs are rerun at once).
+        from herder.core.model import WorkerId
         from herder.runtime.guardian import report_gone, start_guardian
-        from herder.runtime.maintenance import WorkerId
         from herder.runtime.preflight import Preflight
         from herder.runtime.process import process_start_time
 
@@ -405,6 +406,8 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     Exit codes: 0 ran and reported; 1 bad arguments (token, URL, certificate) or no such
     attempt; 2 the server cannot be reached; 3 RAM contention.
     """
+    from herder.runtime.hardening import harden_process
+
     harden_process()  # first: the imports below take tens of milliseconds
     from herder.core.model import AttemptToken, Outcome
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
@@ -463,6 +466,8 @@ def preflight(state: State) -> None:
     Input: {"TYPE": {"argv": [...], "strict": bool, "timeout": s}}; output: {"TYPE": {"ok":
     bool, "detail": "..."}}. Exit 2 on input that is not that.
     """
+    from herder.runtime.hardening import harden_process
+
     harden_process()
     import msgspec
 

@@ -12,7 +12,6 @@ import click
 
 from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
 from herder.core.errors import InputError
-from herder.hardening import check_secret_file, harden_process
 
 STARTUP_FAILURE = 3
 """uvicorn's exit status when its server never started."""
@@ -52,6 +51,8 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
        ui: bool, ui_listen: str, allow_plaintext: bool, log_level: str,
        log_format: str) -> None:
     """Run jobs on this machine: coordinator and local executor in one process."""
+    from herder.runtime.hardening import harden_process
+
     harden_process()  # first: the imports below take tens of milliseconds
     import threading
     import time
@@ -93,7 +94,7 @@ def private_files(state: State) -> None:
     """Before the store's threads and any child: the database file and the log folder
     private to herder's user (an older herder made them 0644 / 0755), and the secret
     variables out of the environment (read already, or read through `secret_value`)."""
-    from herder.hardening import (
+    from herder.runtime.hardening import (
         private_folder,
         secret_variables,
         tighten_sqlite,
@@ -118,7 +119,7 @@ def require_admin_or_loopback(store: Store, bind: str, option: str, legacy: str 
                               open_access: bool) -> None:
     """Off loopback, a server needs an admin token first (or anyone could sign in to
     nothing, and an operator could not either); on loopback, say that sign-in needs one."""
-    from herder.api.tokens import active_admins
+    from herder.core.access import active_admins
 
     if active_admins(store.token_list()) or legacy or open_access:
         return
@@ -242,6 +243,8 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     if ctx.invoked_subcommand is not None:
         return
     state: State = ctx.obj
+    from herder.runtime.hardening import check_secret_file, harden_process
+
     harden_process()  # first: the imports below take tens of milliseconds
     import uvicorn
 
@@ -479,7 +482,7 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
 @click.option("--keep", is_flag=True, help="Keep the demo's folder (database, logs).")
 def demo(keep: bool) -> None:
     """See a fleet work: a server, three agents posing as hosts, a mixed workload."""
-    from herder.demo import run_demo
+    from herder.cli.demo import run_demo
 
     sys.exit(run_demo(click.echo, keep=keep))
 

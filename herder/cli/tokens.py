@@ -48,7 +48,7 @@ def token_create(state: State, scope: str, name: str | None, label: str | None,
                  job_types: str | None, priority_floor: int | None,
                  allow_adhoc: bool) -> None:
     """Create a token and print it once; only its hash is kept."""
-    from herder.api.tokens import new_token, token_hash
+    from herder.core.access import new_token, token_hash
 
     chosen = Scope(scope)
     with edge():

@@ -398,7 +398,7 @@ class JobTypeSection(Struct, frozen=True):
     """True: `patterns` instead of the default patterns, not before them."""
     # What a submit token restricted to job types (`--job-types`) may set besides the
     # payload, a dedup key, a priority within its floor and a delay: nothing else unless
-    # listed here (herder.api.tokens.authorize_submit). Admin and unrestricted submit
+    # listed here (herder.core.access.authorize_submit). Admin and unrestricted submit
     # tokens are not bound by these; the env deny-list (herder.core.env_policy) binds everyone.
     submit_env: Annotated[list[str], rules(check=_submit_env)] = field(default_factory=list)
     """Variables such a token may set: names or PREFIX* patterns."""
@@ -1092,7 +1092,7 @@ class Config(Struct, frozen=True):
     def hook_secrets(self, environ: Mapping[str, str]) -> dict[str, bytes]:
         """Each webhook source's secret, from its variable or file: `herder server` reads
         them at start and refuses to start without one (a source never accepts unsigned)."""
-        from herder.hardening import check_secret_file
+        from herder.runtime.hardening import check_secret_file
 
         secrets: dict[str, bytes] = {}
         for name, source in self.settings.hooks.sources.items():

@@ -18,6 +18,8 @@ MAX_DURATION = 366 * 86400.0
 LAUNCH_ERROR_CHARS = 1000
 """The longest launch error (an OS error's text) an attempt keeps."""
 """Longer is surely a typo, and would overflow datetime arithmetic downstream."""
+ADHOC = "adhoc"
+"""The job type of a job submitted as a command rather than as a job type."""
 
 
 class JobStatus(enum.StrEnum):
@@ -134,6 +136,27 @@ class AttemptToken(msgspec.Struct, frozen=True):
 
     def __str__(self) -> str:
         return f"{self.job_id}.{self.attempt}"
+
+
+class WorkerId(msgspec.Struct, frozen=True):
+    """A runner process: host label, pid and kernel start time (pids get reused)."""
+
+    host: str
+    pid: int
+    start_time: int
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.pid}/{self.start_time}"
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerId | None:
+        parts = text.rsplit("/", 2)
+        if len(parts) != 3:
+            return None
+        try:
+            return cls(parts[0], int(parts[1]), int(parts[2]))
+        except ValueError:
+            return None
 
 
 class JobSpec(msgspec.Struct, frozen=True):

@@ -27,20 +27,19 @@ from herder.core.scheduling.accounts import (
     AUTH_REVOKED_COOLDOWN_SECONDS,
     ROTATING,
     UNHEALTHY_ALERTED,
+    AccountRules,
     AccountState,
-    Choice,
     Probe,
     coerce_probe,
     coerce_usage,
-    pick,
     rotated,
     rotation,
     state_of,
 )
 from herder.core.scheduling.placement import Reason
-from herder.hardening import JOB_UMASK
+from herder.runtime.hardening import JOB_UMASK
 from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
-from herder.short_process import run_within
+from herder.runtime.short_process import run_within
 from herder.store import Store
 
 log = logging.getLogger("herder.accounts")
@@ -76,49 +75,6 @@ def sync_accounts(store: Store, settings: Settings, now: datetime) -> None:
         store.account_upsert(account, now)
 
 
-def account_needs(settings: Settings) -> dict[str, frozenset[str] | None]:
-    """Job type -> the account names it may use (None: any), for the types that need one."""
-    return {name: None if job_type.accounts is True else frozenset(job_type.accounts)
-            for name, job_type in settings.job_types.items()
-            if job_type.accounts is True or (isinstance(job_type.accounts, list)
-                                              and job_type.accounts)}
-
-
-class AccountRules(msgspec.Struct, frozen=True):
-    """Which job types run under an account, and how long a revoked login is skipped."""
-
-    needs: Mapping[str, frozenset[str] | None]
-    cooldown: float = AUTH_REVOKED_COOLDOWN_SECONDS
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> AccountRules:
-        return cls(account_needs(settings), settings.fleet.auth_revoked_cooldown)
-
-    def choose(self, records: Sequence[AccountRecord], host: str, job_type: str,
-               now: datetime) -> Choice:
-        mine = [r for r in records if r.account.host == host]
-        return pick([r.account for r in mine], {r.account.name: r.health for r in mine},
-                    {r.account.name: r.sessions for r in mine}, job_type,
-                    self.needs.get(job_type), now, self.cooldown)
-
-    def blocked(self, records: Sequence[AccountRecord], hosts: Sequence[str],
-                now: datetime) -> dict[str, dict[str, tuple[Reason, str]]]:
-        """Host -> the job types needing an account that it cannot run now, with why (for
-        placement, which names the unhealthy ones in the fleet-stopped alert). A host whose
-        healthy accounts are all busy is only full: a session ending frees one."""
-        found: dict[str, dict[str, tuple[Reason, str]]] = {}
-        for host in hosts:
-            for job_type in self.needs:
-                choice = self.choose(records, host, job_type, now)
-                if choice.account is None:
-                    found.setdefault(host, {})[job_type] = (
-                        (Reason.SLOTS_FULL, f"every account for {job_type} in use")
-                        if choice.full else
-                        (Reason.NO_HEALTHY_ACCOUNT, f"no healthy account for {job_type}"
-                         f"{_of(choice)}: {choice.describe()}"))
-        return found
-
-
 def accounts_why(store: Store, rules: AccountRules, job_type: str, now: datetime) -> str | None:
     """The accounts that could serve `job_type` and each one's state (its headroom, why it
     is passed over), for `herder why` of a job waiting for one; None for types without."""
@@ -129,11 +85,6 @@ def accounts_why(store: Store, rules: AccountRules, job_type: str, now: datetime
              f"{state_of(r.health, now, rules.cooldown)[1]}"
              for r in store.account_list() if r.account.serves(job_type, names)]
     return f"accounts: {', '.join(shown)}" if shown else "accounts: none serves it"
-
-
-def _of(choice: Choice) -> str:
-    """How many accounts were weighed, for the alert (none usable of that many)."""
-    return f" (0 of {len(choice.refusals)})" if choice.refusals else ""
 
 
 Finish = Callable[[Job, Outcome, datetime | None], object]

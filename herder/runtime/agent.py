@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from herder.core.config import RuntimeSection, ServerSection
-from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome, WorkerId
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
     ReportGone,
@@ -37,7 +37,7 @@ from herder.runtime.endings import Ending
 from herder.runtime.guardian import handover_path, lost_path, touch
 from herder.runtime.local_gate import RAM_FACTOR, LocalGate, mem_available_gb
 from herder.runtime.log_shipper import FINAL_LOG_WAIT, LOG_BACKLOG, LogShipper
-from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.maintenance import local_worker_alive
 from herder.runtime.outbox import Outbox, Report
 from herder.runtime.preflight import Check, Preflight
 from herder.runtime.process import kill_tree, process_log, token_markers

@@ -28,6 +28,7 @@ from herder.core.errors import (
     Refused,
     StoreUnavailable,
 )
+from herder.core.fleet import Fleet
 from herder.core.model import (
     Attempt,
     AttemptToken,
@@ -44,6 +45,7 @@ from herder.core.model import (
     ReservationStatus,
     TokenRecord,
     Transport,
+    WorkerId,
     launch_failure,
 )
 from herder.core.scheduling.accounts import state_of
@@ -77,14 +79,12 @@ from herder.runtime.maintenance import (
     PickupWatch,
     RamSpikeWatch,
     Rescuer,
-    WorkerId,
     lost_result,
 )
 from herder.runtime.metrics import FleetSample, HostSample, Metrics
 from herder.runtime.preflight import job_type_checks
 from herder.runtime.runner import default_host
 from herder.runtime.scheduler import (
-    Fleet,
     Scheduler,
     agent_state,
     blocked_job_types,
@@ -95,6 +95,7 @@ from herder.runtime.scheduler import (
     lease_seconds,
     pickup_timeout_seconds,
     take_snapshot,
+    tripped_breakers,
 )
 from herder.runtime.ssh import SshLauncher
 from herder.store import Store, Waker, as_unavailable
@@ -815,7 +816,7 @@ class Coordinator:
     def host_views(self) -> list[HostView]:
         now = utcnow()
         usage = self.store.host_usage(now)
-        breakers = self.fleet.breakers(self.store, now)
+        breakers = tripped_breakers(self.store, self.fleet, now)
         return [host_status(self.fleet, host, usage.get(host.label), now, breakers)
                 for host in self.store.host_list()]
 

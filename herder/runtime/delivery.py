@@ -38,7 +38,7 @@ from herder.core.scheduling.alerting import (
     pending_notices,
     silent_for,
 )
-from herder.hardening import secret_value
+from herder.runtime.hardening import secret_value
 
 if TYPE_CHECKING:
     from herder.store import Store

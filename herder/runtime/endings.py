@@ -14,6 +14,7 @@ from msgspec.structs import replace
 from herder.core.config import AlertsSection, RuleSection, Settings
 from herder.core.errors import ConfigError
 from herder.core.model import Action, AttemptResult, Budget, Job, JobStatus, MemoryUse, Outcome
+from herder.core.scheduling.accounts import AccountRules
 from herder.core.scheduling.alerting import HEAVY_OUTCOMES, in_memory_loop
 from herder.core.scheduling.capacity import WeightTable
 from herder.core.scheduling.classification import (
@@ -30,7 +31,7 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
-from herder.runtime.accounts import AccountRules, bind_accounts, learn_from_outcome, rotate
+from herder.runtime.accounts import bind_accounts, learn_from_outcome, rotate
 from herder.store import Store
 
 log = logging.getLogger("herder.sources")

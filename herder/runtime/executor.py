@@ -19,7 +19,6 @@ from typing import Any, Protocol
 import msgspec
 
 from herder.core.model import AttemptToken, Job, MemoryUse, Outcome
-from herder.hardening import JOB_UMASK
 from herder.runtime.attempt_files import (
     RESULT_NAME,
     AttemptRecord,
@@ -34,6 +33,7 @@ from herder.runtime.attempt_files import (
     write_record,
 )
 from herder.runtime.cgroup import SUPERVISOR_FILE
+from herder.runtime.hardening import JOB_UMASK
 from herder.runtime.job_environment import job_environment
 from herder.runtime.job_user import JobUser, foreign_folders
 from herder.runtime.memory import AttemptMemory
@@ -337,7 +337,7 @@ def spawn(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
-                    umask=JOB_UMASK,  # herder's own is 0077 (herder.hardening)
+                    umask=JOB_UMASK,  # herder's own is 0077 (herder.runtime.hardening)
                     **switch,
                     # Joins the attempt's cgroup before exec, so nothing escapes it: two
                     # system calls on a descriptor opened beforehand, under the GIL the

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from herder.core.backoff import Backoff
+from herder.core.model import WorkerId
 from herder.runtime.cgroup import cgroup_name, kill_leftovers, runner_prefix
-from herder.runtime.maintenance import WorkerId
 from herder.runtime.process import kill_tree, process_start_time, token_markers, tree_alive
 
 if TYPE_CHECKING:

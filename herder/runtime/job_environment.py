@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from herder.core.model import Job
-from herder.hardening import NEVER_INHERITED
 from herder.runtime.attempt_files import result_path_for
+from herder.runtime.hardening import NEVER_INHERITED
 from herder.runtime.job_user import JobUser
 from herder.runtime.process import TOKEN_VARIABLE
 

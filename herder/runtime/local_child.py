@@ -27,11 +27,12 @@ from pathlib import Path
 
 import msgspec
 
+from herder.core.access import new_token, token_hash
 from herder.core.backoff import Backoff
-from herder.core.model import HostRecord, Scope
-from herder.hardening import child_environment
+from herder.core.model import HostRecord, Scope, WorkerId
+from herder.runtime.hardening import child_environment
 from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import WorkerId, local_worker_alive
+from herder.runtime.maintenance import local_worker_alive
 from herder.store import Store
 
 log = logging.getLogger("herder.local")
@@ -151,8 +152,6 @@ class LocalChild:
             self.ended.set()
 
     def _launch(self, url: str) -> None:
-        from herder.api.tokens import new_token, token_hash
-
         revoke_leftovers(self.store, self.label, self.machine, _now())
         token = new_token()
         read_end, write_end = os.pipe()

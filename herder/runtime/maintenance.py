@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from herder.core.model import AttemptResult, Decision, HostRecord, JobStatus, Outcome
+from herder.core.model import AttemptResult, Decision, HostRecord, JobStatus, Outcome, WorkerId
 from herder.core.scheduling.alerting import ram_spike
 from herder.core.scheduling.policy import RetryState, decide
 from herder.runtime.attempt_files import attempt_marker
@@ -31,27 +31,6 @@ from herder.runtime.process import kill_tree, process_alive
 from herder.store import LiveAttempt, Store
 
 log = logging.getLogger("herder.maintenance")
-
-
-class WorkerId(msgspec.Struct, frozen=True):
-    """A runner process: host label, pid and kernel start time (pids get reused)."""
-
-    host: str
-    pid: int
-    start_time: int
-
-    def __str__(self) -> str:
-        return f"{self.host}/{self.pid}/{self.start_time}"
-
-    @classmethod
-    def parse(cls, text: str) -> WorkerId | None:
-        parts = text.rsplit("/", 2)
-        if len(parts) != 3:
-            return None
-        try:
-            return cls(parts[0], int(parts[1]), int(parts[2]))
-        except ValueError:
-            return None
 
 
 class Rescue(msgspec.Struct, frozen=True):

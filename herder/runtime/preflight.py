@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from herder.hardening import JOB_UMASK
+from herder.runtime.hardening import JOB_UMASK
 from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
-from herder.short_process import run_within
+from herder.runtime.short_process import run_within
 
 if TYPE_CHECKING:
     from herder.core.config import JobTypeSection

@@ -30,7 +30,7 @@ import msgspec
 
 from herder.core.backoff import Backoff
 from herder.core.config import FleetSection, RuntimeSection, Settings
-from herder.core.model import AttemptToken, Job, Outcome
+from herder.core.model import AttemptToken, Job, Outcome, WorkerId
 from herder.runtime.attempt_files import (
     append_log,
     attempt_marker,
@@ -46,7 +46,7 @@ from herder.runtime.executor import Adopted, LaunchError, RunningAttempt, spawn
 from herder.runtime.fence import FENCE_KILL_SHARE, fence_due, fence_kill_at, fence_margin
 from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
-from herder.runtime.maintenance import Rescuer, WorkerId
+from herder.runtime.maintenance import Rescuer
 from herder.runtime.memory import MemoryControl, MemoryPolicy
 from herder.runtime.pending_results import Result, Retry, launch_failed
 from herder.runtime.preflight import Check, Refresher, job_type_checks

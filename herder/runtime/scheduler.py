@@ -11,48 +11,29 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection, Settings
+from herder.core.config import Settings
+from herder.core.fleet import Fleet, FleetCap
 from herder.core.model import HostRecord
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.breaker import (
-    PAUSE_SECONDS,
-    THRESHOLD,
     Breaker,
     BreakerState,
     Ended,
     breaker,
 )
-from herder.core.scheduling.capacity import (
-    Shedding,
-    WeightTable,
-    WindowCaps,
-    WindowSchedule,
-    bookable_gb,
-)
 from herder.core.scheduling.health import (
-    DEFAULT_LIVENESS,
-    HealthThresholds,
-    HostHealth,
-    HostLiveness,
-    Liveness,
     accepts_work,
-    agent_down,
-    down_reason,
-    host_health,
-    host_liveness,
     liveness_changes,
 )
 from herder.core.scheduling.placement import (
     HostLoad,
     HostSpec,
     PendingJob,
-    PlacementPolicy,
     Plan,
     Reason,
     Snapshot,
@@ -60,7 +41,7 @@ from herder.core.scheduling.placement import (
     place,
     stopped,
 )
-from herder.runtime.accounts import FLEET_STOPPED, AccountRules, sync_account_alerts
+from herder.runtime.accounts import FLEET_STOPPED, sync_account_alerts
 from herder.store import Store
 
 log = logging.getLogger("herder.scheduler")
@@ -73,108 +54,19 @@ CYCLE_HEARTBEAT = timedelta(minutes=1)
 NO_HEALTHY_HOST = "fleet:no_healthy_host"
 
 
-class Fleet(msgspec.Struct, frozen=True):
-    """The fleet-wide rules from herder.toml, in the pure core's terms."""
-
-    weights: WeightTable
-    policy: PlacementPolicy
-    thresholds: HealthThresholds
-    liveness: Liveness = DEFAULT_LIVENESS
-    max_due: int = 100_000
-    breaker_threshold: int = THRESHOLD
-    breaker_pause: float = PAUSE_SECONDS
-    alert_grace: float = FleetSection().alert_grace
-    accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
-    max_workers: int | None = None
-    """`[fleet] emergency_max_workers` as herder.toml starts it (`fleet_cap` reads the
-    run-time value)."""
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Fleet:
-        fleet = settings.fleet
-        schedule = WindowSchedule(
-            timezone=fleet.timezone,
-            night_start=time.fromisoformat(fleet.night_start),
-            night_end=time.fromisoformat(fleet.night_end),
-        )
-        policy = PlacementPolicy(
-            bookable_fraction=fleet.bookable_fraction,
-            strategy=fleet.strategy,
-            starvation_wait_seconds=fleet.starvation_wait,
-            # A loaded herder.toml names only existing weights here (the load refuses
-            # others); Settings built in code without them shed nothing at those steps.
-            shedding=Shedding(tuple((ratio, weight if weight in settings.weights else None)
-                                    for ratio, weight in fleet.shedding)),
-            schedule=schedule,
-            pinned={name: frozenset(job_type.hosts)
-                    for name, job_type in settings.job_types.items()
-                    if job_type.hosts is not None},
-        )
-        return cls(
-            # The chain keeps only the weights these Settings define.
-            weights=WeightTable(dict(settings.weights),
-                                tuple(w for w in fleet.escalation if w in settings.weights)),
-            policy=policy,
-            thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
-            liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
-            breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
-            alert_grace=fleet.alert_grace, accounts=AccountRules.from_settings(settings),
-            max_workers=fleet.emergency_max_workers,
-        )
-
-    def breakers(self, store: Store, now: datetime) -> dict[tuple[str, str], Breaker]:
-        """Every (host, job type) whose circuit breaker is not closed now."""
-        history = store.attempt_list_recent_outcomes(now - BREAKER_HISTORY,
-                                                     self.breaker_threshold)
-        running = store.job_list_running_types()
-        found = {}
-        for key, ended in history.items():
-            state = breaker([Ended(outcome, at) for outcome, at in ended], running.get(key),
-                            now, self.breaker_threshold, self.breaker_pause)
-            if state.state is not BreakerState.CLOSED:
-                found[key] = state
-        return found
-
-    def caps(self, host: HostRecord, now: datetime) -> WindowCaps:
-        if self.policy.schedule.window_at(now) == "night":
-            return WindowCaps(host.night_max_workers, host.night_max_weight)
-        return WindowCaps(host.prime_max_workers, host.prime_max_weight)
-
-    def bookable(self, host: HostRecord) -> float:
-        return bookable_gb(host.ram_total_gb, host.ram_reserved_gb,
-                           self.policy.bookable_fraction)
-
-    def health(self, host: HostRecord, now: datetime) -> HostHealth:
-        return host_health(host.last_heartbeat, now, self.thresholds)
-
-    def agent_down(self, host: HostRecord, now: datetime) -> str | None:
-        """Why a host whose agent heartbeats is not live for placement; None when it is,
-        and for hosts no agent heartbeats for (ssh hosts, cron's `herder heartbeat`),
-        which go by the health thresholds alone. A server's local hosts have agents."""
-        info = _agent_info(host)
-        if info is None:
-            return None
-        return agent_down(host.last_heartbeat, info, now, self.liveness)
-
-    def liveness_of(self, host: HostRecord, now: datetime) -> HostLiveness:
-        """Live, late, down or stopped by the rule placement uses (`agent_down`)."""
-        return host_liveness(host.last_heartbeat, _agent_info(host), self.health(host, now),
-                             now, self.liveness)
-
-    def down(self, host: HostRecord, now: datetime) -> str | None:
-        """Why placement counts the host as down now; None while it is live."""
-        return down_reason(host.last_heartbeat, self.health(host, now),
-                           self.agent_down(host, now), now)
-
-
-def _agent_info(host: HostRecord) -> dict[str, Any] | None:
-    """The heartbeat info of a host an agent heartbeats for (an agent host, or a server's
-    local host); None for the others (ssh hosts, cron's `herder heartbeat`), which go by
-    the health thresholds alone."""
-    info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    if not host.transport.pulls or "worker" not in info:
-        return None
-    return info
+def tripped_breakers(store: Store, fleet: Fleet,
+                     now: datetime) -> dict[tuple[str, str], Breaker]:
+    """Every (host, job type) whose circuit breaker is not closed now."""
+    history = store.attempt_list_recent_outcomes(now - BREAKER_HISTORY,
+                                                 fleet.breaker_threshold)
+    running = store.job_list_running_types()
+    found = {}
+    for key, ended in history.items():
+        state = breaker([Ended(outcome, at) for outcome, at in ended], running.get(key),
+                        now, fleet.breaker_threshold, fleet.breaker_pause)
+        if state.state is not BreakerState.CLOSED:
+            found[key] = state
+    return found
 
 
 def _narrow(server: frozenset[str] | None, agent: Any) -> frozenset[str] | None:
@@ -234,17 +126,6 @@ def condition(host: HostRecord) -> str:
 EMERGENCY_MAX_WORKERS = "emergency_max_workers"
 
 
-class FleetCap(msgspec.Struct, frozen=True):
-    """The fleet-wide cap on running jobs now: herder.toml's start value until an operator
-    sets or lifts it (`herder fleet cap`), which holds for every replica, across restarts,
-    until changed again (`--reset` hands it back to herder.toml)."""
-
-    max_workers: int | None
-    at_run_time: bool = False
-    updated_at: datetime | None = None
-    updated_by: str | None = None
-
-
 def fleet_cap(store: Store, start: int | None) -> FleetCap:
     setting = store.fleet_setting_get(EMERGENCY_MAX_WORKERS)
     if setting is None:
@@ -268,7 +149,7 @@ def take_snapshot(store: Store, fleet: Fleet, now: datetime,
     usage = store.host_usage(now)
     open_breakers: dict[str, dict[str, tuple[Reason, str]]] = {}
     for (label, job_type), state in (breakers if breakers is not None
-                                     else fleet.breakers(store, now)).items():
+                                     else tripped_breakers(store, fleet, now)).items():
         if state.blocks:
             open_breakers.setdefault(label, {})[job_type] = (Reason.BREAKER_OPEN,
                                                              state.describe())
@@ -315,7 +196,7 @@ class Scheduler:
     def run_once(self, now: datetime) -> dict[str, int]:
         records = {host.label: host for host in self.store.host_list()}
         self._log_liveness(records, now)
-        breakers = self.fleet.breakers(self.store, now)
+        breakers = tripped_breakers(self.store, self.fleet, now)
         self._alert_breakers(breakers, now)
         snapshot = take_snapshot(self.store, self.fleet, now, breakers)
         plan = place(snapshot)

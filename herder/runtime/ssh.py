@@ -44,8 +44,8 @@ from herder.core.model import (
     Outcome,
     Transport,
 )
-from herder.hardening import child_environment
 from herder.runtime.endings import Ending, PolicyLimits, bind_jobs, decide_for
+from herder.runtime.hardening import child_environment
 from herder.runtime.preflight import Check
 from herder.store import Store
 

@@ -35,7 +35,7 @@ from herder.core.model import AttemptToken, Job
 from herder.core.shell_templates import variable
 from herder.core.templates import fill_prompt, render
 from herder.core.workspace import WORKDIR_BASE, WorkspaceSpec, of_env, resolved_inside
-from herder.hardening import child_environment
+from herder.runtime.hardening import child_environment
 from herder.runtime.job_user import JobUser
 from herder.runtime.process import process_alive
 

@@ -26,7 +26,7 @@ import httpx
 import msgspec
 import pytest
 
-from herder.api.tokens import new_token, token_hash
+from herder.core.access import new_token, token_hash
 from herder.core.model import Scope
 from herder.store import Store, open_store
 from support.config import toml_value, write_config

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection
+from herder.core.config import FleetSection, Settings
 from herder.core.model import (
     Account,
     AccountHealth,
@@ -43,6 +43,7 @@ from herder.core.model import (
     Outcome,
     Usage,
 )
+from herder.core.scheduling.placement import Reason
 from herder.core.scheduling.policy import QUIET_REASONS
 
 AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
@@ -321,3 +322,51 @@ def _spent(outcome: Outcome) -> str:
 def _clock(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at.utcoffset() is not None and (
         at.utcoffset() == timedelta(0)) else at.isoformat(timespec="seconds")
+
+
+def account_needs(settings: Settings) -> dict[str, frozenset[str] | None]:
+    """Job type -> the account names it may use (None: any), for the types that need one."""
+    return {name: None if job_type.accounts is True else frozenset(job_type.accounts)
+            for name, job_type in settings.job_types.items()
+            if job_type.accounts is True or (isinstance(job_type.accounts, list)
+                                              and job_type.accounts)}
+
+
+class AccountRules(msgspec.Struct, frozen=True):
+    """Which job types run under an account, and how long a revoked login is skipped."""
+
+    needs: Mapping[str, frozenset[str] | None]
+    cooldown: float = AUTH_REVOKED_COOLDOWN_SECONDS
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AccountRules:
+        return cls(account_needs(settings), settings.fleet.auth_revoked_cooldown)
+
+    def choose(self, records: Sequence[AccountRecord], host: str, job_type: str,
+               now: datetime) -> Choice:
+        mine = [r for r in records if r.account.host == host]
+        return pick([r.account for r in mine], {r.account.name: r.health for r in mine},
+                    {r.account.name: r.sessions for r in mine}, job_type,
+                    self.needs.get(job_type), now, self.cooldown)
+
+    def blocked(self, records: Sequence[AccountRecord], hosts: Sequence[str],
+                now: datetime) -> dict[str, dict[str, tuple[Reason, str]]]:
+        """Host -> the job types needing an account that it cannot run now, with why (for
+        placement, which names the unhealthy ones in the fleet-stopped alert). A host whose
+        healthy accounts are all busy is only full: a session ending frees one."""
+        found: dict[str, dict[str, tuple[Reason, str]]] = {}
+        for host in hosts:
+            for job_type in self.needs:
+                choice = self.choose(records, host, job_type, now)
+                if choice.account is None:
+                    found.setdefault(host, {})[job_type] = (
+                        (Reason.SLOTS_FULL, f"every account for {job_type} in use")
+                        if choice.full else
+                        (Reason.NO_HEALTHY_ACCOUNT, f"no healthy account for {job_type}"
+                         f"{_of(choice)}: {choice.describe()}"))
+        return found
+
+
+def _of(choice: Choice) -> str:
+    """How many accounts were weighed, for the alert (none usable of that many)."""
+    return f" (0 of {len(choice.refusals)})" if choice.refusals else ""

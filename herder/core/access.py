@@ -3,6 +3,7 @@
 `authorize` is the whole access policy as a pure function, so the scope matrix can be tested
 without a server: admin > submit > read for operators, and agent tokens bound to one host,
 never valid on an operator route (a job that steals its host's token can reach nothing else).
+Pure, so the routes, the CLI, the Python API and the runtime all share it.
 """
 
 from __future__ import annotations
@@ -11,19 +12,16 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from herder.core.env_policy import allowed
 from herder.core.errors import Refused
-from herder.core.model import JobSpec, Reservation, Scope, TokenRecord
-from herder.intake import ADHOC
+from herder.core.model import ADHOC, JobSpec, Reservation, Scope, TokenRecord
 
 if TYPE_CHECKING:
     from herder.core.config import JobTypeSection
-    from herder.core.submission import SubmitRequest
-    from herder.wire.jobs import SubmitBody
 
 TOKEN_PREFIX = "hdr_"
 OPERATOR_RANK = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}
@@ -90,7 +88,25 @@ def authorize_job_type(caller: Caller, job_type: str) -> None:
         raise Refused(403, f"this token may not act on job type {job_type!r} (allowed: {allowed})")
 
 
-def authorize_submit(caller: Caller, request: SubmitRequest | SubmitBody, spec: JobSpec,
+class SubmitterChoices(Protocol):
+    """What a submitter set, read alike from a `SubmitRequest` and the API's `SubmitBody`
+    (which the core cannot name: the HTTP contract sits above it)."""
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def workdir(self) -> str | None: ...
+    @property
+    def affinity(self) -> str | None: ...
+    @property
+    def weight(self) -> str | None: ...
+    @property
+    def timeout_seconds(self) -> float | None: ...
+    @property
+    def max_attempts(self) -> int | None: ...
+
+
+def authorize_submit(caller: Caller, request: SubmitterChoices, spec: JobSpec,
                      job_type: JobTypeSection | None, budgets: Mapping[str, float]) -> None:
     """What a submit token was given. Ad-hoc commands (a shell on every host) need admin or
     `--allow-adhoc`. A token restricted to job types sets what picks and orders the work

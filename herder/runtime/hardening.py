@@ -39,7 +39,7 @@ from herder.core.errors import InputError
 if TYPE_CHECKING:
     from herder.core.config import Settings
 
-log = logging.getLogger("herder.hardening")
+log = logging.getLogger("herder.runtime.hardening")
 
 JOB_UMASK = 0o022
 """The umask a job (and an account probe, a preflight check) starts with: a normal one, not
