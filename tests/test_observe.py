@@ -19,9 +19,9 @@ from herder.core.config import Settings
 from herder.core.log_records import JsonFormatter
 from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome, Transport
 from herder.core.scheduling.health import HostHealth
-from herder.runtime.coordinator import host_sample
 from herder.runtime.endings import ending_event
 from herder.runtime.metrics import FleetSample, families, priority_band
+from herder.runtime.read_models import host_sample
 from herder.runtime.scheduler import Fleet
 
 RUNNING = ["/bin/sh", "-c", "sleep 120"]
