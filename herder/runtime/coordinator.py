@@ -80,7 +80,8 @@ class Coordinator:
         self.fleet = Fleet.from_settings(config.settings)
         self.host = host or config.settings.herder.host or default_host()
         self.limits = PolicyLimits.from_settings(self.settings)
-        self.lease_seconds = lease_seconds(self.settings, self.settings.runtime.heartbeat_interval)
+        runtime = self.settings.runtime
+        self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
         self.state = ServerState()
         self.assignment_listeners = self.state.listeners
         self.preflight_checks = preflight_checks(config.settings.job_types)
@@ -103,9 +104,8 @@ class Coordinator:
         self.reads = ReadModels(self.state, store, self.settings, self.fleet, self.scheduler,
                                 self.preflight_checks)
         self.metrics.watch(self.reads.fleet_sample)
-        self.local_hosts = LocalHosts(
-            self.state, store, self._spawn, self.host, self.log_dir, config.path,
-            self.settings.runtime.heartbeat_interval, self.lease_seconds)
+        self.local_hosts = LocalHosts(self.state, store, self._spawn, self.host, config,
+                                      self.lease_seconds)
         self.leader = Leader(self.state, store, self.settings, self.scheduler, self.metrics,
                              self.host, self.lease_seconds, self.limits, self.log_dir,
                              lambda: self.local_hosts.served, self.reads.measured_ram)

@@ -10,9 +10,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from herder.core.backoff import Backoff
+from herder.core.config import Config
 from herder.core.model import Transport
 from herder.runtime.local_child import LocalChild
 from herder.runtime.maintenance import WorkerId
@@ -30,15 +30,12 @@ class LocalHosts:
     """The child agents of the local hosts served here, keyed by host label."""
 
     def __init__(self, state: ServerState, store: Store, spawn: Spawn, machine: str,
-                 log_dir: Path, config_path: Path | None, heartbeat_interval: float,
-                 lease_seconds: float) -> None:
+                 config: Config, lease_seconds: float) -> None:
         self.state = state
         self.store = store
         self.spawn = spawn
         self.machine = machine
-        self.log_dir = log_dir
-        self.config_path = config_path
-        self.heartbeat_interval = heartbeat_interval
+        self.config = config
         self.lease_seconds = lease_seconds
         self._local: dict[str, LocalChild] = {}
         self.local_url: str | None = None
@@ -77,13 +74,14 @@ class LocalHosts:
 
     def _serve_local(self, label: str) -> LocalChild:
         pid = os.getpid()
-        config_path = self.config_path
+        config_path = self.config.path
         child = LocalChild(
             self.store, label, url=self._wait_local_url, machine=self.machine,
             server_worker=str(WorkerId(self.machine, pid, process_start_time(pid) or 0)),
-            log_dir=self.log_dir,
+            log_dir=self.config.log_dir,
             config_path=str(config_path.resolve()) if config_path is not None else None,
-            loops=self.state.loops, heartbeat_interval=self.heartbeat_interval,
+            loops=self.state.loops,
+            heartbeat_interval=self.config.settings.runtime.heartbeat_interval,
             lease_seconds=self.lease_seconds, on_minted=self.on_local_token)
         self.spawn(functools.partial(child.run, self.state.stop), f"herder-local-{label}",
                    child.stopped)
