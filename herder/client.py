@@ -189,27 +189,16 @@ class Client:
 
     def hosts(self) -> builtins.list[HostView]:
         from herder.core.fleet import Fleet
-        from herder.runtime.coordinator import host_status
-        from herder.runtime.scheduler import tripped_breakers
+        from herder.runtime.read_models import host_views
 
-        fleet = Fleet.from_settings(self.config.settings)
-        now = datetime.now(UTC)
-        usage = self.store.host_usage(now)
-        breakers = tripped_breakers(self.store, fleet, now)
-        return [host_status(fleet, host, usage.get(host.label), now, breakers)
-                for host in self.store.host_list()]
+        return host_views(self.store, Fleet.from_settings(self.config.settings),
+                          datetime.now(UTC))
 
     def fleet_cap(self) -> FleetCapView:
         """`[fleet] emergency_max_workers` now, and the jobs running against it."""
-        from herder.runtime.scheduler import fleet_cap
-        from herder.wire.fleet import FleetCapView
+        from herder.runtime.read_models import fleet_cap_view
 
-        cap = fleet_cap(self.store, self.config.settings.fleet.emergency_max_workers)
-        counts = self.store.job_counts()
-        return FleetCapView(max_workers=cap.max_workers, at_run_time=cap.at_run_time,
-                            updated_at=cap.updated_at, updated_by=cap.updated_by,
-                            running=counts.get(JobStatus.CLAIMED, 0)
-                            + counts.get(JobStatus.RUNNING, 0))
+        return fleet_cap_view(self.store, self.config.settings.fleet.emergency_max_workers)
 
     def fleet_cap_set(self, max_workers: int | None, by: str = "cli") -> FleetCapView:
         """Set the fleet-wide cap on running jobs for every replica (None lifts it): new

@@ -21,7 +21,7 @@ from herder.core.access import new_token, token_hash
 from herder.core.config import Config, ServerSection, Settings
 from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, JobSpec, JobStatus, Scope
-from herder.runtime import coordinator as coordinator_module
+from herder.runtime import read_models
 from herder.runtime.coordinator import Coordinator, why, why_of
 from herder.runtime.sessions import Session, SessionBook
 from herder.store import Store, open_store
@@ -453,7 +453,7 @@ def test_the_leader_explains_a_page_from_its_own_latest_cycle(dashboard, monkeyp
     def no_placement(*_args):
         raise AssertionError("placed the queue again")
 
-    monkeypatch.setattr(coordinator_module, "placed", no_placement)
+    monkeypatch.setattr(read_models, "placed", no_placement)
     page = coordinator.job_page(JobStatus.QUEUED, None, None, None, None, 50)
     assert [row.id for row in page.jobs] == sorted(ids, reverse=True)
     assert [row.why for row in page.jobs] == expected

@@ -50,12 +50,8 @@ from herder.core.model import (
     Transport,
 )
 from herder.core.submission import SubmitRequest
-from herder.runtime.coordinator import (
-    LOG_GRACE,
-    Coordinator,
-    late_log_refusal,
-    log_write_refusal,
-)
+from herder.runtime.agent_service import LOG_GRACE, late_log_refusal, log_write_refusal
+from herder.runtime.coordinator import Coordinator
 from herder.runtime.log_shipper import LOG_GIVE_UP
 from herder.runtime.sessions import LEGACY, id_hash
 from herder.store import Store, open_store
@@ -778,7 +774,7 @@ def test_an_ended_attempts_log_is_closed_after_a_grace(grants):
                        headers=grants.alpha)
     assert tail.status_code == 200 and tail.json()["size"] == 10  # within the grace
     coordinator = client.app.state.coordinator
-    coordinator.log_grace = timedelta(0)  # as if the grace had passed since it ended
+    coordinator.agents.log_grace = timedelta(0)  # as if the grace had passed since it ended
     late = client.post(f"{attempt}/log", params={"offset": 10}, content=b"x" * 1000,
                        headers=grants.alpha)
     assert late.status_code == 410 and "ended" in late.json()["detail"]

@@ -215,7 +215,7 @@ def test_the_api_knows_the_token_it_minted_for_its_local_child(store, tmp_path):
                        server_worker=str(WorkerId("here", pid, process_start_time(pid) or 0)),
                        log_dir=tmp_path, config_path=None, loops=LoopRegistry(),
                        heartbeat_interval=1.0, lease_seconds=20.0,
-                       on_minted=coordinator.on_local_token)
+                       on_minted=coordinator.local_hosts.on_local_token)
     child._launch("http://127.0.0.1:9")  # a real child agent, with nothing to reach
     try:
         [record] = [t for t in store.token_list() if t.name.startswith("local child late ")]

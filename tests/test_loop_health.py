@@ -82,19 +82,19 @@ def test_a_stuck_leader_gives_up_the_lease_and_reports_unhealthy(tmp_path, store
     coordinator.start()
     try:
         wait_for(lambda: coordinator.is_leader, 20, "the coordinator to lead")
-        assert coordinator.health_view()["ok"]
+        assert coordinator.reads.health_view()["ok"]
         failing.set()
         # Stale after 0.5 s without a cycle: unhealthy, and the lease is free for a replica.
-        wait_for(lambda: not coordinator.health_view()["ok"], 20, "/healthz to turn unhealthy",
-                 coordinator.health_view)
-        wait_for(other.try_acquire, 20, "a replica to get the lease", coordinator.health_view)
-        view = coordinator.health_view()
+        wait_for(lambda: not coordinator.reads.health_view()["ok"], 20,
+                 "/healthz to turn unhealthy", coordinator.reads.health_view)
+        wait_for(other.try_acquire, 20, "a replica to get the lease", coordinator.reads.health_view)
+        view = coordinator.reads.health_view()
         assert view["loops"]["scheduler"]["last_error"] == "StoreUnavailable"
         assert not fatal.is_set(), "a store error is ridden out, not fatal"
         # The replica leads; the old leader's loop, now a follower, works and heals.
         failing.clear()
-        wait_for(lambda: coordinator.health_view()["ok"], 20, "/healthz to be ok again",
-                 coordinator.health_view)
+        wait_for(lambda: coordinator.reads.health_view()["ok"], 20, "/healthz to be ok again",
+                 coordinator.reads.health_view)
         assert not coordinator.is_leader
         other.release()
         wait_for(lambda: coordinator.is_leader, 30, "the coordinator to lead again")
@@ -114,7 +114,7 @@ def test_a_server_thread_that_ends_takes_the_process_down(tmp_path, store):
 
     coordinator._spawn(crash, "herder-test-loop")
     wait_for(fatal.is_set, 20, "the fatal hook")
-    view = coordinator.health_view()
+    view = coordinator.reads.health_view()
     assert not view["ok"] and view["fatal"] == (
         "thread herder-test-loop ended while the server was running")
     coordinator.stop()
@@ -125,7 +125,7 @@ def test_a_thread_ending_at_shutdown_is_not_fatal(tmp_path, store):
     fatal = threading.Event()
     coordinator.on_fatal = fatal.set
     coordinator.start()
-    wait_for(lambda: coordinator.health_view()["loops"].get("scheduler"), 20,
+    wait_for(lambda: coordinator.reads.health_view()["loops"].get("scheduler"), 20,
              "the scheduler loop to register")
     coordinator.stop()
     assert not fatal.is_set() and coordinator.fatal is None

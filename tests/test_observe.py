@@ -20,9 +20,9 @@ from herder.core.fleet import Fleet
 from herder.core.log_records import JsonFormatter
 from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome, Transport
 from herder.core.scheduling.health import HostHealth
-from herder.runtime.coordinator import host_sample
 from herder.runtime.endings import ending_event
 from herder.runtime.metrics import FleetSample, families, priority_band
+from herder.runtime.read_models import host_sample
 
 RUNNING = ["/bin/sh", "-c", "sleep 120"]
 

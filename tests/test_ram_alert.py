@@ -14,8 +14,8 @@ from test_alert_delivery import Receiver, receiver  # noqa: F401  (the receiver 
 
 from herder.core.model import HostRecord
 from herder.core.scheduling.alerting import LowRam, ram_spike
-from herder.runtime.coordinator import measured_available_gb
 from herder.runtime.maintenance import RamSpikeWatch
+from herder.runtime.read_models import measured_available_gb
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 HOLD = 300.0

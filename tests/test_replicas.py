@@ -38,8 +38,8 @@ def test_a_follower_hears_of_the_leaders_placements(tmp_path, postgres_url):
             wait_for(lambda: leader.is_leader, 30, "the first replica to lead")
             follower.start()
             try:
-                wait_for(follower.relay_listening.is_set, 30, "the follower to listen",
-                         follower.health_view)
+                wait_for(follower.relay.listening.is_set, 30, "the follower to listen",
+                         follower.reads.health_view)
                 assert not follower.is_leader and heard == []
                 now = datetime.now(UTC)
                 leader_store.host_insert(HostRecord("agent-host", 16.0), now)
@@ -47,7 +47,7 @@ def test_a_follower_hears_of_the_leaders_placements(tmp_path, postgres_url):
                 [inserted] = leader_store.job_insert([JobSpec(command=("true",))], now)
                 leader.poke()
                 wait_for(woken.is_set, 30, "the follower to hear of the placement",
-                         leader.health_view)
+                         leader.reads.health_view)
                 assert {"agent-host"} in heard
                 job = leader_store.job_get(inserted.job_id)
                 assert job is not None and (job.status, job.host) == (

@@ -167,7 +167,7 @@ def test_a_placement_nobody_picks_up_goes_back_to_the_queue_and_elsewhere(store)
 
 
 def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(store, tmp_path):
-    """The guardian's report (Coordinator.agent_gone) declares the dead worker's attempts
+    """The guardian's report (AgentService.agent_gone) declares the dead worker's attempts
     lost at once, hands back what nobody took, leaves another worker's attempt alone and
     keeps placement off the host until an agent heartbeats again."""
     coordinator = Coordinator(store, Config(Settings(), tmp_path / "herder.toml"), "server")
@@ -181,7 +181,7 @@ def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(stor
         assert store.attempt_set_worker(AttemptToken(job_id, 1), worker, NOW)
         assert store.attempt_start(AttemptToken(job_id, 1), 100 + job_id, "/log", NOW)
 
-    assert coordinator.agent_gone("a", dead) == {"lost": 1, "host_stopped": 1,
+    assert coordinator.agents.agent_gone("a", dead) == {"lost": 1, "host_stopped": 1,
                                                  "handed_back": 1}
     assert [store.job_get(j).status for j in (mine, theirs, untaken)] == [
         JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.QUEUED]
@@ -191,7 +191,7 @@ def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(stor
         "agent gone: its guardian reported it dead")
     # a report about a worker that is not the host's last one changes no host
     store.host_heartbeat("a", now, {"worker": "a/12/1"})
-    assert coordinator.agent_gone("a", dead) == {"lost": 0, "host_stopped": 0,
+    assert coordinator.agents.agent_gone("a", dead) == {"lost": 0, "host_stopped": 0,
                                                  "handed_back": 0}
     assert take_snapshot(store, coordinator.fleet, now).loads["a"].agent_down is None
 
@@ -431,10 +431,10 @@ def test_a_start_report_sent_again_after_a_lost_answer_is_accepted_once(store, t
     store.job_assign("a", [(job_id, 3.0)], 4, 32.0, NOW)
     token = AttemptToken(job_id, 1)
     assert store.attempt_set_worker(token, "a/10/1", NOW)
-    coordinator.start_attempt("a", token, 4242, None)
-    coordinator.start_attempt("a", token, 4242, None)  # the retry: accepted, nothing changes
+    coordinator.agents.start_attempt("a", token, 4242, None)
+    coordinator.agents.start_attempt("a", token, 4242, None)  # the retry: accepted, nothing changes
     job = store.job_get(job_id)
     assert job is not None and job.status is JobStatus.RUNNING
     assert [attempt.pid for attempt in store.attempt_list(job_id)] == [4242]
     with pytest.raises(Conflict):  # another host's report is still refused
-        coordinator.start_attempt("b", token, 4242, None)
+        coordinator.agents.start_attempt("b", token, 4242, None)

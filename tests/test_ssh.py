@@ -358,10 +358,10 @@ def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, 
     assert store.attempt_set_worker(token, "server/1/1", now)
     assert store.attempt_bind_account(token, "s5", "alpha", 1, now)
     coordinator = Coordinator(store, Config(Settings(), None), host="server")
-    handed = coordinator.placed_attempt("s5", token)
+    handed = coordinator.agents.placed_attempt("s5", token)
     assert handed is not None and handed.env["WHO"] == "alpha"
     assert store.account_delete("s5", "alpha")
-    assert coordinator.placed_attempt("s5", token) is None
+    assert coordinator.agents.placed_attempt("s5", token) is None
     job = store.job_get(inserted.job_id)  # refused: back in the queue, nothing spent
     assert job is not None and (job.status, job.failures, job.lost, job.spawn_failures) == (
         JobStatus.QUEUED, 0, 0, 0)

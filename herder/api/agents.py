@@ -43,8 +43,8 @@ ATTEMPT = "/agent/{label}/attempts/{job_id}/{attempt}"
 async def agent_heartbeat(label: AgentHost, body: HeartbeatBody,
                           service: Service) -> HeartbeatReply:
     check_worker(label, body.worker)
-    return await call(service.agent_heartbeat, label, body.worker, list(tokens(body.running)),
-                      body.info, body.with_attempts)
+    return await call(service.agents.agent_heartbeat, label, body.worker,
+                      list(tokens(body.running)), body.info, body.with_attempts)
 
 
 @router.post("/agent/{label}/trouble", response_model=TroubleRecorded)
@@ -53,7 +53,7 @@ async def agent_trouble(label: AgentHost, body: TroubleBody,
     """An agent back from trouble with this server (unreachable, its token refused) says
     what it was; raised as the alert `agent:<label>:<kind>`."""
     trouble = Trouble(body.kind, body.since, body.problem)
-    key, raised = await call(service.agent_trouble, label, trouble, body.until,
+    key, raised = await call(service.agents.agent_trouble, label, trouble, body.until,
                              body.delivered)
     return TroubleRecorded(key=key, raised=raised)
 
@@ -63,7 +63,7 @@ async def agent_gone(label: AgentHost, worker: str, service: Service) -> Gone:
     """A dead agent's guardian, once it has killed the agent's jobs: their attempts are
     lost now (not after the lease) and the host takes no work until an agent beats."""
     check_worker(label, worker)
-    return Gone(**await call(service.agent_gone, label, worker))
+    return Gone(**await call(service.agents.agent_gone, label, worker))
 
 
 @router.get("/agent/{label}/assignments", response_model=Assignments)
@@ -83,7 +83,7 @@ async def assignments(label: AgentHost, worker: Annotated[str, Query(max_length=
             # The agent is gone (killed, restarted): taking work for it now would bind
             # the attempts to a dead worker until their lease runs out.
             return Assignments(jobs=[], lease_seconds=service.lease_seconds)
-        jobs = await call(service.take_assigned, label, worker, free)
+        jobs = await call(service.agents.take_assigned, label, worker, free)
         remaining = deadline - asyncio.get_running_loop().time()
         if jobs or remaining <= 0:
             return Assignments(jobs=[Assignment.model_validate(job) for job in jobs],
@@ -96,7 +96,7 @@ async def attempt_get(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                       service: Service) -> PlacedAttempt:
     """The attempt an ssh push placed on this host (`herder run-attempt`). Not quite a pure
     read: an attempt whose bound account was removed meanwhile is ended here as refused."""
-    job = await call(service.placed_attempt, label, AttemptToken(job_id, attempt))
+    job = await call(service.agents.placed_attempt, label, AttemptToken(job_id, attempt))
     return PlacedAttempt(job=None if job is None else Assignment.model_validate(job),
                          lease_seconds=service.lease_seconds)
 
@@ -104,7 +104,7 @@ async def attempt_get(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
 @router.post(ATTEMPT + "/start", response_model=Started)
 async def attempt_start(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
                         body: StartBody, service: Service) -> Started:
-    await call(service.start_attempt, label, AttemptToken(job_id, attempt), body.pid,
+    await call(service.agents.start_attempt, label, AttemptToken(job_id, attempt), body.pid,
                body.log_path)
     return Started(accepted=True)
 
@@ -116,7 +116,7 @@ async def attempt_adopt(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
     attempt is not live on the host under that worker (the agent kills it instead)."""
     check_worker(label, body.worker)
     check_worker(label, body.previous)
-    size = await call(service.adopt_attempt, label, AttemptToken(job_id, attempt),
+    size = await call(service.agents.adopt_attempt, label, AttemptToken(job_id, attempt),
                       body.previous, body.worker)
     return Adopted(log_size=size)
 
@@ -130,7 +130,7 @@ async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber
     ending = (None if body.log_tail is None and body.result is None and memory is None
               and launch_error is None
               else Ending(body.log_tail or "", body.result, memory, launch_error))
-    status = await call(service.finish_attempt, label, AttemptToken(job_id, attempt),
+    status = await call(service.agents.finish_attempt, label, AttemptToken(job_id, attempt),
                         body.outcome, body.exit_code, body.retry_after, ending)
     return Finished(accepted=True, status=status)
 
@@ -141,7 +141,7 @@ async def cancels(label: AgentHost, service: Service,
     """Of the comma-separated job ids, the attempts on this host asked to stop."""
     ids = [int(part) for part in jobs.split(",")
            if part.strip().isdigit() and int(part) <= BIGINT_MAX]
-    wanted = await call(service.cancels_for, label, ids)
+    wanted = await call(service.agents.cancels_for, label, ids)
     return Cancels(cancel=pairs(wanted))
 
 
@@ -157,7 +157,7 @@ async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
     offset past its end, 413 past `server.max_log_bytes`."""
     data = await request.body()
     try:
-        size = await call(service.write_log, label, AttemptToken(job_id, attempt), offset,
+        size = await call(service.agents.write_log, label, AttemptToken(job_id, attempt), offset,
                           data)
     except Refused as refused:
         raise HTTPException(refused.status, refused.reason) from None
@@ -167,5 +167,5 @@ async def log_chunk(label: AgentHost, job_id: JobId, attempt: AttemptNumber,
 @router.post("/hosts/{label}/heartbeat", response_model=PushHeartbeat)
 async def push_heartbeat(label: AgentHost, service: Service) -> PushHeartbeat:
     """cron's `herder heartbeat` on a push (ssh) host, with that host's token."""
-    await call(service.push_heartbeat, label)
+    await call(service.agents.push_heartbeat, label)
     return PushHeartbeat(ok=True)

@@ -232,7 +232,7 @@ def create_app(coordinator: Coordinator, access: Access | None = None,
     app.state.access = access = access or Access()
     app.state.sessions = SessionBook(coordinator.store)
     app.state.failures = FailureLimiter(limit=access.failure_limit)
-    coordinator.on_local_token = app.state.failures.verified  # its own agents' tokens
+    coordinator.local_hosts.on_local_token = app.state.failures.verified  # its own agents' tokens
     app.add_middleware(BodyLimit, max_bytes=access.max_body_bytes)
     guard = access.host_guard()
     if guard is not None:

@@ -111,7 +111,7 @@ async def changes(_caller: Reader, service: Service, request: Request,
         deadline = loop.time() + seconds
         yield f"retry: {RETRY_MILLISECONDS}\n\n".encode()
         while True:
-            latest = await call(service.latest_change)
+            latest = await call(service.reads.latest_change)
             if latest != seen:
                 seen = latest
                 yield f"id: {latest}\nevent: changed\ndata: {latest}\n\n".encode()

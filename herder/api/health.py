@@ -15,6 +15,6 @@ router = APIRouter(tags=["health"])
             responses={503: {"model": Health, "description": "a loop is stale or dead"}})
 async def healthz(service: Service) -> JSONResponse:
     """503 while any loop of the server is stale or dead."""
-    health = Health.model_validate(service.health_view())
+    health = Health.model_validate(service.reads.health_view())
     return JSONResponse(health.model_dump(mode="json"),
                         status_code=200 if health.ok else 503)

@@ -19,7 +19,7 @@ router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
 
 @router.get("", response_model=list[HostView])
 async def hosts(_caller: Reader, service: Service) -> list[HostView]:
-    return await call(service.host_views)
+    return await call(service.reads.host_views)
 
 
 @router.post("", status_code=201, response_model=HostToken)

@@ -19,4 +19,4 @@ async def queue(_caller: Reader, service: Service,
     """Counts by GROUP BY (only the counts come back) and the newest `recent` jobs
     ([server] queue_recent) by LIMIT: no job rows read into the server but those."""
     limit = service.settings.server.queue_recent if recent is None else recent
-    return await call(service.queue_view, limit)
+    return await call(service.reads.queue_view, limit)

@@ -449,7 +449,7 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
                 log.info("listening on %s", url,
                          extra={"event": "server_listening", "url": url})
             if coordinator is not None:
-                coordinator.serve_local_at(await self.loopback_url(bound))
+                coordinator.local_hosts.serve_local_at(await self.loopback_url(bound))
 
         async def loopback_url(self, bound: list[tuple[object, ...]]) -> str:
             """Where the local hosts' agents reach the API over plain loopback HTTP."""

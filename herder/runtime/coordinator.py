@@ -1,10 +1,11 @@
-"""`herder server`: the store, the scheduler (leader only), maintenance, local hosts, and
-what the HTTP API asks of them. The API module stays a thin translation layer."""
+"""`herder server`'s engine, composed: the leader's loops (`leader`), the local hosts
+(`local_hosts`), the assignment relay (`relay`), the agent protocol (`agent_service`) and
+the read models (`read_models`) over one store and config, started and stopped together.
+The operator's operations below are on their way to the operations service."""
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
 import logging
 import os
@@ -12,220 +13,130 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime
 
 from msgspec.structs import replace
 
 from herder.client import Client
-from herder.core.backoff import Backoff
 from herder.core.config import Config, JobTypeSection, subagent_caps
-from herder.core.errors import (
-    Conflict,
-    InputError,
-    NotFound,
-    Refused,
-    StoreUnavailable,
-)
+from herder.core.errors import Conflict, InputError, NotFound
 from herder.core.fleet import Fleet
 from herder.core.model import (
     Attempt,
-    AttemptToken,
     Event,
-    HostRecord,
-    HostUsage,
     InsertResult,
     Job,
     JobSpec,
     JobStatus,
-    Outcome,
     Reservation,
     ReservationKind,
     ReservationStatus,
     TokenRecord,
-    Transport,
-    WorkerId,
     launch_failure,
 )
-from herder.core.scheduling.accounts import state_of
-from herder.core.scheduling.alerting import Trouble
-from herder.core.scheduling.breaker import Breaker
 from herder.core.scheduling.explanation import explain
-from herder.core.scheduling.health import shown_health
-from herder.core.scheduling.placement import Plan, Snapshot, place
-from herder.core.scheduling.policy import SPAWN_OUTCOMES
+from herder.core.scheduling.placement import Plan, Snapshot
 from herder.core.submission import SubmitRequest
 from herder.host_settings import declared_host
 from herder.intake import resolve
-from herder.runtime.accounts import (
-    accounts_why,
-    probe_commands,
-    record_probes,
-    sync_accounts,
-)
+from herder.runtime.accounts import accounts_why, sync_accounts
+from herder.runtime.agent_service import AgentService
 from herder.runtime.delivery import Alerts, start_alerts
-from herder.runtime.endings import (
-    Ending,
-    PolicyLimits,
-    bind_jobs,
-    record_ending,
-)
-from herder.runtime.local_child import LocalChild
-from herder.runtime.loop_health import Loop, LoopRegistry
-from herder.runtime.maintenance import (
-    AgentTroubleSweep,
-    DeliverySweep,
-    PickupWatch,
-    RamSpikeWatch,
-    Rescuer,
-    lost_result,
-)
-from herder.runtime.metrics import FleetSample, HostSample, Metrics
+from herder.runtime.endings import PolicyLimits
+from herder.runtime.leader import Leader
+from herder.runtime.local_hosts import LocalHosts
+from herder.runtime.loop_health import LoopRegistry
+from herder.runtime.metrics import Metrics
 from herder.runtime.preflight import job_type_checks
+from herder.runtime.read_models import ReadModels, placed
+from herder.runtime.relay import AssignmentRelay
 from herder.runtime.runner import default_host
-from herder.runtime.scheduler import (
-    Scheduler,
-    agent_state,
-    blocked_job_types,
-    capacity_now,
-    condition,
-    expires,
-    fleet_cap,
-    lease_seconds,
-    pickup_timeout_seconds,
-    take_snapshot,
-    tripped_breakers,
-)
-from herder.runtime.ssh import SshLauncher
-from herder.store import Store, Waker, as_unavailable
-from herder.store.driver import Lease
-from herder.store.records import ASSIGNED, DeliveryRecord, JobCapReached
+from herder.runtime.scheduler import Scheduler, expires, lease_seconds
+from herder.runtime.server_state import ServerState, utcnow
+from herder.store import Store
+from herder.store.records import DeliveryRecord, JobCapReached
 from herder.views import iso
 from herder.webhooks import Delivery
-from herder.wire.agents import AccountProbe, HeartbeatReply, HostGate, PreflightCheck, pairs
+from herder.wire.agents import PreflightCheck
 from herder.wire.dashboard import JobPage, JobRow
-from herder.wire.hosts import HostView, WindowView
 from herder.wire.jobs import SubmitBody
-from herder.wire.queue import QueueAccount, QueueAlert, QueueJob, QueueView, Resilience
 
 log = logging.getLogger("herder.coordinator")
-PLACEMENT_REUSE = 2.0
-"""Seconds a placement made for the dashboard's `why` texts serves later pages."""
-SSH_INTERVAL = 0.2  # how often the ssh launcher settles its ended ssh processes
-SSH_SCAN_INTERVAL = 2.0  # its idle look for placements; a placement wakes it at once
-LOCAL_HOSTS_INTERVAL = 2.0  # how often the local hosts are compared with the store's
-SPAWN_FAILURE_WINDOW = timedelta(hours=1)
-"""How far back `/queue` and `/metrics` count each host's spawn failures."""
-RELAY_INTERVAL = 1.0  # the assignment relay's longest wait on the store's NOTIFY
-AssignmentListener = Callable[[set[str]], None]
-"""Told the hosts that just got work (from the scheduler's thread): the HTTP API wakes the
-long-polls of those hosts' agents, the ssh launcher its loop."""
-
-
-@dataclass
-class _SchedulerCycle:
-    """What the scheduler loop carries from one cycle to the next."""
-
-    leader_since: float | None = None  # monotonic
-    next_maintenance: float = 0.0
-    hold_off_until: float = 0.0  # after giving up the lease, not before this
-    rescuer: Rescuer | None = None
-    pickup: PickupWatch | None = None
-    deliveries: DeliverySweep | None = None
-    ram: RamSpikeWatch | None = None
-    troubles: AgentTroubleSweep | None = None
 
 
 def _terminate_this_process() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _close_quietly(waker: Waker) -> None:
-    with contextlib.suppress(Exception):
-        waker.close()
-
-
-def run_cycle(loop: Loop, backoff: Backoff, what: str,
-              cycle: Callable[[], object]) -> float | None:
-    """One cycle of a long-running loop: None when it succeeded, else the backoff delay to
-    wait before the next try (the failure recorded in the loop's health and logged)."""
-    try:
-        cycle()
-    except Exception as exc:
-        loop.failed(exc)
-        delay = backoff.next()
-        _log_failure(what, exc, delay)
-        return delay
-    loop.succeeded()
-    backoff.reset()
-    return None
-
-
-def _log_failure(what: str, error: Exception, delay: float) -> None:
-    """One line for a database outage (expected, retried); a traceback for anything else."""
-    retry = f"; retrying in {delay:.1f}s" if delay else "; retrying"
-    unavailable = as_unavailable(error)
-    if unavailable is not None:
-        log.error("%s failed: %s%s", what, unavailable, retry)
-    else:
-        log.exception("%s failed%s", what, retry)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class Coordinator:
+    """The server's engine as one object: it builds the leader, the local hosts, the
+    assignment relay, the agent service and the read models over one store and config,
+    starts and stops their threads, and takes the process down when one that must live
+    ends. Routes reach the parts as attributes (`agents`, `reads`, `local_hosts`)."""
+
     def __init__(self, store: Store, config: Config, host: str | None = None) -> None:
         self.store = store
         self.config = config
         self.settings = config.settings
         self.fleet = Fleet.from_settings(config.settings)
         self.host = host or config.settings.herder.host or default_host()
-        runtime = self.settings.runtime
         self.limits = PolicyLimits.from_settings(self.settings)
+        runtime = self.settings.runtime
         self.lease_seconds = lease_seconds(self.settings, runtime.heartbeat_interval)
-        self.assignment_listeners: list[AssignmentListener] = []
+        self.state = ServerState()
+        self.assignment_listeners = self.state.listeners
         self.preflight_checks = preflight_checks(config.settings.job_types)
-        self.scheduler = Scheduler(store, self.fleet, on_assigned=self._assigned)
+        self.scheduler = Scheduler(store, self.fleet, on_assigned=self.state.assigned)
         self.public_url = config.settings.server.public_url or ""
         self.allow_plaintext = config.settings.server.allow_plaintext
         """ssh push hosts may call a plain http public_url (the server's --allow-plaintext)."""
-        self.is_leader = False
-        self.loops = LoopRegistry()
-        # Set when a thread that must live ended: /healthz fails and `on_fatal` ends the
-        # process (SIGTERM to itself: uvicorn shuts down, `herder server` exits 1).
-        self.fatal: str | None = None
         self.on_fatal: Callable[[], None] = _terminate_this_process
-        self._stop = threading.Event()
-        self._poke = threading.Event()
+        """Ends the process (SIGTERM to itself: uvicorn shuts down, `herder server` exits 1)
+        once a thread that must live ended."""
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()  # threads are spawned from several threads
-        self._local: dict[str, LocalChild] = {}
-        self.local_url: str | None = None
-        """Where the local hosts' agents reach this server (`serve_local_at`)."""
-        self._local_url_known = threading.Event()
         self._scheduler_thread: threading.Thread | None = None
-        self.relay_listening = threading.Event()
-        """Set once this replica listens for the leader's placements (PostgreSQL only)."""
-        self._sync_lock = threading.Lock()
-        self._served: frozenset[str] = frozenset()  # local hosts served here
-        self._known: frozenset[str] = frozenset()  # every host the last pass saw
-        self._local_wake = threading.Event()
         self.log_dir = config.log_dir
-        self.log_grace = LOG_GRACE
-        self.on_local_token: Callable[[str], None] = lambda key: None
-        """Told the hash of each token minted for a local host's agent (the API's failure
-        limiter takes it as known-good)."""
-        """How long after an attempt ended its host may still ship its log."""
         self.operations = Client.over(store, config)
         """The operator's commands (retry, drain, logs, accounts, alerts) as the CLI runs
         them against the database, for the API's routes."""
         self.metrics = Metrics()
-        self.metrics.watch(self.fleet_sample)
         self.alerts: Alerts | None = None
-        self._placement: tuple[Plan, Snapshot] | None = None
+        self.reads = ReadModels(self.state, store, self.settings, self.fleet, self.scheduler,
+                                self.preflight_checks)
+        self.metrics.watch(self.reads.fleet_sample)
+        self.local_hosts = LocalHosts(self.state, store, self._spawn, self.host, config,
+                                      self.lease_seconds)
+        self.leader = Leader(self.state, store, self.settings, self.scheduler, self.metrics,
+                             self.host, self.lease_seconds, self.limits, self.log_dir,
+                             lambda: self.local_hosts.served, self.reads.measured_ram)
+        self.relay = AssignmentRelay(self.state, store)
+        self.agents = AgentService(store, self.settings, self.limits, self.metrics,
+                                   self.log_dir, self.lease_seconds, self.reads.host_gate,
+                                   self.leader.poke)
+
+    # The facts the parts share, as the server and tests read and set them.
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state.is_leader
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:
+        self.state.is_leader = value
+
+    @property
+    def fatal(self) -> str | None:
+        """Why a thread that must live ended: /healthz fails from then on."""
+        return self.state.fatal
+
+    @property
+    def loops(self) -> LoopRegistry:
+        return self.state.loops
+
+    @loops.setter
+    def loops(self, registry: LoopRegistry) -> None:
+        self.state.loops = registry
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -247,103 +158,19 @@ class Coordinator:
     def start(self) -> None:
         self.sync_hosts()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._scheduler_thread = self._spawn(self._scheduler_loop, "herder-scheduler")
-        self.alerts = start_alerts(self.store, self.settings.alerts, self._stop, utcnow,
-                                   lambda: self.is_leader, self._scheduler_age)
+        self._scheduler_thread = self._spawn(self.leader.scheduler_loop, "herder-scheduler")
+        self.alerts = start_alerts(self.store, self.settings.alerts, self.state.stop, utcnow,
+                                   lambda: self.is_leader, self.leader.scheduler_age)
         # Always: an ssh host added while the server runs (`herder host add`, the API) is
         # placed on at once, so its launcher must already be there.
-        self._spawn(self._ssh_loop, "herder-ssh")
+        self._spawn(functools.partial(self.leader.ssh_loop, self.public_url,
+                                      self.allow_plaintext), "herder-ssh")
         # Local hosts: those known now are served before start() returns; the loop follows
         # hosts added, removed or switched to another transport while the server runs.
-        self.sync_local_hosts()
-        self._spawn(self._local_hosts_loop, "herder-local-hosts")
+        self.local_hosts.sync_local_hosts()
+        self._spawn(self.local_hosts.local_hosts_loop, "herder-local-hosts")
         if self.store.dialect == "postgres":  # replicas exist only there
-            self._spawn(self._assignment_relay, "herder-assignments")
-
-    def sync_local_hosts(self) -> dict[str, int]:
-        """Serve every host whose transport is `local` from this process (each by a child
-        agent, `herder.runtime.local_child`), and no other: how many were started and
-        stopped. The child takes its workers from the server with each heartbeat."""
-        hosts = self.store.host_list()
-        wanted = {host.label for host in hosts if host.transport is Transport.LOCAL}
-        counts = {"started": 0, "stopped": 0}
-        with self._sync_lock:  # one pass at a time; readers use the snapshots below
-            if self._stop.is_set():
-                return counts
-            for label in [label for label in self._local if label not in wanted]:
-                self._local.pop(label).stop()
-                log.info("local host %s is no longer served here (removed or not local)",
-                         label)
-                counts["stopped"] += 1
-            for label in sorted(wanted - set(self._local)):
-                self._local[label] = self._serve_local(label)
-                log.info("serving local host %s", label)
-                counts["started"] += 1
-            self._served = frozenset(self._local)
-            self._known = frozenset(host.label for host in hosts)
-        return counts
-
-    def _serve_local(self, label: str) -> LocalChild:
-        from herder.runtime.process import process_start_time
-
-        pid = os.getpid()
-        config_path = self.config.path
-        child = LocalChild(
-            self.store, label, url=self._wait_local_url, machine=self.host,
-            server_worker=str(WorkerId(self.host, pid, process_start_time(pid) or 0)),
-            log_dir=self.log_dir,
-            config_path=str(config_path.resolve()) if config_path is not None else None,
-            loops=self.loops, heartbeat_interval=self.settings.runtime.heartbeat_interval,
-            lease_seconds=self.lease_seconds, on_minted=self.on_local_token)
-        self._spawn(functools.partial(child.run, self._stop), f"herder-local-{label}",
-                    child.stopped)
-        return child
-
-    def serve_local_at(self, url: str) -> None:
-        """The plain-HTTP loopback URL of this server's API: its local hosts' agents start
-        once it is known (the server knows it once it listens)."""
-        self.local_url = url
-        self._local_url_known.set()
-
-    def _wait_local_url(self, timeout: float) -> str | None:
-        self._local_url_known.wait(timeout)
-        return self.local_url
-
-    def stop_local(self, timeout: float = 60.0) -> None:
-        """Stop every local host's agent while the API still answers, so each hands its
-        attempts back (and its guardian is quiet) before the server goes. The loops stop
-        first: a job handed back is not placed again here, for a stopping agent's last
-        long-poll to take."""
-        self._stop.set()
-        self._poke.set()
-        self._local_wake.set()
-        deadline = time.monotonic() + timeout
-        if self._scheduler_thread is not None:
-            self._scheduler_thread.join(max(0.0, deadline - time.monotonic()))
-        with self._sync_lock:
-            children = list(self._local.values())
-        for child in children:
-            child.stop()
-        for child in children:
-            child.ended.wait(max(0.0, deadline - time.monotonic()))
-
-    def _local_hosts_loop(self) -> None:
-        loop = self.loops.register("local-hosts", LOCAL_HOSTS_INTERVAL)
-        backoff = Backoff(base=LOCAL_HOSTS_INTERVAL, cap=10.0)
-
-        # The scheduler placing on a host this pass has not seen (added a moment ago) wakes
-        # the loop at once, instead of leaving the placement to its pickup timeout. Called
-        # on the scheduler's thread: snapshots only, no lock, no query.
-        def assigned(hosts: set[str]) -> None:
-            if hosts - self._known:
-                self._local_wake.set()
-
-        self.assignment_listeners.append(assigned)
-        while not self._stop.is_set():
-            delay = run_cycle(loop, backoff, "local hosts", self.sync_local_hosts)
-            self._local_wake.wait(LOCAL_HOSTS_INTERVAL if delay is None else delay)
-            self._local_wake.clear()
-        loop.unregister()
+            self._spawn(self.relay.run, "herder-assignments")
 
     def _spawn(self, target: Callable[[], object], name: str,
                until: threading.Event | None = None) -> threading.Thread:
@@ -356,7 +183,7 @@ class Coordinator:
                 target()
             except BaseException:
                 log.exception("thread %s crashed", name)
-            if not self._stop.is_set() and not (until is not None and until.is_set()):
+            if not self.state.stop.is_set() and not (until is not None and until.is_set()):
                 self._fatal(f"thread {name} ended while the server was running")
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
@@ -368,511 +195,38 @@ class Coordinator:
 
     def _fatal(self, reason: str) -> None:
         log.critical("%s; stopping so a supervisor restarts herder", reason)
-        self.fatal = reason
-        self.is_leader = False
+        self.state.fatal = reason
+        self.state.is_leader = False
         self.on_fatal()
 
+    def stop_local(self, timeout: float = 60.0) -> None:
+        """Stop every local host's agent while the API still answers, so each hands its
+        attempts back (and its guardian is quiet) before the server goes. The loops stop
+        first: a job handed back is not placed again here, for a stopping agent's last
+        long-poll to take."""
+        self.state.stop.set()
+        self.leader.poke()
+        self.local_hosts.wake()
+        deadline = time.monotonic() + timeout
+        if self._scheduler_thread is not None:
+            self._scheduler_thread.join(max(0.0, deadline - time.monotonic()))
+        self.local_hosts.stop_local(deadline)
+
     def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self._poke.set()
+        self.state.stop.set()
+        self.leader.poke()
         if self.alerts is not None:
             self.alerts.close()
-        self._local_wake.set()
-        with self._sync_lock:
-            for served in self._local.values():
-                served.stop()
+        self.local_hosts.stop()
         deadline = time.monotonic() + timeout
         with self._threads_lock:
             threads = list(self._threads)
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _scheduler_age(self) -> float | None:
-        """Seconds since the scheduler loop's last completed cycle (for the silence alert)."""
-        try:
-            return self.loops.report("scheduler").age_seconds
-        except KeyError:
-            return None
-
-    def _assigned(self, hosts: set[str]) -> None:
-        for listener in list(self.assignment_listeners):
-            listener(hosts)
-
     def poke(self) -> None:
         """Something changed here (a submit, a finish): run a placement cycle soon."""
-        self._poke.set()
-
-    def health_view(self) -> dict[str, Any]:
-        """What `/healthz` answers: ok only while every loop has had a recent successful
-        cycle. No secrets: loop names, ages and error types only."""
-        reports = self.loops.reports()
-        return {
-            "ok": self.fatal is None and all(report.ok for report in reports),
-            "leader": self.is_leader,
-            "fatal": self.fatal,
-            "loops": {report.name: report.view() for report in reports},
-        }
-
-    # -- loops ----------------------------------------------------------------------------------
-
-    def _scheduler_loop(self) -> None:
-        """Leader election, placement and maintenance. Store errors (an outage, a restart)
-        are retried with backoff; a leader that cannot complete a cycle for its staleness
-        limit gives up the lease, so a healthy replica takes over."""
-        interval = self.settings.fleet.scheduler_interval
-        loop = self.loops.register("scheduler", interval)
-        backoff = Backoff(base=min(interval, 0.5), cap=max(interval, 10.0))
-        lease = self.store.leader_lease()
-        cycle = _SchedulerCycle()
-        waker: Waker | None = None
-
-        def cycle_once() -> None:
-            nonlocal waker
-            if waker is None:
-                waker = self.store.listen()
-            self._schedule_once(lease, cycle)
-
-        try:
-            while not self._stop.is_set():
-                delay = run_cycle(loop, backoff, "scheduler cycle", cycle_once)
-                if delay is not None:
-                    if self.is_leader and not loop.report().ok:
-                        self._give_up_lease(lease, cycle, loop.report().age_seconds)
-                    self._stop.wait(delay)
-                    continue
-                assert waker is not None
-                try:
-                    self._wait(waker, interval)
-                except Exception as exc:
-                    _log_failure("scheduler waker", exc, 0.0)
-                    _close_quietly(waker)
-                    waker = None
-        finally:
-            if waker is not None:
-                _close_quietly(waker)
-            lease.release()
-            self.is_leader = False
-
-    def _schedule_once(self, lease: Lease, cycle: _SchedulerCycle) -> None:
-        if time.monotonic() < cycle.hold_off_until:
-            self.is_leader = False  # gave the lease up: leave it to a replica for a while
-        else:
-            try:
-                self.is_leader = lease.try_acquire()
-            except Exception:
-                self.is_leader = False
-                raise
-        if not self.is_leader:
-            cycle.leader_since = None
-            return
-        now = utcnow()
-        if cycle.leader_since is None:
-            cycle.leader_since = time.monotonic()
-        if cycle.rescuer is None:
-            runtime = self.settings.runtime
-            cycle.rescuer = Rescuer(self.store, frozenset({self.host}), self.lease_seconds,
-                                    runtime.kill_grace, runtime.max_lost, shared=True)
-            cycle.pickup = PickupWatch(self.store, pickup_timeout_seconds(self.settings))
-            cycle.deliveries = DeliverySweep(self.store, self.settings.hooks.retention)
-            cycle.ram = RamSpikeWatch(self.store, self.settings.alerts.ram_low_gb,
-                                      self.settings.alerts.ram_low_for, self.measured_ram)
-            cycle.troubles = AgentTroubleSweep(self.store, self.settings.alerts.window)
-        began = time.perf_counter()
-        self.scheduler.run_once(now)
-        self.metrics.cycle_seconds.observe(time.perf_counter() - began)
-        if time.monotonic() >= cycle.next_maintenance:
-            cycle.next_maintenance = time.monotonic() + 1.0
-            # A new leader (a restart, a takeover) has heard from no agent yet: give them
-            # one lease to heartbeat before judging attempts stale, or an outage longer
-            # than the lease would declare every running remote attempt lost (and its agent
-            # would kill it).
-            rescued: dict[str, int] = {}
-            if time.monotonic() - cycle.leader_since >= self.lease_seconds:
-                # Local hosts' attempts have their survivors here killed before a requeue;
-                # the set follows the hosts the local-hosts loop serves (no query of its own).
-                cycle.rescuer.host = frozenset({self.host}) | self._served
-                rescued = cycle.rescuer.run_once(now)
-            # Placements a new leader inherits get one pickup timeout too.
-            assert cycle.pickup is not None
-            if time.monotonic() - cycle.leader_since >= cycle.pickup.timeout_seconds:
-                cycle.pickup.run_once(now)  # logs each placement it hands back
-            expired = self.store.reservation_expire(now)
-            assert cycle.deliveries is not None
-            cycle.deliveries.run_once(now)
-            assert cycle.ram is not None and cycle.troubles is not None
-            cycle.ram.run_once(now)
-            cycle.troubles.run_once(now)
-            self.store.statistics_refresh()
-            if any(rescued.values()) or expired:
-                log.info("maintenance: %s, %d reservations expired", rescued, expired)
-
-    def measured_ram(self, host: HostRecord, now: datetime) -> float | None:
-        """What the host's agent last measured available, while its heartbeat is live."""
-        return None if self.fleet.down(host, now) is not None else measured_available_gb(host)
-
-    def _give_up_lease(self, lease: Lease, cycle: _SchedulerCycle, stuck_for: float) -> None:
-        hold_off = max(5 * self.settings.fleet.scheduler_interval, 5.0)
-        log.error("the scheduler has not completed a cycle for %.0fs as leader: giving up "
-                  "the lease for %.0fs so another replica can take over", stuck_for, hold_off)
-        lease.release()
-        self.is_leader = False
-        cycle.leader_since = None
-        cycle.hold_off_until = time.monotonic() + hold_off
-
-    def _wait(self, waker: Waker, interval: float) -> None:
-        """Until poked, woken by the store, or the interval passes; then debounce a burst."""
-        deadline = time.monotonic() + interval
-        while not self._stop.is_set():
-            if self._poke.is_set():
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or waker.wait(min(0.05, remaining)):
-                break
-        self._poke.clear()
-        time.sleep(0.005)
-
-    def _ssh_loop(self) -> None:
-        fleet = self.settings.fleet
-        pid = os.getpid()
-        from herder.runtime.process import process_start_time
-
-        launcher = SshLauncher(
-            self.store, self.public_url, fleet.ssh_command, fleet.remote_herder, self.limits,
-            self.log_dir, f"{self.host}/{pid}/{process_start_time(pid) or 0}",
-            allow_plaintext=self.allow_plaintext,
-            preflight=job_type_checks(self.settings.job_types))
-        self.assignment_listeners.append(lambda _hosts: launcher.wake.set())
-        loop = self.loops.register("ssh", SSH_INTERVAL)
-        backoff = Backoff(base=SSH_INTERVAL, cap=10.0)
-        next_scan = 0.0
-        try:
-            while not self._stop.is_set():
-                scan = time.monotonic() >= next_scan
-                if scan:
-                    next_scan = time.monotonic() + SSH_SCAN_INTERVAL
-                delay = run_cycle(loop, backoff, "ssh launcher cycle",
-                                  functools.partial(launcher.run_once, scan))
-                if delay is not None:
-                    next_scan = 0.0  # the failed cycle may have been the scan
-                    self._stop.wait(delay)
-                    continue
-                if launcher.wake.wait(SSH_INTERVAL):
-                    next_scan = 0.0  # a placement: scan now
-                launcher.wake.clear()
-        finally:
-            launcher.stop()
-
-    def _assignment_relay(self) -> None:
-        """A follower hears of the leader's placements through the store's NOTIFY
-        (`assigned:HOST`) and tells its own listeners, so agents long-polling this replica
-        and its ssh launcher start the work at once instead of at their next poll. The
-        leader told its listeners itself."""
-        loop = self.loops.register("assignments", RELAY_INTERVAL)
-        backoff = Backoff(base=RELAY_INTERVAL, cap=10.0)
-        waker: Waker | None = None
-
-        def listen() -> None:
-            nonlocal waker
-            if waker is None:
-                waker = self.store.listen()
-            heard = waker.wait_topics(RELAY_INTERVAL)
-            if not waker.connected:  # it heals itself; meanwhile a follower's /healthz says so
-                if self.is_leader:  # the leader relays nothing: not its health
-                    return
-                raise StoreUnavailable("the LISTEN connection is down")
-            self.relay_listening.set()
-            # A placement the old leader made just as this replica took over is not relayed:
-            # its agents and launcher find it at their next poll.
-            if self.is_leader or heard == set():
-                return
-            if heard is None:  # a reconnect: what was placed meanwhile is unknown
-                hosts = {host.label for host in self.store.host_list()}
-            else:
-                hosts = {topic.removeprefix(ASSIGNED) for topic in heard
-                         if topic.startswith(ASSIGNED)}
-            if hosts:
-                self._assigned(hosts)
-
-        try:
-            while not self._stop.is_set():
-                delay = run_cycle(loop, backoff, "assignment relay", listen)
-                if delay is not None:
-                    self._stop.wait(delay)
-        finally:
-            if waker is not None:
-                _close_quietly(waker)
-
-    # -- what the API asks ------------------------------------------------------------------------
-
-    def _job_on_host(self, label: str, token: AttemptToken) -> Job:
-        """The job of an attempt that is live on `label`; Conflict (409) otherwise."""
-        job = self.store.job_get(token.job_id)
-        if job is None or job.host != label or job.attempt != token.attempt:
-            raise Conflict(f"attempt {token} is not live on host {label}: it was declared "
-                           "lost, ended, or moved to another host")
-        return job
-
-    def take_assigned(self, label: str, worker: str, free: int) -> list[Job]:
-        if free <= 0:
-            return []
-        jobs = self.store.attempt_list_assigned(label, free)
-        now = utcnow()
-        return bind_jobs(self.store, label, [
-            job for job in jobs if self.store.attempt_set_worker(job.token, worker, now)],
-            now, self.limits)
-
-    def placed_attempt(self, label: str, token: AttemptToken) -> Job | None:
-        """The job of an attempt placed on `label` and not started yet (ssh push), with the
-        env of the account the launcher bound it to."""
-        job = self.store.job_get(token.job_id)
-        if (job is None or job.host != label or job.attempt != token.attempt
-                or job.status is not JobStatus.CLAIMED):
-            return None
-        bound = self.store.attempt_get_account(token)
-        if bound is None:
-            return job
-        env = self.store.account_env(*bound)
-        if env is None:
-            # The account was removed since the launcher bound it: never run without its
-            # credentials. The attempt ends as refused (nothing spent, tried again soon,
-            # bound afresh); the remote side is told it is not placed.
-            log.warning("job %d attempt %d: account %s on %s is gone; not handed out",
-                        job.id, job.attempt, bound[1], bound[0])
-            record_ending(self.store, job, Outcome.REFUSED, utcnow(), self.limits, ending=Ending(
-                launch_error=f"account {bound[1]} on {bound[0]} was removed before the "
-                             "attempt started"))
-            return None
-        return replace(job, env={**job.env, **env})
-
-    def agent_heartbeat(self, label: str, worker: str, running: list[AttemptToken],
-                        info: dict[str, Any], with_attempts: bool) -> HeartbeatReply:
-        """Renew the host and the attempts its agent runs; say which of them still live."""
-        stamp = utcnow()
-        self.store.host_heartbeat(label, stamp, {**info, "worker": worker})
-        if isinstance(info.get("accounts"), dict):
-            record_probes(self.store, label, info["accounts"], stamp,
-                          info.get("account_usage"))
-        reply = self.store.attempt_heartbeat(label, running, stamp)
-        host = self.store.host_get(label)
-        attempts = self.store.attempt_list_live(label) if with_attempts else []
-        return HeartbeatReply(
-            live=pairs(reply.live), cancel=pairs(reply.cancel),
-            host=self.host_gate(host, stamp) if host else None,
-            attempts=[(a.attempt.job_id, a.attempt.attempt, a.attempt.worker)
-                      for a in attempts],
-            lease_seconds=self.lease_seconds)
-
-    def agent_trouble(self, label: str, trouble: Trouble, until: datetime,
-                      delivered: bool) -> tuple[str, bool]:
-        """An agent back from trouble with this server says what it was: raised as the alert
-        `agent:<label>:<kind>` (sent by the leader, then cleared by AgentTroubleSweep), or,
-        when the agent's own alert URLs sent it already, only recorded (one closed row:
-        nothing is sent twice). Its key, and whether it was raised."""
-        key = trouble.key(label)
-        message = (f"{trouble.describe(label)} from {trouble.since:%Y-%m-%d %H:%M:%S} to "
-                   f"{until:%H:%M:%S} UTC; it is back")
-        now = utcnow()
-        log.error("ALERT: %s", message, extra={"event": "agent_trouble", "host": label})
-        if delivered:
-            self.store.alert_record(key, message, now)
-            return key, False
-        self.store.alert_clear(key, now)  # an earlier report's: each stretch is its own row
-        self.store.alert_open(key, message, now)
-        return key, True
-
-    def push_heartbeat(self, label: str) -> None:
-        """A heartbeat from cron's `herder heartbeat` on a push host."""
-        self.store.host_heartbeat_push(label, utcnow(), "heartbeat")
-
-    def start_attempt(self, label: str, token: AttemptToken, pid: int,
-                      _agent_log_path: str | None) -> None:
-        job = self._job_on_host(label, token)
-        if job.status is JobStatus.RUNNING:
-            # The attempt (job, number, host) started already: this is the agent's retry of
-            # a report whose answer it lost (the server restarted mid-call). Accepting it
-            # changes nothing; refusing it would make the agent kill a job that runs fine.
-            return
-        path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
-        now = utcnow()
-        if not self.store.attempt_start(token, pid, str(path), now):
-            raise Conflict(f"attempt {token} cannot start: it is no longer claimed "
-                           "(cancelled or declared lost)")
-        self.metrics.started(token.attempt, job.created_at, now)
-
-    def finish_attempt(self, label: str, token: AttemptToken, outcome: Outcome,
-                       exit_code: int | None, retry_after: float | None,
-                       ending: Ending | None = None) -> JobStatus:
-        job = self._job_on_host(label, token)
-        now = utcnow()
-        if outcome is Outcome.REFUSED:
-            # Agents advertise their allow-lists with every heartbeat and placement honours
-            # them, so a refusal means the server's view was a heartbeat old. Wait one
-            # heartbeat before offering the job again, never in a hot loop.
-            retry_after = max(retry_after or 0.0, self.settings.runtime.heartbeat_interval)
-        status = record_ending(self.store, job, outcome, now, self.limits, retry_after, ending,
-                               exit_code)
-        self.poke()
-        if status is None:
-            raise Conflict(f"attempt {token} has already ended")
-        return status
-
-    def agent_gone(self, label: str, worker: str) -> dict[str, int]:
-        """An agent died and its guardian killed its jobs' processes: keep new work off the
-        host until an agent heartbeats again, then declare that worker's attempts lost at
-        once. Fenced by worker id, so a new agent of the host keeps its attempts."""
-        now = utcnow()
-        stopped = self.store.host_agent_gone(label, worker)
-        results = [lost_result(live, now, self.settings.runtime.max_lost)
-                   for live in self.store.attempt_list_live(label)
-                   if live.attempt.worker == worker]
-        applied = self.store.attempt_finish(results, now)
-        # Placements nobody took yet wait for no one while the host has no agent.
-        handed_back = PickupWatch(self.store, 0.0).run_once(now, label) if stopped else {}
-        if applied or handed_back.get("timed_out"):
-            self.poke()
-        log.warning("agent %s of %s is gone (its guardian says): %d attempt(s) lost%s", worker,
-                    label, len(applied),
-                    "" if stopped else "; it had stopped cleanly or a newer agent heartbeats")
-        return {"lost": len(applied), "host_stopped": int(stopped),
-                "handed_back": handed_back.get("timed_out", 0)}
-
-    def adopt_attempt(self, label: str, token: AttemptToken, previous: str,
-                      worker: str) -> int:
-        """A restarted agent takes over an attempt its predecessor left running (or that
-        ended while no agent was up): from now on it is `worker`'s, so the old worker's
-        guardian cannot declare it lost. The size of the server's copy of its log, where
-        the new agent resumes shipping; Conflict when the attempt is not live there."""
-        if not self.store.attempt_adopt(label, token, previous, worker, utcnow()):
-            raise Conflict(f"attempt {token} is not live on host {label} under {previous}")
-        log.info("agent %s of %s adopted attempt %s from %s", worker, label, token, previous)
-        path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
-        try:
-            return path.stat().st_size
-        except FileNotFoundError:
-            return 0
-
-    def live_tokens(self, label: str) -> set[AttemptToken]:
-        return {live.attempt.token for live in self.store.attempt_list_live(label)}
-
-    def cancels_for(self, label: str, job_ids: list[int]) -> set[AttemptToken]:
-        return self.store.job_cancel_requested(job_ids) & self.live_tokens(label)
-
-    def write_log(self, label: str, token: AttemptToken, offset: int, data: bytes) -> int:
-        """Write an agent's log bytes at `offset` (idempotent when a chunk is resent).
-
-        Late chunks of an attempt that already ended, or was declared lost, are still what
-        ran on that host: they are kept for `log_grace` after it ended (the agent ships the
-        tail right after the finish), then refused (410: the agent stops shipping), so a
-        host token cannot fill the disk through every attempt its host ever ran.
-        Refused when the chunk would end past `server.max_log_bytes` or start past the
-        file's end (a sparse file: a host token could reserve a terabyte with one
-        request)."""
-        ran = next((a for a in self.store.attempt_list(token.job_id)
-                    if a.attempt == token.attempt and a.host == label), None)
-        if ran is None:
-            job = self.store.job_get(token.job_id)
-            if (job is None or job.host != label or job.attempt != token.attempt
-                    or job.status.terminal):
-                raise Conflict(f"attempt {token} never ran on host {label}")
-        else:
-            late = late_log_refusal(ran.ended_at, utcnow(), self.log_grace)
-            if late is not None:
-                raise Refused(*late)
-        path = self.log_dir / str(token.job_id) / f"{token.attempt}.log"
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        refusal = log_write_refusal(offset, len(data), size,
-                                    self.settings.server.max_log_bytes)
-        if refusal is not None:  # refused before anything is created (a log only grows)
-            raise Refused(*refusal)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            os.pwrite(fd, data, offset)
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-
-    def host_gate(self, host: HostRecord, now: datetime) -> HostGate:
-        """What an agent needs to gate itself before taking work."""
-        caps = self.fleet.caps(host, now)
-        return HostGate(
-            label=host.label, enabled=host.enabled,
-            window=self.fleet.policy.schedule.window_at(now),
-            max_workers=caps.max_workers, max_weight=caps.max_weight,
-            allowed_job_types=_sorted(host.allowed_job_types),
-            allowed_weights=_sorted(host.allowed_weights),
-            priority_floor=host.priority_floor,
-            weights=dict(self.fleet.weights.budgets),
-            escalation=list(self.fleet.weights.chain),
-            preflight=self.preflight_checks,
-            probes={name: AccountProbe(argv=list(probe.argv), timeout=probe.timeout,
-                                       interval=probe.interval)
-                    for name, probe in probe_commands(self.store.account_list(host.label),
-                                                      self.settings).items()})
-
-    def host_views(self) -> list[HostView]:
-        now = utcnow()
-        usage = self.store.host_usage(now)
-        breakers = tripped_breakers(self.store, self.fleet, now)
-        return [host_status(self.fleet, host, usage.get(host.label), now, breakers)
-                for host in self.store.host_list()]
-
-    def fleet_sample(self) -> FleetSample:
-        """What `/metrics` reads from the store: GROUP BY counts and one row per host."""
-        now = utcnow()
-        usage = self.store.host_usage(now)
-        records = self.store.host_list()
-        hosts = tuple(host_sample(self.fleet, host, usage.get(host.label), now)
-                      for host in records)
-        return FleetSample(statuses=self.store.job_status_counts(),
-                           queue_depth=self.store.job_queue_depth(),
-                           failures=self.store.job_failure_counts(), hosts=hosts,
-                           leader=self.is_leader,
-                           capacity_ratio=capacity_now(self.fleet, records, now),
-                           spawn_failures={(host, str(outcome)): count for (host, outcome), count
-                                           in self.spawn_failures(now).items()},
-                           max_workers=fleet_cap(self.store, self.fleet.max_workers).max_workers)
-
-    def spawn_failures(self, now: datetime) -> dict[tuple[str, Outcome], int]:
-        """(host, outcome) -> attempts that failed to start there within the last hour."""
-        since = now - SPAWN_FAILURE_WINDOW
-        return {key: count for key, count in self.store.attempt_outcome_counts(since).items()
-                if key[1] in SPAWN_OUTCOMES}
-
-    def queue_view(self, recent: int) -> QueueView:
-        """`/queue`: counts, the newest jobs, hosts, what holds work back, open alerts."""
-        counts = self.store.job_status_counts()
-        hosts = self.host_views()
-        now = utcnow()
-        ratio = capacity_now(self.fleet, self.store.host_list(), now)
-        spawn: dict[str, dict[str, int]] = {}
-        for (host, outcome), count in sorted(self.spawn_failures(now).items()):
-            spawn.setdefault(host, {})[str(outcome)] = count
-        cooldown = self.settings.fleet.auth_revoked_cooldown
-        accounts = []
-        for record in self.store.account_list():
-            state, detail = state_of(record.health, now, cooldown)
-            accounts.append(QueueAccount(
-                host=record.account.host, name=record.account.name, state=str(state),
-                detail=detail, sessions=record.sessions,
-                max_sessions=record.account.max_sessions))
-        return QueueView(
-            counts={str(status): counts.get(status, 0) for status in JobStatus},
-            recent=[QueueJob.model_validate(job) for job in self.store.job_list(None, recent)],
-            hosts=hosts,
-            resilience=Resilience(
-                breakers={h.label: h.breakers for h in hosts if h.breakers},
-                preflight_failed={h.label: h.preflight_failed for h in hosts
-                                  if h.preflight_failed}),
-            accounts=accounts,
-            alerts=[QueueAlert(key=alert.key, message=alert.message, opened_at=alert.opened_at)
-                    for alert in self.store.alert_list(open_only=True)],
-            leader=self.is_leader, capacity_ratio=ratio,
-            shed_max_weight=self.fleet.policy.shedding.max_weight(ratio),
-            spawn_failures=spawn, fleet_cap=self.operations.fleet_cap())
+        self.leader.poke()
 
     # -- operators' jobs ------------------------------------------------------------------------
 
@@ -919,29 +273,11 @@ class Coordinator:
         shown = jobs[:limit]
         queued = [job for job in shown if job.status is JobStatus.QUEUED]
         reasons = why_of(self.store, self.fleet, queued, utcnow(),
-                         self.recent_placement) if queued else {}
+                         self.reads.recent_placement) if queued else {}
         rows = [JobRow.model_validate(job).model_copy(update={"why": reasons.get(job.id)})
                 for job in shown]
         return JobPage(jobs=rows,
                        next_before=shown[-1].id if len(jobs) > limit else None)
-
-    def recent_placement(self, job_ids: set[int]) -> tuple[Plan, Snapshot]:
-        """A placement at most PLACEMENT_REUSE seconds old that saw these jobs: the
-        scheduler's own latest cycle on the leader, else one made here and reused, so a
-        dashboard refreshing its jobs view does not place the whole queue each time."""
-        now = utcnow()
-        for candidate in (self.scheduler.last_placement if self.is_leader else None,
-                          self._placement):
-            if (candidate is not None
-                    and abs((now - candidate[1].now).total_seconds()) <= PLACEMENT_REUSE
-                    and job_ids <= {job.id for job in candidate[1].jobs}):
-                return candidate
-        self._placement = placed(self.store, self.fleet, now)
-        return self._placement
-
-    def latest_change(self) -> int:
-        """The newest event's id: the dashboard's live view refreshes when it moves."""
-        return self.store.event_latest_id()
 
     def job_history(self, job_id: int) -> tuple[Job, list[Attempt], list[Event]]:
         return (self.job(job_id), self.store.attempt_list(job_id),
@@ -975,78 +311,6 @@ def warn_unknown_pinned(job_types: Mapping[str, JobTypeSection],
                         "" if len(missing) < len(job_type.hosts or ())
                         else " and wait until one is registered")
     return warned
-
-
-# -- shared by the CLI (direct store access) and the server ---------------------------------------
-
-
-def _sorted(names: frozenset[str] | None) -> list[str] | None:
-    return None if names is None else sorted(names)
-
-
-def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
-                now: datetime, breakers: Mapping[tuple[str, str], Breaker] | None = None
-                ) -> HostView:
-    bookable = fleet.bookable(host)
-    booked = usage.booked_gb if usage else 0.0
-    caps = fleet.caps(host, now)
-    liveness = fleet.liveness_of(host, now)
-    return HostView(
-        label=host.label, enabled=host.enabled, agent=agent_state(host),
-        transport=str(host.transport),
-        health=str(shown_health(fleet.health(host, now), liveness)),
-        last_heartbeat=host.last_heartbeat, agent_down=fleet.agent_down(host, now),
-        condition=condition(host),
-        liveness=str(liveness.state), missed_heartbeats=liveness.missed,
-        heartbeat_age_seconds=None if host.last_heartbeat is None
-        else round(max(0.0, (now - host.last_heartbeat).total_seconds()), 1),
-        ram_total_gb=host.ram_total_gb, ram_reserved_gb=host.ram_reserved_gb,
-        bookable_gb=round(bookable, 3), booked_gb=round(booked, 3),
-        free_gb=round(bookable - booked, 3), cpus=host.cpus,
-        workers=usage.workers if usage else 0,
-        window=fleet.policy.schedule.window_at(now),
-        max_workers=caps.max_workers, max_weight=caps.max_weight,
-        prime=WindowView(max_workers=host.prime_max_workers,
-                         max_weight=host.prime_max_weight),
-        night=WindowView(max_workers=host.night_max_workers,
-                         max_weight=host.night_max_weight),
-        allowed_job_types=_sorted(host.allowed_job_types),
-        allowed_weights=_sorted(host.allowed_weights),
-        priority_floor=host.priority_floor, labels=sorted(host.labels),
-        ssh_target=host.ssh_target, measured_available_gb=measured_available_gb(host),
-        breakers={job_type: state.describe() for (label, job_type), state
-                  in sorted((breakers or {}).items()) if label == host.label},
-        preflight_failed={job_type: detail for job_type, (_, detail)
-                          in sorted(blocked_job_types(host).items())})
-
-
-def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: datetime,
-              breakers: Mapping[tuple[str, str], Breaker] | None = None) -> dict[str, Any]:
-    """`host_status` as JSON-ready data, for `herder hosts --json`."""
-    return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
-
-
-def measured_available_gb(host: HostRecord) -> float | None:
-    """The RAM the host's agent last measured available; None when none said."""
-    info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    measured = info.get("mem_available_gb")
-    if isinstance(measured, int | float) and not isinstance(measured, bool):
-        return float(measured)
-    return None
-
-
-def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
-                now: datetime) -> HostSample:
-    """A host as `/metrics` shows it: its RAM (bookable, booked, measured by its agent),
-    health, drain and whether a live agent heartbeats for it."""
-    info = host.agent_info if isinstance(host.agent_info, dict) else {}
-    return HostSample(
-        label=host.label, bookable_gb=fleet.bookable(host),
-        booked_gb=usage.booked_gb if usage else 0.0,
-        measured_available_gb=measured_available_gb(host),
-        health=fleet.health(host, now), enabled=host.enabled,
-        agent_up=host.transport.pulls and "worker" in info
-        and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
 
 
 def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
@@ -1105,12 +369,6 @@ def up_preflight_failures(store: Store) -> dict[str, str]:
     return failures
 
 
-def placed(store: Store, fleet: Fleet, now: datetime) -> tuple[Plan, Snapshot]:
-    """A placement of the queue as it is now, and what it was made from."""
-    snapshot = take_snapshot(store, fleet, now)
-    return place(snapshot), snapshot
-
-
 def _settled_why(job: Job, now: datetime) -> str | None:
     """Why, for a job whose answer needs no placement (running, ended, backing off)."""
     if job.status is JobStatus.RUNNING:
@@ -1127,35 +385,6 @@ def _settled_why(job: Job, now: datetime) -> str | None:
         if job.attempt == 0:  # submitted with a delay (`--delay`, `delay_seconds`)
             return f"not before {iso(until)}: submitted with a delay ({wait:.0f}s to go)"
         return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(until)})"
-    return None
-
-
-LOG_GRACE = timedelta(minutes=15)
-"""How long after an attempt ended (or was declared lost) its log chunks are still taken:
-the agent ships the tail right after the finish and gives up retrying it after
-agent_client.LOG_GIVE_UP (10 minutes); the rest is margin for a slow round."""
-
-
-def late_log_refusal(ended_at: datetime | None, now: datetime,
-                     grace: timedelta) -> tuple[int, str] | None:
-    """(410, why) for a log chunk of an attempt that ended more than `grace` before
-    `now`; None while it is live or within the grace."""
-    if ended_at is None or now - ended_at <= grace:
-        return None
-    return 410, (f"the attempt ended at {iso(ended_at)}, more than "
-                 f"{grace.total_seconds():.0f}s ago: its log is closed")
-
-
-def log_write_refusal(offset: int, length: int, size: int, cap: int) -> tuple[int, str] | None:
-    """Why an agent's chunk of `length` bytes at `offset` is not written to a log file of
-    `size` bytes, as (HTTP status, reason); None when it is. A resent chunk (at or before
-    the end) is fine; one past the end would leave a hole, one past `cap` is too much."""
-    if offset > size:
-        return 416, (f"offset: {offset} is past the end of the log ({size} bytes); send the "
-                     "log from where it ends")
-    if offset + length > cap:
-        return 413, (f"the log would pass server.max_log_bytes ({cap} bytes); the rest of "
-                     "this attempt's log is not kept")
     return None
 
 
