@@ -10,7 +10,7 @@ import re
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -442,16 +442,28 @@ def same_but(server_out: str, database_out: str, *pairs: tuple[str, str]) -> Non
     assert server_out == database_out
 
 
-def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
-        make_fleet, tmp_path, store_url):
+class Sides(NamedTuple):
+    """A fleet with lap-1 and a server, and two operators over it: an admin and a CI runner
+    whose submit token may run ad-hoc commands (since issue 23 only --allow-adhoc may)."""
+
+    fleet: Any
+    admin: Operator
+    ci: Operator
+
+
+@pytest.fixture
+def sides(make_fleet, tmp_path, store_url) -> Sides:
     fleet = make_fleet(tmp_path, store_url)
     fleet.add_host("lap-1", "--ram", "16")
     fleet.start_server()
     admin = Operator(tmp_path / "operator", fleet.url, token_file(tmp_path, fleet, Scope.ADMIN))
-    # it submits ad-hoc commands: since issue 23 only a token made with --allow-adhoc may
     ci = Operator(tmp_path / "ci", fleet.url,
                   token_file(tmp_path, fleet, Scope.SUBMIT, allow_adhoc=True))
+    return Sides(fleet, admin, ci)
 
+
+def test_host_add_set_token_and_remove_work_over_the_server(sides):
+    fleet, admin = sides.fleet, sides.admin
     # host add: the token on stdout once, the same lines as against the database
     options = ("--ram", "16", "--reserved", "1", "--cpus", "4", "--job-types", "adhoc",
                "--weights", "light,heavy", "--night-workers", "3", "--label", "gpu")
@@ -502,6 +514,16 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
         assert fleet.cli(*args, check=False).stderr == line + "\n", args
     assert fleet.store.host_get("lap-9") is None
 
+    same_but(admin.ok("host", "remove", "lap-2"), fleet.cli("host", "remove", "lap-3").stdout,
+             ("lap-2", "lap-3"))
+    assert fleet.store.host_get("lap-2") is None
+    revoked = fleet.store.token_get(token_hash(new_token_))
+    assert revoked is not None and revoked.revoked_at is not None
+
+
+
+def test_account_commands_work_over_the_server(sides):
+    fleet, admin = sides.fleet, sides.admin
     # accounts: add, clear, remove; the table drawn the same, never an env value
     over_saved = admin.ok("account", "add", "lap-1", "acct-a", "--env", "SECRET_DIR=/s/a",
                           "--max-sessions", "2", "--probe", "true")
@@ -529,6 +551,9 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
              fleet.cli("account", "remove", "lap-1", "acct-b").stdout, ("acct-a", "acct-b"))
     assert fleet.store.account_list("lap-1") == []
 
+
+def test_slots_reservations_and_should_dispatch_work_over_the_server(sides):
+    fleet, admin, ci = sides
     # CI slots and subagent reservations with a submit token (a CI runner's)
     slot = ci.ok("slots", "claim", "run-1", "--host", "lap-1", "--weight", "heavy")
     assert slot.strip().isdigit()
@@ -569,6 +594,9 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
     assert ci.run("should-dispatch", "repo#7").stdout == (
         f"skip: job {held} is queued with dedup key 'repo#7'\n")
 
+
+def test_a_host_with_a_running_job_is_not_removed_either_way(sides, tmp_path):
+    fleet, admin, ci = sides
     # host remove: refused while a job runs there (the same line both ways), then done
     fleet.start_agent("lap-1")
     gate = tmp_path / "gate"
@@ -581,12 +609,10 @@ def test_the_commands_that_change_hosts_accounts_and_slots_work_over_the_server(
     assert fleet.store.host_get("lap-1") is not None
     gate.touch()
     fleet.wait_status(running, JobStatus.DONE, 60)
-    same_but(admin.ok("host", "remove", "lap-2"), fleet.cli("host", "remove", "lap-3").stdout,
-             ("lap-2", "lap-3"))
-    assert fleet.store.host_get("lap-2") is None
-    revoked = fleet.store.token_get(token_hash(new_token_))
-    assert revoked is not None and revoked.revoked_at is not None
 
+
+def test_token_commands_need_the_database_even_with_a_server(sides):
+    admin = sides.admin
     # tokens come from the database only: one line, exit 2, naming it
     line = admin.error("token", "create", "--scope", "read")
     assert "--db / HERDER_DB" in line and "first admin token" in line
