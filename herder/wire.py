@@ -52,7 +52,7 @@ from herder.core.submission import (
 )
 
 if TYPE_CHECKING:
-    from herder.host_settings import HostSettings
+    from herder.core.host_settings import HostSettings
 
 Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str,
                                                        when_used="json")]
@@ -282,7 +282,7 @@ Gigabytes = Annotated[float, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
 
 
 class HostSettingsBody(Body):
-    """`herder host set`'s options (`herder.host_settings.HostSettings`); a field left out
+    """`herder host set`'s options (`herder.core.host_settings.HostSettings`); a field left out
     is left as it is. `job_types` / `weights` empty: any."""
 
     ram_total_gb: Gigabytes | None = None
@@ -300,7 +300,7 @@ class HostSettingsBody(Body):
     labels: list[Name] | None = Field(default=None, max_length=1000)
 
     def settings(self) -> HostSettings:
-        from herder.host_settings import HostSettings
+        from herder.core.host_settings import HostSettings
 
         sets = {key: None if value is None else frozenset(value)
                 for key, value in (("job_types", self.job_types), ("weights", self.weights),
@@ -361,7 +361,7 @@ class DedupHolder(Reply):
 
 class DispatchCheckBody(Body):
     """`herder should-dispatch KEY --type T -p field=value`: run T's dispatch_check (its
-    values are checked again by `herder.dispatch_check.check_payload`)."""
+    values are checked again by `herder.services.dispatch_check.check_payload`)."""
 
     job_type: str = Field(min_length=1, max_length=NAME_LENGTH)
     dedup_key: str = Field(min_length=1, max_length=DEDUP_KEY_LENGTH, pattern=r"^[^\x00]*$")

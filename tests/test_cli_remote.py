@@ -20,10 +20,10 @@ from support.waits import wait_for
 
 from herder.api.tokens import new_token, token_hash
 from herder.core.errors import InputError, NotFound
+from herder.core.host_settings import HostSettings
 from herder.core.model import Account, JobStatus, ReservationStatus, Scope
-from herder.dispatch_check import DispatchCheckFailed
-from herder.host_settings import HostSettings
-from herder.remote import (
+from herder.services.dispatch_check import DispatchCheckFailed
+from herder.services.remote import (
     Refused,
     RemoteClient,
     ServerFailed,

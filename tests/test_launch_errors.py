@@ -13,9 +13,9 @@ from support.local import Harness
 
 from herder.core.config import Settings
 from herder.core.model import JobSpec, JobStatus, Outcome, launch_errors
-from herder.runtime.coordinator import why
 from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import Ending, PolicyLimits, record_ending
+from herder.services.why import why
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 MISSING = "spawn failed: [Errno 2] No such file or directory: 'claud'"

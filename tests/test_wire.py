@@ -81,8 +81,8 @@ def test_the_api_submit_body_has_the_fields_and_defaults_of_the_submit_request()
 
 
 def test_host_settings_cross_the_wire_unchanged_and_a_field_left_out_stays_out():
+    from herder.core.host_settings import HostSettings
     from herder.core.model import Transport
-    from herder.host_settings import HostSettings
     from herder.wire import HostAddBody, HostSettingsBody
 
     given = HostSettings(ram_total_gb=32.0, ram_reserved_gb=4.0, cpus=8,

@@ -17,7 +17,7 @@ import msgspec
 
 from herder.core.env_policy import allowed
 from herder.core.model import JobSpec, Reservation, Scope, TokenRecord
-from herder.intake import ADHOC
+from herder.services.intake import ADHOC
 
 if TYPE_CHECKING:
     from herder.core.config import JobTypeSection

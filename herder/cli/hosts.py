@@ -12,7 +12,7 @@ from herder.core.errors import NotFound
 from herder.core.model import INT_MAX, INT_MIN, Transport
 
 if TYPE_CHECKING:
-    from herder.host_settings import HostSettings
+    from herder.core.host_settings import HostSettings
 
 
 @click.command()
@@ -104,7 +104,7 @@ def host_options(function: Any) -> Any:
 
 def settings_of(options: dict[str, Any]) -> HostSettings:
     """`host add/set`'s options as the settings the database or the server applies."""
-    from herder.host_settings import HostSettings
+    from herder.core.host_settings import HostSettings
 
     def names_given(key: str) -> frozenset[str] | None:
         value = options.get(key)

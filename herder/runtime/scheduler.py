@@ -12,13 +12,13 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec.structs import replace
 
 from herder.core.config import FleetSection, Settings
-from herder.core.model import HostRecord
+from herder.core.model import HostRecord, JobStatus
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.breaker import (
     PAUSE_SECONDS,
@@ -62,6 +62,9 @@ from herder.core.scheduling.placement import (
 )
 from herder.runtime.accounts import FLEET_STOPPED, AccountRules, sync_account_alerts
 from herder.store import Store
+
+if TYPE_CHECKING:
+    from herder.wire import FleetCapView
 
 log = logging.getLogger("herder.scheduler")
 
@@ -250,6 +253,18 @@ def fleet_cap(store: Store, start: int | None) -> FleetCap:
     if setting is None:
         return FleetCap(start)
     return FleetCap(setting.value, True, setting.updated_at, setting.updated_by)
+
+
+def fleet_cap_view(store: Store, configured: int | None) -> FleetCapView:
+    """The cap now (`fleet_cap`) and the jobs running against it, as the API shows it."""
+    from herder.wire import FleetCapView  # pydantic: `herder submit` loads this module
+
+    cap = fleet_cap(store, configured)
+    counts = store.job_counts()
+    return FleetCapView(max_workers=cap.max_workers, at_run_time=cap.at_run_time,
+                        updated_at=cap.updated_at, updated_by=cap.updated_by,
+                        running=counts.get(JobStatus.CLAIMED, 0)
+                        + counts.get(JobStatus.RUNNING, 0))
 
 
 def capacity_now(fleet: Fleet, hosts: Sequence[HostRecord], now: datetime) -> float:
