@@ -99,8 +99,9 @@ STEPS = [
     ("herder.client, herder.cli.jobs", "import herder.client, herder.cli.jobs"),
     ("open_store() (connect, check the schema)",
      "herder.store.open_store(herder.core.config.load_config().db_url()).close()"),
-    ("herder.intake (only submit: render and check the command)", "import herder.intake"),
-    ("herder.views (pydantic; only --json)", "import herder.views"),
+    ("herder.services.intake (only submit: render and check the command)",
+     "import herder.services.intake"),
+    ("herder.services.views (pydantic; only --json)", "import herder.services.views"),
 ]
 """What the queue commands load, in order (then what only `submit` and --json add); each
 step's time is on top of the steps before it."""

@@ -56,8 +56,8 @@ from herder.runtime.endings import (
     bind_jobs,
     record_ending,
 )
+from herder.services.views import account_view
 from herder.store import Store
-from herder.views import account_view
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 BOOLEANS = {"credentials_present": True, "has_refresh_token": True, "access_expired": False}

@@ -39,10 +39,10 @@ from herder.core.config import (
     Settings,
 )
 from herder.core.model import HostRecord, Scope
+from herder.core.webhooks import signature
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.metrics import CONTENT_TYPE
 from herder.store import open_store
-from herder.webhooks import signature
 
 EXAMPLES = int(os.environ.get("HERDER_FUZZ_EXAMPLES", "60"))
 SEED = os.environ.get("HERDER_FUZZ_SEED")

@@ -21,8 +21,8 @@ SERVER_SIDE = ("fastapi", "starlette", "uvicorn", "httpx", "anyio", "asyncio", "
 """What the queue commands never need: the HTTP stack, the event loop, PostgreSQL's driver
 and store (the database here is SQLite), the coordinator and the scheduler."""
 
-HEAVY = (*SERVER_SIDE, "rich", "pydantic", "herder.wire", "herder.views", "importlib.resources",
-         "dataclasses")
+HEAVY = (*SERVER_SIDE, "rich", "pydantic", "herder.wire", "herder.services.views",
+         "importlib.resources", "dataclasses")
 """...nor a table library (their tables are plain text), the API's pydantic shapes (only
 `--json` prints them), `importlib.resources` (the store reads its SQL by path), nor
 `dataclasses`: on Python 3.11 each frozen dataclass costs ~1 ms to define, so the values
@@ -49,7 +49,7 @@ main(sys.argv[2:])
 
 def imported(tmp_path: Path, *args: str) -> list[str]:
     """The watched packages the command `herder ARGS...` imported; it must succeed (or skip)."""
-    watched = [*HEAVY, *OTHER_COMMANDS, "herder.intake", "herder.core.submission"]
+    watched = [*HEAVY, *OTHER_COMMANDS, "herder.services.intake", "herder.core.submission"]
     result = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(watched), *args], cwd=tmp_path,
         env=clean_environment({"HERDER_DB": f"sqlite:///{tmp_path / 'herder.db'}"}),
@@ -86,9 +86,9 @@ def test_commands_scripts_loop_on_import_nothing_heavy_nor_other_commands(folder
 @pytest.mark.parametrize("args", [("jobs",), ("show", "1"), ("should-dispatch", "held"),
                                   ("cancel", "1")])
 def test_only_submit_loads_what_renders_and_checks_a_submit(folder, args):
-    submit = {"herder.intake", "herder.core.submission"}
+    submit = {"herder.services.intake", "herder.core.submission"}
     assert submit <= set(imported(folder, "submit", "--", "true"))
-    assert set(imported(folder, *args)) & {"herder.intake", "herder.core.submission"} == set()
+    assert set(imported(folder, *args)) & submit == set()
 
 
 @pytest.mark.parametrize("args", [("jobs", "--json"), ("show", "1", "--json")])

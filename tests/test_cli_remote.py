@@ -22,8 +22,8 @@ from herder.core.access import new_token, token_hash
 from herder.core.errors import InputError, NotFound
 from herder.core.host_settings import HostSettings
 from herder.core.model import Account, JobStatus, ReservationStatus, Scope
-from herder.dispatch_check import DispatchCheckFailed
-from herder.remote import (
+from herder.services.dispatch_check import DispatchCheckFailed
+from herder.services.remote import (
     Refused,
     RemoteClient,
     ServerFailed,

@@ -22,8 +22,9 @@ from herder.core.config import Config, ServerSection, Settings
 from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, JobSpec, JobStatus, Scope
 from herder.runtime import read_models
-from herder.runtime.coordinator import Coordinator, why, why_of
+from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import Session, SessionBook
+from herder.services.why import why, why_of
 from herder.store import Store, open_store
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -454,9 +455,10 @@ def test_the_leader_explains_a_page_from_its_own_latest_cycle(dashboard, monkeyp
         raise AssertionError("placed the queue again")
 
     monkeypatch.setattr(read_models, "placed", no_placement)
-    page = coordinator.job_page(JobStatus.QUEUED, None, None, None, None, 50)
+    operations = dashboard.app.state.operations
+    page = operations.job_page(JobStatus.QUEUED, None, None, None, None, 50)
     assert [row.id for row in page.jobs] == sorted(ids, reverse=True)
     assert [row.why for row in page.jobs] == expected
     submit(dashboard.store)  # newer than the cycle: the page needs a placement of its own
     with pytest.raises(AssertionError, match="placed the queue again"):
-        coordinator.job_page(JobStatus.QUEUED, None, None, None, None, 50)
+        operations.job_page(JobStatus.QUEUED, None, None, None, None, 50)

@@ -21,7 +21,7 @@ from herder.core.access import new_token, token_hash
 from herder.core.config import load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import Scope
-from herder.dispatch_check import (
+from herder.services.dispatch_check import (
     DispatchCheckFailed,
     check_environment,
     check_payload,

@@ -199,12 +199,13 @@ def app_of(store_url, tmp_path, monkeypatch):
 
 def test_a_throttled_client_is_refused_before_any_store_lookup(app_of, monkeypatch):
     make, store = app_of
-    client, coordinator = make(Access(failure_limit=3))
+    client, _coordinator = make(Access(failure_limit=3))
     secret = new_token()
     store.token_insert("ops", Scope.READ, token_hash(secret), datetime.now(UTC))
     lookups: list[str] = []
-    original = coordinator.token
-    monkeypatch.setattr(coordinator, "token", lambda key: lookups.append(key) or original(key))
+    operations = client.app.state.operations
+    original = operations.token
+    monkeypatch.setattr(operations, "token", lambda key: lookups.append(key) or original(key))
     assert [client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {new_token()}"}
                        ).status_code for _ in range(3)] == [401, 401, 401]
     assert len(lookups) == 3
@@ -219,7 +220,7 @@ def test_a_throttled_client_is_refused_before_any_store_lookup(app_of, monkeypat
 def test_a_known_good_token_passes_a_throttled_client_and_its_lookup_decides(app_of,
                                                                              monkeypatch):
     make, store = app_of
-    client, coordinator = make(Access(failure_limit=3))
+    client, _coordinator = make(Access(failure_limit=3))
     known, unseen = new_token(), new_token()
     known_id = store.token_insert("ops", Scope.READ, token_hash(known), datetime.now(UTC))
     store.token_insert("ops", Scope.READ, token_hash(unseen), datetime.now(UTC))
@@ -228,8 +229,9 @@ def test_a_known_good_token_passes_a_throttled_client_and_its_lookup_decides(app
     assert [client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {new_token()}"}
                        ).status_code for _ in range(3)] == [401, 401, 401]
     lookups: list[str] = []
-    original = coordinator.token
-    monkeypatch.setattr(coordinator, "token", lambda key: lookups.append(key) or original(key))
+    operations = client.app.state.operations
+    original = operations.token
+    monkeypatch.setattr(operations, "token", lambda key: lookups.append(key) or original(key))
     passed = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {known}"})
     assert passed.status_code == 200 and lookups == [token_hash(known)]
     held = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {unseen}"})

@@ -14,8 +14,8 @@ from support.local import Harness
 from herder.core.config import Settings
 from herder.core.fleet import Fleet
 from herder.core.model import JobSpec, JobStatus, Outcome, launch_errors
-from herder.runtime.coordinator import why
 from herder.runtime.endings import Ending, PolicyLimits, record_ending
+from herder.services.why import why
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 MISSING = "spawn failed: [Errno 2] No such file or directory: 'claud'"

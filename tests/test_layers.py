@@ -43,3 +43,9 @@ def test_the_contract_needs_neither_fastapi_nor_the_server():
 
 def test_an_agent_does_not_load_fastapi():
     assert under(imported_with("herder.runtime.agent"), "fastapi") == set()
+
+
+def test_the_coordinator_does_not_import_the_operations():
+    """The operations service sits above the runtime: the server composes the two."""
+    modules = imported_with("herder.runtime.coordinator")
+    assert under(modules, "herder.services") | under(modules, "herder.client") == set()

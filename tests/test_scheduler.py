@@ -21,9 +21,10 @@ from herder.core.fleet import Fleet
 from herder.core.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.health import HostHealth
-from herder.runtime.coordinator import Coordinator, why
+from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch, Rescuer
 from herder.runtime.scheduler import Scheduler, take_snapshot
+from herder.services.why import why
 from herder.store import open_store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # prime window (night is 20:00–03:00 UTC)

@@ -20,8 +20,9 @@ from herder.core.config import Settings, load_config, subagent_caps
 from herder.core.errors import ConfigError, Conflict, InputError
 from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, JobSpec, JobStatus, Outcome, ReservationStatus
-from herder.runtime.coordinator import Coordinator, why
+from herder.runtime.coordinator import Coordinator
 from herder.runtime.scheduler import Scheduler
+from herder.services.why import why
 
 WRAPPER = """\
 #!/bin/sh

@@ -320,7 +320,7 @@ def test_the_launcher_looks_for_placements_only_when_asked(tmp_path: Path, store
     when a placement wakes it, or now and then (`scan`)."""
     from herder.core.config import Settings
     from herder.core.model import AttemptToken, HostRecord, JobSpec, Transport
-    from herder.runtime.sources import PolicyLimits
+    from herder.runtime.endings import PolicyLimits
     from herder.runtime.ssh import SshLauncher
 
     now = datetime.now(UTC)
@@ -454,8 +454,8 @@ def test_the_launchers_preflight_round_records_verdicts_or_fails_open(
     that cannot answer decides nothing, and the placement is launched as before."""
     from herder.core.config import Settings
     from herder.core.model import HostRecord, JobSpec, Transport
+    from herder.runtime.endings import PolicyLimits
     from herder.runtime.preflight import Check
-    from herder.runtime.sources import PolicyLimits
     from herder.runtime.ssh import SshLauncher
 
     fake = tmp_path / "fake-ssh"

@@ -21,8 +21,7 @@ from support.waits import wait_for
 from herder.core.config import Config, HookRuleSection, load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import JobSpec, JobStatus
-from herder.runtime.maintenance import DeliverySweep
-from herder.webhooks import (
+from herder.core.webhooks import (
     REPLAY_WINDOW,
     Refused,
     match,
@@ -32,6 +31,7 @@ from herder.webhooks import (
     template_paths,
     verify,
 )
+from herder.runtime.maintenance import DeliverySweep
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SECRET = b"It's a Secret to Everybody"
@@ -789,7 +789,7 @@ def test_a_hostile_issue_title_from_a_signed_webhook_stays_text(tmp_path, monkey
     reaches the script as $HERDER_P_TITLE; a real /bin/sh runs it and `id` never runs."""
     import subprocess
 
-    from herder.intake import resolve
+    from herder.services.intake import resolve
 
     monkeypatch.chdir(tmp_path)
     marker = tmp_path / "pwned"

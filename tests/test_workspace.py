@@ -25,7 +25,6 @@ from herder.core.model import Job, JobStatus, Outcome
 from herder.core.submission import SubmitRequest
 from herder.core.templates import check_command, fill_prompt, render_argv
 from herder.core.workspace import VARIABLE, WorkspaceSpec, of_env
-from herder.intake import resolve
 from herder.runtime.agent import job_from_assignment
 from herder.runtime.executor import LaunchError, spawn
 from herder.runtime.process import TOKEN_VARIABLE, process_start_time
@@ -43,6 +42,7 @@ from herder.runtime.workspace import (
     runner_alive,
     sweep,
 )
+from herder.services.intake import resolve
 
 PROMPT = 'Fix issue #{issue} in {job_type}.\nKeep {"json": true} and {{issue}} as written.\n'
 

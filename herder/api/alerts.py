@@ -6,16 +6,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from herder.api.depends import Reader, Service, call
-from herder.views import alert_view
+from herder.api.depends import Operating, Reader, call
+from herder.services.views import alert_view
 from herder.wire.alerts import AlertView
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 
 
 @router.get("", response_model=list[AlertView])
-async def alerts(_caller: Reader, service: Service,
+async def alerts(_caller: Reader, operations: Operating,
                  include_cleared: Annotated[bool, Query(alias="all")] = False,
                  limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[AlertView]:
     return [alert_view(alert) for alert in
-            await call(service.operations.alerts, not include_cleared, limit)]
+            await call(operations.alerts, not include_cleared, limit)]

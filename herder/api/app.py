@@ -42,6 +42,7 @@ from herder.api.guard import FailureLimiter, rebinding_refusal
 from herder.core.errors import Conflict, HerderError, InputError, NotFound, Refused
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import SessionBook
+from herder.services.operations import Operations
 from herder.store import lost_session_errors
 
 __all__ = ["DOCUMENTS", "PAGES", "ROUTERS", "Access", "api_routes", "create_app",
@@ -204,7 +205,8 @@ def create_app(coordinator: Coordinator, access: Access | None = None,
                run_coordinator: bool = True) -> FastAPI:
     """The API over `coordinator`, which the app starts and stops with itself unless
     `run_coordinator` is False (`herder up --ui`: the dashboard beside a runner that does
-    the scheduling)."""
+    the scheduling). The operator's routes call the operations over the same store and
+    config, which wake its scheduler and borrow its placements."""
     board = AssignmentBoard()
     # The scheduler tells the board which hosts got work; their agents' long-polls wake.
     coordinator.assignment_listeners.append(board.notify)
@@ -228,6 +230,9 @@ def create_app(coordinator: Coordinator, access: Access | None = None,
     app = FastAPI(title="herder", version="0.1.0", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None, strict_content_type=True)
     app.state.coordinator = coordinator
+    app.state.operations = Operations.over(coordinator.store, coordinator.config,
+                                           on_change=coordinator.poke,
+                                           placement=coordinator.reads.recent_placement)
     app.state.board = board
     app.state.access = access = access or Access()
     app.state.sessions = SessionBook(coordinator.store)

@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from herder.api.depends import (
     HOST_LABEL,
     Access,
+    Operating,
     Reader,
     Service,
     call,
@@ -77,7 +78,7 @@ async def session(caller: Reader, request: Request) -> SessionView:
 
 
 @router.get("/jobs", response_model=JobPage)
-async def jobs(_caller: Reader, service: Service,
+async def jobs(_caller: Reader, operations: Operating,
                status: JobStatus | None = None,
                job_type: Annotated[str | None, Query(max_length=NAME_LENGTH,
                                                      pattern=PRINTABLE)] = None,
@@ -88,7 +89,7 @@ async def jobs(_caller: Reader, service: Service,
                limit: Annotated[int, Query(ge=1, le=200)] = 50) -> JobPage:
     """One page of jobs, newest first, ids below `before` (keyset paging: the cost is the
     page's, whatever the table's size); queued rows say why they wait."""
-    return await call(service.job_page, status, job_type or None, host or None,
+    return await call(operations.job_page, status, job_type or None, host or None,
                       dedup_key or None, before, limit)
 
 

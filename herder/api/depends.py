@@ -1,4 +1,5 @@
-"""What routes depend on: the caller (scoped tokens), the coordinator, the thread pool.
+"""What routes depend on: the caller (scoped tokens), the operations, the coordinator, the
+thread pool.
 
 Every route declares the scope it needs through one of `operator(scope)`, `agent_host` or
 `public`; each carries a `herder_scope` attribute, which `route_scope` finds, so the app
@@ -32,6 +33,7 @@ from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, INT_MAX, Scope, WorkerId
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
+from herder.services.operations import Operations
 
 T = TypeVar("T")
 
@@ -81,12 +83,19 @@ def coordinator(request: Request) -> Coordinator:
     return found
 
 
+def operations(request: Request) -> Operations:
+    found: Operations = request.app.state.operations
+    return found
+
+
 def board(request: Request) -> AssignmentBoard:
     found: AssignmentBoard = request.app.state.board
     return found
 
 
 Service = Annotated[Coordinator, Depends(coordinator)]
+Operating = Annotated[Operations, Depends(operations)]
+"""Every operator operation (herder.services.operations): the routes' one way to them."""
 Board = Annotated[AssignmentBoard, Depends(board)]
 
 
@@ -136,7 +145,7 @@ async def token_caller(request: Request, token: str) -> Caller:
         if access.legacy_admin_token and same_secret(token, access.legacy_admin_token):
             caller = LEGACY_ADMIN
         else:
-            caller = identify(await call(coordinator(request).token, key))
+            caller = identify(await call(operations(request).token, key))
     except Refused as refused:
         if refused.status == 401:
             failures.failed(address, key)
@@ -178,7 +187,7 @@ async def session_identity(request: Request, session: Session) -> Caller:
                 session.key, legacy_key(session.id, access.legacy_admin_token)):
             return LEGACY_ADMIN
         raise Refused(401, "unknown token")
-    return identify(await call(coordinator(request).token, session.key))
+    return identify(await call(operations(request).token, session.key))
 
 
 def operator(scope: Scope) -> Any:
@@ -223,7 +232,7 @@ public.herder_scope = None  # type: ignore[attr-defined]
 
 async def signed() -> None:
     """No token (a forge cannot send one): the body's signature authenticates a webhook
-    (herder.webhooks.verify, in the route)."""
+    (herder.core.webhooks.verify, in the route)."""
 
 
 signed.herder_scope = None  # type: ignore[attr-defined]

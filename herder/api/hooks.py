@@ -12,9 +12,9 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from fastapi.responses import JSONResponse
 
 from herder.api.body import declared_over, read_within
-from herder.api.depends import Access, Service, call, signed
+from herder.api.depends import Access, Operating, call, signed
 from herder.core.errors import InputError, Refused
-from herder.webhooks import PING, Delivery, match, parse_body, verify
+from herder.core.webhooks import PING, Delivery, match, parse_body, verify
 from herder.wire.hooks import HookReply
 
 log = logging.getLogger("herder.hooks")
@@ -28,18 +28,18 @@ Source = Annotated[str, Path(max_length=64)]
              dependencies=[Depends(signed)], openapi_extra=HOOK_BODY,
              responses={200: {"model": HookReply}})
 async def receive(source: Source, request: Request, response: Response,
-                  service: Service) -> HookReply | JSONResponse:
+                  operations: Operating) -> HookReply | JSONResponse:
     """A signed delivery: 202 enqueued or ignored, 200 duplicate or pong; 404 unknown
     source, 401 bad signature, 413 too large, 400 malformed, 422 a rule cannot fill it."""
     access: Access = request.app.state.access
-    section = service.settings.hooks.sources.get(source)
+    section = operations.config.settings.hooks.sources.get(source)
     secret = access.hook_secrets.get(source)
     delivery: Delivery | None = None
     try:
         if section is None or secret is None:
             raise Refused(404, f"no webhook source {source!r} (see [hooks.sources] in "
                                "herder.toml)")
-        body = await _read(request, service.settings.hooks.max_body_bytes)
+        body = await _read(request, operations.config.settings.hooks.max_body_bytes)
         delivery = verify(section.kind, secret, request.headers, body)
         if delivery.event == PING:
             log.info("hook %r: ping %s", source, delivery.delivery_id)
@@ -57,7 +57,7 @@ async def receive(source: Source, request: Request, response: Response,
                  delivery.delivery_id)
         return HookReply(outcome="ignored", delivery=delivery.delivery_id)
     try:
-        record = await call(service.receive_delivery, source, delivery, requests)
+        record = await call(operations.receive_delivery, source, delivery, requests)
     except InputError as exc:  # a rule's job the job type refuses: 422, as a submit's
         log.info("hook %r: %s %s refused (422): %s", source, delivery.event,
                  delivery.delivery_id, exc)

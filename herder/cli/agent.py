@@ -135,7 +135,7 @@ def heartbeat(ctx: click.Context, label: str | None, server: str | None, token: 
         click.echo(f"heartbeat sent for {label}")
         return
     with edge():
-        if not state.client.store.host_heartbeat_push(label, utcnow(), "cli"):
+        if not state.store.host_heartbeat_push(label, utcnow(), "cli"):
             fail(f"no host {label!r} (see `herder hosts`)")
     click.echo(f"heartbeat recorded for {label}")
 

@@ -26,8 +26,7 @@ from herder.core.errors import InputError
 from herder.core.model import JobStatus, launch_errors
 
 if TYPE_CHECKING:
-    from herder.client import Client
-    from herder.remote import RemoteClient
+    from herder.services.operator import Operator
 
 FOLLOW_INTERVAL = 0.25
 """How often `logs -f` reads again while the attempt runs (the file, or the server)."""
@@ -73,7 +72,7 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
     Prints only the job id. With a dedup key already held, prints the holder's id
     (and says so on stderr).
     """
-    from herder.intake import parse_assignments, parse_payload
+    from herder.services.intake import parse_assignments, parse_payload
 
     state: State = ctx.obj
     command: list[str] | None = ctx.meta.get("herder.command")
@@ -136,7 +135,7 @@ def jobs(state: State, statuses: Sequence[str], limit: int, actionable: bool,
     if actionable:
         found = [job for job in found if job.actionable]
     if as_json:
-        from herder.views import job_view  # the API's shapes (pydantic): only for --json
+        from herder.services.views import job_view  # the API's shapes (pydantic): only for --json
 
         click.echo(json.dumps([job_view(job) for job in found], indent=2))
         return
@@ -220,7 +219,7 @@ def logs(state: State, job_id: int, attempt: int | None, follow: bool) -> None:
         _print_log(client, job_id, number, follow)
 
 
-def _print_log(client: Client | RemoteClient, job_id: int, number: int, follow: bool) -> None:
+def _print_log(client: Operator, job_id: int, number: int, follow: bool) -> None:
     """Print the log from the start; with `follow`, until the attempt is no longer live,
     then what it wrote last."""
     out = sys.stdout.buffer

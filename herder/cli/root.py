@@ -20,10 +20,11 @@ import click
 from herder.core.errors import HerderError, InputError, NotFound
 
 if TYPE_CHECKING:
-    from herder.client import Client
     from herder.core.config import Config
     from herder.core.model import HostRecord
-    from herder.remote import RemoteClient
+    from herder.services.operations import Operations
+    from herder.services.operator import Operator
+    from herder.services.remote import RemoteClient
     from herder.store import Store
 
 EXIT_USAGE = 2
@@ -113,8 +114,8 @@ class State:
         self.token_file = token_file
         self.ca = ca
         self._config: Config | None = None
-        self._client: Client | RemoteClient | None = None
-        self._extra: list[Client] = []
+        self._client: Operator | None = None
+        self._extra: list[Operations] = []
 
     @property
     def config(self) -> Config:
@@ -125,31 +126,42 @@ class State:
         return self._config
 
     @property
-    def client(self) -> Client | RemoteClient:
-        """The database's client, or with --server the HTTP API's (loaded only then)."""
+    def client(self) -> Operator:
+        """The database's operations, or with --server the HTTP API's client (loaded only
+        then)."""
         if self._client is None:
             if self.server is not None:
                 self._client = remote_client(self.server, self.token_file, self.ca,
                                              self.allow_plaintext)
             else:
-                from herder.client import Client
+                from herder.services.operations import Operations
 
-                self._client = Client(self.db, self.config)
+                self._client = Operations(self.db, self.config)
         return self._client
 
     @property
-    def database(self) -> Client:
+    def store(self) -> Store:
+        """The database's store, for a command that works against the database only;
+        with --server / HERDER_SERVER it refuses (NotOverServer)."""
+        if self.server is not None:
+            from herder.services.remote import NotOverServer
+
+            raise NotOverServer()
+        return self.database.store
+
+    @property
+    def database(self) -> Operations:
         """The database's client whatever --server / HERDER_SERVER say: for the commands
         that run work or set up a store (`up`, `server`, `init`), where a HERDER_SERVER
         meant for the operator commands (or an agent) in the same environment is beside
         the point."""
-        from herder.client import Client
+        from herder.services.operations import Operations
 
-        if isinstance(self._client, Client):
+        if isinstance(self._client, Operations):
             return self._client
         if self._extra:
             return self._extra[0]
-        client = Client(self.db, self.config)
+        client = Operations(self.db, self.config)
         if self._client is None and self.server is None:
             self._client = client
         else:
@@ -157,7 +169,7 @@ class State:
         return client
 
     @property
-    def reader(self) -> Client | RemoteClient:
+    def reader(self) -> Operator:
         """The client of a command that only reads: a SQLite file that does not exist yet
         would be created empty (so its jobs never run), and the note says so."""
         if self._client is not None or self.server is not None:
@@ -185,8 +197,8 @@ def remote_client(server: str, token_file: str | None, ca: str | None,
     else HERDER_TOKEN (never printed)."""
     import os
 
-    from herder.remote import RemoteClient, plain_http_warning
     from herder.runtime.agent_client import check_server_url, read_token_file
+    from herder.services.remote import RemoteClient, plain_http_warning
 
     with edge():
         url = check_server_url(server, allow_plaintext)

@@ -250,10 +250,10 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
 
     from herder.api.app import Access, create_app
     from herder.api.guard import proxy_options
-    from herder.host_settings import check_declared_hosts
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
     from herder.runtime.job_user import job_user_at_start
+    from herder.services.host_settings import check_declared_hosts
 
     log_to_stderr(log_level, log_format)
     log = logging.getLogger("herder.server")

@@ -68,7 +68,7 @@ def token_create(state: State, scope: str, name: str | None, label: str | None,
         limited = names(job_types)
         if job_types is not None and limited is None:
             raise InputError("--job-types", "names no job type", "e.g. --job-types dev-issue")
-        store = state.client.store
+        store = state.store
         if label:
             known_host(store, label)
         secret = new_token()
@@ -87,7 +87,7 @@ def token_create(state: State, scope: str, name: str | None, label: str | None,
 def token_list(state: State, show_all: bool, as_json: bool) -> None:
     """List tokens (never the tokens themselves)."""
     with edge():
-        records = [r for r in state.client.store.token_list()
+        records = [r for r in state.store.token_list()
                    if show_all or r.revoked_at is None]
     if as_json:
         click.echo(json.dumps([token_view(r) for r in records], indent=2))
@@ -109,7 +109,7 @@ def token_list(state: State, show_all: bool, as_json: bool) -> None:
 
 
 def token_view(record: TokenRecord) -> dict[str, Any]:
-    from herder.views import iso  # views load the wire models (pydantic): only when asked
+    from herder.services.views import iso  # views load the wire models (pydantic): only when asked
 
     return {"id": record.id, "name": record.name, "scope": str(record.scope),
             "host": record.host,
@@ -125,7 +125,7 @@ def token_view(record: TokenRecord) -> dict[str, Any]:
 def token_revoke(state: State, token_id: int) -> None:
     """Revoke a token by its id (see `herder token list`); it stops working at once."""
     with edge():
-        if not state.client.store.token_revoke(token_id, utcnow()):
+        if not state.store.token_revoke(token_id, utcnow()):
             fail(f"no live token {token_id} (see `herder token list --all`)")
     click.echo(f"token {token_id} revoked")
 

@@ -376,7 +376,8 @@ class JobTypeSection(Struct, frozen=True):
     dispatch_check: Annotated[list[str] | None, rules(check=_dispatch_check)] = None
     """`herder should-dispatch KEY --type NAME` runs it once the key is free (an argv; the
     key and payload come as HERDER_DEDUP_KEY and HERDER_PAYLOAD_<FIELD>): exit 0 dispatch,
-    10 skip (its first stdout line the reason), anything else an error (herder.dispatch_check)."""
+    10 skip (its first stdout line the reason), anything else an error
+    (herder.services.dispatch_check)."""
     dispatch_check_timeout: Annotated[Duration, rules(gt=0)] = 30.0
     silence_timeout: Annotated[Duration | None, rules(gt=0)] = None
     """No new log output for this long: the attempt is stopped as `stuck`."""
@@ -672,7 +673,7 @@ class ServerSection(Struct, frozen=True):
 
 
 def _hook_template(value: str | None) -> str | None:
-    from herder.webhooks import template_paths
+    from herder.core.webhooks import template_paths
 
     if value is not None:
         template_paths(value)

@@ -1,8 +1,8 @@
 """What a submit carries, whoever sends it: the one list of submit fields with their defaults
 and limits, and what the store can hold. No pydantic here: `herder submit` runs in scripts'
 loops and builds a SubmitRequest; the API's `herder.wire.jobs.SubmitBody` declares the same
-fields with these limits (a test keeps the two in step), and `herder.intake.resolve` takes
-either."""
+fields with these limits (a test keeps the two in step), and `herder.services.intake.resolve`
+takes either."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _encodes(text: str) -> bool:
 
 class SubmitRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A job to submit from Python or the command line; None means "the job type's or the
-    config's default". Unvalidated: `herder.intake.resolve` checks every field and names
+    config's default". Unvalidated: `herder.services.intake.resolve` checks every field and names
     the fix."""
 
     job_type: str | None = None

@@ -1,7 +1,7 @@
 """Job type templates filled from a job's payload: `{field}` placeholders, argv parts that
 appear only when their fields are set, and prompt text.
 
-Pure functions: the submit path (herder.intake) and the host that prepares a workspace
+Pure functions: the submit path (herder.services.intake) and the host that prepares a workspace
 (herder.runtime.workspace) fill the same templates the same way.
 """
 

@@ -145,7 +145,7 @@ class DeliverySweep:
     after that counts as new, but its jobs' dedup keys still hold."""
 
     def __init__(self, store: Store, retention_seconds: float) -> None:
-        from herder.webhooks import REPLAY_WINDOW
+        from herder.core.webhooks import REPLAY_WINDOW
 
         self.store = store
         # A generic delivery's id is remembered for as long as its timestamp is accepted:

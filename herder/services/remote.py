@@ -1,7 +1,8 @@
 """The operator's commands over the HTTP API: `herder --server URL jobs` and the others.
 
-`RemoteClient` answers what `herder.client.Client` answers (the same model objects and
-views), so each command prints the same lines whichever it talks to. Every answer of the
+`RemoteClient` answers what `herder.services.operations.Operations` answers (the same model
+objects and views; both are `herder.services.operator.Operator`s), so each command prints
+the same lines whichever it talks to. Every answer of the
 server ends as a result or one of herder's errors, which the CLI prints as one line:
 a refused token, an unknown job, a refused input naming its field, a server or network
 failure. Loaded only with --server: the local commands import no HTTP client."""
@@ -17,12 +18,13 @@ from typing import Any
 import httpx
 import msgspec
 
-from herder.client import Submitted, check_account_names, submit_request_of, wait_for_end
 from herder.core.config import _NAME
 from herder.core.errors import HerderError, InputError, NotFound
 from herder.core.host_settings import HostSettings
-from herder.core.model import Account, Attempt, Event, Job, JobStatus, MemoryUse, ReservationStatus
+from herder.core.model import Account, Attempt, Event, Job, JobStatus, ReservationStatus
 from herder.core.urls import loopback_name
+from herder.services.fleet import check_account_names
+from herder.services.jobs import Submitted, submit_request_of, wait_for_end
 from herder.wire.accounts import AccountBody, AccountChanged, AccountView
 from herder.wire.alerts import AlertView
 from herder.wire.fleet import FleetCapView
@@ -56,7 +58,11 @@ class ServerFailed(HerderError):
 
 
 class NotOverServer(HerderError):
-    """A command that works against the database only."""
+    """A command that works against the database only (`State.store` in herder.cli.root)."""
+
+    def __init__(self) -> None:
+        super().__init__("this command works against the database only; "
+                         "run it without --server / HERDER_SERVER, with HERDER_DB")
 
 
 class Refused(HerderError):
@@ -76,39 +82,27 @@ def plain_http_warning(url: str) -> str | None:
     return None
 
 
+HIDDEN_FIELDS: dict[str, Any] = {"shell": False, "env": {}, "backoff_base_seconds": 0.0,
+                                 "backoff_max_seconds": 0.0}
+"""What the API never shows of a job (env values, the backoff, the shell flag), left at
+its neutral value, which no command prints."""
+
+
 def job_of(view: JobView) -> Job:
-    """A job as the API shows it; what the API never shows (env values, the backoff, the
-    shell flag) is left at its neutral value, which no command prints."""
-    return Job(
-        id=view.id, job_type=view.job_type, command=tuple(view.command), shell=False,
-        payload=view.payload, priority=view.priority, weight=view.weight,
-        dedup_key=view.dedup_key, affinity=view.affinity, available_at=view.available_at,
-        max_attempts=view.max_attempts, timeout_seconds=view.timeout_seconds, env={},
-        workdir=view.workdir, backoff_base_seconds=0.0, backoff_max_seconds=0.0,
-        status=view.status, attempt=view.attempt, failures=view.failures, lost=view.lost,
-        host=view.host, exit_code=view.exit_code, failure_reason=view.failure_reason,
-        cancel_requested=view.cancel_requested, created_at=view.created_at,
-        claimed_at=view.claimed_at, started_at=view.started_at,
-        finished_at=view.finished_at, updated_at=view.updated_at,
-        spawn_failures=view.spawn_failures, transient_attempts=view.transient_attempts,
-        escalations=view.escalations, actionable=view.actionable,
-        human_action=view.human_action)
+    """A job as the API shows it (`HIDDEN_FIELDS` at their neutral values)."""
+    return msgspec.convert({**HIDDEN_FIELDS, **{name: getattr(view, name)
+                                                for name in JobView.model_fields}}, Job)
 
 
 def attempt_of(job_id: int, view: AttemptView) -> Attempt:
-    memory = None if view.memory_enforcement is None else MemoryUse(
-        view.peak_rss_bytes, view.memory_budget_bytes, view.memory_enforcement)
-    return Attempt(
-        job_id=job_id, attempt=view.attempt, host=view.host, worker=view.worker,
-        pid=view.pid, log_path=view.log_path, claimed_at=view.claimed_at,
-        started_at=view.started_at, heartbeat_at=view.heartbeat_at, ended_at=view.ended_at,
-        exit_code=view.exit_code, outcome=view.outcome, memory=memory)
+    memory = None if view.memory_enforcement is None else {
+        "peak_rss_bytes": view.peak_rss_bytes, "budget_bytes": view.memory_budget_bytes,
+        "enforcement": view.memory_enforcement}
+    return msgspec.convert({**dict(view), "job_id": job_id, "memory": memory}, Attempt)
 
 
 def event_of(job_id: int, view: EventView) -> Event:
-    return Event(id=view.id, job_id=job_id, at=view.at, kind=view.kind,
-                 from_status=view.from_status, to_status=view.to_status,
-                 attempt=view.attempt, detail=view.detail)
+    return msgspec.convert({**dict(view), "job_id": job_id}, Event)
 
 
 def host_path(label: str) -> str:
@@ -154,11 +148,6 @@ class RemoteClient:
         self._http = httpx.Client(
             base_url=server, timeout=timeout, transport=transport, verify=ca or True,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "herder-cli"})
-
-    @property
-    def store(self) -> Any:
-        raise NotOverServer("this command works against the database only; "
-                            "run it without --server / HERDER_SERVER, with HERDER_DB")
 
     def close(self) -> None:
         self._http.close()
@@ -275,7 +264,7 @@ class RemoteClient:
     def dispatch_check(self, job_type: str, dedup_key: str,
                        payload: Mapping[str, str]) -> str | None:
         """The server runs the check (its herder.toml has the command)."""
-        from herder.dispatch_check import DispatchCheckFailed
+        from herder.services.dispatch_check import DispatchCheckFailed
 
         answer = DispatchChecked.model_validate(self.json(
             "POST", "/api/v1/jobs/dispatch-check", json={

@@ -1,6 +1,7 @@
-"""What `herder host add` and `host set` change on a host, as one value: the CLI parses its
-options into it, the HTTP API's body is the same fields, and `apply_settings` (run where the
-store and its config are) turns it into the stored record, so both paths refuse alike."""
+"""`herder host add` and `host set` on the stored record: `apply_settings` turns the
+options (`herder.core.host_settings.HostSettings`) into the host, refusing alike on the
+CLI's and the HTTP API's path, and `check_declared_hosts` refuses herder.toml's hosts the
+same way when `herder server` starts."""
 
 from __future__ import annotations
 
@@ -9,14 +10,11 @@ from typing import TYPE_CHECKING, Any
 from msgspec.structs import replace
 
 from herder.core.errors import InputError
-from herder.core.host_settings import HostSettings
+from herder.core.host_settings import ANY_WEIGHT, HostSettings, declared_host, transport_refusal
 from herder.core.model import HostRecord, Transport
 
 if TYPE_CHECKING:
-    from herder.core.config import Config, HostSection
-
-ANY_WEIGHT = ("", "any")
-"""A window's max weight that lifts the cap."""
+    from herder.core.config import Config
 
 
 def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> HostRecord:
@@ -57,21 +55,6 @@ def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> 
     return updated
 
 
-def transport_refusal(host: HostRecord, transport: Transport | None) -> tuple[str, str] | None:
-    """(problem, fix) when `host add/set` (CLI or API) would make a host local or stop one
-    being local: a local host runs its jobs on the server's own machine (under a child
-    agent the server starts), so only herder.toml, which the server's operator writes,
-    declares one."""
-    if transport is Transport.LOCAL and host.transport is not Transport.LOCAL:
-        return ("a local host runs jobs on the server's own machine; only herder.toml "
-                "declares one", f"declare [hosts.{host.label}] with transport = \"local\" "
-                "in herder.toml")
-    if host.transport is Transport.LOCAL and transport not in (None, Transport.LOCAL):
-        return (f"host {host.label!r} is local, as herder.toml declares it",
-                f"change transport under [hosts.{host.label}] in herder.toml")
-    return None
-
-
 def _check_feasible(host: HostRecord, config: Config) -> None:
     from herder.core.fleet import Fleet
     from herder.core.model import ADHOC
@@ -81,23 +64,6 @@ def _check_feasible(host: HostRecord, config: Config) -> None:
     fleet = Fleet.from_settings(config.settings)
     check_host(HostSpec.configured(host), {*config.settings.job_types, ADHOC},
                fleet.weights, fleet.policy.bookable_fraction)
-
-
-def declared_host(label: str, section: HostSection) -> HostRecord:
-    """The host herder.toml declares under [hosts.LABEL], as `herder server` stores it."""
-    return HostRecord(
-        label=label, ram_total_gb=section.ram_total_gb,
-        ram_reserved_gb=section.ram_reserved_gb, cpus=section.cpus,
-        enabled=section.enabled, transport=Transport(section.transport),
-        ssh_target=section.ssh_target,
-        prime_max_workers=section.prime.max_workers,
-        prime_max_weight=section.prime.max_weight,
-        night_max_workers=section.night.max_workers,
-        night_max_weight=section.night.max_weight,
-        allowed_job_types=None if section.job_types is None else frozenset(section.job_types),
-        allowed_weights=None if section.weights is None else frozenset(section.weights),
-        priority_floor=section.priority_floor, labels=frozenset(section.labels),
-    )
 
 
 # For each option `check_host` can name: its key under [hosts.LABEL], and the fix in the

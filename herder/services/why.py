@@ -1,0 +1,93 @@
+"""`herder why`: one line saying why a job is (not) running, for one job or a page of them
+(the dashboard's jobs view), from the job itself or the placement it waits on."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from herder.core.errors import NotFound
+from herder.core.fleet import Fleet
+from herder.core.model import Job, JobStatus, launch_failure
+from herder.core.scheduling.explanation import explain
+from herder.core.scheduling.placement import Plan, Snapshot
+from herder.runtime.accounts import accounts_why
+from herder.runtime.read_models import placed
+from herder.services.views import iso
+from herder.store import Store
+
+
+def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
+    """One line: why this job is (not) running."""
+    job = store.job_get(job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    text = why_of(store, fleet, [job], now)[job.id]
+    if job.status in (JobStatus.RUNNING, JobStatus.CLAIMED, JobStatus.DONE) or not job.attempt:
+        return text
+    # A job that waits or failed because its last attempt could not start says why.
+    launch = launch_failure(store.attempt_list(job_id), store.event_list(job_id))
+    text += f"; {launch}" if launch else ""
+    if job.status is JobStatus.QUEUED and job.available_at > now:
+        accounts = accounts_why(store, fleet.accounts, job.job_type, now)  # its reset, say
+        text += f"; {accounts}" if accounts else ""
+    return text
+
+
+def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
+           placement: Callable[[set[int]], tuple[Plan, Snapshot]] | None = None
+           ) -> dict[int, str]:
+    """`why` for several jobs (a page of the dashboard): the placement the due ones wait on
+    is computed once (or taken from `placement`, given their ids), and only if one is due."""
+    found = {job.id: text for job in jobs if (text := _settled_why(job, now)) is not None}
+    due = [job for job in jobs if job.id not in found]
+    if not due:
+        return found
+    if not store.host_list():
+        order = sorted((other.priority, other.id) for other in store.job_list_due(now, 100_000))
+        blocked = up_preflight_failures(store)
+        for job in due:
+            ahead = bisect.bisect_left(order, (job.priority, job.id))
+            found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
+                             f"({ahead} job(s) ahead of it)")
+            if job.job_type in blocked:
+                found[job.id] += f", but not now: {blocked[job.job_type]}"
+            pinned = fleet.policy.pinned.get(job.job_type)
+            if pinned is not None:
+                found[job.id] += (f", but only one whose --host is one of its type's hosts "
+                                  f"({', '.join(sorted(pinned))})")
+        return found
+    plan, snapshot = (placement({job.id for job in due}) if placement is not None
+                      else placed(store, fleet, now))
+    found.update((job.id, explain(job.id, plan, snapshot)) for job in due)
+    return found
+
+
+def up_preflight_failures(store: Store) -> dict[str, str]:
+    """Job type -> why `herder up` claims none of it (its open `preflight:` alerts)."""
+    failures: dict[str, str] = {}
+    for alert in store.alert_list(open_only=True, limit=1000):
+        kind, _, rest = alert.key.partition(":")
+        if kind == "preflight":
+            failures.setdefault(rest.partition(":")[2], alert.message)
+    return failures
+
+
+def _settled_why(job: Job, now: datetime) -> str | None:
+    """Why, for a job whose answer needs no placement (running, ended, backing off)."""
+    if job.status is JobStatus.RUNNING:
+        return f"running on {job.host} (attempt {job.attempt})"
+    if job.status is JobStatus.CLAIMED:
+        return f"placed on {job.host}, waiting for it to start (attempt {job.attempt})"
+    if job.status.terminal:
+        reason = f" ({job.failure_reason})" if job.failure_reason else ""
+        return f"{job.status}{reason}; exit code {job.exit_code}"
+    if job.available_at > now:
+        wait = (job.available_at - now).total_seconds()
+        after = f" after {job.failure_reason}" if job.failure_reason else ""
+        until = job.available_at.replace(microsecond=0)
+        if job.attempt == 0:  # submitted with a delay (`--delay`, `delay_seconds`)
+            return f"not before {iso(until)}: submitted with a delay ({wait:.0f}s to go)"
+        return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(until)})"
+    return None
