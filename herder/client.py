@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from herder.core.config import Config, load_config
 from herder.core.errors import Conflict, InputError, NotFound
 from herder.core.model import (
     INT_MAX,
@@ -34,6 +33,7 @@ from herder.core.model import (
     Scope,
     Transport,
 )
+from herder.core.settings.loading import Config, load_config
 from herder.store import Store, open_store
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def submit_request_of(job_type: str | None, command: Sequence[str] | None,
 
 def check_account_names(host: str, name: str) -> None:
     """InputError naming HOST or NAME when either is not a valid name."""
-    from herder.core.config import _NAME
+    from herder.core.settings.fields import NAME as _NAME
 
     for field, value in (("HOST", host), ("NAME", name)):
         if not _NAME.match(value):
@@ -305,7 +305,7 @@ class Client:
 
     def host_add(self, label: str, settings: HostSettings, enabled: bool = True) -> str:
         """Register a host; its first agent token (only the hash is stored)."""
-        from herder.core.config import _NAME
+        from herder.core.settings.fields import NAME as _NAME
         from herder.host_settings import apply_settings
 
         if not _NAME.match(label):
@@ -349,7 +349,7 @@ class Client:
 
     def account_add(self, account: Account) -> None:
         """Add or update an account; InputError naming the CLI option when it is invalid."""
-        from herder.core.config import _ENV_NAME
+        from herder.core.settings.fields import ENV_NAME as _ENV_NAME
 
         check_account_names(account.host, account.name)
         for key in account.env:

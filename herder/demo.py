@@ -23,8 +23,8 @@ from pathlib import Path
 import msgspec
 
 from herder.client import Client
-from herder.core.config import FleetSection
 from herder.core.model import JobStatus
+from herder.core.settings.fleet import FleetSection
 from herder.store import Store, open_store
 
 

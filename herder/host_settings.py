@@ -13,7 +13,8 @@ from herder.core.errors import InputError
 from herder.core.model import HostRecord, Transport
 
 if TYPE_CHECKING:
-    from herder.core.config import Config, HostSection
+    from herder.core.settings.fleet import HostSection
+    from herder.core.settings.loading import Config
 
 ANY_WEIGHT = ("", "any")
 """A window's max weight that lifts the cap."""

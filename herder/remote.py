@@ -18,9 +18,9 @@ import httpx
 import msgspec
 
 from herder.client import Submitted, check_account_names, submit_request_of, wait_for_end
-from herder.core.config import _NAME
 from herder.core.errors import HerderError, InputError, NotFound
 from herder.core.model import Account, Attempt, Event, Job, JobStatus, MemoryUse, ReservationStatus
+from herder.core.settings.fields import NAME as _NAME
 from herder.core.urls import loopback_name
 from herder.host_settings import HostSettings
 from herder.wire import (

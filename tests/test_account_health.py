@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from support.processes import escaping_daemon
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Account, AccountHealth
 from herder.core.scheduling.accounts import AccountState, Probe, coerce_probe, pick, state_of
+from herder.core.settings.loading import load_config
 from herder.runtime.accounts import ProbeCommand, Prober, account_needs, run_probe
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

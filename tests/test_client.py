@@ -11,9 +11,10 @@ import pytest
 from support.cli import store_state
 
 from herder.client import Client, Submitted
-from herder.core.config import Config, Settings
 from herder.core.errors import InputError, NotFound
 from herder.core.model import Job, JobStatus
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.store import open_store
 

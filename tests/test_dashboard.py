@@ -18,8 +18,9 @@ from support.ports import free_port
 from herder.api.app import Access, create_app
 from herder.api.sessions import COOKIE, CSRF_HEADER, csrf_refusal
 from herder.api.tokens import new_token, token_hash
-from herder.core.config import Config, ServerSection, Settings
 from herder.core.model import HostRecord, JobSpec, JobStatus, Scope
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import ServerSection, Settings
 from herder.runtime import coordinator as coordinator_module
 from herder.runtime.coordinator import Coordinator, why, why_of
 from herder.runtime.scheduler import Fleet

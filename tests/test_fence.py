@@ -29,9 +29,9 @@ from support.processes import marked_processes
 from support.waits import wait_for
 from test_runner_faults import RunnerThread
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import AttemptToken, JobStatus, Outcome
+from herder.core.settings.loading import load_config
 from herder.runtime.agent import HttpSource, LocalGate, ServerClient
 from herder.runtime.runner import (
     Runner,

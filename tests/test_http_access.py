@@ -35,7 +35,6 @@ from herder.api.tokens import (
     new_token,
     token_hash,
 )
-from herder.core.config import Config, JobTypeSection, ServerSection, Settings
 from herder.core.env_policy import DENIED
 from herder.core.model import (
     AttemptToken,
@@ -48,6 +47,9 @@ from herder.core.model import (
     TokenRecord,
     Transport,
 )
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import ServerSection, Settings
 from herder.core.submission import SubmitRequest
 from herder.runtime.agent_client import LOG_GIVE_UP
 from herder.runtime.coordinator import (

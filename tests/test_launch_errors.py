@@ -11,8 +11,8 @@ from pathlib import Path
 from support.cli import run_herder
 from support.local import Harness
 
-from herder.core.config import Settings
 from herder.core.model import JobSpec, JobStatus, Outcome, launch_errors
+from herder.core.settings.sections import Settings
 from herder.runtime.coordinator import why
 from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import Ending, PolicyLimits, record_ending

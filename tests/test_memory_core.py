@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Enforcement, Job, JobStatus, MemoryUse, Outcome
 from herder.core.scheduling.capacity import WeightTable
+from herder.core.settings.loading import load_config
 from herder.runtime.memory import (
     SUPERVISOR_FILE,
     CgroupParent,

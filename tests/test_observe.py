@@ -15,10 +15,10 @@ from support.cli import run_herder
 from support.fleet import WEIGHTS, bookable
 from support.waits import wait_for
 
-from herder.core.config import Settings
 from herder.core.log_records import JsonFormatter
 from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome, Transport
 from herder.core.scheduling.health import HostHealth
+from herder.core.settings.sections import Settings
 from herder.runtime.coordinator import host_sample
 from herder.runtime.metrics import FleetSample, families, priority_band
 from herder.runtime.scheduler import Fleet

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from herder.core.config import load_config
 from herder.core.model import Action, Budget, JobStatus, Outcome
 from herder.core.scheduling.policy import (
     DEFAULT_RULES,
@@ -22,6 +21,7 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
+from herder.core.settings.loading import load_config
 from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import OutcomeRules
 

@@ -15,11 +15,12 @@ from support.cli import herder_argv
 from support.ports import free_port
 from support.waits import wait_for
 
-from herder.core.config import Config, Settings
 from herder.core.errors import Conflict
 from herder.core.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.health import HostHealth
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.coordinator import Coordinator, why
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch, Rescuer
 from herder.runtime.scheduler import Fleet, Scheduler, take_snapshot

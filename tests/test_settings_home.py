@@ -1,4 +1,4 @@
-"""Every default lives in herder.core.config: the runtime's options and the pure core's
+"""Every default lives in herder.core.settings: the runtime's options and the pure core's
 parameters come from the settings, and their own defaults are the settings' defaults."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from pathlib import Path
 
 import msgspec
 
-from herder.core.config import Settings, load_config
 from herder.core.model import JobStatus, Outcome
 from herder.core.scheduling.capacity import DEFAULT_WEIGHTS, Shedding, WindowSchedule, bookable_gb
 from herder.core.scheduling.health import HealthThresholds, Liveness
 from herder.core.scheduling.placement import PlacementPolicy
 from herder.core.scheduling.policy import RetryState, decide
+from herder.core.settings.loading import load_config
+from herder.core.settings.sections import Settings
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.runtime.scheduler import Fleet
 from herder.runtime.sources import ClaimSource, OutcomeRules, PolicyLimits

@@ -28,8 +28,9 @@ from herder.api.tokens import (
     same_secret,
     token_hash,
 )
-from herder.core.config import _NAME, ServerSection
 from herder.core.model import BIGINT_MAX, INT_MAX, Scope
+from herder.core.settings.fields import NAME as _NAME
+from herder.core.settings.sections import ServerSection
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
 from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
@@ -40,7 +41,7 @@ JobId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
 AttemptNumber = Annotated[int, Path(ge=1, le=INT_MAX)]
 ReservationId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
 HOST_LABEL = _NAME.pattern
-"""A host label as `herder host add` accepts one (herder.core.config's name rule): anything else
+"""A host label as `herder host add` accepts one (herder.core.settings's name rule): anything else
 is a 422 before the store sees it (PostgreSQL refuses NUL characters with an error)."""
 HostLabel = Annotated[str, Path(pattern=HOST_LABEL)]
 

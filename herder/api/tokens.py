@@ -20,7 +20,7 @@ from herder.core.model import JobSpec, Reservation, Scope, TokenRecord
 from herder.intake import ADHOC
 
 if TYPE_CHECKING:
-    from herder.core.config import JobTypeSection
+    from herder.core.settings.job_types import JobTypeSection
     from herder.core.submission import SubmitRequest
     from herder.wire import SubmitBody
 

@@ -21,8 +21,8 @@ from herder.core.errors import HerderError, InputError, NotFound
 
 if TYPE_CHECKING:
     from herder.client import Client
-    from herder.core.config import Config
     from herder.core.model import HostRecord
+    from herder.core.settings.loading import Config
     from herder.remote import RemoteClient
     from herder.store import Store
 
@@ -119,7 +119,7 @@ class State:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from herder.core.config import load_config
+            from herder.core.settings.loading import load_config
 
             self._config = load_config(self.config_path)
         return self._config
@@ -233,7 +233,7 @@ def duration(value: str | None, field: str) -> float | None:
     """Seconds from an option like `10m`; an InputError naming `field` if it is not one."""
     if value is None:
         return None
-    from herder.core.config import parse_duration
+    from herder.core.settings.fields import parse_duration
 
     try:
         return parse_duration(value)

@@ -12,7 +12,7 @@ import click
 
 from herder.cli.root import LOG_FORMAT_OPTION, State, edge, fail, log_to_stderr, pass_state
 from herder.core.errors import InputError
-from herder.hardening import check_secret_file, harden_process
+from herder.hardening import check_secret_file, harden_process, hook_secrets
 
 STARTUP_FAILURE = 3
 """uvicorn's exit status when its server never started."""
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from herder.api.depends import Access
-    from herder.core.config import Settings
+    from herder.core.settings.sections import Settings
     from herder.runtime.coordinator import Coordinator
     from herder.store import Store
 
@@ -272,7 +272,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
             job_user_at_start(runtime.run_as)  # its local hosts' agents run jobs here
         legacy = os.environ.get(settings.api_token_env) or None
         check_legacy_token(settings.api_token_env, legacy)
-        hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
+        secrets = hook_secrets(state.config, os.environ)  # none missing, or no start
         private_files(state)
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
@@ -294,7 +294,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         coordinator.allow_plaintext = allow_plaintext
         app = create_app(coordinator, edge_access(
             Access(open_access=insecure_no_auth, legacy_admin_token=legacy,
-                   max_body_bytes=settings.max_body_bytes, hook_secrets=hook_secrets),
+                   max_body_bytes=settings.max_body_bytes, hook_secrets=secrets),
             bind, settings.public_url))
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}

@@ -27,8 +27,8 @@ import msgspec
 import psutil
 
 from herder import wire
-from herder.core.config import RuntimeSection, ServerSection
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.core.settings.sections import RuntimeSection, ServerSection
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
     FINAL_LOG_WAIT,

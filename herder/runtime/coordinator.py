@@ -20,7 +20,6 @@ from msgspec.structs import replace
 
 from herder.client import Client
 from herder.core.backoff import Backoff
-from herder.core.config import Config, JobTypeSection, subagent_caps
 from herder.core.errors import Conflict, HerderError, InputError, NotFound, StoreUnavailable
 from herder.core.model import (
     Attempt,
@@ -46,6 +45,9 @@ from herder.core.scheduling.breaker import Breaker
 from herder.core.scheduling.health import shown_health
 from herder.core.scheduling.placement import Plan, Snapshot, explain, place
 from herder.core.scheduling.policy import SPAWN_OUTCOMES
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import subagent_caps
 from herder.core.submission import SubmitRequest
 from herder.host_settings import declared_host
 from herder.intake import resolve

@@ -28,9 +28,9 @@ import msgspec
 import psutil
 from msgspec.structs import replace
 
-from herder.core.config import RuntimeSection
 from herder.core.model import Enforcement, Job, MemoryUse
 from herder.core.scheduling.capacity import WeightTable
+from herder.core.settings.sections import RuntimeSection
 from herder.runtime import supervisor
 from herder.runtime.process import process_alive
 

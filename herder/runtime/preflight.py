@@ -24,7 +24,7 @@ from herder.runtime.executor import BASE_ENVIRONMENT, passes
 from herder.short_process import output_within
 
 if TYPE_CHECKING:
-    from herder.core.config import JobTypeSection
+    from herder.core.settings.job_types import JobTypeSection
 
 log = logging.getLogger("herder.preflight")
 

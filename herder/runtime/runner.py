@@ -30,8 +30,9 @@ from typing import TypeVar
 import msgspec
 
 from herder.core.backoff import Backoff
-from herder.core.config import FleetSection, RuntimeSection, Settings
 from herder.core.model import LAUNCH_ERROR_CHARS, AttemptToken, Job, Outcome
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import RuntimeSection, Settings
 from herder.runtime.executor import (
     Adopted,
     LaunchError,

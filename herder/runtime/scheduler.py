@@ -17,7 +17,6 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection, Settings
 from herder.core.model import HostRecord
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.breaker import (
@@ -60,6 +59,8 @@ from herder.core.scheduling.placement import (
     place,
     stopped,
 )
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import Settings
 from herder.runtime.accounts import FLEET_STOPPED, AccountRules, sync_account_alerts
 from herder.store import Store
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import AlertsSection, RuleSection, Settings
 from herder.core.errors import ConfigError
 from herder.core.model import (
     INT_MAX,
@@ -47,6 +46,8 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
+from herder.core.settings.job_types import RuleSection
+from herder.core.settings.sections import AlertsSection, Settings
 from herder.runtime.accounts import (
     AccountRules,
     bind_accounts,

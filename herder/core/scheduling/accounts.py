@@ -32,7 +32,6 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection
 from herder.core.model import (
     Account,
     AccountHealth,
@@ -43,6 +42,7 @@ from herder.core.model import (
     Usage,
 )
 from herder.core.scheduling.policy import QUIET_REASONS
+from herder.core.settings.fleet import FleetSection
 
 AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
 PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")

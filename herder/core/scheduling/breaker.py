@@ -18,8 +18,8 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from herder.core.config import FleetSection
 from herder.core.model import Outcome
+from herder.core.settings.fleet import FleetSection
 
 THRESHOLD = FleetSection().breaker_threshold
 """Transient outcomes in a row that open the breaker (seed 002's breaker_threshold)."""

@@ -13,8 +13,8 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from herder.core.config import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
-from herder.core.config import ESCALATION_CHAIN, SHEDDING_STEPS, FleetSection
+from herder.core.settings.fleet import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
+from herder.core.settings.fleet import ESCALATION_CHAIN, SHEDDING_STEPS, FleetSection
 
 PRIME = "prime"
 NIGHT = "night"

@@ -9,7 +9,8 @@ from typing import Any
 
 import msgspec
 
-from herder.core.config import FleetSection, RuntimeSection
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import RuntimeSection
 
 
 class HostHealth(enum.StrEnum):

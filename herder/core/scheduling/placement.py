@@ -34,7 +34,6 @@ from operator import attrgetter
 
 import msgspec
 
-from herder.core.config import FleetSection
 from herder.core.model import HostRecord
 from herder.core.scheduling.capacity import (
     DEFAULT_SCHEDULE,
@@ -49,6 +48,7 @@ from herder.core.scheduling.capacity import (
     capacity_ratio,
 )
 from herder.core.scheduling.health import HostHealth, accepts_work
+from herder.core.settings.fleet import FleetSection
 
 RAM_TOLERANCE_GB = 1e-9
 """Slack on the RAM check so float sums (22.4 − 3 − 3 …) never refuse an exact fit."""

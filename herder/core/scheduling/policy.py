@@ -20,8 +20,9 @@ from datetime import datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection, RuntimeSection
 from herder.core.model import Action, Budget, Decision, JobStatus, Outcome
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import RuntimeSection
 
 MAX_TRANSIENT_ATTEMPTS = 5
 """Transient outcomes (a 429, an overloaded API) a job may meet before it fails (seed 002)."""
