@@ -44,16 +44,19 @@ def test_runner_options_carry_every_runtime_and_spawn_setting(tmp_path):
     (tmp_path / "herder.toml").write_text(CONFIG)
     settings = load_config(tmp_path / "herder.toml").settings
     options = RunnerOptions.from_settings(settings, "here", tmp_path)
-    assert (options.concurrency, options.heartbeat_interval, options.attempt_lease,
-            options.kill_grace, options.poll_interval, options.max_lost, options.pass_env,
-            options.fence_margin) == (3, 4.0, 40.0, 3.0, 0.5, 7, ("OPENAI_API_KEY",), 9.0)
+    runtime = options.runtime
+    assert (runtime.concurrency, runtime.heartbeat_interval, runtime.attempt_lease,
+            runtime.kill_grace, runtime.poll_interval, runtime.max_lost, runtime.pass_env,
+            runtime.fence_margin) == (3, 4.0, 40.0, 3.0, 0.5, 7, ["OPENAI_API_KEY"], 9.0)
+    assert (options.runtime, options.fleet) == (settings.runtime, settings.fleet)
     assert options.limits == PolicyLimits(7, 2, 7.0, OutcomeRules.from_settings(settings)) == (
         PolicyLimits.from_settings(settings))
     overridden = RunnerOptions.from_settings(settings, "here", tmp_path, concurrency=1,
                                              attempt_lease=90.0, poll_interval=0.2,
                                              exit_when_idle=True, drain_timeout=5.0)
-    assert (overridden.concurrency, overridden.attempt_lease, overridden.poll_interval,
-            overridden.exit_when_idle, overridden.drain_timeout) == (1, 90.0, 0.2, True, 5.0)
+    assert (overridden.runtime.concurrency, overridden.runtime.attempt_lease,
+            overridden.runtime.poll_interval, overridden.exit_when_idle,
+            overridden.drain_timeout) == (1, 90.0, 0.2, True, 5.0)
 
 
 def test_herder_ups_runner_spends_spawn_failures_as_the_config_says(tmp_path):
