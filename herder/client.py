@@ -418,8 +418,13 @@ class Client:
             waker.close()
 
 
+FOLLOW_INTERVAL = 0.25
+"""How often a follower asks again: `logs -f` (the file, or the server) and `submit --wait`
+(locally woken early by the store's notifications, remotely by nothing)."""
+
+
 def wait_for_end(get: Callable[[int], Job], pause: Callable[[float], object], job_id: int,
-                 timeout: float | None, interval: float = 0.25) -> Job:
+                 timeout: float | None, interval: float = FOLLOW_INTERVAL) -> Job:
     """Ask for the job until it is done, failed or cancelled, pausing up to `interval`
     between asks (TimeoutError after `timeout`)."""
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from herder.core.env_policy import check_submitted_env
 from herder.core.errors import InputError
-from herder.core.model import INT_MAX, INT_MIN, MAX_DURATION, JobSpec
+from herder.core.model import INT_MAX, INT_MIN, JobSpec
+from herder.core.settings.fields import MAX_DURATION
 from herder.core.settings.job_types import JobTypeSection
 from herder.core.settings.loading import Config
 from herder.core.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX

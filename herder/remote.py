@@ -50,8 +50,6 @@ from herder.wire import Submitted as SubmittedReply
 
 TIMEOUT_SECONDS = 30.0
 """How long one call may take before the command gives up with one line."""
-FOLLOW_INTERVAL = 0.5
-"""How often `logs -f` and `submit --wait` ask again."""
 
 
 class TokenRefused(HerderError):
@@ -292,7 +290,7 @@ class RemoteClient:
         return (answer.reason or "the dispatch check said skip") if answer.skip else None
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
-        return wait_for_end(self.get, time.sleep, job_id, timeout, FOLLOW_INTERVAL)
+        return wait_for_end(self.get, time.sleep, job_id, timeout)
 
     # -- hosts, accounts, alerts -----------------------------------------------------------------
 

@@ -32,7 +32,6 @@ from herder.core.model import (
     INT_MAX,
     INT_MIN,
     JOB_OUTCOMES,
-    MAX_DURATION,
     Attempt,
     AttemptToken,
     Enforcement,
@@ -44,6 +43,7 @@ from herder.core.model import (
     ReservationStatus,
     Transport,
 )
+from herder.core.settings.fields import MAX_DURATION
 from herder.core.submission import (
     DEDUP_KEY_LENGTH,
     NAME_LENGTH,

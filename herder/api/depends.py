@@ -30,7 +30,7 @@ from herder.api.tokens import (
 )
 from herder.core.model import BIGINT_MAX, INT_MAX, Scope
 from herder.core.settings.fields import NAME as _NAME
-from herder.core.settings.sections import ServerSection
+from herder.core.settings.sections import DEFAULTS
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import WorkerId
 from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
@@ -53,7 +53,7 @@ class Access(msgspec.Struct, frozen=True):
     """--insecure-no-auth (loopback only): a request without a token acts as admin."""
     legacy_admin_token: str | None = None
     """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
-    max_body_bytes: int = ServerSection().max_body_bytes
+    max_body_bytes: int = DEFAULTS.server.max_body_bytes
     hook_secrets: Mapping[str, bytes] = msgspec.field(default_factory=dict)
     """Webhook source -> its secret (`Config.hook_secrets`); a source without one is 404."""
     loopback_names: tuple[str, ...] | None = None

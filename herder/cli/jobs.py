@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from herder.client import Client
     from herder.remote import RemoteClient
 
-FOLLOW_INTERVAL = 0.25
-"""How often `logs -f` reads again while the attempt runs (the file, or the server)."""
 
 
 class SubmitCommand(click.Command):
@@ -223,6 +221,8 @@ def logs(state: State, job_id: int, attempt: int | None, follow: bool) -> None:
 def _print_log(client: Client | RemoteClient, job_id: int, number: int, follow: bool) -> None:
     """Print the log from the start; with `follow`, until the attempt is no longer live,
     then what it wrote last."""
+    from herder.client import FOLLOW_INTERVAL
+
     out = sys.stdout.buffer
     offset = 0
     ended = False

@@ -28,7 +28,7 @@ import psutil
 
 from herder import wire
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
-from herder.core.settings.sections import RuntimeSection, ServerSection
+from herder.core.settings.sections import DEFAULTS
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
     FINAL_LOG_WAIT,
@@ -108,10 +108,10 @@ class HttpSource(WorkSource):
         client: ServerClient,
         gate: LocalGate,
         concurrency: int,
-        heartbeat_interval: float = RuntimeSection().heartbeat_interval,
-        long_poll: float = ServerSection().long_poll,
+        heartbeat_interval: float = DEFAULTS.runtime.heartbeat_interval,
+        long_poll: float = DEFAULTS.server.long_poll,
         check_ram: bool = True,
-        kill_grace: float = RuntimeSection().kill_grace,
+        kill_grace: float = DEFAULTS.runtime.kill_grace,
         poll: bool = True,
         close_timeout: float = 30.0,
         log_backlog: int = LOG_BACKLOG,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from herder.core.settings.job_types import PREFLIGHT_CACHE, PREFLIGHT_TIMEOUT
 from herder.hardening import JOB_UMASK
 from herder.runtime.executor import BASE_ENVIRONMENT, passes
 from herder.short_process import output_within
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("herder.preflight")
 
-TTL_SECONDS = 45.0
-"""How long a result stands (seed 002's `preflight_cache_ttl`)."""
-TIMEOUT_SECONDS = 5.0
-"""How long a check may take before it counts as failed (seed 002)."""
 DETAIL_CHARS = 200
 
 
@@ -42,8 +39,8 @@ class Check(msgspec.Struct, frozen=True):
 
     argv: tuple[str, ...]
     strict: bool = False
-    timeout: float = TIMEOUT_SECONDS
-    cache: float = TTL_SECONDS
+    timeout: float = PREFLIGHT_TIMEOUT
+    cache: float = PREFLIGHT_CACHE
     """How long its result stands (the job type's `preflight_cache`)."""
 
 

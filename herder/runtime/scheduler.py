@@ -20,8 +20,6 @@ from msgspec.structs import replace
 from herder.core.model import HostRecord
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.breaker import (
-    PAUSE_SECONDS,
-    THRESHOLD,
     Breaker,
     BreakerState,
     Ended,
@@ -82,13 +80,15 @@ class Fleet(msgspec.Struct, frozen=True):
     thresholds: HealthThresholds
     liveness: Liveness = DEFAULT_LIVENESS
     max_due: int = 100_000
-    breaker_threshold: int = THRESHOLD
-    breaker_pause: float = PAUSE_SECONDS
-    alert_grace: float = FleetSection().alert_grace
     accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
-    max_workers: int | None = None
-    """`[fleet] emergency_max_workers` as herder.toml starts it (`fleet_cap` reads the
-    run-time value)."""
+    settings: FleetSection = FleetSection()
+    """[fleet] as herder.toml says: the breaker, the alert grace and emergency_max_workers as
+    it starts (`fleet_cap` reads the run-time value)."""
+
+    @property
+    def max_workers(self) -> int | None:
+        """`[fleet] emergency_max_workers` as herder.toml starts it."""
+        return self.settings.emergency_max_workers
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fleet:
@@ -118,20 +118,19 @@ class Fleet(msgspec.Struct, frozen=True):
             policy=policy,
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
-            breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
-            alert_grace=fleet.alert_grace, accounts=AccountRules.from_settings(settings),
-            max_workers=fleet.emergency_max_workers,
+            accounts=AccountRules.from_settings(settings), settings=fleet,
         )
 
     def breakers(self, store: Store, now: datetime) -> dict[tuple[str, str], Breaker]:
         """Every (host, job type) whose circuit breaker is not closed now."""
         history = store.attempt_list_recent_outcomes(now - BREAKER_HISTORY,
-                                                     self.breaker_threshold)
+                                                     self.settings.breaker_threshold)
         running = store.job_list_running_types()
         found = {}
         for key, ended in history.items():
             state = breaker([Ended(outcome, at) for outcome, at in ended], running.get(key),
-                            now, self.breaker_threshold, self.breaker_pause)
+                            now, self.settings.breaker_threshold,
+                            self.settings.breaker_pause)
             if state.state is not BreakerState.CLOSED:
                 found[key] = state
         return found
@@ -382,7 +381,7 @@ class Scheduler:
                    and loads[h.label].agent_down is None]
         if self.first_cycle is None:
             self.first_cycle = now
-        waiting = in_start_grace(self.first_cycle, now, self.fleet.alert_grace)
+        waiting = in_start_grace(self.first_cycle, now, self.fleet.settings.alert_grace)
         stopped = bool(enabled) and not healthy
         if stopped and not waiting:
             stale = ", ".join(
@@ -415,7 +414,7 @@ class Scheduler:
         (the no-healthy-host alert already says so when every host is down); not in a new
         leader's `alert_grace`, while agents check in."""
         hosts = stopped(plan) if any_healthy else None
-        if hosts and in_start_grace(self.first_cycle, now, self.fleet.alert_grace):
+        if hosts and in_start_grace(self.first_cycle, now, self.fleet.settings.alert_grace):
             return
         if hosts:
             text = "; ".join(f"{host}: {why}" for host, why in hosts.items())

@@ -18,6 +18,7 @@ from msgspec.structs import fields
 
 from herder.core.errors import Conflict, InputError, StoreUnavailable
 from herder.core.model import (
+    RAM_TOLERANCE_GB,
     Account,
     AccountHealth,
     AccountRecord,
@@ -1127,13 +1128,9 @@ def due_job_from_row(row: Mapping[str, Any]) -> DueJob:
                   row["affinity"], row["created_at"], row["available_at"], row["avoid_host"])
 
 
-CAPACITY_EPSILON_GB = 1e-9
-"""Float slack when comparing booked RAM with a budget (3 + 3 + 2.4 must fit 8.4)."""
-
-
 def ram_fits(booked_gb: float, ram_gb: float, bookable_gb: float) -> bool:
     """The capacity re-check both stores run under the host lock before placing a job."""
-    return booked_gb + ram_gb <= bookable_gb + CAPACITY_EPSILON_GB
+    return booked_gb + ram_gb <= bookable_gb + RAM_TOLERANCE_GB
 
 
 def slots_that_fit(count: int, ram_gb: float, booked_gb: float,
@@ -1141,5 +1138,5 @@ def slots_that_fit(count: int, ram_gb: float, booked_gb: float,
     """How many of `count` reservations of `ram_gb` fit; all when unbounded or free."""
     if bookable_gb is None or ram_gb <= 0:
         return count
-    free = bookable_gb - booked_gb + CAPACITY_EPSILON_GB
+    free = bookable_gb - booked_gb + RAM_TOLERANCE_GB
     return max(0, min(count, math.floor(free / ram_gb)))

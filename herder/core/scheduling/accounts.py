@@ -42,9 +42,9 @@ from herder.core.model import (
     Usage,
 )
 from herder.core.scheduling.policy import QUIET_REASONS
-from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import DEFAULTS
 
-AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
+AUTH_REVOKED_COOLDOWN_SECONDS = DEFAULTS.fleet.auth_revoked_cooldown
 PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")
 """The booleans a probe prints, as one JSON object (never a secret)."""
 USAGE_KEYS = ("usage_percent", "resets_at")

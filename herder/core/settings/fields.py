@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 from msgspec import Struct
 
-from herder.core.model import MAX_DURATION
-
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?"
                        r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$")
+MAX_DURATION = 366 * 86400.0
+"""The longest duration anything takes (a year and a day): longer is a typo."""
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """A host label, job type, weight, account or source name."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

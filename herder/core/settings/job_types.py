@@ -23,6 +23,11 @@ from herder.core.templates import check_command, placeholders
 from herder.core.workspace import MODES as WORKSPACE_MODES
 from herder.core.workspace import PROMPT_SOURCES, prefix_problem, relative_inside
 
+PREFLIGHT_TIMEOUT = 5.0
+"""How long a preflight may take before it counts as failed (seed 002)."""
+PREFLIGHT_CACHE = 45.0
+"""How long a preflight's result stands (seed 002's `preflight_cache_ttl`)."""
+
 
 def _submit_env(value: list[str]) -> list[str]:
     for entry in value:
@@ -172,8 +177,8 @@ class JobTypeSection(Struct, frozen=True):
     preflight: Annotated[list[str] | bool, rules(check=_preflight)] = True
     """Run by an agent before it takes this type: true is `<program> --version` (the program
     must exist and answer), a list is a command that must exit 0, false is none."""
-    preflight_timeout: Annotated[Duration, Meta(gt=0)] = 5.0
-    preflight_cache: Annotated[Duration, Meta(gt=0)] = 45.0
+    preflight_timeout: Annotated[Duration, Meta(gt=0)] = PREFLIGHT_TIMEOUT
+    preflight_cache: Annotated[Duration, Meta(gt=0)] = PREFLIGHT_CACHE
     """How long a preflight's result stands before it runs again (seed 002's
     `preflight_cache_ttl`)."""
     max_transient_attempts: Annotated[int | None, Meta(ge=1)] = None

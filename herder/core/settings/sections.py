@@ -26,6 +26,7 @@ from herder.core.settings.fleet import (
     HostSection,
 )
 from herder.core.settings.hooks import HooksSection
+from herder.core.settings.job_defaults import DefaultsSection
 from herder.core.settings.job_types import JobTypeSection
 
 
@@ -93,20 +94,6 @@ class RuntimeSection(Struct, frozen=True):
     adopt_grace: Duration = 10.0
     """How long a dead agent's guardian waits for the host's next agent to adopt its
     running attempts before it kills them and reports them lost; 0 kills at once."""
-
-
-class DefaultsSection(Struct, frozen=True):
-    """[defaults]: what a submitted job gets when neither it nor its job type says."""
-
-    priority: int = 100
-    weight: str = "light"
-    max_attempts: Annotated[int, Meta(ge=1)] = 3
-    max_transient_attempts: Annotated[int, Meta(ge=1)] = 5
-    """Seed 002's transient budget (`transient_max_attempts`): its own, never the job's
-    attempts."""
-    timeout: Duration | None = None
-    backoff_base: Duration = 10.0
-    backoff_max: Duration = 600.0
 
 
 class ServerSection(Struct, frozen=True):
@@ -255,3 +242,9 @@ def subagent_caps(settings: Settings) -> dict[str, int]:
                                    if name in settings.weights}
     caps.update(settings.fleet.max_subagents_for_weight)
     return {name: int(cap) for name, cap in caps.items() if cap is not False}
+
+
+DEFAULTS = Settings()
+"""herder.toml with no key set: where a default of the runtime or the pure core is read
+(`DEFAULTS.fleet.breaker_pause`), never a number of its own. A Struct's class attribute is
+its field's slot, not its default, hence a value."""
