@@ -3,13 +3,14 @@ parameters come from the settings, and their own defaults are the settings' defa
 
 from __future__ import annotations
 
+import ast
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import msgspec
 
-from herder.core.model import JobStatus, Outcome
+from herder.core.model import JobSpec, JobStatus, Outcome
 from herder.core.scheduling.capacity import DEFAULT_WEIGHTS, Shedding, WindowSchedule, bookable_gb
 from herder.core.scheduling.health import HealthThresholds, Liveness
 from herder.core.scheduling.placement import PlacementPolicy
@@ -114,3 +115,33 @@ def test_the_pure_cores_defaults_are_the_settings_defaults():
     spawn = msgspec.structs.replace(state, lost=0)
     assert decide(Outcome.SPAWN_FAILED, spawn, now).available_at == now + timedelta(
         seconds=settings.fleet.spawn_backoff)
+
+
+def test_no_default_is_restated_from_a_fresh_section():
+    """A default is read from `DEFAULTS` or a section the caller holds, never from a section
+    built on the spot to read one field (`FleetSection().x` restated the default 41 times)."""
+    restated = [f"{path.relative_to(HERDER.parent)}:{number}"
+                for path in HERDER.rglob("*.py")
+                for number, line in enumerate(path.read_text().splitlines(), 1)
+                if re.search(r"\b\w+Section\(\)\.\w+", line)]
+    assert restated == []
+
+
+def test_a_job_spec_left_unsaid_is_what_the_defaults_section_says():
+    spec, defaults = JobSpec(command=("true",)), Settings().defaults
+    assert (spec.priority, spec.weight, spec.max_attempts, spec.timeout_seconds,
+            spec.backoff_base_seconds, spec.backoff_max_seconds) == (
+        defaults.priority, defaults.weight, defaults.max_attempts, defaults.timeout,
+        defaults.backoff_base, defaults.backoff_max)
+
+
+def test_the_settings_import_nothing_outside_the_core():
+    """Function-level imports included: the settings are the bottom layer's."""
+    outside = []
+    for path in (HERDER / "core" / "settings").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            outside += [f"{path.name}: {name}" for name in names
+                        if name.startswith("herder") and not name.startswith("herder.core")]
+    assert outside == []
