@@ -30,7 +30,6 @@ from fastapi.testclient import TestClient
 
 from herder.api.app import Access, create_app
 from herder.core.access import new_token, token_hash
-from herder.core.config import Config, Settings
 from herder.core.model import (
     AttemptResult,
     Decision,
@@ -40,6 +39,8 @@ from herder.core.model import (
     Outcome,
     Scope,
 )
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.coordinator import Coordinator
 from herder.store import Store, open_store
 

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from herder.client import Client  # noqa: E402
 from herder.core.access import new_token, token_hash  # noqa: E402
-from herder.core.config import parse_duration  # noqa: E402
 from herder.core.model import HostRecord  # noqa: E402
+from herder.core.settings.fields import parse_duration  # noqa: E402
 from herder.store import open_store  # noqa: E402
 
 T = TypeVar("T")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from support.processes import escaping_daemon
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Account, AccountHealth
 from herder.core.scheduling.accounts import (
@@ -23,6 +22,7 @@ from herder.core.scheduling.accounts import (
     pick,
     state_of,
 )
+from herder.core.settings.loading import load_config
 from herder.runtime.accounts import ProbeCommand, Prober, run_probe
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

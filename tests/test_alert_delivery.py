@@ -24,7 +24,6 @@ from support.cli import run_herder
 from support.local import Harness, shell
 from support.waits import holds_for, wait_for
 
-from herder.core.config import AlertsSection, load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Attempt, JobStatus, Outcome
 from herder.core.scheduling.alerting import (
@@ -35,6 +34,8 @@ from herder.core.scheduling.alerting import (
     in_memory_loop,
     pending_notices,
 )
+from herder.core.settings.loading import load_config
+from herder.core.settings.sections import AlertsSection
 from herder.runtime.delivery import (
     SCHEDULER_SILENT,
     AlertService,
@@ -553,7 +554,7 @@ def test_the_server_places_work_while_the_alert_receiver_hangs(make_fleet, tmp_p
 
 def test_three_memory_endings_of_one_job_open_an_oom_loop_alert(store_url: str):
     from herder.client import Client
-    from herder.core.config import Settings
+    from herder.core.settings.sections import Settings
     from herder.runtime.endings import PolicyLimits, record_ending
 
     limits = PolicyLimits.from_settings(Settings())

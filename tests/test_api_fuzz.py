@@ -28,17 +28,11 @@ from support.postgres import BACKENDS, empty_herder_tables
 
 from herder.api.app import Access, create_app
 from herder.core.access import new_token, token_hash
-from herder.core.config import (
-    Config,
-    HerderSection,
-    HookRuleSection,
-    HookSourceSection,
-    HooksSection,
-    JobTypeSection,
-    ServerSection,
-    Settings,
-)
 from herder.core.model import HostRecord, Scope
+from herder.core.settings.hooks import HookRuleSection, HookSourceSection, HooksSection
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import HerderSection, ServerSection, Settings
 from herder.core.webhooks import signature
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.metrics import CONTENT_TYPE

@@ -29,8 +29,8 @@ from support.cli import (
 from herder.cli import main
 from herder.cli.root import columns
 from herder.client import Client
-from herder.core.config import sample_config
 from herder.core.model import JobStatus, Outcome
+from herder.core.settings.loading import sample_config
 from herder.store import open_store
 
 CONFIG = """

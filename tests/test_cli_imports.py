@@ -76,7 +76,7 @@ def folder(tmp_path: Path) -> Path:
     ("cancel", "1"),
 ])
 def test_commands_scripts_loop_on_import_nothing_heavy_nor_other_commands(folder, args):
-    # herder.toml is checked by herder.core.config's own walk, a submit is a plain Struct
+    # herder.toml is checked by herder.core.settings's own walk, a submit is a plain Struct
     # (herder.core.submission) and the tables are plain text: pydantic (~45 ms to import) is
     # for the HTTP API, and rich (~30 ms, as much again to lay out a table) is no longer
     # used by any command: it stays listed so that it does not come back unnoticed.

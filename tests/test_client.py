@@ -11,9 +11,10 @@ import pytest
 from support.cli import store_state
 
 from herder.client import Client, Submitted
-from herder.core.config import Config, Settings
 from herder.core.errors import InputError, NotFound
 from herder.core.model import Job, JobStatus
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import RuntimeSection, Settings
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.store import open_store
 
@@ -28,9 +29,9 @@ def client(store_url, tmp_path, monkeypatch) -> Iterator[Client]:
 
 def run_jobs(url: str, log_dir: Path) -> threading.Thread:
     """`herder up --exit-when-idle` in a thread, on its own store connection."""
-    options = RunnerOptions(host="api-test", log_dir=log_dir, concurrency=2,
-                            heartbeat_interval=0.2, attempt_lease=10.0, kill_grace=1.0,
-                            poll_interval=0.05, exit_when_idle=True)
+    options = RunnerOptions(host="api-test", log_dir=log_dir, runtime=RuntimeSection(
+        concurrency=2, heartbeat_interval=0.2, attempt_lease=10.0, kill_grace=1.0,
+        poll_interval=0.05), exit_when_idle=True)
     errors: list[BaseException] = []
 
     def target() -> None:

@@ -9,15 +9,11 @@ from pathlib import Path
 import pytest
 from support.cli import ok, run_herder
 
-from herder.core.config import (
-    ESCALATION_CHAIN,
-    Config,
-    Settings,
-    load_config,
-    parse_duration,
-    sample_config,
-)
 from herder.core.errors import ConfigError, InputError
+from herder.core.settings.fields import parse_duration
+from herder.core.settings.fleet import ESCALATION_CHAIN
+from herder.core.settings.loading import Config, load_config, sample_config
+from herder.core.settings.sections import Settings
 from herder.core.urls import DEFAULT_DB
 from herder.runtime.endings import OutcomeRules
 

@@ -31,6 +31,7 @@ from herder.core.model import (
     JobStatus,
     Outcome,
 )
+from herder.core.settings.sections import RuntimeSection
 from herder.runtime.process import processes_with_token
 from herder.runtime.runner import Runner, RunnerOptions
 from herder.store import open_store
@@ -264,10 +265,9 @@ class ThreadRunner:
 
     def __init__(self, h: Harness) -> None:
         self.store = open_store(h.db)
-        options = RunnerOptions(
-            host=h.host, log_dir=h.log_dir, concurrency=2, heartbeat_interval=0.2,
-            attempt_lease=60, kill_grace=1, poll_interval=0.2, max_lost=5,
-        )
+        options = RunnerOptions(host=h.host, log_dir=h.log_dir, runtime=RuntimeSection(
+            concurrency=2, heartbeat_interval=0.2, attempt_lease=60, kill_grace=1,
+            poll_interval=0.2, max_lost=5))
         self.runner = Runner(self.store, options)
         # What each report of an ended attempt returned: the job's new status, or None when
         # the store rejected it (the attempt had been fenced out).

@@ -18,9 +18,10 @@ from support.ports import free_port
 from herder.api.app import Access, create_app
 from herder.api.sessions import COOKIE, CSRF_HEADER, csrf_refusal
 from herder.core.access import new_token, token_hash
-from herder.core.config import Config, ServerSection, Settings
 from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, JobSpec, JobStatus, Scope
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import ServerSection, Settings
 from herder.runtime import read_models
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import Session, SessionBook

@@ -18,9 +18,9 @@ from support.processes import escaping_daemon
 from support.waits import wait_for
 
 from herder.core.access import new_token, token_hash
-from herder.core.config import load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import Scope
+from herder.core.settings.loading import load_config
 from herder.services.dispatch_check import (
     DispatchCheckFailed,
     check_environment,

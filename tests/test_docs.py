@@ -10,7 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from herder.core.config import DURATION, Settings
+from herder.core.settings.fields import DURATION
+from herder.core.settings.sections import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # images too

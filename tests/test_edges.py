@@ -21,9 +21,10 @@ from herder.api.app import Access, create_app
 from herder.api.guard import FailureLimiter, host_name, proxy_options, rebinding_refusal
 from herder.api.sessions import COOKIE, SECURE_COOKIE
 from herder.core.access import new_token, token_hash
-from herder.core.config import Config, Settings
 from herder.core.errors import InputError
 from herder.core.model import AttemptToken, Scope
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.agent_client import check_server_url
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.ssh import remote_command

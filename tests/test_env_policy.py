@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from herder.core.config import load_config
 from herder.core.env_policy import (
     DENIED,
     allow_entry_refusal,
@@ -15,6 +14,7 @@ from herder.core.env_policy import (
     matches,
 )
 from herder.core.errors import ConfigError, InputError
+from herder.core.settings.loading import load_config
 
 
 def example(pattern: str) -> str:

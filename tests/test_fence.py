@@ -29,9 +29,10 @@ from support.processes import marked_processes
 from support.waits import wait_for
 from test_runner_faults import RunnerThread
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import AttemptToken, JobStatus, Outcome
+from herder.core.settings.loading import load_config
+from herder.core.settings.sections import RuntimeSection
 from herder.runtime.agent import HttpSource, ServerClient
 from herder.runtime.local_gate import LocalGate
 from herder.runtime.runner import (
@@ -174,9 +175,9 @@ def test_an_agent_cut_off_kills_its_tree_before_the_lease_ends(tmp_path: Path):
                                transport=httpx.MockTransport(server.handle))
     source = HttpSource(client, LocalGate(), concurrency=1, heartbeat_interval=0.2,
                         long_poll=1.0, check_ram=False, kill_grace=0.5)
-    options = RunnerOptions(host=label, log_dir=tmp_path / "logs", concurrency=1,
-                            heartbeat_interval=0.2, attempt_lease=60.0, kill_grace=0.5,
-                            poll_interval=0.2, fence_margin=3.0)
+    options = RunnerOptions(host=label, log_dir=tmp_path / "logs", runtime=RuntimeSection(
+        concurrency=1, heartbeat_interval=0.2, attempt_lease=60.0, kill_grace=0.5,
+        poll_interval=0.2, fence_margin=3.0))
     runner = Runner(None, options, source=source)
     source.in_flight = lambda: len(runner.running)
     errors: list[BaseException] = []

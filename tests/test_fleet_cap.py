@@ -13,7 +13,6 @@ from support.cli import run_herder
 from support.waits import wait_for
 
 from herder.client import Client
-from herder.core.config import Config, Settings
 from herder.core.errors import InputError
 from herder.core.fleet import Fleet
 from herder.core.model import JobStatus, Scope
@@ -29,6 +28,8 @@ from herder.core.scheduling.placement import (
     place,
     stopped,
 )
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS, fleet_cap
 
 NOON = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
@@ -208,8 +209,8 @@ def test_herder_up_claims_no_more_than_the_cap_lets_start(harness):
 
 
 def test_herder_toml_refuses_a_cap_that_is_not_a_count(tmp_path):
-    from herder.core.config import load_config
     from herder.core.errors import ConfigError
+    from herder.core.settings.loading import load_config
 
     path = tmp_path / "herder.toml"
     for bad in ("-1", "2.5", "true", '"many"'):

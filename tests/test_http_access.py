@@ -35,7 +35,6 @@ from herder.core.access import (
     new_token,
     token_hash,
 )
-from herder.core.config import Config, JobTypeSection, ServerSection, Settings
 from herder.core.env_policy import DENIED
 from herder.core.errors import Refused
 from herder.core.model import (
@@ -49,6 +48,9 @@ from herder.core.model import (
     TokenRecord,
     Transport,
 )
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import ServerSection, Settings
 from herder.core.submission import SubmitRequest
 from herder.runtime.agent_service import LOG_GRACE, late_log_refusal, log_write_refusal
 from herder.runtime.coordinator import Coordinator

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from herder.core.config import Config, JobTypeSection, load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import JobSpec
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config, load_config
 from herder.services.intake import parse_assignments, parse_payload, resolve
 from herder.wire.jobs import SubmitBody
 

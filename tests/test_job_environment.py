@@ -17,9 +17,9 @@ from support.cli import run_herder
 from support.local import Harness, shell
 from support.waits import wait_for
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Job, JobStatus
+from herder.core.settings.loading import load_config
 from herder.runtime.executor import job_environment
 from herder.runtime.process import TOKEN_VARIABLE
 

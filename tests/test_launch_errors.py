@@ -11,9 +11,9 @@ from pathlib import Path
 from support.cli import run_herder
 from support.local import Harness
 
-from herder.core.config import Settings
 from herder.core.fleet import Fleet
 from herder.core.model import JobSpec, JobStatus, Outcome, launch_errors
+from herder.core.settings.sections import Settings
 from herder.runtime.endings import Ending, PolicyLimits, record_ending
 from herder.services.why import why
 

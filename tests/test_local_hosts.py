@@ -23,7 +23,6 @@ from support.processes import (
 from support.waits import wait_for
 
 from herder.api.app import Access, create_app
-from herder.core.config import Config, Settings
 from herder.core.model import (
     AttemptToken,
     HostRecord,
@@ -35,6 +34,8 @@ from herder.core.model import (
     Transport,
     WorkerId,
 )
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.hardening import SECRET_VARIABLES
 from herder.runtime.local_child import (

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Enforcement, Job, JobStatus, MemoryUse, Outcome
 from herder.core.scheduling.capacity import WeightTable
+from herder.core.settings.loading import load_config
+from herder.core.settings.sections import RuntimeSection
 from herder.runtime.cgroup import (
     SUPERVISOR_FILE,
     CgroupParent,
@@ -27,8 +28,9 @@ from herder.runtime.cgroup import (
     own_cgroups,
     sweep,
 )
-from herder.runtime.memory import MemoryControl, MemoryPolicy, Watch, budget_bytes, limit_bytes
+from herder.runtime.memory import MemoryControl, Watch, budget_bytes, limit_bytes
 from herder.runtime.process import process_start_time
+from herder.runtime.runner import RunnerOptions
 from herder.wire.agents import FinishBody
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -138,15 +140,16 @@ def test_detection_fails_gracefully_to_the_watchdog(tmp_path: Path):
     assert detect(str(tmp_path / "missing")) is None  # a cgroup_root that is not there
     assert detect(str(tmp_path)) is None  # a directory that is no cgroup
     assert detect(proc=tmp_path / "no-proc") is None  # not Linux
-    control = MemoryControl(MemoryPolicy(enforcement="cgroup"), None, "herder-1-1-")
+    control = MemoryControl(RuntimeSection(memory_enforcement="cgroup"), None, "herder-1-1-")
     assert control.mode is Enforcement.WATCHDOG
-    assert MemoryControl(MemoryPolicy(enforcement="off"), None, "p").mode is Enforcement.OFF
+    off = MemoryControl(RuntimeSection(memory_enforcement="off"), None, "p")
+    assert off.mode is Enforcement.OFF
 
 
 def test_an_attempt_without_a_cgroup_is_watched_and_one_with_a_cgroup_is_limited(
         tmp_path: Path):
     parent = CgroupParent(tmp_path, Enforcement.CGROUP_V1)
-    policy = MemoryPolicy(margin=0.5, nice={"light": 10})
+    policy = RuntimeSection(memory_margin=0.5, nice={"light": 10})
     memory = MemoryControl(policy, parent, "herder-1-2-").begin(a_job(), WEIGHTS)
     assert memory.cgroup is not None and memory.cgroup.path == tmp_path / "herder-1-2-7-1"
     assert (memory.cgroup.path / "memory.limit_in_bytes").read_text() == str(int(4.5 * GB))
@@ -224,9 +227,9 @@ def test_memory_keys_reach_the_runner(tmp_path: Path):
     path = tmp_path / "herder.toml"
     path.write_text('[runtime]\nmemory_enforcement = "watchdog"\nmemory_margin = 0.25\n'
                     'memory_sample_interval = "500ms"\nnice = {light = 10}\n')
-    runtime = load_config(path).settings.runtime
-    assert MemoryPolicy.from_section(runtime) == MemoryPolicy("watchdog", 0.25, 0.5, None,
-                                                              {"light": 10})
+    runtime = RunnerOptions.from_settings(load_config(path).settings, "here", tmp_path).runtime
+    assert (runtime.memory_enforcement, runtime.memory_margin, runtime.memory_sample_interval,
+            runtime.cgroup_root, runtime.nice) == ("watchdog", 0.25, 0.5, None, {"light": 10})
 
 
 def test_an_older_agent_s_finish_has_no_memory_and_a_newer_one_s_round_trips():

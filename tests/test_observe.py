@@ -15,11 +15,11 @@ from support.cli import run_herder
 from support.fleet import WEIGHTS, bookable
 from support.waits import wait_for
 
-from herder.core.config import Settings
 from herder.core.fleet import Fleet
 from herder.core.log_records import JsonFormatter
 from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome, Transport
 from herder.core.scheduling.health import HostHealth
+from herder.core.settings.sections import Settings
 from herder.runtime.endings import ending_event
 from herder.runtime.metrics import FleetSample, families, priority_band
 from herder.runtime.read_models import host_sample

@@ -63,6 +63,7 @@ def test_up_retries_its_first_maintenance_pass(tmp_path, store):
     delays the runner instead of ending it; the queued job then runs."""
     from herder.core.errors import StoreUnavailable
     from herder.core.model import JobSpec, JobStatus
+    from herder.core.settings.sections import RuntimeSection
     from herder.runtime.maintenance import Rescuer
     from herder.runtime.runner import Runner, RunnerOptions
     from herder.runtime.sources import ClaimSource
@@ -77,10 +78,11 @@ def test_up_retries_its_first_maintenance_pass(tmp_path, store):
             super().maintain(now)
 
     [result] = store.job_insert([JobSpec(command=("true",))], datetime.now(UTC))
-    options = RunnerOptions(host="flaky-start", log_dir=tmp_path / "logs", poll_interval=0.05,
-                            exit_when_idle=True)
-    rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
-                      options.max_lost)
+    options = RunnerOptions(host="flaky-start", log_dir=tmp_path / "logs",
+                            runtime=RuntimeSection(poll_interval=0.05), exit_when_idle=True)
+    runtime = options.runtime
+    rescuer = Rescuer(store, options.host, runtime.attempt_lease, runtime.kill_grace,
+                      runtime.max_lost)
     source = FlakySource(store, options.host, options.limits, rescuer)
     assert Runner(store, options, source=source).run(install_signals=False) == 0
     assert source.failures == 0

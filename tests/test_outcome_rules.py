@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import Job, JobStatus, Outcome
+from herder.core.settings.loading import load_config
 from herder.runtime.endings import Ending, OutcomeRules, PolicyLimits, decide_for
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from herder.core.config import load_config
 from herder.core.fleet import Fleet
 from herder.core.model import Action, Budget, JobStatus, Outcome
 from herder.core.scheduling.policy import (
@@ -22,6 +21,7 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
+from herder.core.settings.loading import load_config
 from herder.runtime.endings import OutcomeRules
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

@@ -13,9 +13,9 @@ import pytest
 from support.processes import escaping_daemon
 from support.waits import wait_for
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError
 from herder.core.model import JobStatus
+from herder.core.settings.loading import load_config
 from herder.runtime.coordinator import preflight_checks
 from herder.runtime.preflight import Check, Preflight, Result, default_check, run
 

@@ -22,6 +22,7 @@ from test_runner import submit_in_missing_workdir
 
 from herder.core.errors import StoreUnavailable
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.core.settings.sections import RuntimeSection
 from herder.runtime.maintenance import Rescuer
 from herder.runtime.process import token_markers
 from herder.runtime.runner import Runner, RunnerOptions
@@ -84,10 +85,10 @@ class RunnerThread:
         self.store = open_store(h.db)
         values = {"heartbeat_interval": 0.2, "attempt_lease": 60.0, "kill_grace": 1.0,
                   "poll_interval": 0.2, **overrides}
-        self.options = RunnerOptions(host=h.host, log_dir=h.log_dir, concurrency=3,
-                                     **values)  # type: ignore[arg-type]
-        rescuer = Rescuer(self.store, h.host, self.options.attempt_lease,
-                          self.options.kill_grace, self.options.max_lost)
+        runtime = RuntimeSection(concurrency=3, **values)  # type: ignore[arg-type]
+        self.options = RunnerOptions(host=h.host, log_dir=h.log_dir, runtime=runtime)
+        rescuer = Rescuer(self.store, h.host, runtime.attempt_lease, runtime.kill_grace,
+                          runtime.max_lost)
         self.source = source_class(self.store, h.host, self.options.limits, rescuer)
         self.source.failing.update(failing or ())
         self.runner = Runner(None, self.options, source=self.source)

@@ -15,12 +15,14 @@ from support.cli import herder_argv
 from support.ports import free_port
 from support.waits import wait_for
 
-from herder.core.config import Config, Settings
 from herder.core.errors import Conflict
 from herder.core.fleet import Fleet
 from herder.core.model import AttemptToken, HostRecord, JobSpec, JobStatus, Outcome
 from herder.core.scheduling.alerting import in_start_grace
 from herder.core.scheduling.health import HostHealth
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import Settings
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.maintenance import PICKUP_FENCE, PickupWatch, Rescuer
 from herder.runtime.scheduler import Scheduler, take_snapshot
@@ -346,11 +348,10 @@ def test_the_cycle_heartbeat_is_info_when_work_is_placed_and_once_a_minute_idle(
 def test_a_new_leader_gives_agents_the_grace_before_alerting_no_healthy_host(store):
     """A server that just started has heard from no agent: it does not page before
     `alert_grace`, and does once the grace has passed with no host healthy."""
-    from msgspec.structs import replace
 
     from herder.runtime.scheduler import NO_HEALTHY_HOST
 
-    fleet = replace(Fleet.from_settings(Settings()), alert_grace=60.0)
+    fleet = Fleet.from_settings(Settings(fleet=FleetSection(alert_grace=60.0)))
     store.host_insert(HostRecord("agent1", 20, prime_max_workers=2), NOW)  # never seen
     scheduler = Scheduler(store, fleet)
 
@@ -379,9 +380,8 @@ def test_the_start_grace_is_a_new_leaders_first_alert_grace_seconds():
 def test_a_new_leader_gives_agents_the_grace_before_alerting_fleet_stopped(store):
     """Work queued for a host that is healthy but closed now: `fleet:stopped`, but not in
     a new leader's first `alert_grace`."""
-    from msgspec.structs import replace
 
-    fleet = replace(Fleet.from_settings(Settings()), alert_grace=60.0)
+    fleet = Fleet.from_settings(Settings(fleet=FleetSection(alert_grace=60.0)))
     store.host_insert(HostRecord("cron1", 20, prime_max_workers=0), NOW)  # closed by day
     store.host_heartbeat("cron1", NOW, {"via": "heartbeat"})
     store.job_insert([JobSpec(command=("true",))], NOW)

@@ -16,10 +16,11 @@ from support.cli import herder_argv
 from support.local import Harness, shell
 
 from herder.client import Client
-from herder.core.config import Settings, load_config, subagent_caps
 from herder.core.errors import ConfigError, Conflict, InputError
 from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, JobSpec, JobStatus, Outcome, ReservationStatus
+from herder.core.settings.loading import load_config
+from herder.core.settings.sections import Settings, subagent_caps
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.scheduler import Scheduler
 from herder.services.why import why

@@ -20,6 +20,7 @@ from support.processes import process_argv, process_ids, process_parent
 from support.waits import wait_for
 
 from herder.core.model import JobStatus, Outcome, launch_errors
+from herder.core.settings.sections import Settings
 from herder.store import open_store
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -318,7 +319,6 @@ def test_an_ssh_client_that_cannot_start_is_a_spawn_failure_with_its_os_error(
 def test_the_launcher_looks_for_placements_only_when_asked(tmp_path: Path, store) -> None:
     """Its frequent cycle only settles ssh processes; the store is scanned for placements
     when a placement wakes it, or now and then (`scan`)."""
-    from herder.core.config import Settings
     from herder.core.model import AttemptToken, HostRecord, JobSpec, Transport
     from herder.runtime.endings import PolicyLimits
     from herder.runtime.ssh import SshLauncher
@@ -345,8 +345,9 @@ def test_an_attempt_whose_account_was_removed_is_not_handed_out(tmp_path: Path, 
     """The launcher bound an account; it is removed before `run-attempt` fetches the
     attempt: the attempt is refused (tried again soon, nothing spent), never run without the
     account's credentials."""
-    from herder.core.config import Config, Settings
     from herder.core.model import Account, AttemptToken, HostRecord, JobSpec, Transport
+    from herder.core.settings.loading import Config
+    from herder.core.settings.sections import Settings
     from herder.runtime.coordinator import Coordinator
 
     now = datetime.now(UTC)
@@ -452,7 +453,6 @@ def test_the_launchers_preflight_round_records_verdicts_or_fails_open(
         tmp_path: Path, store, remote: str) -> None:
     """Verdicts on stdout count (ssh's warnings on stderr do not mix in); a remote herder
     that cannot answer decides nothing, and the placement is launched as before."""
-    from herder.core.config import Settings
     from herder.core.model import HostRecord, JobSpec, Transport
     from herder.runtime.endings import PolicyLimits
     from herder.runtime.preflight import Check

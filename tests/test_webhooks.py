@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.waits import wait_for
 
-from herder.core.config import Config, HookRuleSection, load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import JobSpec, JobStatus
+from herder.core.settings.hooks import HookRuleSection, template_paths
+from herder.core.settings.loading import Config, load_config
 from herder.core.webhooks import (
     REPLAY_WINDOW,
     Refused,
@@ -28,9 +29,9 @@ from herder.core.webhooks import (
     parse_body,
     signature,
     signed_text,
-    template_paths,
     verify,
 )
+from herder.runtime.hardening import hook_secrets
 from herder.runtime.maintenance import DeliverySweep
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -510,16 +511,16 @@ def test_secrets_come_from_their_variable_or_file_or_the_server_does_not_start(t
     config = load_config(path)
     environ = {"HERDER_HOOK_GITHUB_SECRET": "gh-secret\n", "HERDER_HOOK_CI_SECRET": "ci"}
     with pytest.raises(InputError) as refused:
-        config.hook_secrets(environ)
+        hook_secrets(config, environ)
     assert refused.value.field == "hooks.sources.gitea.secret_file"
     write_secret(tmp_path / "gitea.secret", "")
     with pytest.raises(InputError, match="is empty"):
-        config.hook_secrets(environ)
+        hook_secrets(config, environ)
     write_secret(tmp_path / "gitea.secret", "gitea-secret\n")
-    assert config.hook_secrets(environ) == {"github": b"gh-secret", "gitea": b"gitea-secret",
+    assert hook_secrets(config, environ) == {"github": b"gh-secret", "gitea": b"gitea-secret",
                                             "ci": b"ci"}
     with pytest.raises(InputError) as refused:
-        config.hook_secrets({**environ, "HERDER_HOOK_CI_SECRET": ""})
+        hook_secrets(config, {**environ, "HERDER_HOOK_CI_SECRET": ""})
     assert refused.value.field == "hooks.sources.ci.secret_env"
 
 
@@ -541,13 +542,13 @@ def test_a_secret_file_others_may_read_stops_the_start_naming_the_fix(tmp_path):
         secret.write_text("gitea-secret-value\n")
         secret.chmod(mode)
         with pytest.raises(InputError) as refused:
-            config.hook_secrets(environ)
+            hook_secrets(config, environ)
         assert refused.value.field == "hooks.sources.gitea.secret_file"
         assert f"chmod 600 {secret}" in str(refused.value)
         assert f"mode {mode:04o}" in str(refused.value)
         assert "gitea-secret-value" not in str(refused.value)
     secret.chmod(0o600)
-    assert config.hook_secrets(environ)["gitea"] == b"gitea-secret-value"
+    assert hook_secrets(config, environ)["gitea"] == b"gitea-secret-value"
 
 
 # -- the store -------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ import pytest
 from support.local import Harness
 from support.waits import wait_for
 
-from herder.core.config import load_config
 from herder.core.errors import ConfigError, InputError
 from herder.core.model import Job, JobStatus, Outcome
+from herder.core.settings.loading import load_config
 from herder.core.submission import SubmitRequest
 from herder.core.templates import check_command, fill_prompt, render_argv
 from herder.core.workspace import VARIABLE, WorkspaceSpec, of_env

@@ -28,9 +28,10 @@ from herder.core.access import (
     same_secret,
     token_hash,
 )
-from herder.core.config import _NAME, ServerSection
 from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, INT_MAX, Scope, WorkerId
+from herder.core.settings.fields import NAME as _NAME
+from herder.core.settings.sections import DEFAULTS
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
 from herder.services.operations import Operations
@@ -41,7 +42,7 @@ JobId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
 AttemptNumber = Annotated[int, Path(ge=1, le=INT_MAX)]
 ReservationId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]
 HOST_LABEL = _NAME.pattern
-"""A host label as `herder host add` accepts one (herder.core.config's name rule): anything else
+"""A host label as `herder host add` accepts one (herder.core.settings's name rule): anything else
 is a 422 before the store sees it (PostgreSQL refuses NUL characters with an error)."""
 HostLabel = Annotated[str, Path(pattern=HOST_LABEL)]
 
@@ -53,7 +54,7 @@ class Access(msgspec.Struct, frozen=True):
     """--insecure-no-auth (loopback only): a request without a token acts as admin."""
     legacy_admin_token: str | None = None
     """HERDER_API_TOKEN, kept working as an admin token (deprecated)."""
-    max_body_bytes: int = ServerSection().max_body_bytes
+    max_body_bytes: int = DEFAULTS.server.max_body_bytes
     hook_secrets: Mapping[str, bytes] = msgspec.field(default_factory=dict)
     """Webhook source -> its secret (`Config.hook_secrets`); a source without one is 404."""
     loopback_names: tuple[str, ...] | None = None

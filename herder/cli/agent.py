@@ -147,7 +147,7 @@ UNIT_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
 def check_unit_values(label: str, user: str, **paths: str | None) -> None:
     """What goes into a unit line: a newline in any value would add a line of its own
     (`ExecStartPre=...`), so each is refused naming its option (exit 2)."""
-    from herder.core.config import _NAME
+    from herder.core.settings.fields import NAME as _NAME
 
     if not _NAME.fullmatch(label):
         raise InputError("--host", f"{label!r} is not a valid host label",

@@ -23,8 +23,8 @@ from pathlib import Path
 import msgspec
 
 from herder.client import Client
-from herder.core.config import FleetSection
-from herder.core.model import JobStatus
+from herder.core.model import RAM_TOLERANCE_GB, JobStatus
+from herder.core.scheduling.capacity import bookable_gb
 from herder.store import Store, open_store
 
 
@@ -88,7 +88,7 @@ def run_demo(echo: Callable[[str], None], keep: bool = False, timeout: float = 5
             result = subprocess.run(_herder(folder, *args), capture_output=True, text=True,
                                     check=True)
             tokens[host.label] = result.stdout.strip()
-            bookable = FleetSection().bookable_fraction * host.ram_gb
+            bookable = bookable_gb(host.ram_gb, 0.0)
             echo(f"host {host.label:<6} {host.ram_gb:>4.0f} GB ({bookable:.1f} bookable), "
                  f"{host.workers} worker(s) — {host.note}")
         port = _free_port()
@@ -167,8 +167,8 @@ def _summary(store: Store, ids: list[int], echo: Callable[[str], None],
     for host in HOSTS:
         spans = per_host.get(host.label, [])
         peak_workers, peak_gb = _peaks(spans)
-        bookable = FleetSection().bookable_fraction * host.ram_gb
-        within = within and peak_workers <= host.workers and peak_gb <= bookable + 1e-9
+        bookable = bookable_gb(host.ram_gb, 0.0)
+        within = within and peak_workers <= host.workers and peak_gb <= bookable + RAM_TOLERANCE_GB
         echo(f"{host.label:<7} {len(spans):>4}  {peak_workers:>5}/{host.workers:<6} "
              f"{peak_gb:>5.1f}/{bookable:.1f} GB")
     summary = ", ".join(f"{count} {status}" for status, count in sorted(statuses.items()))

@@ -28,8 +28,6 @@ from herder.core.model import JobStatus, launch_errors
 if TYPE_CHECKING:
     from herder.services.operator import Operator
 
-FOLLOW_INTERVAL = 0.25
-"""How often `logs -f` reads again while the attempt runs (the file, or the server)."""
 
 
 class SubmitCommand(click.Command):
@@ -222,6 +220,8 @@ def logs(state: State, job_id: int, attempt: int | None, follow: bool) -> None:
 def _print_log(client: Operator, job_id: int, number: int, follow: bool) -> None:
     """Print the log from the start; with `follow`, until the attempt is no longer live,
     then what it wrote last."""
+    from herder.services.jobs import FOLLOW_INTERVAL
+
     out = sys.stdout.buffer
     offset = 0
     ended = False

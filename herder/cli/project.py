@@ -14,7 +14,7 @@ from herder.cli.root import State, edge, fail, pass_state
 @click.argument("directory", type=click.Path(file_okay=False), default=".")
 def init(directory: str, force: bool) -> None:
     """Write a commented sample herder.toml."""
-    from herder.core.config import CONFIG_FILE, sample_config
+    from herder.core.settings.loading import CONFIG_FILE, sample_config
 
     target = Path(directory) / CONFIG_FILE
     if target.exists() and not force:

@@ -20,8 +20,8 @@ import click
 from herder.core.errors import HerderError, InputError, NotFound
 
 if TYPE_CHECKING:
-    from herder.core.config import Config
     from herder.core.model import HostRecord
+    from herder.core.settings.loading import Config
     from herder.services.operations import Operations
     from herder.services.operator import Operator
     from herder.services.remote import RemoteClient
@@ -120,7 +120,7 @@ class State:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from herder.core.config import load_config
+            from herder.core.settings.loading import load_config
 
             self._config = load_config(self.config_path)
         return self._config
@@ -245,7 +245,7 @@ def duration(value: str | None, field: str) -> float | None:
     """Seconds from an option like `10m`; an InputError naming `field` if it is not one."""
     if value is None:
         return None
-    from herder.core.config import parse_duration
+    from herder.core.settings.fields import parse_duration
 
     try:
         return parse_duration(value)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from herder.api.depends import Access
-    from herder.core.config import Settings
+    from herder.core.settings.sections import Settings
     from herder.runtime.coordinator import Coordinator
     from herder.store import Store
 
@@ -243,7 +243,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     if ctx.invoked_subcommand is not None:
         return
     state: State = ctx.obj
-    from herder.runtime.hardening import check_secret_file, harden_process
+    from herder.runtime.hardening import check_secret_file, harden_process, hook_secrets
 
     harden_process()  # first: the imports below take tens of milliseconds
     import uvicorn
@@ -275,7 +275,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
             job_user_at_start(runtime.run_as)  # its local hosts' agents run jobs here
         legacy = os.environ.get(settings.api_token_env) or None
         check_legacy_token(settings.api_token_env, legacy)
-        hook_secrets = state.config.hook_secrets(os.environ)  # none missing, or no start
+        secrets = hook_secrets(state.config, os.environ)  # none missing, or no start
         private_files(state)
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
@@ -297,7 +297,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         coordinator.allow_plaintext = allow_plaintext
         app = create_app(coordinator, edge_access(
             Access(open_access=insecure_no_auth, legacy_admin_token=legacy,
-                   max_body_bytes=settings.max_body_bytes, hook_secrets=hook_secrets),
+                   max_body_bytes=settings.max_body_bytes, hook_secrets=secrets),
             bind, settings.public_url))
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}

@@ -21,7 +21,7 @@ from herder.core.errors import Refused
 from herder.core.model import ADHOC, JobSpec, Reservation, Scope, TokenRecord
 
 if TYPE_CHECKING:
-    from herder.core.config import JobTypeSection
+    from herder.core.settings.job_types import JobTypeSection
 
 TOKEN_PREFIX = "hdr_"
 OPERATOR_RANK = {Scope.READ: 1, Scope.SUBMIT: 2, Scope.ADMIN: 3}

@@ -11,10 +11,8 @@ from typing import Any
 
 import msgspec
 
-from herder.core.config import FleetSection, Settings
 from herder.core.model import HostRecord
 from herder.core.scheduling.accounts import AccountRules
-from herder.core.scheduling.breaker import PAUSE_SECONDS, THRESHOLD
 from herder.core.scheduling.capacity import (
     Shedding,
     WeightTable,
@@ -34,6 +32,8 @@ from herder.core.scheduling.health import (
     host_liveness,
 )
 from herder.core.scheduling.placement import PlacementPolicy
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import Settings
 
 
 class Fleet(msgspec.Struct, frozen=True):
@@ -44,13 +44,15 @@ class Fleet(msgspec.Struct, frozen=True):
     thresholds: HealthThresholds
     liveness: Liveness = DEFAULT_LIVENESS
     max_due: int = 100_000
-    breaker_threshold: int = THRESHOLD
-    breaker_pause: float = PAUSE_SECONDS
-    alert_grace: float = FleetSection().alert_grace
     accounts: AccountRules = msgspec.field(default_factory=lambda: AccountRules({}))
-    max_workers: int | None = None
-    """`[fleet] emergency_max_workers` as herder.toml starts it (`fleet_cap` reads the
-    run-time value)."""
+    settings: FleetSection = FleetSection()
+    """[fleet] as herder.toml says: the breaker, the alert grace and emergency_max_workers as
+    it starts (`fleet_cap` reads the run-time value)."""
+
+    @property
+    def max_workers(self) -> int | None:
+        """`[fleet] emergency_max_workers` as herder.toml starts it."""
+        return self.settings.emergency_max_workers
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fleet:
@@ -80,9 +82,7 @@ class Fleet(msgspec.Struct, frozen=True):
             policy=policy,
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),
-            breaker_threshold=fleet.breaker_threshold, breaker_pause=fleet.breaker_pause,
-            alert_grace=fleet.alert_grace, accounts=AccountRules.from_settings(settings),
-            max_workers=fleet.emergency_max_workers,
+            accounts=AccountRules.from_settings(settings), settings=fleet,
         )
 
     def caps(self, host: HostRecord, now: datetime) -> WindowCaps:

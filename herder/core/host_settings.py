@@ -13,7 +13,7 @@ import msgspec
 from herder.core.model import HostRecord, Transport
 
 if TYPE_CHECKING:
-    from herder.core.config import HostSection
+    from herder.core.settings.fleet import HostSection
 
 ANY_WEIGHT = ("", "any")
 """A window's max weight that lifts the cap."""

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from herder.core.model import INT_MAX, JOB_OUTCOMES, MAX_DURATION, Outcome
+from herder.core.model import INT_MAX, JOB_OUTCOMES, Outcome
+from herder.core.settings.fields import MAX_DURATION
 from herder.core.submission import storable
 
 Seconds = Annotated[float, Field(ge=0, le=MAX_DURATION, allow_inf_nan=False)]

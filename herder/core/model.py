@@ -9,12 +9,16 @@ from typing import Any
 
 import msgspec
 
+from herder.core.settings.job_defaults import DefaultsSection
+
 JSONObject = Mapping[str, Any]
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 """The store's integer columns."""
 BIGINT_MAX = 2**63 - 1
 """The store's ids."""
-MAX_DURATION = 366 * 86400.0
+RAM_TOLERANCE_GB = 1e-9
+"""Slack on every RAM check (placement, the stores' re-check, the demo's summary) so float
+sums (22.4 − 3 − 3 …, 3 + 3 + 2.4 against 8.4) never refuse an exact fit."""
 LAUNCH_ERROR_CHARS = 1000
 """The longest launch error (an OS error's text) an attempt keeps."""
 """Longer is surely a typo, and would overflow datetime arithmetic downstream."""
@@ -157,26 +161,28 @@ class WorkerId(msgspec.Struct, frozen=True):
             return cls(parts[0], int(parts[1]), int(parts[2]))
         except ValueError:
             return None
+_DEFAULTS = DefaultsSection()
 
 
 class JobSpec(msgspec.Struct, frozen=True):
-    """A job as submitted: everything resolved, nothing decided by the store yet."""
+    """A job as submitted: everything resolved, nothing decided by the store yet. `intake`
+    resolves every field; what a caller in code leaves out is herder.toml's [defaults]."""
 
     command: tuple[str, ...]
     job_type: str = "adhoc"
     shell: bool = False
     payload: JSONObject = msgspec.field(default_factory=dict)
-    priority: int = 100
-    weight: str = "light"
+    priority: int = _DEFAULTS.priority
+    weight: str = _DEFAULTS.weight
     dedup_key: str | None = None
     affinity: str | None = None
     available_at: datetime | None = None
-    max_attempts: int = 3
-    timeout_seconds: float | None = None
+    max_attempts: int = _DEFAULTS.max_attempts
+    timeout_seconds: float | None = _DEFAULTS.timeout
     env: Mapping[str, str] = msgspec.field(default_factory=dict)
     workdir: str | None = None
-    backoff_base_seconds: float = 10.0
-    backoff_max_seconds: float = 600.0
+    backoff_base_seconds: float = _DEFAULTS.backoff_base
+    backoff_max_seconds: float = _DEFAULTS.backoff_max
     silence_timeout_seconds: float | None = None
     """No new log output for this long: the attempt is stopped as `stuck`."""
 

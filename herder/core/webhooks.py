@@ -24,13 +24,12 @@ from herder.core.errors import Refused
 from herder.core.submission import SubmitRequest
 
 if TYPE_CHECKING:
-    from herder.core.config import HookRuleSection
+    from herder.core.settings.hooks import HookRuleSection
 
 PING = "ping"
 DELIVERY_ID_LENGTH = 200
 EVENT_LENGTH = 100
 _FORMATTER = string.Formatter()
-_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space: ids and event names
 
 
@@ -168,25 +167,6 @@ def _no_constant(name: str) -> Any:
 
 
 # -- rules -------------------------------------------------------------------------------------
-
-
-def template_paths(template: str) -> list[str]:
-    """The dotted paths a template reads; ValueError naming the fix for bad syntax (checked
-    when herder.toml loads)."""
-    try:
-        parsed = list(_FORMATTER.parse(template))
-    except ValueError as exc:
-        raise ValueError(f"bad template {template!r}: {exc}; escape literal braces as "
-                         "{{ and }}") from None
-    paths = []
-    for _literal, name, spec, conversion in parsed:
-        if name is None:
-            continue
-        if not _PATH.match(name) or spec or conversion:
-            raise ValueError(f"{{{name}}} in {template!r} is not a dotted path; write e.g. "
-                             "{issue.number} or {repository.full_name}")
-        paths.append(name)
-    return paths
 
 
 class Missing(Exception):

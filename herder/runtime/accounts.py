@@ -21,7 +21,6 @@ from datetime import datetime
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import AccountSection, Settings
 from herder.core.model import Account, AccountRecord, AttemptResult, Job, Outcome, Usage
 from herder.core.scheduling.accounts import (
     AUTH_REVOKED_COOLDOWN_SECONDS,
@@ -37,6 +36,8 @@ from herder.core.scheduling.accounts import (
     state_of,
 )
 from herder.core.scheduling.placement import Reason
+from herder.core.settings.fleet import AccountSection
+from herder.core.settings.sections import Settings
 from herder.runtime.hardening import JOB_UMASK
 from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
 from herder.runtime.short_process import run_within

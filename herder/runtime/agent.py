@@ -23,8 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from herder.core.config import RuntimeSection, ServerSection
 from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outcome, WorkerId
+from herder.core.settings.sections import DEFAULTS
 from herder.runtime.accounts import ProbeCommand, Prober
 from herder.runtime.agent_client import (
     ReportGone,
@@ -68,10 +68,10 @@ class HttpSource(WorkSource):
         client: ServerClient,
         gate: LocalGate,
         concurrency: int,
-        heartbeat_interval: float = RuntimeSection().heartbeat_interval,
-        long_poll: float = ServerSection().long_poll,
+        heartbeat_interval: float = DEFAULTS.runtime.heartbeat_interval,
+        long_poll: float = DEFAULTS.server.long_poll,
         check_ram: bool = True,
-        kill_grace: float = RuntimeSection().kill_grace,
+        kill_grace: float = DEFAULTS.runtime.kill_grace,
         poll: bool = True,
         close_timeout: float = 30.0,
         log_backlog: int = LOG_BACKLOG,

@@ -12,10 +12,10 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from herder.core.config import Settings
 from herder.core.errors import Conflict, Refused
 from herder.core.model import AttemptToken, HostRecord, Job, JobStatus, Outcome
 from herder.core.scheduling.alerting import Trouble
+from herder.core.settings.sections import Settings
 from herder.runtime.accounts import record_probes
 from herder.runtime.endings import Ending, PolicyLimits, bind_jobs, record_ending
 from herder.runtime.maintenance import PickupWatch, lost_result

@@ -15,9 +15,10 @@ from collections.abc import Callable, Collection, Mapping
 
 from msgspec.structs import replace
 
-from herder.core.config import Config, JobTypeSection
 from herder.core.fleet import Fleet
 from herder.core.host_settings import declared_host
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config
 from herder.runtime.accounts import sync_accounts
 from herder.runtime.agent_service import AgentService
 from herder.runtime.delivery import Alerts, start_alerts

@@ -27,7 +27,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from herder.core.backoff import Backoff
-from herder.core.config import AlertsSection
 from herder.core.errors import ConfigError
 from herder.core.scheduling.alerting import (
     HOUR,
@@ -38,6 +37,7 @@ from herder.core.scheduling.alerting import (
     pending_notices,
     silent_for,
 )
+from herder.core.settings.sections import AlertsSection
 from herder.runtime.hardening import secret_value
 
 if TYPE_CHECKING:

@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import AlertsSection, RuleSection, Settings
 from herder.core.errors import ConfigError
 from herder.core.model import Action, AttemptResult, Budget, Job, JobStatus, MemoryUse, Outcome
 from herder.core.scheduling.accounts import AccountRules
@@ -31,6 +30,8 @@ from herder.core.scheduling.policy import (
     decide,
     quiet_ending,
 )
+from herder.core.settings.job_types import RuleSection
+from herder.core.settings.sections import AlertsSection, Settings
 from herder.runtime.accounts import bind_accounts, learn_from_outcome, rotate
 from herder.store import Store
 

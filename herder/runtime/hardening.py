@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from herder.core.errors import InputError
 
 if TYPE_CHECKING:
-    from herder.core.config import Settings
+    from herder.core.settings.loading import Config
+    from herder.core.settings.sections import Settings
 
 log = logging.getLogger("herder.runtime.hardening")
 
@@ -152,6 +153,35 @@ def check_secret_file(path: str | os.PathLike[str], field: str) -> None:
     if mode is not None:
         raise InputError(field, f"{path} is open to group or others (mode {mode:04o})",
                          f"run chmod 600 {path}")
+
+
+def hook_secrets(config: Config, environ: Mapping[str, str]) -> dict[str, bytes]:
+    """Each webhook source's secret, from its variable or file: `herder server` reads
+    them at start and refuses to start without one (a source never accepts unsigned)."""
+    secrets: dict[str, bytes] = {}
+    for name, source in config.settings.hooks.sources.items():
+        where = f"hooks.sources.{name}"
+        if source.secret_env is not None:
+            secret = environ.get(source.secret_env, "").strip().encode()
+            if not secret:
+                raise InputError(f"{where}.secret_env",
+                                 f"{source.secret_env} is not set or empty",
+                                 f"export {source.secret_env} with the forge's secret")
+        else:
+            assert source.secret_file is not None, "checked when the config loaded"
+            path = config.resolve_path(source.secret_file)
+            check_secret_file(path, f"{where}.secret_file")
+            try:
+                secret = path.read_bytes().strip()
+            except OSError as exc:
+                raise InputError(f"{where}.secret_file", f"cannot read {path}: "
+                                 f"{exc.strerror}", "fix the path or its permissions"
+                                 ) from None
+            if not secret:
+                raise InputError(f"{where}.secret_file", f"{path} is empty",
+                                 "write the forge's secret into it")
+        secrets[name] = secret
+    return secrets
 
 
 def tighten(path: str | os.PathLike[str], what: str) -> bool:

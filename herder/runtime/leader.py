@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 from herder.core.backoff import Backoff
-from herder.core.config import Settings
 from herder.core.model import HostRecord
+from herder.core.settings.sections import Settings
 from herder.runtime.endings import PolicyLimits
 from herder.runtime.maintenance import (
     AgentTroubleSweep,

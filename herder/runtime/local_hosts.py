@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from herder.core.backoff import Backoff
-from herder.core.config import Config
 from herder.core.model import Transport, WorkerId
+from herder.core.settings.loading import Config
 from herder.runtime.local_child import LocalChild
 from herder.runtime.process import process_start_time
 from herder.runtime.server_state import ServerState, run_cycle

@@ -21,9 +21,9 @@ import msgspec
 import psutil
 from msgspec.structs import replace
 
-from herder.core.config import RuntimeSection
 from herder.core.model import Enforcement, Job, MemoryUse
 from herder.core.scheduling.capacity import WeightTable
+from herder.core.settings.sections import RuntimeSection
 from herder.runtime.cgroup import Cgroup, CgroupParent, cgroup_name, detect, sweep
 
 log = logging.getLogger("herder.memory")
@@ -99,21 +99,6 @@ def tree_rss(leader: int, members: Iterable[int] = ()) -> int | None:
 
 
 # -- a runner's memory control ------------------------------------------------------------------
-
-
-class MemoryPolicy(msgspec.Struct, frozen=True):
-    """[runtime]'s memory keys, as a runner uses them."""
-
-    enforcement: str = RuntimeSection().memory_enforcement
-    margin: float = RuntimeSection().memory_margin
-    sample_interval: float = RuntimeSection().memory_sample_interval
-    cgroup_root: str | None = RuntimeSection().cgroup_root
-    nice: Mapping[str, int] = msgspec.field(default_factory=dict)
-
-    @classmethod
-    def from_section(cls, runtime: RuntimeSection) -> MemoryPolicy:
-        return cls(runtime.memory_enforcement, runtime.memory_margin,
-                   runtime.memory_sample_interval, runtime.cgroup_root, dict(runtime.nice))
 
 
 @dataclass
@@ -200,26 +185,27 @@ class AttemptMemory:
 class MemoryControl:
     """A runner's: decides once, at its start, how its attempts' memory is enforced."""
 
-    def __init__(self, policy: MemoryPolicy, parent: CgroupParent | None,
+    def __init__(self, runtime: RuntimeSection, parent: CgroupParent | None,
                  prefix: str) -> None:
-        self.policy = policy
+        self.runtime = runtime
+        """[runtime]: its memory keys say how attempts' memory is enforced."""
         self.parent = parent
         self.prefix = prefix
         self.kept: set[str] = set()
         """Adopted cgroups of a dead runner that could not be renamed into this one's."""
 
     @classmethod
-    def start(cls, policy: MemoryPolicy, prefix: str, sweep_gone: bool = True
+    def start(cls, runtime: RuntimeSection, prefix: str, sweep_gone: bool = True
               ) -> MemoryControl:
         """`sweep_gone` false leaves dead runners' cgroups until `sweep_gone` is called:
         an agent first adopts what its predecessor left running (`adopt`)."""
         parent = None
-        if policy.enforcement in ("auto", "cgroup"):
-            parent = detect(policy.cgroup_root)
-            if parent is None and policy.enforcement == "cgroup":
+        if runtime.memory_enforcement in ("auto", "cgroup"):
+            parent = detect(runtime.cgroup_root)
+            if parent is None and runtime.memory_enforcement == "cgroup":
                 log.warning("memory_enforcement is cgroup but no writable memory cgroup was "
                             "found (see docs/outcomes.md, Memory): the watchdog enforces instead")
-        control = cls(policy, parent, prefix)
+        control = cls(runtime, parent, prefix)
         log.info("memory: %s", control.mode)
         if sweep_gone:
             control.sweep_gone()
@@ -236,8 +222,8 @@ class MemoryControl:
         """The memory of an attempt a dead runner started: its cgroup, renamed into this
         runner's (so neither the sweep nor the old guardian kills it), else the watchdog."""
         budget = budget_bytes(job, weights)
-        watch = Watch(budget, limit_bytes(budget, self.policy.margin),
-                      self.policy.sample_interval)
+        watch = Watch(budget, limit_bytes(budget, self.runtime.memory_margin),
+                      self.runtime.memory_sample_interval)
         if self.parent is not None and cgroup is not None:
             old = self.parent.make(cgroup)
             new = self.parent.make(cgroup_name(self.prefix, job.id, job.attempt))
@@ -256,15 +242,15 @@ class MemoryControl:
 
     @property
     def mode(self) -> Enforcement:
-        if self.policy.enforcement == "off":
+        if self.runtime.memory_enforcement == "off":
             return Enforcement.OFF
         return Enforcement.WATCHDOG if self.parent is None else self.parent.enforcement
 
     def begin(self, job: Job, weights: WeightTable | None) -> AttemptMemory:
         budget = budget_bytes(job, weights)
-        limit = limit_bytes(budget, self.policy.margin)
-        watch = Watch(budget, limit, self.policy.sample_interval)
-        nice = nice_for(job.weight, self.policy.nice)
+        limit = limit_bytes(budget, self.runtime.memory_margin)
+        watch = Watch(budget, limit, self.runtime.memory_sample_interval)
+        nice = nice_for(job.weight, self.runtime.nice)
         if self.parent is not None:
             cgroup = self.parent.create(cgroup_name(self.prefix, job.id, job.attempt), limit)
             if cgroup is not None:

@@ -18,21 +18,16 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from herder.core.settings.job_types import PREFLIGHT_CACHE, PREFLIGHT_TIMEOUT
 from herder.runtime.hardening import JOB_UMASK
 from herder.runtime.job_environment import BASE_ENVIRONMENT, passes
 from herder.runtime.short_process import run_within
 
 if TYPE_CHECKING:
-    from herder.core.config import JobTypeSection
+    from herder.core.settings.job_types import JobTypeSection
 
 log = logging.getLogger("herder.preflight")
 
-TTL_SECONDS = 45.0
-"""How long a result stands: a check per job type per minute or so costs nothing, and a host
-that breaks is noticed soon."""
-TIMEOUT_SECONDS = 5.0
-"""How long a check may take before it counts as failed: a `--version` that hangs is a broken
-CLI."""
 DETAIL_CHARS = 200
 
 
@@ -43,8 +38,8 @@ class Check(msgspec.Struct, frozen=True):
 
     argv: tuple[str, ...]
     strict: bool = False
-    timeout: float = TIMEOUT_SECONDS
-    cache: float = TTL_SECONDS
+    timeout: float = PREFLIGHT_TIMEOUT
+    cache: float = PREFLIGHT_CACHE
     """How long its result stands (the job type's `preflight_cache`)."""
 
 

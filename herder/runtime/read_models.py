@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from herder.core.config import Settings
 from herder.core.fleet import Fleet
 from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome
 from herder.core.scheduling.accounts import state_of
@@ -15,6 +14,7 @@ from herder.core.scheduling.breaker import Breaker
 from herder.core.scheduling.health import shown_health
 from herder.core.scheduling.placement import Plan, Snapshot, place
 from herder.core.scheduling.policy import SPAWN_OUTCOMES
+from herder.core.settings.sections import Settings
 from herder.runtime.accounts import probe_commands
 from herder.runtime.metrics import FleetSample, HostSample
 from herder.runtime.scheduler import (

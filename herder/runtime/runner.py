@@ -29,8 +29,9 @@ from typing import TypeVar
 import msgspec
 
 from herder.core.backoff import Backoff
-from herder.core.config import FleetSection, RuntimeSection, Settings
 from herder.core.model import AttemptToken, Job, Outcome, WorkerId
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import RuntimeSection, Settings
 from herder.runtime.attempt_files import (
     append_log,
     attempt_marker,
@@ -47,7 +48,7 @@ from herder.runtime.fence import FENCE_KILL_SHARE, fence_due, fence_kill_at, fen
 from herder.runtime.job_user import JobUser, check_workspace_root
 from herder.runtime.job_user import resolve as resolve_job_user
 from herder.runtime.maintenance import Rescuer
-from herder.runtime.memory import MemoryControl, MemoryPolicy
+from herder.runtime.memory import MemoryControl
 from herder.runtime.pending_results import Result, Retry, launch_failed
 from herder.runtime.preflight import Check, Refresher, job_type_checks
 from herder.runtime.process import process_start_time
@@ -71,40 +72,25 @@ def default_host() -> str:
 
 
 class RunnerOptions(msgspec.Struct, frozen=True):
-    """What a runner needs to know; commands build it with `from_settings`, the defaults
-    here are herder.toml's for tests that build one by hand."""
+    """What a runner needs to know: herder.toml's [runtime] and [fleet] as they are, and what
+    the command decides for this run. Commands build it with `from_settings`; a test passes
+    sections of its own (their defaults are herder.toml's)."""
 
     host: str
     log_dir: Path
-    concurrency: int = RuntimeSection().concurrency
-    heartbeat_interval: float = RuntimeSection().heartbeat_interval
-    attempt_lease: float = RuntimeSection().attempt_lease
-    kill_grace: float = RuntimeSection().kill_grace
-    poll_interval: float = RuntimeSection().poll_interval
-    max_lost: int = RuntimeSection().max_lost
+    runtime: RuntimeSection = RuntimeSection()
+    """Concurrency, heartbeats, the lease, pass_env, workspaces, memory: as the runner runs."""
+    fleet: FleetSection = FleetSection()
+    """max_spawn_failures, spawn_backoff and emergency_max_workers (the fleet-wide cap `herder
+    up` claims under)."""
     exit_when_idle: bool = False
-    max_spawn_failures: int = FleetSection().max_spawn_failures
-    spawn_backoff: float = FleetSection().spawn_backoff
     drain_timeout: float | None = None
     """On the first SIGTERM, let running attempts finish for this long before handing them
     back; None stops them at once (they are requeued either way)."""
-    pass_env: tuple[str, ...] = ()
-    """The runner's variables a job gets besides the base allow-list (executor.py)."""
-    fence_margin: float | None = RuntimeSection().fence_margin
-    """Stop attempts this long before their lease ends when heartbeats fail; None is a
-    quarter of the lease."""
     outcome_rules: OutcomeRules = msgspec.field(default_factory=OutcomeRules)
     """The job types' exit-code maps and the weight chain (`herder up` judges endings)."""
-    workspace_root: str = RuntimeSection().workspace_root
-    """Where jobs' workspaces are checked out; a relative path is beside log_dir."""
-    workspace_keep_failed: float = RuntimeSection().workspace_keep_failed
-    workspace_min_free_gb: float = RuntimeSection().workspace_min_free_gb
-    memory: MemoryPolicy = msgspec.field(default_factory=MemoryPolicy)
-    """How attempts' memory is measured and enforced (herder.runtime.memory)."""
     run_as: JobUser | None = None
     """Who jobs run as when herder is root ([runtime] run_as); None: herder's own user."""
-    max_workers: int | None = FleetSection().emergency_max_workers
-    """The fleet-wide cap `herder up` claims under ([fleet] emergency_max_workers)."""
     preflight: Mapping[str, Check] = msgspec.field(default_factory=dict)
     """Job type -> its preflight, run by `herder up` before it claims that type."""
 
@@ -116,25 +102,15 @@ class RunnerOptions(msgspec.Struct, frozen=True):
     ) -> RunnerOptions:
         """The one place herder.toml becomes a runner's options; the keywords are what a
         command or the server decides instead (None: the config's value)."""
-        runtime, fleet = settings.runtime, settings.fleet
+        runtime = settings.runtime
+        overrides = {name: value for name, value in (
+            ("concurrency", concurrency), ("attempt_lease", attempt_lease),
+            ("poll_interval", poll_interval)) if value is not None}
         options = cls(
-            host=host, log_dir=log_dir,
-            concurrency=runtime.concurrency if concurrency is None else concurrency,
-            heartbeat_interval=runtime.heartbeat_interval,
-            attempt_lease=runtime.attempt_lease if attempt_lease is None else attempt_lease,
-            kill_grace=runtime.kill_grace,
-            poll_interval=runtime.poll_interval if poll_interval is None else poll_interval,
-            max_lost=runtime.max_lost, exit_when_idle=exit_when_idle,
-            max_spawn_failures=fleet.max_spawn_failures, spawn_backoff=fleet.spawn_backoff,
-            drain_timeout=drain_timeout, pass_env=tuple(runtime.pass_env),
-            fence_margin=runtime.fence_margin,
+            host=host, log_dir=log_dir, runtime=msgspec.structs.replace(runtime, **overrides),
+            fleet=settings.fleet, exit_when_idle=exit_when_idle, drain_timeout=drain_timeout,
             outcome_rules=OutcomeRules.from_settings(settings),
-            workspace_root=runtime.workspace_root,
-            workspace_keep_failed=runtime.workspace_keep_failed,
-            workspace_min_free_gb=runtime.workspace_min_free_gb,
-            memory=MemoryPolicy.from_section(runtime),
             run_as=resolve_job_user(runtime.run_as, os.geteuid()),
-            max_workers=fleet.emergency_max_workers,
             preflight=job_type_checks(settings.job_types),
         )
         check_workspace_root(options.run_as, options.workspaces.root)
@@ -142,13 +118,14 @@ class RunnerOptions(msgspec.Struct, frozen=True):
 
     @property
     def workspaces(self) -> Workspaces:
-        root = self.log_dir.parent / Path(self.workspace_root).expanduser()
-        return Workspaces(root, self.workspace_keep_failed, self.workspace_min_free_gb)
+        runtime = self.runtime
+        root = self.log_dir.parent / Path(runtime.workspace_root).expanduser()
+        return Workspaces(root, runtime.workspace_keep_failed, runtime.workspace_min_free_gb)
 
     @property
     def limits(self) -> PolicyLimits:
-        return PolicyLimits(self.max_lost, self.max_spawn_failures, self.spawn_backoff,
-                            self.outcome_rules)
+        return PolicyLimits(self.runtime.max_lost, self.fleet.max_spawn_failures,
+                            self.fleet.spawn_backoff, self.outcome_rules)
 
 
 class Runner:
@@ -171,15 +148,16 @@ class Runner:
         if source is None:
             if store is None:
                 raise ValueError("a runner needs a store or a work source")
-            rescuer = Rescuer(store, options.host, options.attempt_lease, options.kill_grace,
-                              options.max_lost)
+            runtime = options.runtime
+            rescuer = Rescuer(store, options.host, runtime.attempt_lease, runtime.kill_grace,
+                              runtime.max_lost)
             source = ClaimSource(store, options.host, options.limits, rescuer,
-                                 options.max_workers,
-                                 Refresher(options.preflight, options.pass_env)
+                                 options.fleet.emergency_max_workers,
+                                 Refresher(options.preflight, options.runtime.pass_env)
                                  if options.preflight else None)
         self.source = source
         # An agent adopts its predecessor's attempts before dead runners' cgroups are swept.
-        self.memory = MemoryControl.start(options.memory,
+        self.memory = MemoryControl.start(options.runtime,
                                           runner_prefix(pid, process_start_time(pid) or 0),
                                           sweep_gone=not source.supervised)
         source.attach(self.worker)
@@ -198,12 +176,12 @@ class Runner:
         self.finished = 0
         self.last_turn = time.monotonic()
         """When the loop last completed a turn (the silent-scheduler alert of `herder up`)."""
-        margin = fence_margin(options.attempt_lease, options.fence_margin)
-        if options.kill_grace > margin * FENCE_KILL_SHARE:
+        margin = fence_margin(options.runtime.attempt_lease, options.runtime.fence_margin)
+        if options.runtime.kill_grace > margin * FENCE_KILL_SHARE:
             log.warning("runtime.kill_grace (%gs) does not fit in %.0f%% of the fence margin "
                         "(%gs, runtime.fence_margin): an attempt cut off from the store gets "
                         "less than kill_grace between SIGTERM and SIGKILL",
-                        options.kill_grace, FENCE_KILL_SHARE * 100, margin)
+                        options.runtime.kill_grace, FENCE_KILL_SHARE * 100, margin)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -245,7 +223,7 @@ class Runner:
             return 0
         self.options.log_dir.mkdir(parents=True, exist_ok=True)
         waker: Waker | None = self._step("waker", self.source.waker, time.monotonic())
-        log.info("runner %s up: concurrency %d", self.worker, self.options.concurrency)
+        log.info("runner %s up: concurrency %d", self.worker, self.options.runtime.concurrency)
         try:
             while True:
                 try:
@@ -284,8 +262,8 @@ class Runner:
         due += [result.retry.due for result in self.unreported.values()
                 if result.retry.due > mono]
         if due:
-            return max(BUSY_TICK, min(self.options.poll_interval, min(due) - mono))
-        return self.options.poll_interval
+            return max(BUSY_TICK, min(self.options.runtime.poll_interval, min(due) - mono))
+        return self.options.runtime.poll_interval
 
     def _first_maintenance(self) -> bool:
         """The first rescue pass, before any claim: retried while the store is busy or
@@ -352,18 +330,18 @@ class Runner:
                 return None
             return True
         self._supervise(mono)
-        free = self.options.concurrency - len(self.running)
+        free = self.options.runtime.concurrency - len(self.running)
         claimed_none = False
         if free > 0 and mono >= self._next_claim:
             claimed = self._step("claim", lambda: self._claim(free), mono)
             claimed_none = claimed is not None and not claimed
-            self._next_claim = mono + self.options.poll_interval if claimed_none else 0.0
+            self._next_claim = mono + self.options.runtime.poll_interval if claimed_none else 0.0
         if mono >= self._next_maintenance:
-            self._next_maintenance = mono + max(self.options.attempt_lease / 4, 1.0)
+            self._next_maintenance = mono + max(self.options.runtime.attempt_lease / 4, 1.0)
             self._step("maintenance", lambda: self.source.maintain(self.clock()), mono)
             self._step("workspace sweep",
                        lambda: sweep(self.options.workspaces.root, time.time(),
-                                     self.options.workspace_keep_failed), mono)
+                                     self.options.runtime.workspace_keep_failed), mono)
         if (self.options.exit_when_idle and claimed_none and not self.running
                 and not self.unreported and self._step("idle check", self.source.idle, mono)):
             log.info("nothing queued, claimed or running: exiting")
@@ -436,7 +414,7 @@ class Runner:
         self._publish_leases({attempt_marker(job.token, self.worker): asked})
         try:
             attempt = spawn(job, self.options.host, self.worker, self.options.log_dir,
-                            self.options.kill_grace, self.options.pass_env,
+                            self.options.runtime.kill_grace, self.options.runtime.pass_env,
                             self.options.workspaces,
                             self.memory.begin(job, self.options.outcome_rules.weights),
                             self.options.run_as, supervised=self.source.supervised)
@@ -494,7 +472,7 @@ class Runner:
                                                  f"{elapsed:.1f}s ({outcome}{adopted})")
                 if attempt.workspace is not None:
                     kept = release(attempt.workspace, outcome is Outcome.OK,
-                                   self.options.workspace_keep_failed, time.time())
+                                   self.options.runtime.workspace_keep_failed, time.time())
                     if kept:
                         append_log(attempt.log_path, kept)
                 # The tree is gone; its result is reported (and retried) from `unreported`.
@@ -575,7 +553,8 @@ class Runner:
         deadline = started + job.timeout_seconds if job.timeout_seconds else None
         memory = self.memory.adopt(job, self.options.outcome_rules.weights, record.cgroup)
         return RunningAttempt(
-            job, record.marker, log_path, process, started, deadline, self.options.kill_grace,
+            job, record.marker, log_path, process, started, deadline,
+            self.options.runtime.kill_grace,
             start_reported=True, memory=memory, adopted=True,
             workspace=Path(record.workspace) if record.workspace else None,
             run_folder=Path(record.run_folder) if record.run_folder else None)
@@ -616,7 +595,7 @@ class Runner:
                 attempt.request_stop(Outcome.CANCELLED, mono)
 
     def _heartbeat(self, mono: float) -> None:
-        self._next_heartbeat = mono + self.options.heartbeat_interval
+        self._next_heartbeat = mono + self.options.runtime.heartbeat_interval
         tokens = [attempt.token for attempt in self.running.values()]
         # The lease is renewed from when the request left, not when the reply came back:
         # the server stamps it later than that, so the local deadline errs early.
@@ -643,8 +622,8 @@ class Runner:
 
     def _lease(self) -> tuple[float, float]:
         """The lease the attempts are held to and this runner's fence margin."""
-        lease = self.source.lease_seconds or self.options.attempt_lease
-        return lease, fence_margin(lease, self.options.fence_margin)
+        lease = self.source.lease_seconds or self.options.runtime.attempt_lease
+        return lease, fence_margin(lease, self.options.runtime.fence_margin)
 
     def _publish_leases(self, starting: Mapping[str, float] | None = None) -> None:
         """Each running (or `starting`: marker -> renewed) attempt's backstop, for a
@@ -664,7 +643,7 @@ class Runner:
             if attempt.fenced or not fence_due(attempt.renewed, mono, lease, margin):
                 continue
             attempt.fenced = True
-            kill_at = fence_kill_at(mono, attempt.renewed + lease, self.options.kill_grace)
+            kill_at = fence_kill_at(mono, attempt.renewed + lease, self.options.runtime.kill_grace)
             log.error("job %d attempt %d: its lease was not renewed for %.1fs (lease %gs): "
                       "stopping it before the lease ends", attempt.job.id, attempt.job.attempt,
                       mono - attempt.renewed, lease)

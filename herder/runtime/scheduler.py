@@ -16,7 +16,6 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from herder.core.config import Settings
 from herder.core.fleet import Fleet, FleetCap
 from herder.core.model import HostRecord
 from herder.core.scheduling.alerting import in_start_grace
@@ -41,6 +40,7 @@ from herder.core.scheduling.placement import (
     place,
     stopped,
 )
+from herder.core.settings.sections import Settings
 from herder.runtime.accounts import FLEET_STOPPED, sync_account_alerts
 from herder.store import Store
 
@@ -58,12 +58,13 @@ def tripped_breakers(store: Store, fleet: Fleet,
                      now: datetime) -> dict[tuple[str, str], Breaker]:
     """Every (host, job type) whose circuit breaker is not closed now."""
     history = store.attempt_list_recent_outcomes(now - BREAKER_HISTORY,
-                                                 fleet.breaker_threshold)
+                                                 fleet.settings.breaker_threshold)
     running = store.job_list_running_types()
     found = {}
     for key, ended in history.items():
         state = breaker([Ended(outcome, at) for outcome, at in ended], running.get(key),
-                        now, fleet.breaker_threshold, fleet.breaker_pause)
+                        now, fleet.settings.breaker_threshold,
+                        fleet.settings.breaker_pause)
         if state.state is not BreakerState.CLOSED:
             found[key] = state
     return found
@@ -262,7 +263,7 @@ class Scheduler:
                    and loads[h.label].agent_down is None]
         if self.first_cycle is None:
             self.first_cycle = now
-        waiting = in_start_grace(self.first_cycle, now, self.fleet.alert_grace)
+        waiting = in_start_grace(self.first_cycle, now, self.fleet.settings.alert_grace)
         stopped = bool(enabled) and not healthy
         if stopped and not waiting:
             stale = ", ".join(
@@ -295,7 +296,7 @@ class Scheduler:
         (the no-healthy-host alert already says so when every host is down); not in a new
         leader's `alert_grace`, while agents check in."""
         hosts = stopped(plan) if any_healthy else None
-        if hosts and in_start_grace(self.first_cycle, now, self.fleet.alert_grace):
+        if hosts and in_start_grace(self.first_cycle, now, self.fleet.settings.alert_grace):
             return
         if hosts:
             text = "; ".join(f"{host}: {why}" for host, why in hosts.items())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from herder.core.config import Config
+from herder.core.settings.loading import Config
 from herder.store import Store
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def check_account_names(host: str, name: str) -> None:
     """InputError naming HOST or NAME when either is not a valid name."""
-    from herder.core.config import _NAME
+    from herder.core.settings.fields import NAME as _NAME
 
     for field, value in (("HOST", host), ("NAME", name)):
         if not _NAME.match(value):
@@ -85,7 +85,7 @@ class FleetOperations(OperationsBase):
 
     def host_add(self, label: str, settings: HostSettings, enabled: bool = True) -> str:
         """Register a host; its first agent token (only the hash is stored)."""
-        from herder.core.config import _NAME
+        from herder.core.settings.fields import NAME as _NAME
         from herder.services.host_settings import apply_settings
 
         if not _NAME.match(label):
@@ -136,7 +136,7 @@ class FleetOperations(OperationsBase):
 
     def account_add(self, account: Account) -> None:
         """Add or update an account; InputError naming the CLI option when it is invalid."""
-        from herder.core.config import _ENV_NAME
+        from herder.core.settings.fields import ENV_NAME as _ENV_NAME
 
         check_account_names(account.host, account.name)
         for key in account.env:

@@ -14,7 +14,7 @@ from herder.core.host_settings import ANY_WEIGHT, HostSettings, declared_host, t
 from herder.core.model import HostRecord, Transport
 
 if TYPE_CHECKING:
-    from herder.core.config import Config
+    from herder.core.settings.loading import Config
 
 
 def apply_settings(host: HostRecord, settings: HostSettings, config: Config) -> HostRecord:

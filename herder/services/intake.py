@@ -14,10 +14,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from herder.core.config import Config, JobTypeSection
 from herder.core.env_policy import check_submitted_env
 from herder.core.errors import InputError
-from herder.core.model import ADHOC, INT_MAX, INT_MIN, MAX_DURATION, JobSpec
+from herder.core.model import ADHOC, INT_MAX, INT_MIN, JobSpec
+from herder.core.settings.fields import MAX_DURATION
+from herder.core.settings.job_types import JobTypeSection
+from herder.core.settings.loading import Config
 from herder.core.shell_templates import VARIABLE_PREFIX as SHELL_VARIABLE_PREFIX
 from herder.core.shell_templates import render_shell
 from herder.core.submission import SubmitRequest, storable

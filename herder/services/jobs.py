@@ -62,8 +62,12 @@ def submit_request_of(job_type: str | None, command: Sequence[str] | None,
                           else list(command), payload=dict(payload or {}), **fields)
 
 
+FOLLOW_INTERVAL = 0.25
+"""How often `logs -f`, `submit --wait` and `wait` ask again, against a database or a server."""
+
+
 def wait_for_end(get: Callable[[int], Job], pause: Callable[[float], object], job_id: int,
-                 timeout: float | None, interval: float = 0.25) -> Job:
+                 timeout: float | None, interval: float = FOLLOW_INTERVAL) -> Job:
     """Ask for the job until it is done, failed or cancelled, pausing up to `interval`
     between asks (TimeoutError after `timeout`)."""
     deadline = None if timeout is None else time.monotonic() + timeout

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from herder.core.config import Config, load_config
+from herder.core.settings.loading import Config, load_config
 from herder.services.base import nothing
 from herder.services.fleet import FleetOperations
 from herder.services.jobs import JobOperations

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import msgspec
 
-from herder.core.config import _NAME
 from herder.core.errors import HerderError, InputError, NotFound
 from herder.core.host_settings import HostSettings
 from herder.core.model import Account, Attempt, Event, Job, JobStatus, ReservationStatus
+from herder.core.settings.fields import NAME as _NAME
 from herder.core.urls import loopback_name
 from herder.services.fleet import check_account_names
 from herder.services.jobs import Submitted, submit_request_of, wait_for_end
@@ -45,8 +45,6 @@ from herder.wire.reservations import ReservationEnded, Reserved, SlotClaimed, Sl
 
 TIMEOUT_SECONDS = 30.0
 """How long one call may take before the command gives up with one line."""
-FOLLOW_INTERVAL = 0.5
-"""How often `logs -f` and `submit --wait` ask again."""
 
 
 class TokenRefused(HerderError):
@@ -274,7 +272,7 @@ class RemoteClient:
         return (answer.reason or "the dispatch check said skip") if answer.skip else None
 
     def wait(self, job_id: int, timeout: float | None = None) -> Job:
-        return wait_for_end(self.get, time.sleep, job_id, timeout, FOLLOW_INTERVAL)
+        return wait_for_end(self.get, time.sleep, job_id, timeout)
 
     # -- hosts, accounts, alerts -----------------------------------------------------------------
 

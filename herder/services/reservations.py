@@ -7,9 +7,10 @@ import builtins
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from herder.core.config import Config, subagent_caps
 from herder.core.errors import Conflict, InputError, NotFound
 from herder.core.model import JobStatus, Reservation, ReservationKind, ReservationStatus
+from herder.core.settings.loading import Config
+from herder.core.settings.sections import subagent_caps
 from herder.services.base import OperationsBase
 from herder.store import Store
 from herder.store.records import JobCapReached

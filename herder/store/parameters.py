@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from herder.core.model import (
+    RAM_TOLERANCE_GB,
     AttemptResult,
     AttemptToken,
     Decision,
@@ -163,13 +164,9 @@ def host_params(host: HostRecord, now: datetime) -> dict[str, Any]:
     }
 
 
-CAPACITY_EPSILON_GB = 1e-9
-"""Float slack when comparing booked RAM with a budget (3 + 3 + 2.4 must fit 8.4)."""
-
-
 def ram_fits(booked_gb: float, ram_gb: float, bookable_gb: float) -> bool:
     """The capacity re-check both stores run under the host lock before placing a job."""
-    return booked_gb + ram_gb <= bookable_gb + CAPACITY_EPSILON_GB
+    return booked_gb + ram_gb <= bookable_gb + RAM_TOLERANCE_GB
 
 
 def slots_that_fit(count: int, ram_gb: float, booked_gb: float,
@@ -177,5 +174,5 @@ def slots_that_fit(count: int, ram_gb: float, booked_gb: float,
     """How many of `count` reservations of `ram_gb` fit; all when unbounded or free."""
     if bookable_gb is None or ram_gb <= 0:
         return count
-    free = bookable_gb - booked_gb + CAPACITY_EPSILON_GB
+    free = bookable_gb - booked_gb + RAM_TOLERANCE_GB
     return max(0, min(count, math.floor(free / ram_gb)))

@@ -11,7 +11,6 @@ from pydantic import AliasChoices, AliasPath, Field
 from herder.core.job_result import Seconds
 from herder.core.model import (
     INT_MAX,
-    MAX_DURATION,
     Attempt,
     Enforcement,
     Event,
@@ -19,6 +18,7 @@ from herder.core.model import (
     JobStatus,
     Outcome,
 )
+from herder.core.settings.fields import MAX_DURATION
 from herder.core.submission import DEDUP_KEY_LENGTH, NAME_LENGTH, WORKDIR_LENGTH
 from herder.wire.base import (
     Body,

@@ -29,8 +29,9 @@ from support.postgres import PostgresCluster
 from support.processes import descendants, kill_group
 
 from herder.core.backoff import Backoff
-from herder.core.config import FleetSection, RuntimeSection
 from herder.core.model import JobStatus
+from herder.core.settings.fleet import FleetSection
+from herder.core.settings.sections import RuntimeSection
 from herder.store import open_store
 
 MARK_JOB = Path(__file__).with_name("mark_job.py")
@@ -100,7 +101,7 @@ def knows(section: type, key: str) -> bool:
 
 def config_sections() -> dict[str, dict[str, Any]]:
     """Fast timings for herder.toml. Keys that only some versions of herder know
-    (`fence_margin`, `pickup_timeout`) are written only when this herder.core.config has them."""
+    (`fence_margin`, `pickup_timeout`) are written only when this herder.core.settings has them."""
     runtime: dict[str, Any] = {"heartbeat_interval": f"{HEARTBEAT}s",
                                "attempt_lease": f"{LEASE}s", "kill_grace": f"{KILL_GRACE}s",
                                "poll_interval": "0.2s", "max_lost": LIMITS.max_lost}

@@ -328,7 +328,7 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_config_is_valid_and_writes_only_keys_this_herder_knows(tmp_path: Path) -> None:
-    from herder.core.config import load_config
+    from herder.core.settings.loading import load_config
 
     fleet = FleetHarness(tmp_path, f"sqlite:///{tmp_path / 'herder.db'}", **config_sections())
     try:

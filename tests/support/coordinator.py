@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from herder.core.config import load_config
+from herder.core.settings.loading import load_config
 from herder.runtime.coordinator import Coordinator
 from herder.runtime.loop_health import LoopRegistry
 from herder.store import Store

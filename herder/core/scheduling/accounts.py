@@ -33,7 +33,6 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection, Settings
 from herder.core.model import (
     Account,
     AccountHealth,
@@ -45,8 +44,9 @@ from herder.core.model import (
 )
 from herder.core.scheduling.placement import Reason
 from herder.core.scheduling.policy import QUIET_REASONS
+from herder.core.settings.sections import DEFAULTS, Settings
 
-AUTH_REVOKED_COOLDOWN_SECONDS = FleetSection().auth_revoked_cooldown
+AUTH_REVOKED_COOLDOWN_SECONDS = DEFAULTS.fleet.auth_revoked_cooldown
 PROBE_KEYS = ("credentials_present", "has_refresh_token", "access_expired")
 """The booleans a probe prints, as one JSON object (never a secret)."""
 USAGE_KEYS = ("usage_percent", "resets_at")

@@ -19,8 +19,8 @@ from typing import Protocol
 
 import msgspec
 
-from herder.core.config import AlertsSection
 from herder.core.model import Attempt, Outcome
+from herder.core.settings.sections import AlertsSection
 
 HOUR = timedelta(hours=1)
 

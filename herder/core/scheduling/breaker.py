@@ -18,13 +18,8 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from herder.core.config import FleetSection
 from herder.core.model import Outcome
-
-THRESHOLD = FleetSection().breaker_threshold
-"""Transient outcomes in a row that open the breaker (`[fleet] breaker_threshold`)."""
-PAUSE_SECONDS = FleetSection().breaker_pause
-"""How long it stays open (`[fleet] breaker_pause`)."""
+from herder.core.settings.sections import DEFAULTS
 
 
 class BreakerState(enum.StrEnum):
@@ -63,10 +58,13 @@ class Ended(msgspec.Struct, frozen=True):
 
 
 def breaker(history: Sequence[Ended], running_since: datetime | None, now: datetime,
-            threshold: int = THRESHOLD, pause: float = PAUSE_SECONDS) -> Breaker:
+            threshold: int = DEFAULTS.fleet.breaker_threshold,
+            pause: float = DEFAULTS.fleet.breaker_pause) -> Breaker:
     """The breaker for one host and job type. `history` is its ended attempts, newest
     first (at least `threshold` of them when there are that many); `running_since` is when
-    the newest attempt of the type still running there started, if any."""
+    the newest attempt of the type still running there started, if any. `threshold`
+    transient outcomes in a row open it (seed 002's breaker_threshold) for `pause` seconds
+    (breaker_pause_seconds)."""
     streak = 0
     for ended in history:
         if ended.outcome is not Outcome.TRANSIENT:

@@ -13,13 +13,14 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from herder.core.config import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
-from herder.core.config import ESCALATION_CHAIN, SHEDDING_STEPS, FleetSection
+from herder.core.settings.fleet import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
+from herder.core.settings.fleet import ESCALATION_CHAIN, SHEDDING_STEPS
+from herder.core.settings.sections import DEFAULTS
 
 PRIME = "prime"
 NIGHT = "night"
-NIGHT_START = time.fromisoformat(FleetSection().night_start)
-NIGHT_END = time.fromisoformat(FleetSection().night_end)
+NIGHT_START = time.fromisoformat(DEFAULTS.fleet.night_start)
+NIGHT_END = time.fromisoformat(DEFAULTS.fleet.night_end)
 
 
 class WindowCaps(msgspec.Struct, frozen=True):
@@ -37,7 +38,7 @@ class WindowSchedule(msgspec.Struct, frozen=True):
     and end mean there is no night at all.
     """
 
-    timezone: str = FleetSection().timezone
+    timezone: str = DEFAULTS.fleet.timezone
     night_start: time = NIGHT_START
     night_end: time = NIGHT_END
 
@@ -126,7 +127,7 @@ SEED_SHEDDING = Shedding()
 
 
 def bookable_gb(total_gb: float, reserved_gb: float,
-                fraction: float = FleetSection().bookable_fraction) -> float:
+                fraction: float = DEFAULTS.fleet.bookable_fraction) -> float:
     """RAM the scheduler may book on a host: a fraction of what the OS reservation leaves,
     so measured use above the budgets still has headroom (e.g. 0.8 × (32 − 4) = 22.4)."""
     return max(0.0, fraction * (total_gb - reserved_gb))

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from herder.core.config import FleetSection, RuntimeSection
+from herder.core.settings.sections import DEFAULTS
 
 
 class HostHealth(enum.StrEnum):
@@ -22,8 +22,8 @@ class HostHealth(enum.StrEnum):
 class HealthThresholds(msgspec.Struct, frozen=True):
     """Heartbeat ages at which a host turns degraded and then down."""
 
-    degraded_after_seconds: float = FleetSection().healthy_within
-    down_after_seconds: float = FleetSection().degraded_within
+    degraded_after_seconds: float = DEFAULTS.fleet.healthy_within
+    down_after_seconds: float = DEFAULTS.fleet.degraded_within
 
 
 DEFAULT_THRESHOLDS = HealthThresholds()
@@ -60,8 +60,8 @@ class Liveness(msgspec.Struct, frozen=True):
     heartbeats every few minutes; an agent beats every few seconds, so its silence means
     something long before it turns degraded."""
 
-    heartbeat_interval_seconds: float = RuntimeSection().heartbeat_interval
-    missed_heartbeats: int = FleetSection().missed_heartbeats
+    heartbeat_interval_seconds: float = DEFAULTS.runtime.heartbeat_interval
+    missed_heartbeats: int = DEFAULTS.fleet.missed_heartbeats
 
     def window_seconds(self, advertised_interval: object = None) -> float:
         """The silence allowed; an agent that advertises a slower heartbeat gets its own."""

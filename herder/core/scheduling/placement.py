@@ -34,8 +34,7 @@ from operator import attrgetter
 
 import msgspec
 
-from herder.core.config import FleetSection
-from herder.core.model import HostRecord
+from herder.core.model import RAM_TOLERANCE_GB, HostRecord
 from herder.core.scheduling.capacity import (
     DEFAULT_SCHEDULE,
     DEFAULT_WEIGHTS,
@@ -49,9 +48,7 @@ from herder.core.scheduling.capacity import (
     capacity_ratio,
 )
 from herder.core.scheduling.health import HostHealth, accepts_work
-
-RAM_TOLERANCE_GB = 1e-9
-"""Slack on the RAM check so float sums (22.4 − 3 − 3 …) never refuse an exact fit."""
+from herder.core.settings.sections import DEFAULTS
 
 BEST_FIT = "best_fit"
 SPREAD = "spread"
@@ -159,9 +156,9 @@ class PendingJob(msgspec.Struct, frozen=True):
 
 
 class PlacementPolicy(msgspec.Struct, frozen=True):
-    bookable_fraction: float = FleetSection().bookable_fraction
-    strategy: str = FleetSection().strategy
-    starvation_wait_seconds: float = FleetSection().starvation_wait
+    bookable_fraction: float = DEFAULTS.fleet.bookable_fraction
+    strategy: str = DEFAULTS.fleet.strategy
+    starvation_wait_seconds: float = DEFAULTS.fleet.starvation_wait
     shedding: Shedding = SEED_SHEDDING
     schedule: WindowSchedule = DEFAULT_SCHEDULE
     pinned: Mapping[str, frozenset[str]] = msgspec.field(default_factory=dict)

@@ -20,8 +20,8 @@ from datetime import datetime, timedelta
 import msgspec
 from msgspec.structs import replace
 
-from herder.core.config import FleetSection, RuntimeSection
 from herder.core.model import Action, Budget, Decision, JobStatus, Outcome
+from herder.core.settings.sections import DEFAULTS
 
 MAX_TRANSIENT_ATTEMPTS = 5
 """Transient outcomes (a 429, an overloaded API) a job may meet before it fails."""
@@ -168,11 +168,11 @@ def decide(
     outcome: Outcome,
     state: RetryState,
     now: datetime,
-    max_lost: int = RuntimeSection().max_lost,
+    max_lost: int = DEFAULTS.runtime.max_lost,
     *,
     retry_after: float | None = None,
-    max_spawn_failures: int = FleetSection().max_spawn_failures,
-    spawn_backoff_seconds: float = FleetSection().spawn_backoff,
+    max_spawn_failures: int = DEFAULTS.fleet.max_spawn_failures,
+    spawn_backoff_seconds: float = DEFAULTS.fleet.spawn_backoff,
     resume_at: datetime | None = None,
     rules: Mapping[Outcome, Rule] = DEFAULT_RULES,
 ) -> Decision:
