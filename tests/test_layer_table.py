@@ -25,10 +25,6 @@ LAYERS: list[tuple[str, ...]] = [
 """Bottom to top: a module imports its own layer or the ones below. `herder.client` is the
 documented import path of the Python API, a re-export of the operations service."""
 
-KNOWN: set[tuple[str, str]] = set()
-"""Arrows that still run the wrong way, each to be removed by moving code, not by adding here."""
-
-
 def modules() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
@@ -63,7 +59,7 @@ def imports_of(name: str, path: Path) -> Iterator[str]:
             continue
         for target in targets:
             module = resolved(target) if target.startswith("herder.") else None
-            if module is not None and module != name and module != "herder":
+            if module is not None and module not in (name, "herder"):
                 yield module
 
 
@@ -92,12 +88,7 @@ def upward() -> set[tuple[str, str]]:
 
 
 def test_no_import_runs_up_the_layers():
-    assert sorted(upward() - KNOWN) == []
-
-
-def test_the_known_wrong_arrows_are_still_there():
-    # A fixed arrow leaves the list, so the list only shrinks.
-    assert sorted(KNOWN - upward()) == []
+    assert sorted(upward()) == []
 
 
 def cycles() -> list[list[str]]:
