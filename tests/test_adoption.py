@@ -1,5 +1,5 @@
 """Restarts that lose nothing: an agent's attempts run under supervisors that outlive it, and
-the host's next agent adopts them (herder.runtime.supervisor, Runner._adopt_predecessors,
+the host's next agent adopts them (herder.runtime.supervisor, Adoption.adopt_predecessors,
 the guardian's adopt_grace). Real server, real agents, real signals; every wait is on a file
 a job writes or on the store, with a deadline."""
 

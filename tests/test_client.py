@@ -15,7 +15,8 @@ from herder.core.errors import InputError, NotFound
 from herder.core.model import Job, JobStatus
 from herder.core.settings.loading import Config
 from herder.core.settings.sections import RuntimeSection, Settings
-from herder.runtime.runner import Runner, RunnerOptions
+from herder.runtime.runner import Runner
+from herder.runtime.runner_options import RunnerOptions
 from herder.store import open_store
 
 

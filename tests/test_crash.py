@@ -33,7 +33,8 @@ from herder.core.model import (
 )
 from herder.core.settings.sections import RuntimeSection
 from herder.runtime.process import processes_with_token
-from herder.runtime.runner import Runner, RunnerOptions
+from herder.runtime.runner import Runner
+from herder.runtime.runner_options import RunnerOptions
 from herder.store import open_store
 
 FLOCK_JOB = """\

@@ -34,14 +34,10 @@ from herder.core.model import AttemptToken, JobStatus, Outcome
 from herder.core.settings.loading import load_config
 from herder.core.settings.sections import RuntimeSection
 from herder.runtime.agent import HttpSource, ServerClient
+from herder.runtime.fence import fence_due, fence_kill_at, fence_margin
 from herder.runtime.local_gate import LocalGate
-from herder.runtime.runner import (
-    Runner,
-    RunnerOptions,
-    fence_due,
-    fence_kill_at,
-    fence_margin,
-)
+from herder.runtime.runner import Runner
+from herder.runtime.runner_options import RunnerOptions
 from herder.wire.agents import HeartbeatReply, HostGate, pairs
 
 # -- the decision (pure) ------------------------------------------------------------------------

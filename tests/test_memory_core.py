@@ -30,7 +30,7 @@ from herder.runtime.cgroup import (
 )
 from herder.runtime.memory import MemoryControl, Watch, budget_bytes, limit_bytes
 from herder.runtime.process import process_start_time
-from herder.runtime.runner import RunnerOptions
+from herder.runtime.runner_options import RunnerOptions
 from herder.wire.agents import FinishBody
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -65,7 +65,8 @@ def test_up_retries_its_first_maintenance_pass(tmp_path, store):
     from herder.core.model import JobSpec, JobStatus
     from herder.core.settings.sections import RuntimeSection
     from herder.runtime.maintenance import Rescuer
-    from herder.runtime.runner import Runner, RunnerOptions
+    from herder.runtime.runner import Runner
+    from herder.runtime.runner_options import RunnerOptions
     from herder.runtime.sources import ClaimSource
 
     class FlakySource(ClaimSource):

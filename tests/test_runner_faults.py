@@ -25,7 +25,8 @@ from herder.core.model import AttemptToken, HeartbeatReply, Job, JobStatus, Outc
 from herder.core.settings.sections import RuntimeSection
 from herder.runtime.maintenance import Rescuer
 from herder.runtime.process import token_markers
-from herder.runtime.runner import Runner, RunnerOptions
+from herder.runtime.runner import Runner
+from herder.runtime.runner_options import RunnerOptions
 from herder.runtime.sources import ClaimSource
 from herder.store import open_store
 

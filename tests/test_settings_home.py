@@ -19,7 +19,8 @@ from herder.core.scheduling.policy import RetryState, decide
 from herder.core.settings.loading import load_config
 from herder.core.settings.sections import Settings
 from herder.runtime.endings import OutcomeRules, PolicyLimits
-from herder.runtime.runner import Runner, RunnerOptions
+from herder.runtime.runner import Runner
+from herder.runtime.runner_options import RunnerOptions
 from herder.runtime.sources import ClaimSource
 from herder.store import open_store
 

@@ -263,7 +263,8 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
     from herder.runtime.agent_client import ServerClient, check_server_url
     from herder.runtime.job_user import job_user_at_start, warn_root
     from herder.runtime.local_gate import LocalGate
-    from herder.runtime.runner import Runner, RunnerOptions
+    from herder.runtime.runner import Runner
+    from herder.runtime.runner_options import RunnerOptions
 
     log_to_stderr(log_level, log_format)
     state: State = ctx.obj
@@ -413,7 +414,8 @@ def run_attempt(state: State, server_url: str, label: str, job_id: int, attempt:
     from herder.runtime.agent_client import ServerClient, ServerUnavailable
     from herder.runtime.job_user import job_user_at_start
     from herder.runtime.local_gate import LocalGate
-    from herder.runtime.runner import Runner, RunnerOptions
+    from herder.runtime.runner import Runner
+    from herder.runtime.runner_options import RunnerOptions
     from herder.runtime.single_attempt import SingleAttemptSource, fetch_attempt
 
     log_to_stderr("info")

@@ -60,7 +60,8 @@ def up(state: State, concurrency: int | None, host: str | None, exit_when_idle: 
     from herder.runtime.delivery import start_alerts
     from herder.runtime.guardian import start_guardian
     from herder.runtime.job_user import job_user_at_start
-    from herder.runtime.runner import Runner, RunnerOptions, default_host, utcnow
+    from herder.runtime.runner import Runner, utcnow
+    from herder.runtime.runner_options import RunnerOptions, default_host
 
     log_to_stderr(log_level, log_format)
     with edge():

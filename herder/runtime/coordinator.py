@@ -30,7 +30,7 @@ from herder.runtime.metrics import Metrics
 from herder.runtime.preflight import job_type_checks
 from herder.runtime.read_models import ReadModels
 from herder.runtime.relay import AssignmentRelay
-from herder.runtime.runner import default_host
+from herder.runtime.runner_options import default_host
 from herder.runtime.scheduler import Scheduler, lease_seconds
 from herder.runtime.server_state import ServerState, utcnow
 from herder.store import Store
