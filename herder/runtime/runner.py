@@ -10,6 +10,10 @@ retried with backoff on a later turn and never stops the others, so a spawned pr
 always supervised (timeout, cancel, heartbeat, fence) and its result is reported once the
 store answers again. Attempts whose lease could not be renewed for `lease - fence_margin`
 are stopped before the lease ends, so a cut-off runner never overlaps the next attempt.
+
+Here are the loop, the claims and the launches; the Runner owns the rest: `steps` (the retried
+calls), `leases` (heartbeats and the fence), `reports` (ended attempts until recorded) and
+`adoption` (a dead agent's attempts).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ def utcnow() -> datetime:
 
 
 class Runner:
+    """One runner's loop over the attempts it supervises (`running`, shared with its parts)."""
+
     def __init__(
         self,
         store: Store | None,
