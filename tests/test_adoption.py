@@ -260,6 +260,9 @@ def test_what_cannot_be_adopted_is_killed(make_fleet, tmp_path, sqlite_url, faul
     assert not (tmp_path / "runs.release").exists()
     wait_for(lambda: len(fleet.attempts(job_id)) == 2, 30, "the job to run again",
              fleet.describe)
+    # The second attempt ends too: its supervisor would outlive the agents the harness kills.
+    (tmp_path / "runs.release").touch()
+    fleet.wait_status(job_id, JobStatus.DONE, 60)
 
 
 # -- the parts, alone ----------------------------------------------------------------------------
