@@ -9,7 +9,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -28,6 +28,7 @@ from herder.cli.root import (
 from herder.core.errors import InputError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from datetime import datetime
 
     from herder.core.scheduling.alerting import Trouble
@@ -160,17 +161,39 @@ def check_unit_values(label: str, user: str, **paths: str | None) -> None:
                              f"{value!r} holds a control character", "pass it on one line")
 
 
+_Command = TypeVar("_Command", bound="Callable[..., Any]")
+
+
+def unit_options(reader: str) -> Callable[[_Command], _Command]:
+    """The options both install-systemd commands (agent, heartbeat) start with, in the order
+    --help lists them; `reader` is who reads the token file."""
+    options = (
+        click.option("--server", "server_url", required=True),
+        click.option("--host", "label", required=True),
+        click.option("--user", default=lambda: os.environ.get("USER", "herder")),
+        click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
+                     help=f"Where {reader} reads the host token (mode 0600, owned by --user)."),
+    )
+
+    def apply(command: _Command) -> _Command:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
+CA_OPTION = click.option(
+    "--ca", type=click.Path(exists=True, dir_okay=False),
+    help="The CA that signed the server's certificate (its absolute path is written).")
+
+
 HEARTBEAT_UNIT_DIR = "/etc/systemd/system"
 
 
 @heartbeat.command("install-systemd")
-@click.option("--server", "server_url", required=True)
-@click.option("--host", "label", required=True)
-@click.option("--user", default=lambda: os.environ.get("USER", "herder"))
-@click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
-              help="Where the heartbeat reads the host token (mode 0600, owned by --user).")
-@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
-              help="The CA that signed the server's certificate (its absolute path is written).")
+@unit_options("the heartbeat")
+@CA_OPTION
 @click.option("--unit-dir", default=HEARTBEAT_UNIT_DIR, show_default=True,
               type=click.Path(file_okay=False),
               help="Where herder-heartbeat.service and herder-heartbeat.timer are written.")
@@ -357,14 +380,9 @@ def die_with_parent(parent: int) -> None:
 
 
 @agent.command("install-systemd")
-@click.option("--server", "server_url", required=True)
-@click.option("--host", "label", required=True)
-@click.option("--user", default=lambda: os.environ.get("USER", "herder"))
-@click.option("--token-file", default="/etc/herder/agent-token", show_default=True,
-              help="Where the unit's agent reads the host token (mode 0600, owned by --user).")
+@unit_options("the unit's agent")
 @click.option("--drain-seconds", type=int, default=600, show_default=True)
-@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
-              help="The CA that signed the server's certificate (its absolute path is written).")
+@CA_OPTION
 @PLAINTEXT_OPTION
 def install_systemd(server_url: str, label: str, user: str, token_file: str,
                     drain_seconds: int, ca: str | None, allow_plaintext: bool) -> None:

@@ -153,29 +153,24 @@ def host_set(state: State, /, label: str, **options: Any) -> None:
     click.echo(f"updated host {label}")
 
 
-def _set_enabled(state: State, label: str, enabled: bool) -> None:
-    with edge():
-        state.client.host_enable(label, enabled)
+def _enabling_command(name: str, enabled: bool, help_text: str, said: str) -> click.Command:
+    """`host enable` and `host drain`: one switch, each with its name, help and message."""
+
+    @host.command(name, help=help_text)
+    @click.argument("label")
+    @pass_state
+    def command(state: State, label: str) -> None:
+        with edge():
+            state.client.host_enable(label, enabled)
+        click.echo(f"host {label}: {said}")
+
+    return command
 
 
-@host.command("enable")
-@click.argument("label")
-@pass_state
-def host_enable(state: State, label: str) -> None:
-    """Let a host take new work."""
-    _set_enabled(state, label, True)
-    click.echo(f"host {label}: enabled")
-
-
-@host.command("drain")
-@click.argument("label")
-@pass_state
-def host_drain(state: State, label: str) -> None:
-    """Take nothing new; running jobs finish. `disable` is another name for it."""
-    _set_enabled(state, label, False)
-    click.echo(f"host {label}: drained (running jobs finish; nothing new is placed)")
-
-
+host_enable = _enabling_command("enable", True, "Let a host take new work.", "enabled")
+host_drain = _enabling_command(
+    "drain", False, "Take nothing new; running jobs finish. `disable` is another name for it.",
+    "drained (running jobs finish; nothing new is placed)")
 host.add_command(host_drain, name="disable")
 
 

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 
 
 
+def _named_values(items: Sequence[str], option: str, form: str,
+                  example: str) -> dict[str, str]:
+    """`--env` and `-p` pairs as a dict, split at the first `=`: one without a `=` or a name
+    is refused, naming the option and its `form` (NAME=VALUE)."""
+    values: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InputError(option, f"{item!r} is not {form}", example)
+        values[name] = value
+    return values
+
+
 class SubmitCommand(click.Command):
     """Everything after `--` is the ad-hoc command, passed through untouched."""
 
@@ -77,12 +90,7 @@ def submit(ctx: click.Context, job_type: str | None, params: Sequence[str],
     with edge():
         body: dict[str, Any] = parse_payload(payload) if payload else {}
         body.update(parse_assignments(params))
-        env: dict[str, str] = {}
-        for pair in env_pairs:
-            name, sep, value = pair.partition("=")
-            if not sep or not name:
-                raise InputError("--env", f"{pair!r} is not NAME=VALUE", "write --env KEY=value")
-            env[name] = value
+        env = _named_values(env_pairs, "--env", "NAME=VALUE", "write --env KEY=value")
         delay_seconds = duration(delay, "--delay")
         try:
             available_at = (datetime.now(UTC) + timedelta(seconds=delay_seconds)
@@ -286,12 +294,7 @@ def should_dispatch(state: State, dedup_key: str, job_type: str | None,
         if not dedup_key:  # no job holds one: it would always say dispatch
             raise InputError("KEY", "is empty",
                              "pass the dedup key the job would be submitted with")
-        payload: dict[str, str] = {}
-        for item in params:
-            name, sep, value = item.partition("=")
-            if not sep or not name:
-                raise InputError("-p", f"{item!r} is not FIELD=VALUE", "write -p issue=42")
-            payload[name] = value
+        payload = _named_values(params, "-p", "FIELD=VALUE", "write -p issue=42")
         if params and job_type is None:
             raise InputError("-p", "a payload is for a job type's dispatch_check",
                              "pass --type NAME too")

@@ -230,7 +230,8 @@ def hosts_for(store: Store, job: Job, pinned: frozenset[str] | None = None
 
 
 def log_ending(job: Job, result: AttemptResult, status: JobStatus) -> None:
-    """The seeds' log event of an ended attempt (`--log-format json` carries its name)."""
+    """The documented log event of an ended attempt (docs/monitoring.md; `--log-format json`
+    carries its name)."""
     event = ending_event(result.outcome, status)
     if event is None:
         return
@@ -251,13 +252,14 @@ ENDING_EVENTS: Mapping[Outcome, tuple[int, str]] = {
     Outcome.RAM_CONTENTION: (logging.WARNING, "spawn_ram_contention"),
     Outcome.NEEDS_HEAVIER: (logging.WARNING, "dispatch_exit4"),
 }
-"""Seed 004's log events for an attempt's end, by outcome (a failed job says
-`dispatch_failed` whatever its outcome)."""
+"""The documented log events for an attempt's end (docs/monitoring.md), by outcome (a failed
+job says `dispatch_failed` whatever its outcome)."""
 
 
 def ending_event(outcome: Outcome, status: JobStatus) -> tuple[int, str] | None:
-    """The log level and the seeds' event name of an ended attempt; None for the rest
-    (a job done, a retry of weather), which the runner's own lines already tell."""
+    """The log level and the documented event name (docs/monitoring.md) of an ended attempt;
+    None for the rest (a job done, a retry of weather), which the runner's own lines already
+    tell."""
     if status is JobStatus.FAILED:
         return logging.ERROR, "dispatch_failed"
     return ENDING_EVENTS.get(outcome)

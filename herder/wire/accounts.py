@@ -33,8 +33,9 @@ class AccountChanged(Reply):
     """add: always; clear: False when it was healthy already."""
 
 
-class AccountView(Reply):
-    """An account as `herder accounts` shows it: never its environment's values."""
+class AccountState(Reply):
+    """What `herder accounts` and the queue's summary (`QueueAccount`) both show of an
+    account: where it is, its state and its sessions."""
 
     host: str
     name: str
@@ -42,6 +43,11 @@ class AccountView(Reply):
     detail: str
     sessions: int
     max_sessions: int
+
+
+class AccountView(AccountState):
+    """An account as `herder accounts` shows it: never its environment's values."""
+
     job_types: list[str] | None
     source: str
     depleted_until: Timestamp | None

@@ -7,6 +7,7 @@ from pydantic import Field
 from herder.core.model import (
     JobStatus,
 )
+from herder.wire.accounts import AccountState
 from herder.wire.base import (
     Reply,
     Timestamp,
@@ -32,13 +33,8 @@ class QueueJob(Reply):
 
 
 
-class QueueAccount(Reply):
-    host: str
-    name: str
-    state: str
-    detail: str
-    sessions: int
-    max_sessions: int
+class QueueAccount(AccountState):
+    pass  # no docstring of its own: the OpenAPI document describes it as before
 
 
 class QueueAlert(Reply):
