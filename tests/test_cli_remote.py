@@ -19,12 +19,11 @@ from support.environment import clean_environment
 from support.waits import wait_for
 
 from herder.core.access import new_token, token_hash
-from herder.core.errors import InputError, NotFound
+from herder.core.errors import Conflict, InputError, NotFound
 from herder.core.host_settings import HostSettings
 from herder.core.model import Account, JobStatus, ReservationStatus, Scope
 from herder.services.dispatch_check import DispatchCheckFailed
 from herder.services.remote import (
-    Refused,
     RemoteClient,
     ServerFailed,
     TokenRefused,
@@ -92,7 +91,7 @@ def test_422_from_the_body_model_names_where_the_problem_is():
 
 
 def test_409_is_the_servers_words():
-    with pytest.raises(Refused) as raised:
+    with pytest.raises(Conflict) as raised:
         client_answering(409, {"detail": "attempt 7.1 never ran on host a"}).cancel(7)
     assert str(raised.value) == "attempt 7.1 never ran on host a"
 
@@ -210,7 +209,7 @@ def test_a_dispatch_check_that_dispatches_is_none_and_one_that_failed_is_an_erro
      "needs a admin token"),
     (404, {"detail": "no host 'lap-2' (see `herder hosts`)"}, NotFound, "no host 'lap-2'"),
     (409, {"detail": "host 'lap-2' still has claimed or running jobs; drain it first"},
-     Refused, "drain it first"),
+     Conflict, "drain it first"),
     (422, {"error": "--weights: unknown weight 'x' (use one of: light)", "field": "--weights"},
      InputError, "--weights: unknown weight 'x'"),
     (500, {"detail": "Internal Server Error"}, ServerFailed, "HTTP 500"),

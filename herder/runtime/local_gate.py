@@ -11,7 +11,9 @@ import psutil
 from herder.core.model import Job
 
 RAM_FACTOR = 1.2
-"""Spawn only when MemAvailable covers the job's budget with 20% headroom (seed 004, exit 3)."""
+"""Spawn only when MemAvailable covers the job's budget with 20% headroom: a job started
+short of RAM would be killed by the OOM killer, so it ends as RAM contention (exit 3)
+instead."""
 
 
 class LocalGate(msgspec.Struct, frozen=True):

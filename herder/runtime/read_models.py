@@ -228,12 +228,6 @@ def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
                           in sorted(blocked_job_types(host).items())})
 
 
-def host_view(fleet: Fleet, host: HostRecord, usage: HostUsage | None, now: datetime,
-              breakers: Mapping[tuple[str, str], Breaker] | None = None) -> dict[str, Any]:
-    """`host_status` as JSON-ready data, for `herder hosts --json`."""
-    return host_status(fleet, host, usage, now, breakers).model_dump(mode="json")
-
-
 def measured_available_gb(host: HostRecord) -> float | None:
     """The RAM the host's agent last measured available; None when none said."""
     info = host.agent_info if isinstance(host.agent_info, dict) else {}

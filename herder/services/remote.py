@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from herder.core.errors import HerderError, InputError, NotFound
+from herder.core.errors import Conflict, HerderError, InputError, NotFound
 from herder.core.host_settings import HostSettings
 from herder.core.model import Account, Attempt, Event, Job, JobStatus, ReservationStatus
 from herder.core.settings.fields import NAME as _NAME
@@ -61,11 +61,6 @@ class NotOverServer(HerderError):
     def __init__(self) -> None:
         super().__init__("this command works against the database only; "
                          "run it without --server / HERDER_SERVER, with HERDER_DB")
-
-
-class Refused(HerderError):
-    """409: the server refuses it as things stand (a host with running jobs, a label taken);
-    its words, as the same command against the database says them."""
 
 
 def loopback(url: str) -> bool:
@@ -171,7 +166,7 @@ class RemoteClient:
         if status == 404:
             raise NotFound(refusal(response))
         if status == 409:
-            raise Refused(refusal(response))
+            raise Conflict(refusal(response))  # its words, as against the database
         if status in (400, 413, 422):
             body = response.json() if "json" in response.headers.get("content-type", "") else {}
             field = body.get("field") if isinstance(body, dict) else None

@@ -36,8 +36,9 @@ _PSYCOPG_PARAMETER = re.compile(r"%\(\w+\)s")
 _EVENTS = re.compile(r"^[ \t]*\{\{ events\.(\w+) \}\}[ \t]*$", re.MULTILINE)
 
 SQL = Path(__file__).with_name("sql")
-"""The package's SQL files, read by path: `importlib.resources` costs every command ~6 ms
-of imports (zipfile, tempfile), and herder is installed as plain files."""
+"""The package's SQL files, read by path: `importlib.resources` would add its imports
+(zipfile, tempfile) to every command (figure in bench/README.md), and herder is installed as
+plain files."""
 
 
 class Json(msgspec.Struct, frozen=True):

@@ -246,7 +246,7 @@ class SQLiteDriver(Driver):
                 # Takes effect only while the file is new (the WAL switch fixes it): every
                 # commit fsyncs each page it touched, and a claim or finish touches a few rows
                 # in each of several trees, so half-size pages halve what is written for the
-                # same rows (batches of 1 and 10: 13-14% more jobs/s; see bench/README.md).
+                # same rows (the gain is in bench/README.md).
                 conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
                 self._enable_wal(conn)
                 conn.execute(f"PRAGMA synchronous={self.synchronous.upper()}")

@@ -131,10 +131,10 @@ _ALERT_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S")
 
 
 def _alert_url(value: str) -> str:
-    """A URL's shape only: Apprise knows its schemes, and importing it (~150 ms) at every
-    command's config load would slow scripts' `herder submit` loops, so the scheme is checked
-    where alerts are sent (`herder.runtime.delivery.check_urls`). The error never echoes the
-    URL: it may hold a token."""
+    """A URL's shape only: Apprise knows its schemes, but importing it (slow: bench/README.md)
+    at every command's config load would slow scripts' `herder submit` loops, so the scheme
+    is checked where alerts are sent (`herder.runtime.delivery.check_urls`). The error never
+    echoes the URL: it may hold a token."""
     if not _ALERT_URL.match(value):
         raise ValueError("expected an Apprise URL like json://host/path or "
                          "discord://webhook_id/webhook_token")
