@@ -150,7 +150,7 @@ class StoreSource(WorkSource):
 
 class ClaimSource(StoreSource):
     """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE,
-    none of a job type whose preflight fails here (seed 002: the job stays queued, nothing
+    none of a job type whose preflight fails here (the job stays queued, nothing
     spent; an alert `preflight:<host>:<type>` says so until it passes)."""
 
     def __init__(self, store: Store, host: str, limits: PolicyLimits, rescuer: Rescuer,

@@ -63,7 +63,7 @@ def breaker(history: Sequence[Ended], running_since: datetime | None, now: datet
     """The breaker for one host and job type. `history` is its ended attempts, newest
     first (at least `threshold` of them when there are that many); `running_since` is when
     the newest attempt of the type still running there started, if any. `threshold`
-    transient outcomes in a row open it (seed 002's breaker_threshold) for `pause` seconds
+    transient outcomes in a row open it (`breaker_threshold`) for `pause` seconds
     (breaker_pause_seconds)."""
     streak = 0
     for ended in history:

@@ -102,7 +102,7 @@ ESCALATION_CHAIN = ("light", "heavy", "playwright", "orchestrator")
 
 SHEDDING_STEPS: tuple[tuple[float, str | None], ...] = (
     (0.75, None), (0.5, "heavy"), (0.25, "heavy"), (0.0, "light"))
-"""Fleet capacity ratio → the heaviest weight still placed (seed 003 §2.3)."""
+"""Fleet capacity ratio → the heaviest weight still placed."""
 
 DEFAULT_WEIGHTS: Mapping[str, float] = types.MappingProxyType({
     "light": 3.0, "heavy": 8.0, "playwright": 6.0, "orchestrator": 12.0, "subagent": 0.0,
@@ -113,8 +113,8 @@ DEFAULT_WEIGHTS: Mapping[str, float] = types.MappingProxyType({
 SEED_SUBAGENT_CAPS: Mapping[str, int] = types.MappingProxyType({
     "light": 0, "heavy": 16, "playwright": 16, "orchestrator": 10,
 })
-"""Subagent slots one job of each weight may hold on a host: seed 004's
-max_subagents_for_weight on its 32 GB host (1 GB slots in the 80 % cap beside the job's own
+"""Subagent slots one job of each weight may hold on a host: a fleet's
+max_subagents_for_weight on a 32 GB host (1 GB slots in the 80 % cap beside the job's own
 RAM; light: none)."""
 
 
@@ -130,7 +130,7 @@ class FleetSection(Struct, frozen=True):
     """[fleet]: placement, health and retry rules of `herder server`'s scheduler."""
 
     bookable_fraction: Annotated[float, Meta(gt=0, le=1)] = 0.8
-    """Bookable RAM is this fraction of what the OS reservation leaves (seed 004)."""
+    """Bookable RAM is this fraction of what the OS reservation leaves."""
     strategy: Annotated[str, rules(check=_strategy)] = "best_fit"
     starvation_wait: Duration = 600.0
     healthy_within: Duration = 300.0
@@ -154,7 +154,7 @@ class FleetSection(Struct, frozen=True):
     """A new leader waits this long for agents to check in before it alerts that no host
     is healthy: a server that just started has heard from nobody yet."""
     auth_revoked_cooldown: Duration = 1800.0
-    """An account whose login was revoked is skipped this long (seed 004 #7667)."""
+    """An account whose login was revoked is skipped this long."""
     missed_heartbeats: Annotated[int, Meta(ge=1)] = 3
     pickup_timeout: Annotated[Duration | None, positive(
         " (or left out for the default)")] = None
@@ -169,5 +169,5 @@ class FleetSection(Struct, frozen=True):
     ssh_command: list[str] = field(default_factory=lambda: ["ssh"])
     remote_herder: str = "herder"
     emergency_max_workers: Annotated[int | None, Meta(ge=0)] = None
-    """A fleet-wide cap on running jobs (seed 004); left out: none. The start value:
+    """A fleet-wide cap on running jobs; left out: none. The start value:
     `herder fleet cap N` / `--lift` change it at run time for every replica."""

@@ -16,7 +16,7 @@ class DefaultsSection(Struct, frozen=True):
     weight: str = "light"
     max_attempts: Annotated[int, Meta(ge=1)] = 3
     max_transient_attempts: Annotated[int, Meta(ge=1)] = 5
-    """Seed 002's transient budget (`transient_max_attempts`): its own, never the job's
+    """The transient budget (`transient_max_attempts`): its own, never the job's
     attempts."""
     timeout: Duration | None = None
     backoff_base: Duration = 10.0

@@ -24,9 +24,9 @@ from herder.core.workspace import MODES as WORKSPACE_MODES
 from herder.core.workspace import PROMPT_SOURCES, prefix_problem, relative_inside
 
 PREFLIGHT_TIMEOUT = 5.0
-"""How long a preflight may take before it counts as failed (seed 002)."""
+"""How long a preflight may take before it counts as failed."""
 PREFLIGHT_CACHE = 45.0
-"""How long a preflight's result stands (seed 002's `preflight_cache_ttl`)."""
+"""How long a preflight's result stands."""
 
 
 def _submit_env(value: list[str]) -> list[str]:
@@ -179,8 +179,7 @@ class JobTypeSection(Struct, frozen=True):
     must exist and answer), a list is a command that must exit 0, false is none."""
     preflight_timeout: Annotated[Duration, Meta(gt=0)] = PREFLIGHT_TIMEOUT
     preflight_cache: Annotated[Duration, Meta(gt=0)] = PREFLIGHT_CACHE
-    """How long a preflight's result stands before it runs again (seed 002's
-    `preflight_cache_ttl`)."""
+    """How long a preflight's result stands before it runs again."""
     max_transient_attempts: Annotated[int | None, Meta(ge=1)] = None
     """Transient outcomes (429, overloaded) a job of this type may meet before it fails;
     left out: [defaults] max_transient_attempts."""
@@ -218,7 +217,7 @@ class JobTypeSection(Struct, frozen=True):
     allow_host: bool = False
     """Such a token may pin the job to a host (`affinity`)."""
     hosts: Annotated[list[str] | None, rules(check=_pinned_hosts)] = None
-    """The only hosts that run this type (seed 000's hard affinity per type); left out:
+    """The only hosts that run this type (a hard affinity per type); left out:
     any host. A submit's `affinity` must be one of them."""
     submit_max_weight: str | None = None
     """Such a token may choose a weight up to this one (by RAM budget); left out: none."""
@@ -226,7 +225,7 @@ class JobTypeSection(Struct, frozen=True):
     """Such a token may choose a timeout up to this; left out: none."""
     submit_max_attempts: Annotated[int | None, Meta(ge=1)] = None
     """Such a token may choose max_attempts up to this; left out: none."""
-    """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: seed 004's contract
+    """Exit code -> outcome, e.g. {4 = "needs_heavier"}; left out: the default contract
     (`herder.core.scheduling.classification.SEED_EXIT_CODES`); {} for none."""
     # -- what a payload value may become (issue 23: payload values stay values) --
     option_fields: Annotated[list[str], rules(check=names(

@@ -173,7 +173,7 @@ class AlertsSection(Struct, frozen=True):
     ram_low_gb: Annotated[float, Meta(ge=0)] = 4.0
     ram_low_for: Annotated[Duration, Meta(ge=0)] = 300.0
     """A RAM spike: a host's measured available RAM below `ram_low_gb` for `ram_low_for`
-    (seed 004: below 4 GB for 5 minutes); 0 GB turns it off."""
+    (below 4 GB for 5 minutes by default); 0 GB turns it off."""
     agent_unreachable: Annotated[Duration, Meta(gt=0)] = 300.0
     """An agent that cannot reach its server (or whose token is refused) this long raises
     an alert: through its own [alerts] urls at once, and to the server once it is back."""
@@ -235,7 +235,7 @@ class Settings(Struct, frozen=True):
 
 
 def subagent_caps(settings: Settings) -> dict[str, int]:
-    """Weight -> the subagent slots one job of it may hold on a host: the seed's, for the
+    """Weight -> the subagent slots one job of it may hold on a host: the defaults, for the
     weights these settings define, with [fleet] max_subagents_for_weight over them; a
     weight without an entry (or with false) has no cap."""
     caps: dict[str, int | bool] = {name: cap for name, cap in SEED_SUBAGENT_CAPS.items()
