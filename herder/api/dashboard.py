@@ -32,12 +32,14 @@ from herder.api.depends import (
     token_caller,
 )
 from herder.api.sessions import csrf_refusal, foreign_origin
+from herder.api.signin import redeem
 from herder.core.access import LEGACY_ADMIN, OPERATOR_RANK, authorize, token_hash
 from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, JobStatus, Scope
 from herder.core.submission import DEDUP_KEY_LENGTH, NAME_LENGTH
 from herder.runtime.sessions import (
     LIFETIME_SECONDS,
+    Session,
     SessionBook,
     legacy_key,
     new_session_id,
@@ -186,7 +188,13 @@ async def root() -> Response:
 
 @pages.get("/")
 async def fleet_page(request: Request) -> Response:
-    return await shown(request, "fleet")
+    code = request.query_params.get("login")
+    if code is None:
+        return await shown(request, "fleet")
+    opened = await redeem(request, code)  # a one-time sign-in link (herder.api.signin)
+    if not isinstance(opened, Session):
+        return login_form(*opened)
+    return signed_in_as(request, opened)  # to /ui/: the code leaves the address bar
 
 
 @pages.get("/jobs")
@@ -231,7 +239,11 @@ async def login(request: Request) -> Response:
         key = await session_key(request, token, session_id)
     except Refused as refused:
         return login_form(refused.status, refused.reason)
-    opened = await call(sessions_of(request).open, key, session_id)
+    return signed_in_as(request, await call(sessions_of(request).open, key, session_id))
+
+
+def signed_in_as(request: Request, opened: Session) -> Response:
+    """To the fleet view, holding the new session's cookie."""
     response = RedirectResponse("/ui/", status_code=303)
     name, secure = session_cookie(request)
     response.set_cookie(name, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,

@@ -32,8 +32,9 @@ from herder.core.errors import Refused
 from herder.core.model import BIGINT_MAX, INT_MAX, Scope, WorkerId
 from herder.core.settings.fields import NAME as _NAME
 from herder.core.settings.sections import DEFAULTS
+from herder.core.signin import LINK_CALLER, CodeBook
 from herder.runtime.coordinator import Coordinator
-from herder.runtime.sessions import LEGACY, Session, SessionBook, legacy_key
+from herder.runtime.sessions import LEGACY, LINK, Session, SessionBook, legacy_key, link_key
 from herder.services.operations import Operations
 
 T = TypeVar("T")
@@ -188,6 +189,11 @@ async def session_identity(request: Request, session: Session) -> Caller:
                 session.key, legacy_key(session.id, access.legacy_admin_token)):
             return LEGACY_ADMIN
         raise Refused(401, "unknown token")
+    if session.key.startswith(LINK):
+        codes: CodeBook | None = getattr(request.app.state, "sign_in_codes", None)
+        if codes is not None and same_secret(session.key, link_key(session.id, codes.secret)):
+            return LINK_CALLER
+        raise Refused(401, "the sign-in link's session ended with the process that served it")
     return identify(await call(operations(request).token, session.key))
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @click.option("--ui", is_flag=True,
-              help="Serve the dashboard too (sign in with a token: herder token create).")
+              help="Serve the dashboard too; on loopback, print a one-time sign-in link.")
 @click.option("--ui-listen", metavar="HOST:PORT", default="127.0.0.1:8471", show_default=True,
               help="Where --ui serves the dashboard.")
 @PLAINTEXT_OPTION
@@ -144,6 +144,8 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
 
     from herder.api.app import Access, create_app
     from herder.api.guard import proxy_options
+    from herder.api.signin import offer_link
+    from herder.core.urls import listen_url
     from herder.runtime.coordinator import Coordinator
 
     bind, port = listen_address("--ui-listen", address)
@@ -157,6 +159,8 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
                                            log_config=None, timeout_graceful_shutdown=2,
                                            **proxy_options(os.environ)))
+    # Before the first request: a loopback dashboard offers a one-time sign-in link.
+    link = offer_link(app, listen_url("http", (bind, port))) if loopback(bind) else None
     thread = threading.Thread(target=server.run, name="herder-dashboard", daemon=True)
     thread.start()
     while not server.started:  # listening, or failed to (the port is taken)
@@ -164,7 +168,11 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
             raise InputError("--ui-listen", f"cannot listen on {address}",
                              "pick a free port, e.g. --ui-listen 127.0.0.1:8472")
         time.sleep(0.02)
-    logging.getLogger("herder.server").info("dashboard on http://%s:%d/ui/", bind, port)
+    logging.getLogger("herder.server").info(
+        "dashboard on http://%s:%d/ui/%s", bind, port,
+        "" if link is None else " (its one-time sign-in link is on standard output)")
+    if link is not None:  # on stdout, never in the log
+        click.echo(f"Open the dashboard (this link signs in once, within 5 minutes): {link}")
     return server
 
 

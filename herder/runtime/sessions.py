@@ -18,12 +18,15 @@ MAX_ID_CHARS = 100
 LEGACY = "legacy-admin:"
 """A session that signed in with HERDER_API_TOKEN (which has no stored hash) keeps this
 followed by `legacy_key`: a rotated token no longer matches, on any replica."""
+LINK = "sign-in-link:"
+"""A session that a one-time sign-in link opened (herder.core.signin) keeps this followed by
+`link_key`, keyed by the serving process's secret: it ends when that process does."""
 
 
 class Session(msgspec.Struct, frozen=True):
     id: str
     key: str
-    """The token's SHA-256, or LEGACY and `legacy_key`."""
+    """The token's SHA-256, LEGACY and `legacy_key`, or LINK and `link_key`."""
     csrf: str
 
 
@@ -46,6 +49,12 @@ def legacy_key(session_id: str, token: str) -> str:
     return LEGACY + hmac.new(session_id.encode(), token.encode(), hashlib.sha256).hexdigest()
 
 
+def link_key(session_id: str, secret: str) -> str:
+    """What a sign-in link's session keeps: the session's id signed with the secret of the
+    process that issued the link (a session of an earlier run no longer matches)."""
+    return LINK + hmac.new(secret.encode(), session_id.encode(), hashlib.sha256).hexdigest()
+
+
 class SessionBook:
     """The open sessions, in the store; synchronous (the API calls it off its event loop)."""
 
@@ -59,8 +68,8 @@ class SessionBook:
         """A new session (`session_id`: one made beforehand with `new_session_id`); the
         expired ones go first (a sign-in is rare, so this is the only sweep the table
         needs)."""
-        if session_id is None and key.startswith(LEGACY):
-            raise ValueError("a legacy key is made for its session id: pass that id")
+        if session_id is None and key.startswith((LEGACY, LINK)):
+            raise ValueError("a legacy or link key is made for its session id: pass that id")
         session = Session(session_id or new_session_id(), key, secrets.token_urlsafe(24))
         now = self._clock()
         self.store.session_expire(now)
