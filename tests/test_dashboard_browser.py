@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from support.fleet import FleetHarness
+from support.local import open_harness
+from support.ports import free_port
 from support.waits import wait_for
 
 from herder.core.access import new_token, token_hash
@@ -198,3 +200,49 @@ def test_the_fleet_view_shows_each_host_and_its_ram(make_fleet, tmp_path, sqlite
     expect(page.locator("#jobs tbody")).to_contain_text("failed")
     expect(page.locator("#older")).to_be_disabled()
     hold.touch()
+
+
+def test_the_link_herder_up_prints_signs_a_browser_in_once_and_never_reaches_its_log(
+        tmp_path, sqlite_url, page, browser):
+    """`herder up --ui` prints a one-time link on standard output: chromium opening it lands
+    on the fleet view signed in, the code gone from the address bar; a second browser with
+    the same link gets the login page saying so; the code is in no log line."""
+    with open_harness(tmp_path, sqlite_url) as local:
+        port = free_port()
+        printed = tmp_path / "up.stdout"
+        with open(printed, "wb") as stdout:
+            process = local.spawn("up", "--host", local.host, "--ui", "--ui-listen",
+                                  f"127.0.0.1:{port}", "--log-level", "debug", stdout=stdout)
+        local.wait_ready(process)
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: "?login=" in printed.read_text(), 20, "the sign-in link",
+                 local.describe)
+        link = next(word for word in printed.read_text().split() if "?login=" in word)
+        assert link.startswith(f"{base}/ui/?login=")
+        code = link.rpartition("=")[2]
+        job_id = local.submit(["/bin/sh", "-c", "echo from-the-link-$((6*7))"])
+        local.wait_status(job_id, JobStatus.DONE)
+
+        page.goto(link)
+        expect(page).to_have_url(f"{base}/ui/")
+        expect(page.locator("#who")).to_contain_text("sign-in link")
+        expect(page.locator("#who")).to_contain_text("submit")
+        page.goto(f"{base}/ui/jobs/{job_id}")  # this machine's job and its log
+        expect(page.locator("#status")).to_have_text("done")
+        expect(page.locator("#log")).to_contain_text("from-the-link-42")
+        expect(page.locator("#retry")).to_be_visible()  # submit scope: its actions shown
+
+        other = browser.new_context()
+        try:
+            replay = other.new_page()
+            replay.set_default_timeout(WAIT)
+            answer = replay.goto(link)
+            assert answer is not None and answer.status == 410
+            expect(replay.locator("#error")).to_contain_text("used already")
+            replay.goto(f"{base}/ui/")
+            expect(replay).to_have_url(f"{base}/ui/login")
+        finally:
+            other.close()
+        log = local.stderr_of(process)
+        assert f"dashboard on {base}/ui/" in log
+        assert code not in log and code not in printed.read_text().replace(link, "")

@@ -186,6 +186,13 @@ def test_a_code_is_refused_off_a_loopback_listener_or_from_another_address(sqlit
         client = narrow.client(address="203.0.113.7")
         assert client.get(f"/ui/?login={code}").status_code == 403
         assert COOKIE not in client.cookies
+        # Through a proxy on this machine (the browser may be anywhere), or for a proxy's name.
+        client = narrow.client()
+        for headers in ({"X-Forwarded-For": "203.0.113.7"}, {"Forwarded": "for=203.0.113.7"},
+                        {"Host": "herder.example.org"}):
+            response = client.get(f"/ui/?login={code}", headers=headers)
+            assert response.status_code in (400, 403), headers
+            assert COOKIE not in client.cookies
         # The refusals spent nothing: from this machine the code still signs in once.
         assert narrow.client().get(f"/ui/?login={code}").status_code == 303
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 
@@ -22,6 +23,8 @@ from herder.core.urls import loopback_name
 from herder.runtime.sessions import Session, link_key, new_session_id
 
 LOGIN_VALUE = re.compile(r"(login=)[^&\s\"]*")
+FORWARDING = frozenset({"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
+                        "x-real-ip"})
 OFF_LOOPBACK = ("sign-in links work only on a dashboard that listens on loopback, opened from "
                 "this machine: sign in with a token instead")
 
@@ -57,11 +60,15 @@ def offer_link(app: FastAPI, base_url: str, now: datetime | None = None) -> str:
 
 def local_request(request: Request) -> bool:
     """The request came from a loopback address to a listener bound to loopback (the app's
-    Access says so: herder.cli.server.edge_access) and reached it at a loopback address."""
+    Access says so: herder.cli.server.edge_access), reached it at a loopback address and
+    names a loopback `Host`, and no proxy forwarded it (a proxy on this machine would make a
+    browser elsewhere look local)."""
     access: Access = request.app.state.access
     server = request.scope.get("server")
+    host = urlsplit(f"//{request.headers.get('host', '')}").hostname or ""
     return (access.loopback_names is not None and server is not None
-            and loopback_name(str(server[0])) and loopback_name(client_address(request)))
+            and loopback_name(str(server[0])) and loopback_name(client_address(request))
+            and loopback_name(host) and not FORWARDING.intersection(request.headers.keys()))
 
 
 async def redeem(request: Request, code: str) -> Session | tuple[int, str]:
