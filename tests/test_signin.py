@@ -225,6 +225,30 @@ def test_the_password_form_still_signs_in_beside_links(local):
     assert client.get("/api/v1/dashboard/session").json()["scope"] == "admin"
 
 
+def test_offering_a_link_makes_uvicorns_access_log_redact_it(local, caplog):
+    link = offer_link(local.app, LOCAL)
+    offer_link(local.app, LOCAL)  # a second link adds no second filter
+    access_log = logging.getLogger("uvicorn.access")
+    assert sum(isinstance(found, RedactLogin) for found in access_log.filters) == 1
+    path = link.removeprefix(LOCAL)
+    with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+        access_log.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "GET", path, "1.1", 303)
+    assert link.rpartition("=")[2] not in caplog.text
+    assert '"GET /ui/?login=[redacted] HTTP/1.1" 303' in caplog.text
+
+
+def test_a_proxy_name_from_public_url_gets_no_link(sqlite_url, tmp_path, monkeypatch):
+    """On loopback behind a proxy ([server] public_url): the proxy's Host is refused."""
+    monkeypatch.chdir(tmp_path)
+    with open_store(sqlite_url) as store:
+        proxied = Local(store, local_app(store, Access(loopback_names=("herder.example.org",))))
+        code = proxied.code()
+        client = proxied.client()
+        response = client.get(f"/ui/?login={code}", headers={"Host": "herder.example.org"})
+        assert response.status_code == 403 and COOKIE not in client.cookies
+        assert client.get(f"/ui/?login={code}").status_code == 303
+
+
 def test_the_access_log_redacts_the_code():
     record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
                                '%s - "%s %s HTTP/%s" %d', ("127.0.0.1:5", "GET",

@@ -20,7 +20,7 @@ from herder.core.model import Scope
 CODE_SECONDS = 300
 """How long a printed link signs in: long enough to open it, short enough that a link left in
 a terminal's scrollback is dead by the time anyone else reads it."""
-LINK_CALLER = Caller("sign-in link (herder up --ui)", Scope.SUBMIT)
+LINK_CALLER = Caller("local sign-in link", Scope.SUBMIT)
 """Who a link's session is: submit, the least scope that lets a local operator use the
 dashboard's everyday actions (cancel, retry); drain and enable need an admin token, pasted in
 the form, so a browser session opened by a link cannot change the fleet's hosts."""
@@ -42,12 +42,13 @@ class Redeemed(StrEnum):
 
 REASONS = {
     Redeemed.SIGNED_IN: "",
-    Redeemed.UNKNOWN: "this sign-in link is not valid here (each run of `herder up --ui` "
-                      "prints its own): sign in with a token instead",
+    Redeemed.UNKNOWN: "this sign-in link is not valid here (each run of the command that "
+                      "prints one has its own): sign in with a token instead",
     Redeemed.EXPIRED: f"this sign-in link expired (a link lasts {CODE_SECONDS // 60} minutes): "
-                      "restart `herder up --ui` for a new one, or sign in with a token",
-    Redeemed.USED: "this sign-in link was used already (a link signs in once): restart "
-                   "`herder up --ui` for a new one, or sign in with a token",
+                      "restart the command that printed it for a new one, or sign in with a "
+                      "token",
+    Redeemed.USED: "this sign-in link was used already (a link signs in once): restart the "
+                   "command that printed it for a new one, or sign in with a token",
 }
 
 
