@@ -8,11 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.local import open_harness
+from support.ports import free_port
 
 from herder.api.app import Access, create_app
 from herder.api.sessions import COOKIE, CSRF_HEADER
@@ -256,3 +259,24 @@ def test_the_access_log_redacts_the_code():
     RedactLogin().filter(record)
     assert "secretcode123" not in record.getMessage()
     assert "/ui/?login=[redacted]&x=1" in record.getMessage()
+
+
+# -- herder up --ui off loopback ------------------------------------------------------------------
+
+
+def test_up_with_ui_off_loopback_prints_no_link(tmp_path, sqlite_url):
+    """Listening on every address (with --allow-plaintext and an admin token), `herder up
+    --ui` offers no link: sign-in is the token form's."""
+    with open_harness(tmp_path, sqlite_url) as local:
+        local.store.token_insert("ops", Scope.ADMIN, token_hash(new_token()), NOW)
+        port = free_port()
+        printed = tmp_path / "up.stdout"
+        with open(printed, "wb") as stdout:
+            process = local.spawn("up", "--host", local.host, "--ui", "--ui-listen",
+                                  f"0.0.0.0:{port}", "--allow-plaintext", stdout=stdout)
+        local.wait_ready(process)  # after the dashboard started, and any link was printed
+        assert f"dashboard on http://0.0.0.0:{port}/ui/\n" in local.stderr_of(process)
+        assert "login=" not in printed.read_text()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            refused = http.get(f"/ui/?login={new_token()}")
+            assert refused.status_code == 403 and COOKIE not in http.cookies
