@@ -145,6 +145,7 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     from herder.api.app import Access, create_app
     from herder.api.guard import proxy_options
     from herder.api.signin import offer_link
+    from herder.core.signin import CODE_SECONDS
     from herder.core.urls import listen_url
     from herder.runtime.coordinator import Coordinator
 
@@ -160,7 +161,8 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
                                            log_config=None, timeout_graceful_shutdown=2,
                                            **proxy_options(os.environ)))
     # Before the first request: a loopback dashboard offers a one-time sign-in link.
-    link = offer_link(app, listen_url("http", (bind, port))) if loopback(bind) else None
+    link = (offer_link(app, listen_url("http", (bind.strip("[]"), port))) if loopback(bind)
+            else None)
     thread = threading.Thread(target=server.run, name="herder-dashboard", daemon=True)
     thread.start()
     while not server.started:  # listening, or failed to (the port is taken)
@@ -172,7 +174,8 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
         "dashboard on http://%s:%d/ui/%s", bind, port,
         "" if link is None else " (its one-time sign-in link is on standard output)")
     if link is not None:  # on stdout, never in the log
-        click.echo(f"Open the dashboard (this link signs in once, within 5 minutes): {link}")
+        click.echo("Open the dashboard (this link signs in once, within "
+                   f"{CODE_SECONDS // 60} minutes): {link}")
     return server
 
 
