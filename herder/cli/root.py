@@ -59,6 +59,7 @@ COMMANDS: dict[str, str] = {
     "run-attempt": "herder.cli.agent:run_attempt",
     "preflight": "herder.cli.agent:preflight",
     "demo": "herder.cli.server:demo",
+    "doctor": "herder.cli.doctor:doctor",
 }
 """Every top-level command: its name and the `module:attribute` that defines it."""
 

@@ -1,0 +1,331 @@
+"""`herder doctor`'s checks: what this machine needs for its role, each checked at once
+and each within a time limit.
+
+Every check runs in a daemon thread of its own; the doctor waits for all of them until
+one shared deadline, and a check still running then is reported as a problem
+(`diagnosis.timed_out`) and left behind: it never blocks the others, and the process
+exits without it. The results are herder.core.diagnosis's findings, in the order the
+checks were listed; no finding holds a secret (a database URL is printed redacted).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from herder.core.diagnosis import Finding, ok, problem, timed_out, warning
+from herder.core.errors import InputError
+from herder.core.urls import loopback_name, redact_url
+
+if TYPE_CHECKING:
+    from herder.core.settings.loading import Config
+    from herder.store import Store
+
+CHECK_TIMEOUT = 10.0
+"""Seconds every check has (all run at once, so also about the doctor's whole run)."""
+
+Check = tuple[str, Callable[[], Sequence[Finding]]]
+"""A check's name (reported when it hangs or fails) and what runs it: one or more
+findings."""
+
+
+def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[Finding]:
+    """Every check at once, each in a daemon thread; their findings in the checks' order.
+    A check that raises is a problem naming the error; one not done by the deadline is
+    cut (`timed_out`)."""
+    results: list[Sequence[Finding] | None] = [None] * len(checks)
+
+    def run(index: int, name: str, check: Callable[[], Sequence[Finding]]) -> None:
+        try:
+            results[index] = list(check())
+        except InputError as exc:
+            results[index] = [problem(name, exc.problem, exc.fix or "")]
+        except Exception as exc:
+            results[index] = [problem(name, f"{type(exc).__name__}: {exc}",
+                                      "see the error; rerun with the fault fixed")]
+
+    threads = []
+    for index, (name, check) in enumerate(checks):
+        thread = threading.Thread(target=run, args=(index, name, check),
+                                  name=f"herder-doctor-{name}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    findings: list[Finding] = []
+    for (name, _), thread, result in zip(checks, threads, results, strict=True):
+        if thread.is_alive() or result is None:
+            findings.append(timed_out(name, timeout))
+        else:
+            findings.extend(result)
+    return findings
+
+
+# --- local: what any machine running herder needs -------------------------------------
+
+
+def config_finding(config: Config) -> Finding:
+    if config.path is None:
+        return ok("config", "no herder.toml here: the defaults hold")
+    return ok("config", f"{config.path} loads")
+
+
+def latest_schema(dialect: str) -> int:
+    from herder.store.base import load_migrations
+
+    return max((version for version, _, _ in load_migrations(dialect)), default=0)
+
+
+def store_current(url: str) -> bool:
+    """Whether the store exists and is at this herder's schema (checks that read it)."""
+    from herder.store import open_store
+    from herder.store.sqlite import parse_sqlite_url
+
+    if url.startswith("sqlite:"):
+        path, _ = parse_sqlite_url(url)
+        if path != ":memory:" and not os.path.exists(path):
+            return False
+    store = open_store(url, migrate=False)
+    try:
+        return store.schema_version() == latest_schema(store.dialect)
+    finally:
+        store.close()
+
+
+def check_store(url: str) -> list[Finding]:
+    """The store opens (without migrating it) and is at this herder's schema."""
+    from herder.store import open_store
+    from herder.store.sqlite import parse_sqlite_url
+
+    shown = redact_url(url)
+    if url.startswith("sqlite:"):
+        path, _ = parse_sqlite_url(url)
+        if path != ":memory:" and not os.path.exists(path):
+            return [warning("store", f"{shown} does not exist yet",
+                            "run `herder migrate` to create it (the first `herder up` or "
+                            "`herder server` also does), or set HERDER_DB / --db")]
+    store = open_store(url, migrate=False)
+    try:
+        version = store.schema_version()
+        latest = latest_schema(store.dialect)
+    finally:
+        store.close()
+    if version < latest:
+        return [problem("store", f"{shown} is at schema {version}, this herder's is {latest}",
+                        "run `herder migrate` (herder up and herder server also migrate "
+                        "at start)")]
+    if version > latest:
+        return [problem("store", f"{shown} is at schema {version}, newer than this "
+                        f"herder's {latest}", "upgrade herder on this machine")]
+    return [ok("store", f"{shown} opens at schema {version} ({store.dialect})")]
+
+
+def find_program(program: str, environ: Mapping[str, str]) -> str | None:
+    if "/" in program:
+        return program if os.access(program, os.X_OK) and os.path.isfile(program) else None
+    return shutil.which(program, path=environ.get("PATH", os.defpath))
+
+
+def check_programs(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    """Each job type's program (its preflight's first word) is on PATH."""
+    from herder.runtime.preflight import job_type_checks
+
+    findings = []
+    for name, check in sorted(job_type_checks(config.settings.job_types).items()):
+        program = check.argv[0]
+        found = find_program(program, environ)
+        label = f"program {name}"
+        if found is None:
+            findings.append(problem(label, f"{program!r} is not found on PATH",
+                                    f"install {program}, or fix job_types.{name}.command "
+                                    "(a full path, or PATH for herder)"))
+        else:
+            findings.append(ok(label, f"{program} is {found}"))
+    return findings
+
+
+def check_memory(config: Config) -> list[Finding]:
+    """How attempts' memory would be enforced here: a cgroup, or the watchdog."""
+    from herder.runtime.cgroup import detect
+
+    runtime = config.settings.runtime
+    if runtime.memory_enforcement == "off":
+        return [warning("memory", "runtime.memory_enforcement is off: memory is measured, "
+                        "never enforced", "set runtime.memory_enforcement = \"auto\"")]
+    parent = detect(runtime.cgroup_root)
+    if parent is not None:
+        return [ok("memory", f"{parent.enforcement} under {parent.path}")]
+    fix = ("run the agent under systemd with Delegate=yes (`herder agent install-systemd` "
+           "writes such a unit), or set runtime.cgroup_root to a writable memory cgroup "
+           "(docs/outcomes.md, Memory)")
+    detail = "no writable memory cgroup: the watchdog enforces memory (sampled RSS)"
+    if runtime.memory_enforcement == "cgroup":
+        return [problem("memory", f"runtime.memory_enforcement is cgroup but {detail}", fix)]
+    return [warning("memory", detail, fix)]
+
+
+def check_git(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    """`git` where a job type checks out a workspace."""
+    with_workspace = sorted(name for name, job_type in config.settings.job_types.items()
+                            if job_type.workspace is not None)
+    if not with_workspace:
+        return []
+    found = find_program("git", environ)
+    if found is None:
+        return [problem("git", f"not found on PATH; job type(s) {', '.join(with_workspace)} "
+                        "check out a workspace", "install git")]
+    return [ok("git", f"{found} (for the workspaces of {', '.join(with_workspace)})")]
+
+
+def check_alerts(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    from herder.runtime.delivery import check_urls
+
+    urls = check_urls(config.settings.alerts, dict(environ))
+    if not urls:
+        return [ok("alerts", "no alert URLs configured")]
+    return [ok("alerts", f"{len(urls)} alert URL(s) parse")]
+
+
+def local_checks(config: Config, db: str | None,
+                 environ: Mapping[str, str] | None = None) -> list[Check]:
+    """`herder doctor`: the store, each job type's program, memory enforcement, git for
+    workspaces, the alert URLs (herder.toml itself loaded before: `config`)."""
+    environ = os.environ if environ is None else environ
+    url = config.db_url(db)
+    return [
+        ("store", lambda: check_store(url)),
+        ("programs", lambda: check_programs(config, environ)),
+        ("memory", lambda: check_memory(config)),
+        ("git", lambda: check_git(config, environ)),
+        ("alerts", lambda: check_alerts(config, environ)),
+    ]
+
+
+# --- server: what `herder server` needs -----------------------------------------------
+
+
+def check_database(url: str) -> list[Finding]:
+    """The store (PostgreSQL, for a fleet) and who holds the leader lease."""
+    findings = check_store(url)
+    if any(finding.verdict != "ok" for finding in findings):
+        return findings
+    if url.startswith("sqlite:"):
+        findings.append(warning("database", "SQLite: one machine's processes only",
+                                "use PostgreSQL for a server (HERDER_DB=postgresql://...)"))
+    from herder.store import open_store
+
+    store = open_store(url, migrate=False)
+    try:
+        findings.append(lease_finding(store))
+    finally:
+        store.close()
+    return findings
+
+
+def lease_finding(store: Store) -> Finding:
+    lease = store.leader_lease()
+    if lease.try_acquire():
+        lease.release()
+        return warning("leader", "no process holds the leader lease: no server schedules "
+                       "this store", "start `herder server` (or `herder up`)")
+    return ok("leader", "the leader lease is held by a running server")
+
+
+def check_listen(config: Config) -> list[Finding]:
+    """[server] listen and TLS: a certificate and key both or neither, the key private,
+    and no plain http off loopback unless allowed."""
+    from herder.runtime.hardening import check_secret_file
+
+    section = config.settings.server
+    bind, _, port = section.listen.rpartition(":")
+    if not bind or not port.isdigit() or not 0 < int(port) < 65536:
+        return [problem("listen", f"server.listen {section.listen!r} is not HOST:PORT",
+                        "e.g. listen = \"127.0.0.1:8470\"")]
+    if bool(section.tls_cert) != bool(section.tls_key):
+        return [problem("tls", "server.tls_cert and server.tls_key: one without the other",
+                        "set both, or neither behind a TLS proxy")]
+    findings = [ok("listen", section.listen)]
+    if section.tls_cert and section.tls_key:
+        for key, value in (("tls_cert", section.tls_cert), ("tls_key", section.tls_key)):
+            path = config.resolve_path(value)
+            if not os.access(path, os.R_OK):
+                findings.append(problem("tls", f"server.{key} {path} cannot be read",
+                                        "fix the path or its permissions"))
+                return findings
+        check_secret_file(config.resolve_path(section.tls_key), "server.tls_key")
+        findings.append(ok("tls", f"certificate {config.resolve_path(section.tls_cert)}"))
+    elif loopback_name(bind):
+        findings.append(ok("tls", "none: the server listens on loopback only"))
+    elif section.allow_plaintext:
+        findings.append(warning("tls", f"none: plain http on {bind} (allow_plaintext)",
+                                "set server.tls_cert and server.tls_key"))
+    else:
+        findings.append(problem("tls", f"{bind} is reachable from the network and the "
+                                "server has no TLS", "set server.tls_cert and "
+                                "server.tls_key, or listen on 127.0.0.1 behind a TLS proxy"))
+    return findings
+
+
+def check_admin(url: str, config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    """An admin token exists (or the deprecated admin variable is set)."""
+    from herder.core.access import active_admins
+    from herder.store import open_store
+
+    if environ.get(config.settings.server.api_token_env):
+        return [warning("admin token", f"{config.settings.server.api_token_env} is set "
+                        "(deprecated)", "create one with `herder token create --scope "
+                        "admin` and unset the variable")]
+    if not store_current(url):
+        return []  # the database check says why
+    store = open_store(url, migrate=False)
+    try:
+        admins = active_admins(store.token_list())
+    finally:
+        store.close()
+    if not admins:
+        return [problem("admin token", "no admin token exists: operators cannot sign in",
+                        "herder token create --scope admin --name ops")]
+    return [ok("admin token", f"{len(admins)} active")]
+
+
+def check_hooks(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    from herder.runtime.hardening import hook_secrets
+
+    sources = hook_secrets(config, environ)
+    if not sources:
+        return [ok("webhooks", "no webhook sources configured")]
+    return [ok("webhooks", f"the secrets of {', '.join(sorted(sources))} read")]
+
+
+def check_run_as(config: Config, euid: int | None = None) -> list[Finding]:
+    from herder.runtime.job_user import resolve
+
+    name = config.settings.runtime.run_as
+    if name is None:
+        return []
+    user = resolve(name, os.geteuid() if euid is None else euid)
+    where = f"uid {user.uid}" if user is not None else "herder's own user"
+    return [ok("run_as", f"{name} ({where})")]
+
+
+def server_checks(config: Config, db: str | None,
+                  environ: Mapping[str, str] | None = None) -> list[Check]:
+    """`herder doctor --server`: the database and the leader lease, listen address and
+    TLS, an admin token, the webhook secrets, the run_as user; then the local checks
+    (a server runs the local hosts' jobs and sends the alerts)."""
+    environ = os.environ if environ is None else environ
+    url = config.db_url(db)
+    local = [check for check in local_checks(config, db, environ) if check[0] != "store"]
+    return [
+        ("database", lambda: check_database(url)),
+        ("listen", lambda: check_listen(config)),
+        ("admin token", lambda: check_admin(url, config, environ)),
+        ("webhooks", lambda: check_hooks(config, environ)),
+        ("run_as", lambda: check_run_as(config)),
+        *local,
+    ]
