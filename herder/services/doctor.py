@@ -81,40 +81,38 @@ def latest_schema(dialect: str) -> int:
     return max((version for version, _, _ in load_migrations(dialect)), default=0)
 
 
-def store_current(url: str) -> bool:
-    """Whether the store exists and is at this herder's schema (checks that read it)."""
+def schema_of(url: str) -> tuple[int, int, str] | None:
+    """The store's schema version, this herder's, and the dialect; None for a SQLite file
+    that does not exist yet (opening would create it). The store is never migrated."""
     from herder.store import open_store
     from herder.store.sqlite import parse_sqlite_url
 
     if url.startswith("sqlite:"):
         path, _ = parse_sqlite_url(url)
         if path != ":memory:" and not os.path.exists(path):
-            return False
+            return None
     store = open_store(url, migrate=False)
     try:
-        return store.schema_version() == latest_schema(store.dialect)
+        return store.schema_version(), latest_schema(store.dialect), store.dialect
     finally:
         store.close()
+
+
+def store_current(url: str) -> bool:
+    """Whether the store exists and is at this herder's schema (checks that read it)."""
+    found = schema_of(url)
+    return found is not None and found[0] == found[1]
 
 
 def check_store(url: str) -> list[Finding]:
     """The store opens (without migrating it) and is at this herder's schema."""
-    from herder.store import open_store
-    from herder.store.sqlite import parse_sqlite_url
-
     shown = redact_url(url)
-    if url.startswith("sqlite:"):
-        path, _ = parse_sqlite_url(url)
-        if path != ":memory:" and not os.path.exists(path):
-            return [warning("store", f"{shown} does not exist yet",
-                            "run `herder migrate` to create it (the first `herder up` or "
-                            "`herder server` also does), or set HERDER_DB / --db")]
-    store = open_store(url, migrate=False)
-    try:
-        version = store.schema_version()
-        latest = latest_schema(store.dialect)
-    finally:
-        store.close()
+    found = schema_of(url)
+    if found is None:
+        return [warning("store", f"{shown} does not exist yet",
+                        "run `herder migrate` to create it (the first `herder up` or "
+                        "`herder server` also does), or set HERDER_DB / --db")]
+    version, latest, dialect = found
     if version < latest:
         return [problem("store", f"{shown} is at schema {version}, this herder's is {latest}",
                         "run `herder migrate` (herder up and herder server also migrate "
@@ -122,7 +120,7 @@ def check_store(url: str) -> list[Finding]:
     if version > latest:
         return [problem("store", f"{shown} is at schema {version}, newer than this "
                         f"herder's {latest}", "upgrade herder on this machine")]
-    return [ok("store", f"{shown} opens at schema {version} ({store.dialect})")]
+    return [ok("store", f"{shown} opens at schema {version} ({dialect})")]
 
 
 def find_program(program: str, environ: Mapping[str, str]) -> str | None:
