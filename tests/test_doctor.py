@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from support.cli import run_herder
+from support.ports import free_port
 from support.store import migrate_up_to
+from support.waits import wait_for
+from test_tls import make_certificate
 
 from herder.core.diagnosis import (
     Finding,
@@ -235,3 +240,92 @@ def test_a_missing_run_as_user_is_a_problem(tmp_path: Path, postgres_url: str) -
     result = doctor(tmp_path, "--server", db=postgres_url, config=config)
     assert result.returncode == 1
     assert "problem  run_as: no user 'no-such-user-herder' on this host" in result.stdout
+
+
+# -- --agent ---------------------------------------------------------------------------------
+
+
+def token_file(folder: Path, token: str, mode: int = 0o600) -> Path:
+    path = folder / "agent-token"
+    path.write_text(token + "\n")
+    path.chmod(mode)
+    return path
+
+
+def agent_doctor(fleet, url: str, label: str, token_path: Path, *extra: str):
+    return run_herder("doctor", "--agent", "--server", url, "--host", label,
+                      "--token-file", str(token_path), *extra, cwd=fleet.root, db=fleet.db,
+                      config=fleet.config)
+
+
+def test_a_healthy_agent_passes_every_check(make_fleet, tmp_path: Path,
+                                            sqlite_url: str) -> None:
+    fleet = make_fleet(tmp_path, sqlite_url, extra=HEALTHY)
+    token = fleet.add_host("doc-1", "--ram", "8")
+    fleet.start_server()
+    path = token_file(tmp_path, token)
+    result = agent_doctor(fleet, fleet.url, "doc-1", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = verdicts(result.stdout)
+    assert {name for name, verdict in found.items() if verdict != "ok"} <= {"memory"}
+    assert {"token", "server", "clock", "preflight build", "preflight fix", "git"} <= \
+        found.keys()
+    assert "accepted for host doc-1" in result.stdout
+    assert token not in result.stdout + result.stderr
+
+    # The token file open to others, a token the server does not know: problems.
+    path.chmod(0o644)
+    opened = agent_doctor(fleet, fleet.url, "doc-1", path)
+    assert opened.returncode == 1
+    assert "problem  token: " in opened.stdout and "chmod 600" in opened.stdout
+    assert token not in opened.stdout + opened.stderr
+    wrong = agent_doctor(fleet, fleet.url, "doc-1", token_file(tmp_path, "hdr_" + "x" * 40))
+    assert wrong.returncode == 1
+    assert "problem  token: " in wrong.stdout and "refuses it for host doc-1" in wrong.stdout
+
+
+def test_an_unreachable_server_is_a_problem(tmp_path: Path, sqlite_url: str) -> None:
+    path = token_file(tmp_path, "hdr_" + "y" * 40)
+    url = f"http://127.0.0.1:{free_port()}"
+    result = run_herder("doctor", "--agent", "--server", url, "--host", "doc-1",
+                        "--token-file", str(path), cwd=tmp_path, db=sqlite_url)
+    assert result.returncode == 1
+    assert f"problem  server: cannot reach {url}" in result.stdout
+    assert verdicts(result.stdout)["token"] == "ok"
+
+
+def test_agent_needs_a_server_and_a_host(tmp_path: Path, sqlite_url: str) -> None:
+    assert run_herder("doctor", "--agent", "--host", "h", cwd=tmp_path,
+                      db=sqlite_url).returncode == 2
+    result = run_herder("doctor", "--agent", "--server", "http://127.0.0.1:1", cwd=tmp_path,
+                        db=sqlite_url)
+    assert result.returncode == 2 and "--host" in result.stderr
+
+
+def test_a_tls_server_verifies_against_its_ca_and_not_another(make_fleet, tmp_path: Path,
+                                                              sqlite_url: str) -> None:
+    fleet = make_fleet(tmp_path, sqlite_url)
+    token = fleet.add_host("doc-1", "--ram", "8")
+    (tmp_path / "right").mkdir()
+    (tmp_path / "other").mkdir()
+    cert, key = make_certificate(tmp_path / "right")
+    other, _ = make_certificate(tmp_path / "other")
+    fleet.start_server("--tls-cert", str(cert), "--tls-key", str(key), wait=False)
+    base = f"https://127.0.0.1:{fleet.port}"
+    trust = ssl.create_default_context(cafile=str(cert))
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", verify=trust, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, 30, "the TLS server to answer /healthz", fleet.describe)
+    path = token_file(tmp_path, token)
+    good = agent_doctor(fleet, base, "doc-1", path, "--ca", str(cert))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert f"the certificate verifies against {cert}" in good.stdout
+    bad = agent_doctor(fleet, base, "doc-1", path, "--ca", str(other))
+    assert bad.returncode == 1
+    assert f"problem  server: the certificate of {base} does not verify against {other}" \
+        in bad.stdout

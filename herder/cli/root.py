@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from herder.store import Store
 
 EXIT_USAGE = 2
+DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
+"""Where a host's agent token is read from by default (agent, heartbeat, doctor --agent)."""
 EXIT_SKIP = 10
 
 COMMANDS: dict[str, str] = {

@@ -327,3 +327,129 @@ def server_checks(config: Config, db: str | None,
         ("run_as", lambda: check_run_as(config)),
         *local,
     ]
+
+
+# --- agent: what `herder agent` needs to work for a server ----------------------------
+
+CLOCK_TOLERANCE = 5.0
+"""Seconds this host's clock may differ from the server's (its Date header has whole
+seconds): leases and heartbeats are timed on both sides."""
+
+
+class AgentSetup:
+    """What `herder doctor --agent` checks against: the server, this host's label, its
+    token (from HERDER_AGENT_TOKEN, else the file) and the CA."""
+
+    def __init__(self, server: str, label: str, token_file: str, ca: str | None,
+                 allow_plaintext: bool, environ: Mapping[str, str]) -> None:
+        self.server = server
+        self.label = label
+        self.token_file = os.path.expanduser(token_file)
+        self.ca = ca
+        self.allow_plaintext = allow_plaintext
+        self.environ = environ
+
+    def token(self) -> tuple[str, Finding]:
+        """The token and what was found of where it came from (never the token itself)."""
+        from herder.runtime.agent_client import read_token_file
+
+        variable = self.environ.get("HERDER_AGENT_TOKEN", "").strip()
+        if variable:
+            return variable, ok("token", "from HERDER_AGENT_TOKEN")
+        token = read_token_file(self.token_file)
+        return token, ok("token", f"{self.token_file} (mode 0600)")
+
+
+def clock_finding(server_date: str | None, before: float, after: float) -> Finding:
+    """The offset of the server's Date header from this host's clock at the request's
+    middle."""
+    from email.utils import parsedate_to_datetime
+
+    if not server_date:
+        return warning("clock", "the server sent no Date header: the offset is unknown",
+                       "check that nothing between this host and the server drops it")
+    offset = parsedate_to_datetime(server_date).timestamp() - (before + after) / 2
+    # The header has whole seconds: an offset within one is none.
+    shown = 0.0 if abs(offset) < 1 else offset
+    if abs(offset) > CLOCK_TOLERANCE:
+        return problem("clock", f"{shown:+.0f}s from the server's clock (more than "
+                       f"{CLOCK_TOLERANCE:g}s)", "synchronise the clocks: timedatectl "
+                       "set-ntp true (on this host and the server)")
+    return ok("clock", f"{shown:+.0f}s from the server's clock")
+
+
+def check_server(setup: AgentSetup, timeout: float) -> list[Finding]:
+    """The server answers (over TLS, the certificate verifying against the CA), this host's
+    token is accepted for its label, and the clocks agree."""
+    import httpx
+
+    from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
+
+    try:
+        token, token_finding = setup.token()
+    except InputError as exc:
+        return [problem("token", exc.problem, exc.fix or "")]
+    client = ServerClient(setup.server, token, setup.label,
+                          verify=setup.ca if setup.ca is not None else True,
+                          timeout=timeout, allow_plaintext=setup.allow_plaintext)
+    try:
+        before = time.time()
+        try:
+            response = client.http.get("/healthz")
+        except httpx.RequestError as exc:
+            known = setup_problem(exc, client.server, setup.ca)
+            if known is not None:
+                return [token_finding, problem("server", known.problem, known.fix or "")]
+            return [token_finding, problem(
+                "server", f"cannot reach {client.server}: {type(exc).__name__}: {exc}",
+                "check the URL, that `herder server` runs there, and the firewall")]
+        after = time.time()
+        tls = ("TLS, " + (f"the certificate verifies against {setup.ca}" if setup.ca
+                          else "the certificate verifies") if client.server.startswith(
+                              "https://") else "plain http")
+        findings = [ok("server", f"{client.server} answers HTTP {response.status_code} "
+                       f"({tls})"), clock_finding(response.headers.get("date"), before, after)]
+        reply = client.request("GET", client.agent_path("/cancels"))
+        if reply.verdict is Verdict.OK:
+            findings.insert(0, ok("token", f"{token_finding.detail}, accepted for host "
+                                  f"{setup.label}"))
+        elif reply.verdict is Verdict.UNAUTHORIZED:
+            findings.insert(0, problem("token", f"{token_finding.detail}: the server refuses "
+                                       f"it for host {setup.label} ({reply.problem})",
+                                       "write this host's token (from `herder host add "
+                                       f"{setup.label}`) there, or pass the right --host"))
+        else:
+            findings.insert(0, problem("token", f"{token_finding.detail}: the server answers "
+                                       f"{reply.problem}", "check the server's log"))
+        return findings
+    finally:
+        client.close()
+
+
+def check_preflights(config: Config) -> list[Finding]:
+    """Each job type's preflight, run as the agent runs it (its own timeout each)."""
+    from herder.runtime import preflight
+
+    pass_env = config.settings.runtime.pass_env
+    findings = []
+    for name, check in sorted(preflight.job_type_checks(config.settings.job_types).items()):
+        result = preflight.run(check, pass_env)
+        label = f"preflight {name}"
+        if result.ok:
+            findings.append(ok(label, f"{' '.join(check.argv)} answers"))
+        else:
+            findings.append(problem(label, result.detail,
+                                    f"install or fix it, or fix job_types.{name}.preflight"))
+    return findings
+
+
+def agent_checks(config: Config, setup: AgentSetup, timeout: float) -> list[Check]:
+    """`herder doctor --agent --server URL`: the server over TLS, the token file and its
+    acceptance for this host, the clock, each job type's preflight, memory enforcement and
+    git for workspaces."""
+    return [
+        ("server", lambda: check_server(setup, timeout)),
+        ("preflights", lambda: check_preflights(config)),
+        ("memory", lambda: check_memory(config)),
+        ("git", lambda: check_git(config, setup.environ)),
+    ]
