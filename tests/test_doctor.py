@@ -300,6 +300,8 @@ def test_agent_needs_a_server_and_a_host(tmp_path: Path, sqlite_url: str) -> Non
     result = run_herder("doctor", "--agent", "--server", "http://127.0.0.1:1", cwd=tmp_path,
                         db=sqlite_url)
     assert result.returncode == 2 and "--host" in result.stderr
+    alone = run_herder("doctor", "--server", "http://127.0.0.1:1", cwd=tmp_path, db=sqlite_url)
+    assert alone.returncode == 2 and "a URL is for --agent" in alone.stderr
 
 
 def test_a_tls_server_verifies_against_its_ca_and_not_another(make_fleet, tmp_path: Path,
@@ -329,3 +331,17 @@ def test_a_tls_server_verifies_against_its_ca_and_not_another(make_fleet, tmp_pa
     assert bad.returncode == 1
     assert f"problem  server: the certificate of {base} does not verify against {other}" \
         in bad.stdout
+
+
+def test_the_clock_offset_is_read_from_the_servers_date_header() -> None:
+    from email.utils import formatdate
+
+    from herder.services.doctor import clock_finding
+
+    now = 1_800_000_000.0
+    assert clock_finding(formatdate(now, usegmt=True), now - 0.2, now + 0.2) == \
+        ok("clock", "+0s from the server's clock")
+    behind = clock_finding(formatdate(now + 30, usegmt=True), now, now)
+    assert behind.verdict is Verdict.PROBLEM and behind.detail.startswith("+30s")
+    assert "timedatectl set-ntp true" in behind.fix
+    assert clock_finding(None, now, now).verdict is Verdict.WARNING

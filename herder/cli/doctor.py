@@ -40,6 +40,11 @@ def doctor(state: State, server: str | None, agent: bool, label: str | None,
     from herder.core.settings.loading import load_config
     from herder.services import doctor as checks
 
+    if server and not agent:
+        with edge():
+            raise InputError("--server", "a URL is for --agent; alone, --server checks this "
+                             "machine as the server", "pass --server alone, or --agent "
+                             "--server URL --host LABEL")
     findings: list[Finding]
     try:
         config = load_config(state.config_path)
