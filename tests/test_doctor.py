@@ -6,6 +6,8 @@ piece (an unknown program, a store at an old schema, a database that never answe
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import socket
 import ssl
 import threading
@@ -272,6 +274,24 @@ def test_a_healthy_agent_passes_every_check(make_fleet, tmp_path: Path,
         found.keys()
     assert "accepted for host doc-1" in result.stdout
     assert token not in result.stdout + result.stderr
+    assert "ok       systemd unit: none at " in agent_doctor(
+        fleet, fleet.url, "doc-1", path, "--unit", str(tmp_path / "absent.service")).stdout
+
+    # The unit `herder agent install-systemd` writes matches; one for another host does not.
+    user = pwd.getpwuid(os.getuid()).pw_name
+    for label in ("doc-1", "doc-2"):
+        written = run_herder("agent", "install-systemd", "--server", fleet.url, "--host", label,
+                             "--user", user, "--token-file", str(path), "--allow-plaintext",
+                             cwd=tmp_path, check=True).stdout
+        (tmp_path / f"{label}.service").write_text(written)
+    matches = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit",
+                           str(tmp_path / "doc-1.service"))
+    assert f"ok       systemd unit: {tmp_path / 'doc-1.service'} matches" in matches.stdout
+    other = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit",
+                         str(tmp_path / "doc-2.service"))
+    assert other.returncode == 1
+    assert "problem  systemd unit: " in other.stdout
+    assert "--host doc-2 where this check has doc-1" in other.stdout
 
     # The token file open to others, a token the server does not know: problems.
     path.chmod(0o644)

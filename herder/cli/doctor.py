@@ -25,13 +25,17 @@ if TYPE_CHECKING:
               "[default: HERDER_AGENT_TOKEN, else ~/.config/herder/agent-token]")
 @click.option("--ca", type=click.Path(dir_okay=False), help="With --agent: the CA that "
               "signed the server's certificate [default: herder --ca / HERDER_CA]")
+@click.option("--unit", type=click.Path(dir_okay=False), help="With --agent: the agent's "
+              "systemd unit to compare, if installed "
+              "[default: /etc/systemd/system/herder-agent.service]")
 @click.option("--json", "as_json", is_flag=True, help="The findings as JSON, for scripts.")
 @click.option("--timeout", type=click.FloatRange(min=0.1, max=600), default=10.0,
               show_default=True, help="Seconds each check has; a check still running then "
               "is a problem.")
 @pass_state
 def doctor(state: State, server: str | None, agent: bool, label: str | None,
-           token_file: str | None, ca: str | None, as_json: bool, timeout: float) -> None:
+           token_file: str | None, ca: str | None, unit: str | None, as_json: bool,
+           timeout: float) -> None:
     """Check what this machine needs, one line per check (ok, warning or problem, with the
     fix). Exit 0 when nothing is a problem, 1 otherwise."""
     from herder.core.diagnosis import Finding, exit_code, line, problem, summary
@@ -54,8 +58,8 @@ def doctor(state: State, server: str | None, agent: bool, label: str | None,
     else:
         with edge():
             if agent:
-                run = checks.agent_checks(config, agent_setup(state, server, label,
-                                                              token_file, ca), timeout)
+                setup = agent_setup(state, server, label, token_file, ca)
+                run = checks.agent_checks(config, setup, timeout, unit or checks.AGENT_UNIT)
             elif server is not None:
                 run = checks.server_checks(config, state.db)
             else:

@@ -10,11 +10,13 @@ checks were listed; no finding holds a secret (a database URL is printed redacte
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from herder.core.diagnosis import Finding, ok, problem, timed_out, warning
@@ -443,13 +445,67 @@ def check_preflights(config: Config) -> list[Finding]:
     return findings
 
 
-def agent_checks(config: Config, setup: AgentSetup, timeout: float) -> list[Check]:
+AGENT_UNIT = "/etc/systemd/system/herder-agent.service"
+"""Where `herder agent install-systemd`'s unit is installed (docs/operating.md)."""
+
+
+def unit_argv(text: str) -> list[str] | None:
+    """The ExecStart argv of a unit's text (as systemd reads it: `%%` and `$$` single)."""
+    import shlex
+
+    for raw in text.splitlines():
+        key, _, value = raw.strip().partition("=")
+        if key == "ExecStart":
+            return shlex.split(value.replace("%%", "%").replace("$$", "$"))
+    return None
+
+
+def option_values(argv: Sequence[str]) -> dict[str, str]:
+    """`--name value` pairs of an argv (flags without a value left out)."""
+    return {name: value for name, value in itertools.pairwise(argv)
+            if name.startswith("--") and not value.startswith("--")}
+
+
+def check_unit(setup: AgentSetup, path: str) -> list[Finding]:
+    """The installed agent unit (if any) starts an agent for this server, host, token file
+    and CA, with a program that exists."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return [ok("systemd unit", f"none at {path} (not installed)")]
+    argv = unit_argv(text)
+    if not argv or "agent" not in argv:
+        return [problem("systemd unit", f"{path} has no ExecStart running `herder agent`",
+                        f"rewrite it: herder agent install-systemd ... > {path}")]
+    found = option_values(argv[argv.index("agent") + 1:])
+    expected = {"--server": setup.server, "--host": setup.label,
+                "--token-file": os.path.abspath(setup.token_file)}
+    if setup.ca is not None:
+        expected["--ca"] = os.path.abspath(setup.ca)
+    differ = [f"{name} {found.get(name, '(none)')} where this check has {value}"
+              for name, value in expected.items()
+              if found.get(name, "").rstrip("/") != value.rstrip("/")]
+    fix = (f"rewrite it with `herder agent install-systemd` and these values > {path}, then "
+           "systemctl daemon-reload && systemctl restart herder-agent")
+    if differ:
+        return [problem("systemd unit", f"{path} runs the agent with {'; '.join(differ)}",
+                        fix)]
+    program = argv[0]
+    if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        return [problem("systemd unit", f"{path} starts {program}, which is not an "
+                        "executable file", fix)]
+    return [ok("systemd unit", f"{path} matches")]
+
+
+def agent_checks(config: Config, setup: AgentSetup, timeout: float,
+                 unit: str = AGENT_UNIT) -> list[Check]:
     """`herder doctor --agent --server URL`: the server over TLS, the token file and its
-    acceptance for this host, the clock, each job type's preflight, memory enforcement and
-    git for workspaces."""
+    acceptance for this host, the clock, each job type's preflight, memory enforcement,
+    git for workspaces, and the installed systemd unit (`unit`) if there is one."""
     return [
         ("server", lambda: check_server(setup, timeout)),
         ("preflights", lambda: check_preflights(config)),
         ("memory", lambda: check_memory(config)),
         ("git", lambda: check_git(config, setup.environ)),
+        ("systemd unit", lambda: check_unit(setup, unit)),
     ]
