@@ -365,3 +365,29 @@ def test_the_clock_offset_is_read_from_the_servers_date_header() -> None:
     assert behind.verdict is Verdict.PROBLEM and behind.detail.startswith("+30s")
     assert "timedatectl set-ntp true" in behind.fix
     assert clock_finding(None, now, now).verdict is Verdict.WARNING
+
+
+def test_account_probes_run_and_a_dead_token_is_a_problem(tmp_path: Path,
+                                                          sqlite_url: str) -> None:
+    dead = tmp_path / "dead-probe"
+    dead.write_text("#!/bin/sh\necho '{\"credentials_present\": false, "
+                    "\"has_refresh_token\": false, \"access_expired\": true}'\n")
+    dead.chmod(0o755)
+    alive = tmp_path / "alive-probe"
+    alive.write_text("#!/bin/sh\necho '{\"credentials_present\": true, "
+                     "\"has_refresh_token\": true, \"access_expired\": false}'\n")
+    alive.chmod(0o755)
+    config = tmp_path / "herder.toml"
+    config.write_text(HEALTHY + f'\n[hosts.doc-1]\nram_total_gb = 8\n'
+                      f'[hosts.doc-1.accounts.one]\nprobe = ["{alive}"]\n'
+                      f'[hosts.doc-1.accounts.two]\nprobe = ["{dead}"]\n'
+                      '[hosts.doc-1.accounts.three]\nprobe = ["sh", "-c", "echo garbage"]\n')
+    path = token_file(tmp_path, "hdr_" + "y" * 40)
+    result = run_herder("doctor", "--agent", "--server", f"http://127.0.0.1:{free_port()}",
+                        "--host", "doc-1", "--token-file", str(path), cwd=tmp_path,
+                        db=sqlite_url, config=config)
+    assert result.returncode == 1
+    found = verdicts(result.stdout)
+    assert (found["account one"], found["account two"], found["account three"]) == (
+        "ok", "problem", "warning")
+    assert "sign this account in again" in result.stdout

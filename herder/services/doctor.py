@@ -445,6 +445,37 @@ def check_preflights(config: Config) -> list[Finding]:
     return findings
 
 
+def check_probes(config: Config, label: str) -> list[Finding]:
+    """The account probes herder.toml declares for this host, each run as the agent runs
+    it (its own timeout): a dead token is a problem, no usable answer a warning (the
+    runtime takes it as healthy). Accounts added only on the server are not seen here."""
+    from herder.runtime.accounts import ProbeCommand, run_probe
+
+    host = config.settings.hosts.get(label)
+    if host is None:
+        return []
+    findings = []
+    for name, section in sorted(host.accounts.items()):
+        if section.probe is None:
+            continue
+        command = ProbeCommand(tuple(section.probe), section.probe_timeout,
+                               section.probe_interval)
+        result = run_probe(command, config.settings.runtime.pass_env)
+        where = f"account {name}"
+        fix = f"check hosts.{label}.accounts.{name}.probe (docs/outcomes.md, Accounts)"
+        if result is None:
+            findings.append(warning(where, f"its probe {section.probe[0]} gave no usable "
+                                    f"answer within {section.probe_timeout:g}s (taken as "
+                                    "healthy)", fix))
+        elif result.dead:
+            findings.append(problem(where, "its probe finds the token dead (no credentials, "
+                                    "or expired without a refresh token)",
+                                    "sign this account in again on this host"))
+        else:
+            findings.append(ok(where, "its probe finds the credentials alive"))
+    return findings
+
+
 AGENT_UNIT = "/etc/systemd/system/herder-agent.service"
 """Where `herder agent install-systemd`'s unit is installed (docs/operating.md)."""
 
@@ -505,6 +536,7 @@ def agent_checks(config: Config, setup: AgentSetup, timeout: float,
     return [
         ("server", lambda: check_server(setup, timeout)),
         ("preflights", lambda: check_preflights(config)),
+        ("accounts", lambda: check_probes(config, setup.label)),
         ("memory", lambda: check_memory(config)),
         ("git", lambda: check_git(config, setup.environ)),
         ("systemd unit", lambda: check_unit(setup, unit)),
