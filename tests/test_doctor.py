@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.cli import run_herder
+from support.cli import UNREACHABLE_DB, run_herder
 from support.ports import free_port
 from support.store import migrate_up_to
 from support.waits import wait_for
@@ -57,6 +57,14 @@ def test_any_problem_makes_exit_1_and_warnings_do_not() -> None:
         {"name": "a", "verdict": "ok", "detail": "x", "fix": ""},
         {"name": "b", "verdict": "warning", "detail": "y", "fix": "z"},
         {"name": "c", "verdict": "problem", "detail": "y", "fix": "z"}]}
+
+
+def test_an_error_never_shows_a_password() -> None:
+    from herder.services.doctor import hide_passwords
+
+    assert hide_passwords("cannot open postgresql://herder:s3cret@db:5432/h: refused") == \
+        "cannot open postgresql://herder:***@db:5432/h: refused"
+    assert hide_passwords("postgresql://herder@db/h") == "postgresql://herder@db/h"
 
 
 def test_a_timed_out_check_is_a_problem() -> None:
@@ -180,6 +188,14 @@ def test_a_database_that_never_answers_is_cut_at_the_timeout(tmp_path: Path,
     assert found["store"] == "problem" and "no answer within 1s" in result.stdout
     assert found["program build"] == "ok" and found["alerts"] == "ok"
     assert "hunter2secret" not in result.stdout + result.stderr
+
+
+def test_an_unreachable_database_is_a_problem_and_the_rest_still_run(tmp_path: Path) -> None:
+    result = doctor(tmp_path, db=UNREACHABLE_DB)
+    assert result.returncode == 1
+    assert "problem  store: cannot connect to " in result.stdout
+    assert "check that the database runs" in result.stdout
+    assert verdicts(result.stdout)["program build"] == "ok"
 
 
 def test_bad_options_exit_2(tmp_path: Path, sqlite_url: str) -> None:

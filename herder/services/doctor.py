@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import threading
 import time
@@ -47,8 +48,16 @@ def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[
         except InputError as exc:
             results[index] = [problem(name, exc.problem, exc.fix or "")]
         except Exception as exc:
-            results[index] = [problem(name, f"{type(exc).__name__}: {exc}",
-                                      "see the error; rerun with the fault fixed")]
+            from herder.store import as_unavailable
+
+            unavailable = as_unavailable(exc)
+            if unavailable is not None:
+                results[index] = [problem(name, hide_passwords(str(unavailable)),
+                                          "check that the database runs and that HERDER_DB "
+                                          "(or --db, or [herder] db) names it")]
+            else:
+                results[index] = [problem(name, hide_passwords(f"{type(exc).__name__}: {exc}"),
+                                          "see the error; rerun with the fault fixed")]
 
     threads = []
     for index, (name, check) in enumerate(checks):
@@ -66,6 +75,15 @@ def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[
         else:
             findings.extend(result)
     return findings
+
+
+PASSWORD_IN_URL = re.compile(r"(://[^/@\s:]*:)[^/@\s]+@")
+
+
+def hide_passwords(text: str) -> str:
+    """An error's text with any `scheme://user:password@` password as `***` (an error from
+    below may quote the URL it could not open)."""
+    return PASSWORD_IN_URL.sub(r"\1***@", text)
 
 
 # --- local: what any machine running herder needs -------------------------------------
