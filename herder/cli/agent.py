@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from herder.cli.root import (
+    DEFAULT_TOKEN_FILE,
     LOG_FORMAT_OPTION,
     State,
     duration,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from herder.runtime.agent_client import ServerClient
     from herder.runtime.agent_trouble import TroubleWatch
 
-DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
 PLAINTEXT_OPTION = click.option(
     "--allow-plaintext", is_flag=True, envvar="HERDER_ALLOW_PLAINTEXT",
     help="Accept a plain http --server off loopback (a network you trust) "

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from herder.store import Store
 
 EXIT_USAGE = 2
+DEFAULT_TOKEN_FILE = "~/.config/herder/agent-token"
+"""Where a host's agent token is read from by default (agent, heartbeat, doctor --agent)."""
 EXIT_SKIP = 10
 
 COMMANDS: dict[str, str] = {
@@ -59,6 +61,7 @@ COMMANDS: dict[str, str] = {
     "run-attempt": "herder.cli.agent:run_attempt",
     "preflight": "herder.cli.agent:preflight",
     "demo": "herder.cli.server:demo",
+    "doctor": "herder.cli.doctor:doctor",
 }
 """Every top-level command: its name and the `module:attribute` that defines it."""
 

@@ -1,0 +1,561 @@
+"""`herder doctor`'s checks: what this machine needs for its role, each checked at once
+and each within a time limit.
+
+Every check runs in a daemon thread of its own; the doctor waits for all of them until
+one shared deadline, and a check still running then is reported as a problem
+(`diagnosis.timed_out`) and left behind: it never blocks the others, and the process
+exits without it. The results are herder.core.diagnosis's findings, in the order the
+checks were listed; no finding holds a secret (a database URL is printed redacted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from herder.core.diagnosis import Finding, ok, problem, timed_out, warning
+from herder.core.errors import InputError
+from herder.core.urls import loopback_name, redact_url
+
+if TYPE_CHECKING:
+    from herder.core.settings.loading import Config
+    from herder.store import Store
+
+CHECK_TIMEOUT = 10.0
+"""Seconds every check has (all run at once, so also about the doctor's whole run)."""
+
+Check = tuple[str, Callable[[], Sequence[Finding]]]
+"""A check's name (reported when it hangs or fails) and what runs it: one or more
+findings."""
+
+
+def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[Finding]:
+    """Every check at once, each in a daemon thread; their findings in the checks' order.
+    A check that raises is a problem naming the error; one not done by the deadline is
+    cut (`timed_out`)."""
+    results: list[Sequence[Finding] | None] = [None] * len(checks)
+
+    def run(index: int, name: str, check: Callable[[], Sequence[Finding]]) -> None:
+        try:
+            results[index] = list(check())
+        except InputError as exc:
+            results[index] = [problem(name, exc.problem, exc.fix or "")]
+        except Exception as exc:
+            from herder.store import as_unavailable
+
+            unavailable = as_unavailable(exc)
+            if unavailable is not None:
+                results[index] = [problem(name, hide_passwords(str(unavailable)),
+                                          "check that the database runs and that HERDER_DB "
+                                          "(or --db, or [herder] db) names it")]
+            else:
+                results[index] = [problem(name, hide_passwords(f"{type(exc).__name__}: {exc}"),
+                                          "see the error; rerun with the fault fixed")]
+
+    threads = []
+    for index, (name, check) in enumerate(checks):
+        thread = threading.Thread(target=run, args=(index, name, check),
+                                  name=f"herder-doctor-{name}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    findings: list[Finding] = []
+    for (name, _), thread, result in zip(checks, threads, results, strict=True):
+        if thread.is_alive() or result is None:
+            findings.append(timed_out(name, timeout))
+        else:
+            findings.extend(result)
+    return findings
+
+
+PASSWORD_IN_URL = re.compile(r"(://[^/@\s:]*:)[^/@\s]+@")
+
+
+def hide_passwords(text: str) -> str:
+    """An error's text with any `scheme://user:password@` password as `***` (an error from
+    below may quote the URL it could not open)."""
+    return PASSWORD_IN_URL.sub(r"\1***@", text)
+
+
+# --- local: what any machine running herder needs -------------------------------------
+
+
+def config_finding(config: Config) -> Finding:
+    if config.path is None:
+        return ok("config", "no herder.toml here: the defaults hold")
+    return ok("config", f"{config.path} loads")
+
+
+def latest_schema(dialect: str) -> int:
+    from herder.store.base import load_migrations
+
+    return max((version for version, _, _ in load_migrations(dialect)), default=0)
+
+
+def schema_of(url: str) -> tuple[int, int, str] | None:
+    """The store's schema version, this herder's, and the dialect; None for a SQLite file
+    that does not exist yet (opening would create it). The store is never migrated."""
+    from herder.store import open_store
+    from herder.store.sqlite import parse_sqlite_url
+
+    if url.startswith("sqlite:"):
+        path, _ = parse_sqlite_url(url)
+        if path != ":memory:" and not os.path.exists(path):
+            return None
+    store = open_store(url, migrate=False)
+    try:
+        return store.schema_version(), latest_schema(store.dialect), store.dialect
+    finally:
+        store.close()
+
+
+def store_current(url: str) -> bool:
+    """Whether the store exists and is at this herder's schema (checks that read it)."""
+    found = schema_of(url)
+    return found is not None and found[0] == found[1]
+
+
+def check_store(url: str) -> list[Finding]:
+    """The store opens (without migrating it) and is at this herder's schema."""
+    shown = redact_url(url)
+    found = schema_of(url)
+    if found is None:
+        return [warning("store", f"{shown} does not exist yet",
+                        "run `herder migrate` to create it (the first `herder up` or "
+                        "`herder server` also does), or set HERDER_DB / --db")]
+    version, latest, dialect = found
+    if version < latest:
+        return [problem("store", f"{shown} is at schema {version}, this herder's is {latest}",
+                        "run `herder migrate` (herder up and herder server also migrate "
+                        "at start)")]
+    if version > latest:
+        return [problem("store", f"{shown} is at schema {version}, newer than this "
+                        f"herder's {latest}", "upgrade herder on this machine")]
+    return [ok("store", f"{shown} opens at schema {version} ({dialect})")]
+
+
+def find_program(program: str, environ: Mapping[str, str]) -> str | None:
+    if "/" in program:
+        return program if os.access(program, os.X_OK) and os.path.isfile(program) else None
+    return shutil.which(program, path=environ.get("PATH", os.defpath))
+
+
+def check_programs(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    """Each job type's program (its preflight's first word) is on PATH."""
+    from herder.runtime.preflight import job_type_checks
+
+    findings = []
+    for name, check in sorted(job_type_checks(config.settings.job_types).items()):
+        program = check.argv[0]
+        found = find_program(program, environ)
+        label = f"program {name}"
+        if found is None:
+            findings.append(problem(label, f"{program!r} is not found on PATH",
+                                    f"install {program}, or fix job_types.{name}.command "
+                                    "(a full path, or PATH for herder)"))
+        else:
+            findings.append(ok(label, f"{program} is {found}"))
+    return findings
+
+
+def check_memory(config: Config) -> list[Finding]:
+    """How attempts' memory would be enforced here: a cgroup, or the watchdog."""
+    from herder.runtime.cgroup import detect
+
+    runtime = config.settings.runtime
+    if runtime.memory_enforcement == "off":
+        return [warning("memory", "runtime.memory_enforcement is off: memory is measured, "
+                        "never enforced", "set runtime.memory_enforcement = \"auto\"")]
+    parent = detect(runtime.cgroup_root)
+    if parent is not None:
+        return [ok("memory", f"{parent.enforcement} under {parent.path}")]
+    fix = ("run the agent under systemd with Delegate=yes (`herder agent install-systemd` "
+           "writes such a unit), or set runtime.cgroup_root to a writable memory cgroup "
+           "(docs/outcomes.md, Memory)")
+    detail = "no writable memory cgroup: the watchdog enforces memory (sampled RSS)"
+    if runtime.memory_enforcement == "cgroup":
+        return [problem("memory", f"runtime.memory_enforcement is cgroup but {detail}", fix)]
+    return [warning("memory", detail, fix)]
+
+
+def check_git(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    """`git` where a job type checks out a workspace."""
+    with_workspace = sorted(name for name, job_type in config.settings.job_types.items()
+                            if job_type.workspace is not None)
+    if not with_workspace:
+        return []
+    found = find_program("git", environ)
+    if found is None:
+        return [problem("git", f"not found on PATH; job type(s) {', '.join(with_workspace)} "
+                        "check out a workspace", "install git")]
+    return [ok("git", f"{found} (for the workspaces of {', '.join(with_workspace)})")]
+
+
+def check_alerts(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    from herder.runtime.delivery import check_urls
+
+    urls = check_urls(config.settings.alerts, dict(environ))
+    if not urls:
+        return [ok("alerts", "no alert URLs configured")]
+    return [ok("alerts", f"{len(urls)} alert URL(s) parse")]
+
+
+def local_checks(config: Config, db: str | None,
+                 environ: Mapping[str, str] | None = None) -> list[Check]:
+    """`herder doctor`: the store, each job type's program, memory enforcement, git for
+    workspaces, the alert URLs (herder.toml itself loaded before: `config`)."""
+    environ = os.environ if environ is None else environ
+    url = config.db_url(db)
+    return [
+        ("store", lambda: check_store(url)),
+        ("programs", lambda: check_programs(config, environ)),
+        ("memory", lambda: check_memory(config)),
+        ("git", lambda: check_git(config, environ)),
+        ("alerts", lambda: check_alerts(config, environ)),
+    ]
+
+
+# --- server: what `herder server` needs -----------------------------------------------
+
+
+def check_database(url: str) -> list[Finding]:
+    """The store (PostgreSQL, for a fleet) and who holds the leader lease."""
+    findings = check_store(url)
+    if any(finding.verdict != "ok" for finding in findings):
+        return findings
+    if url.startswith("sqlite:"):
+        findings.append(warning("database", "SQLite: one machine's processes only",
+                                "use PostgreSQL for a server (HERDER_DB=postgresql://...)"))
+    from herder.store import open_store
+
+    store = open_store(url, migrate=False)
+    try:
+        findings.append(lease_finding(store))
+    finally:
+        store.close()
+    return findings
+
+
+def lease_finding(store: Store) -> Finding:
+    lease = store.leader_lease()
+    if lease.try_acquire():
+        lease.release()
+        return warning("leader", "no process holds the leader lease: no server schedules "
+                       "this store", "start `herder server` (or `herder up`)")
+    return ok("leader", "the leader lease is held by a running server")
+
+
+def check_listen(config: Config) -> list[Finding]:
+    """[server] listen and TLS: a certificate and key both or neither, the key private,
+    and no plain http off loopback unless allowed."""
+    from herder.runtime.hardening import check_secret_file
+
+    section = config.settings.server
+    bind, _, port = section.listen.rpartition(":")
+    if not bind or not port.isdigit() or not 0 < int(port) < 65536:
+        return [problem("listen", f"server.listen {section.listen!r} is not HOST:PORT",
+                        "e.g. listen = \"127.0.0.1:8470\"")]
+    if bool(section.tls_cert) != bool(section.tls_key):
+        return [problem("tls", "server.tls_cert and server.tls_key: one without the other",
+                        "set both, or neither behind a TLS proxy")]
+    findings = [ok("listen", section.listen)]
+    if section.tls_cert and section.tls_key:
+        for key, value in (("tls_cert", section.tls_cert), ("tls_key", section.tls_key)):
+            path = config.resolve_path(value)
+            if not os.access(path, os.R_OK):
+                findings.append(problem("tls", f"server.{key} {path} cannot be read",
+                                        "fix the path or its permissions"))
+                return findings
+        check_secret_file(config.resolve_path(section.tls_key), "server.tls_key")
+        findings.append(ok("tls", f"certificate {config.resolve_path(section.tls_cert)}"))
+    elif loopback_name(bind):
+        findings.append(ok("tls", "none: the server listens on loopback only"))
+    elif section.allow_plaintext:
+        findings.append(warning("tls", f"none: plain http on {bind} (allow_plaintext)",
+                                "set server.tls_cert and server.tls_key"))
+    else:
+        findings.append(problem("tls", f"{bind} is reachable from the network and the "
+                                "server has no TLS", "set server.tls_cert and "
+                                "server.tls_key, or listen on 127.0.0.1 behind a TLS proxy"))
+    return findings
+
+
+def check_admin(url: str, config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    """An admin token exists (or the deprecated admin variable is set)."""
+    from herder.core.access import active_admins
+    from herder.store import open_store
+
+    if environ.get(config.settings.server.api_token_env):
+        return [warning("admin token", f"{config.settings.server.api_token_env} is set "
+                        "(deprecated)", "create one with `herder token create --scope "
+                        "admin` and unset the variable")]
+    if not store_current(url):
+        return []  # the database check says why
+    store = open_store(url, migrate=False)
+    try:
+        admins = active_admins(store.token_list())
+    finally:
+        store.close()
+    if not admins:
+        return [problem("admin token", "no admin token exists: operators cannot sign in",
+                        "herder token create --scope admin --name ops")]
+    return [ok("admin token", f"{len(admins)} active")]
+
+
+def check_hooks(config: Config, environ: Mapping[str, str]) -> list[Finding]:
+    from herder.runtime.hardening import hook_secrets
+
+    sources = hook_secrets(config, environ)
+    if not sources:
+        return [ok("webhooks", "no webhook sources configured")]
+    return [ok("webhooks", f"the secrets of {', '.join(sorted(sources))} read")]
+
+
+def check_run_as(config: Config, euid: int | None = None) -> list[Finding]:
+    from herder.runtime.job_user import resolve
+
+    name = config.settings.runtime.run_as
+    if name is None:
+        return []
+    user = resolve(name, os.geteuid() if euid is None else euid)
+    where = f"uid {user.uid}" if user is not None else "herder's own user"
+    return [ok("run_as", f"{name} ({where})")]
+
+
+def server_checks(config: Config, db: str | None,
+                  environ: Mapping[str, str] | None = None) -> list[Check]:
+    """`herder doctor --server`: the database and the leader lease, listen address and
+    TLS, an admin token, the webhook secrets, the run_as user; then the local checks
+    (a server runs the local hosts' jobs and sends the alerts)."""
+    environ = os.environ if environ is None else environ
+    url = config.db_url(db)
+    local = [check for check in local_checks(config, db, environ) if check[0] != "store"]
+    return [
+        ("database", lambda: check_database(url)),
+        ("listen", lambda: check_listen(config)),
+        ("admin token", lambda: check_admin(url, config, environ)),
+        ("webhooks", lambda: check_hooks(config, environ)),
+        ("run_as", lambda: check_run_as(config)),
+        *local,
+    ]
+
+
+# --- agent: what `herder agent` needs to work for a server ----------------------------
+
+CLOCK_TOLERANCE = 5.0
+"""Seconds this host's clock may differ from the server's (its Date header has whole
+seconds): leases and heartbeats are timed on both sides."""
+
+
+class AgentSetup:
+    """What `herder doctor --agent` checks against: the server, this host's label, its
+    token (from HERDER_AGENT_TOKEN, else the file) and the CA."""
+
+    def __init__(self, server: str, label: str, token_file: str, ca: str | None,
+                 allow_plaintext: bool, environ: Mapping[str, str]) -> None:
+        self.server = server
+        self.label = label
+        self.token_file = os.path.expanduser(token_file)
+        self.ca = ca
+        self.allow_plaintext = allow_plaintext
+        self.environ = environ
+
+    def token(self) -> tuple[str, Finding]:
+        """The token and what was found of where it came from (never the token itself)."""
+        from herder.runtime.agent_client import read_token_file
+
+        variable = self.environ.get("HERDER_AGENT_TOKEN", "").strip()
+        if variable:
+            return variable, ok("token", "from HERDER_AGENT_TOKEN")
+        token = read_token_file(self.token_file)
+        return token, ok("token", f"{self.token_file} (mode 0600)")
+
+
+def clock_finding(server_date: str | None, before: float, after: float) -> Finding:
+    """The offset of the server's Date header from this host's clock at the request's
+    middle."""
+    from email.utils import parsedate_to_datetime
+
+    if not server_date:
+        return warning("clock", "the server sent no Date header: the offset is unknown",
+                       "check that nothing between this host and the server drops it")
+    offset = parsedate_to_datetime(server_date).timestamp() - (before + after) / 2
+    # The header has whole seconds: an offset within one is none.
+    shown = 0.0 if abs(offset) < 1 else offset
+    if abs(offset) > CLOCK_TOLERANCE:
+        return problem("clock", f"{shown:+.0f}s from the server's clock (more than "
+                       f"{CLOCK_TOLERANCE:g}s)", "synchronise the clocks: timedatectl "
+                       "set-ntp true (on this host and the server)")
+    return ok("clock", f"{shown:+.0f}s from the server's clock")
+
+
+def check_server(setup: AgentSetup, timeout: float) -> list[Finding]:
+    """The server answers (over TLS, the certificate verifying against the CA), this host's
+    token is accepted for its label, and the clocks agree."""
+    import httpx
+
+    from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
+
+    try:
+        token, token_finding = setup.token()
+    except InputError as exc:
+        return [problem("token", exc.problem, exc.fix or "")]
+    client = ServerClient(setup.server, token, setup.label,
+                          verify=setup.ca if setup.ca is not None else True,
+                          timeout=timeout, allow_plaintext=setup.allow_plaintext)
+    try:
+        before = time.time()
+        try:
+            response = client.http.get("/healthz")
+        except httpx.RequestError as exc:
+            known = setup_problem(exc, client.server, setup.ca)
+            if known is not None:
+                return [token_finding, problem("server", known.problem, known.fix or "")]
+            return [token_finding, problem(
+                "server", f"cannot reach {client.server}: {type(exc).__name__}: {exc}",
+                "check the URL, that `herder server` runs there, and the firewall")]
+        after = time.time()
+        tls = ("TLS, " + (f"the certificate verifies against {setup.ca}" if setup.ca
+                          else "the certificate verifies") if client.server.startswith(
+                              "https://") else "plain http")
+        findings = [ok("server", f"{client.server} answers HTTP {response.status_code} "
+                       f"({tls})"), clock_finding(response.headers.get("date"), before, after)]
+        reply = client.request("GET", client.agent_path("/cancels"))
+        if reply.verdict is Verdict.OK:
+            findings.insert(0, ok("token", f"{token_finding.detail}, accepted for host "
+                                  f"{setup.label}"))
+        elif reply.verdict is Verdict.UNAUTHORIZED:
+            findings.insert(0, problem("token", f"{token_finding.detail}: the server refuses "
+                                       f"it for host {setup.label} ({reply.problem})",
+                                       "write this host's token (from `herder host add "
+                                       f"{setup.label}`) there, or pass the right --host"))
+        else:
+            findings.insert(0, problem("token", f"{token_finding.detail}: the server answers "
+                                       f"{reply.problem}", "check the server's log"))
+        return findings
+    finally:
+        client.close()
+
+
+def check_preflights(config: Config) -> list[Finding]:
+    """Each job type's preflight, run as the agent runs it (its own timeout each)."""
+    from herder.runtime import preflight
+
+    pass_env = config.settings.runtime.pass_env
+    findings = []
+    for name, check in sorted(preflight.job_type_checks(config.settings.job_types).items()):
+        result = preflight.run(check, pass_env)
+        label = f"preflight {name}"
+        if result.ok:
+            findings.append(ok(label, f"{' '.join(check.argv)} answers"))
+        else:
+            findings.append(problem(label, result.detail,
+                                    f"install or fix it, or fix job_types.{name}.preflight"))
+    return findings
+
+
+def check_probes(config: Config, label: str) -> list[Finding]:
+    """The account probes herder.toml declares for this host, each run as the agent runs
+    it (its own timeout): a dead token is a problem, no usable answer a warning (the
+    runtime takes it as healthy). Accounts added only on the server are not seen here."""
+    from herder.runtime.accounts import ProbeCommand, run_probe
+
+    host = config.settings.hosts.get(label)
+    if host is None:
+        return []
+    findings = []
+    for name, section in sorted(host.accounts.items()):
+        if section.probe is None:
+            continue
+        command = ProbeCommand(tuple(section.probe), section.probe_timeout,
+                               section.probe_interval)
+        result = run_probe(command, config.settings.runtime.pass_env)
+        where = f"account {name}"
+        fix = f"check hosts.{label}.accounts.{name}.probe (docs/outcomes.md, Accounts)"
+        if result is None:
+            findings.append(warning(where, f"its probe {section.probe[0]} gave no usable "
+                                    f"answer within {section.probe_timeout:g}s (taken as "
+                                    "healthy)", fix))
+        elif result.dead:
+            findings.append(problem(where, "its probe finds the token dead (no credentials, "
+                                    "or expired without a refresh token)",
+                                    "sign this account in again on this host"))
+        else:
+            findings.append(ok(where, "its probe finds the credentials alive"))
+    return findings
+
+
+AGENT_UNIT = "/etc/systemd/system/herder-agent.service"
+"""Where `herder agent install-systemd`'s unit is installed (docs/operating.md)."""
+
+
+def unit_argv(text: str) -> list[str] | None:
+    """The ExecStart argv of a unit's text (as systemd reads it: `%%` and `$$` single)."""
+    import shlex
+
+    for raw in text.splitlines():
+        key, _, value = raw.strip().partition("=")
+        if key == "ExecStart":
+            return shlex.split(value.replace("%%", "%").replace("$$", "$"))
+    return None
+
+
+def option_values(argv: Sequence[str]) -> dict[str, str]:
+    """`--name value` pairs of an argv (flags without a value left out)."""
+    return {name: value for name, value in itertools.pairwise(argv)
+            if name.startswith("--") and not value.startswith("--")}
+
+
+def check_unit(setup: AgentSetup, path: str) -> list[Finding]:
+    """The installed agent unit (if any) starts an agent for this server, host, token file
+    and CA, with a program that exists."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return [ok("systemd unit", f"none at {path} (not installed)")]
+    argv = unit_argv(text)
+    if not argv or "agent" not in argv:
+        return [problem("systemd unit", f"{path} has no ExecStart running `herder agent`",
+                        f"rewrite it: herder agent install-systemd ... > {path}")]
+    found = option_values(argv[argv.index("agent") + 1:])
+    expected = {"--server": setup.server, "--host": setup.label,
+                "--token-file": os.path.abspath(setup.token_file)}
+    if setup.ca is not None:
+        expected["--ca"] = os.path.abspath(setup.ca)
+    differ = [f"{name} {found.get(name, '(none)')} where this check has {value}"
+              for name, value in expected.items()
+              if found.get(name, "").rstrip("/") != value.rstrip("/")]
+    fix = (f"rewrite it with `herder agent install-systemd` and these values > {path}, then "
+           "systemctl daemon-reload && systemctl restart herder-agent")
+    if differ:
+        return [problem("systemd unit", f"{path} runs the agent with {'; '.join(differ)}",
+                        fix)]
+    program = argv[0]
+    if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+        return [problem("systemd unit", f"{path} starts {program}, which is not an "
+                        "executable file", fix)]
+    return [ok("systemd unit", f"{path} matches")]
+
+
+def agent_checks(config: Config, setup: AgentSetup, timeout: float,
+                 unit: str = AGENT_UNIT) -> list[Check]:
+    """`herder doctor --agent --server URL`: the server over TLS, the token file and its
+    acceptance for this host, the clock, each job type's preflight, memory enforcement,
+    git for workspaces, and the installed systemd unit (`unit`) if there is one."""
+    return [
+        ("server", lambda: check_server(setup, timeout)),
+        ("preflights", lambda: check_preflights(config)),
+        ("accounts", lambda: check_probes(config, setup.label)),
+        ("memory", lambda: check_memory(config)),
+        ("git", lambda: check_git(config, setup.environ)),
+        ("systemd unit", lambda: check_unit(setup, unit)),
+    ]

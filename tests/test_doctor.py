@@ -1,0 +1,409 @@
+"""`herder doctor`: the findings' lines and exit code (pure), every check run at once with a
+hanging one cut at its time, and the real command against a healthy setup and each broken
+piece (an unknown program, a store at an old schema, a database that never answers; for
+--server a missing admin token, a webhook secret open to others, a missing run_as user)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from support.cli import UNREACHABLE_DB, run_herder
+from support.ports import free_port
+from support.store import migrate_up_to
+from support.waits import wait_for
+from test_tls import make_certificate
+
+from herder.core.diagnosis import (
+    Finding,
+    Verdict,
+    as_json,
+    exit_code,
+    line,
+    ok,
+    problem,
+    summary,
+    timed_out,
+    warning,
+)
+from herder.services.doctor import run_checks
+from herder.store import open_store
+
+# -- the pure part ---------------------------------------------------------------------------
+
+
+def test_a_finding_is_one_line_with_its_fix_and_the_names_line_up() -> None:
+    assert line(ok("store", "sqlite:///x opens")) == "ok       store: sqlite:///x opens"
+    assert line(problem("git", "not found\non PATH", "install  git")) == \
+        "problem  git: not found on PATH (fix: install git)"
+    assert line(warning("memory", "the watchdog", "delegate")).startswith("warning  memory: ")
+
+
+def test_any_problem_makes_exit_1_and_warnings_do_not() -> None:
+    assert exit_code([]) == 0
+    assert exit_code([ok("a", "x"), warning("b", "y", "z")]) == 0
+    assert exit_code([ok("a", "x"), problem("b", "y", "z")]) == 1
+    findings = [ok("a", "x"), warning("b", "y", "z"), problem("c", "y", "z")]
+    assert summary(findings) == "1 ok, 1 warning(s), 1 problem(s)"
+    assert as_json(findings) == {"exit": 1, "checks": [
+        {"name": "a", "verdict": "ok", "detail": "x", "fix": ""},
+        {"name": "b", "verdict": "warning", "detail": "y", "fix": "z"},
+        {"name": "c", "verdict": "problem", "detail": "y", "fix": "z"}]}
+
+
+def test_an_error_never_shows_a_password() -> None:
+    from herder.services.doctor import hide_passwords
+
+    assert hide_passwords("cannot open postgresql://herder:s3cret@db:5432/h: refused") == \
+        "cannot open postgresql://herder:***@db:5432/h: refused"
+    assert hide_passwords("postgresql://herder@db/h") == "postgresql://herder@db/h"
+
+
+def test_a_timed_out_check_is_a_problem() -> None:
+    finding = timed_out("store", 2)
+    assert finding.verdict is Verdict.PROBLEM and "no answer within 2s" in finding.detail
+
+
+# -- every check at once ---------------------------------------------------------------------
+
+
+def test_a_hanging_check_is_cut_and_never_blocks_the_others() -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def hangs() -> list[Finding]:
+        started.set()
+        release.wait()
+        return [ok("hangs", "answered")]
+
+    def fails() -> list[Finding]:
+        raise RuntimeError("boom")
+
+    try:
+        findings = run_checks([("hangs", hangs), ("fine", lambda: [ok("fine", "yes")]),
+                               ("fails", fails)], timeout=0.5)
+    finally:
+        release.set()
+    assert started.is_set()
+    assert [(f.name, f.verdict) for f in findings] == [
+        ("hangs", Verdict.PROBLEM), ("fine", Verdict.OK), ("fails", Verdict.PROBLEM)]
+    assert "no answer within 0.5s" in findings[0].detail
+    assert "RuntimeError: boom" in findings[2].detail
+
+
+# -- the real command ------------------------------------------------------------------------
+
+HEALTHY = """\
+[job_types.build]
+command = ["sh", "-c", "true"]
+
+[job_types.fix]
+command = ["sh", "-c", "true"]
+workspace = { repository = "https://example.invalid/{repo}.git", ref = "main" }
+"""
+
+
+def doctor(tmp_path: Path, *args: str, db: str, config: str = HEALTHY,
+           env: dict[str, str] | None = None):
+    path = tmp_path / "herder.toml"
+    path.write_text(config)
+    return run_herder("doctor", *args, cwd=tmp_path, db=db, config=path, env=env)
+
+
+def verdicts(stdout: str) -> dict[str, str]:
+    """Each check's name and verdict from the lines (the summary line left out)."""
+    found = {}
+    for text in stdout.splitlines()[:-1]:
+        verdict, _, rest = text.partition("  ")
+        found[rest.strip().split(":", 1)[0]] = verdict.strip()
+    return found
+
+
+def test_a_healthy_setup_passes_every_check(tmp_path: Path, sqlite_url: str) -> None:
+    result = doctor(tmp_path, db=sqlite_url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = verdicts(result.stdout)
+    assert {name for name, verdict in found.items() if verdict != "ok"} <= {"memory"}
+    assert {"config", "store", "program build", "program fix", "git", "memory",
+            "alerts"} <= found.keys()
+    assert result.stdout.splitlines()[-1].endswith("0 problem(s)")
+    as_data = doctor(tmp_path, "--json", db=sqlite_url)
+    assert as_data.returncode == 0
+    data = json.loads(as_data.stdout)
+    assert data["exit"] == 0 and {c["name"] for c in data["checks"]} == found.keys()
+
+
+def test_an_unknown_program_is_a_problem_naming_the_job_type(tmp_path: Path,
+                                                             sqlite_url: str) -> None:
+    config = HEALTHY + '\n[job_types.gone]\ncommand = ["no-such-program-herder", "{x}"]\n'
+    result = doctor(tmp_path, db=sqlite_url, config=config)
+    assert result.returncode == 1
+    assert ("problem  program gone: 'no-such-program-herder' is not found on PATH (fix: "
+            "install no-such-program-herder") in result.stdout
+    assert verdicts(result.stdout)["program build"] == "ok"
+
+
+def test_a_store_at_an_old_schema_says_to_migrate(tmp_path: Path, monkeypatch) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with open_store(url, migrate=False) as store:
+        migrate_up_to(store, monkeypatch, 2)
+    monkeypatch.undo()
+    result = doctor(tmp_path, db=url)
+    assert result.returncode == 1
+    assert "problem  store: " in result.stdout and "is at schema 2" in result.stdout
+    assert "run `herder migrate`" in result.stdout
+
+
+def test_a_bad_herder_toml_is_a_problem_not_a_crash(tmp_path: Path, sqlite_url: str) -> None:
+    result = doctor(tmp_path, db=sqlite_url, config="[job_types.x]\ncommand = 3\n")
+    assert result.returncode == 1
+    assert result.stdout.startswith("problem  config: ")
+
+
+@pytest.fixture
+def silent_database() -> Iterator[str]:
+    """A PostgreSQL URL whose port accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    try:
+        yield f"postgresql://postgres:hunter2secret@127.0.0.1:{listener.getsockname()[1]}/x"
+    finally:
+        listener.close()
+
+
+def test_a_database_that_never_answers_is_cut_at_the_timeout(tmp_path: Path,
+                                                             silent_database: str) -> None:
+    result = doctor(tmp_path, "--timeout", "1", db=silent_database)
+    assert result.returncode == 1
+    found = verdicts(result.stdout)
+    assert found["store"] == "problem" and "no answer within 1s" in result.stdout
+    assert found["program build"] == "ok" and found["alerts"] == "ok"
+    assert "hunter2secret" not in result.stdout + result.stderr
+
+
+def test_an_unreachable_database_is_a_problem_and_the_rest_still_run(tmp_path: Path) -> None:
+    result = doctor(tmp_path, db=UNREACHABLE_DB)
+    assert result.returncode == 1
+    assert "problem  store: cannot connect to " in result.stdout
+    assert "check that the database runs" in result.stdout
+    assert verdicts(result.stdout)["program build"] == "ok"
+
+
+def test_bad_options_exit_2(tmp_path: Path, sqlite_url: str) -> None:
+    assert doctor(tmp_path, "--timeout", "0", db=sqlite_url).returncode == 2
+
+
+# -- --server --------------------------------------------------------------------------------
+
+
+def admin_token(tmp_path: Path, url: str) -> None:
+    run_herder("token", "create", "--scope", "admin", "--name", "ops", cwd=tmp_path, db=url,
+               check=True)
+
+
+def test_a_healthy_server_passes_every_check(tmp_path: Path, postgres_url: str) -> None:
+    admin_token(tmp_path, postgres_url)
+    with open_store(postgres_url) as store:
+        lease = store.leader_lease()
+        assert lease.try_acquire()  # as a running server holds it
+        try:
+            result = doctor(tmp_path, "--server", db=postgres_url)
+        finally:
+            lease.release()
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = verdicts(result.stdout)
+    assert {name for name, verdict in found.items() if verdict != "ok"} <= {"memory"}
+    assert {"store", "leader", "listen", "tls", "admin token", "webhooks"} <= found.keys()
+    idle = doctor(tmp_path, "--server", db=postgres_url)
+    assert idle.returncode == 0 and verdicts(idle.stdout)["leader"] == "warning"
+
+
+def test_a_server_without_an_admin_token_is_a_problem(tmp_path: Path,
+                                                      postgres_url: str) -> None:
+    result = doctor(tmp_path, "--server", db=postgres_url)
+    assert result.returncode == 1
+    assert "problem  admin token: no admin token exists" in result.stdout
+    assert "herder token create --scope admin" in result.stdout
+
+
+def test_a_webhook_secret_open_to_others_is_a_problem(tmp_path: Path,
+                                                      postgres_url: str) -> None:
+    admin_token(tmp_path, postgres_url)
+    secret = tmp_path / "gitea.secret"
+    secret.write_text("s3cret-value-not-shown\n")
+    secret.chmod(0o644)
+    config = HEALTHY + ('\n[hooks.sources.gitea]\nkind = "gitea"\n'
+                        'secret_file = "gitea.secret"\n')
+    result = doctor(tmp_path, "--server", db=postgres_url, config=config)
+    assert result.returncode == 1
+    assert "problem  webhooks: " in result.stdout and "chmod 600" in result.stdout
+    assert "s3cret-value-not-shown" not in result.stdout
+    secret.chmod(0o600)
+    fixed = doctor(tmp_path, "--server", db=postgres_url, config=config)
+    assert verdicts(fixed.stdout)["webhooks"] == "ok"
+
+
+def test_a_missing_run_as_user_is_a_problem(tmp_path: Path, postgres_url: str) -> None:
+    admin_token(tmp_path, postgres_url)
+    config = HEALTHY + '\n[runtime]\nrun_as = "no-such-user-herder"\n'
+    result = doctor(tmp_path, "--server", db=postgres_url, config=config)
+    assert result.returncode == 1
+    assert "problem  run_as: no user 'no-such-user-herder' on this host" in result.stdout
+
+
+# -- --agent ---------------------------------------------------------------------------------
+
+
+def token_file(folder: Path, token: str, mode: int = 0o600) -> Path:
+    path = folder / "agent-token"
+    path.write_text(token + "\n")
+    path.chmod(mode)
+    return path
+
+
+def agent_doctor(fleet, url: str, label: str, token_path: Path, *extra: str):
+    return run_herder("doctor", "--agent", "--server", url, "--host", label,
+                      "--token-file", str(token_path), *extra, cwd=fleet.root, db=fleet.db,
+                      config=fleet.config)
+
+
+def test_a_healthy_agent_passes_every_check(make_fleet, tmp_path: Path,
+                                            sqlite_url: str) -> None:
+    fleet = make_fleet(tmp_path, sqlite_url, extra=HEALTHY)
+    token = fleet.add_host("doc-1", "--ram", "8")
+    fleet.start_server()
+    path = token_file(tmp_path, token)
+    result = agent_doctor(fleet, fleet.url, "doc-1", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = verdicts(result.stdout)
+    assert {name for name, verdict in found.items() if verdict != "ok"} <= {"memory"}
+    assert {"token", "server", "clock", "preflight build", "preflight fix", "git"} <= \
+        found.keys()
+    assert "accepted for host doc-1" in result.stdout
+    assert token not in result.stdout + result.stderr
+    assert "ok       systemd unit: none at " in agent_doctor(
+        fleet, fleet.url, "doc-1", path, "--unit", str(tmp_path / "absent.service")).stdout
+
+    # The unit `herder agent install-systemd` writes matches; one for another host does not.
+    user = pwd.getpwuid(os.getuid()).pw_name
+    for label in ("doc-1", "doc-2"):
+        written = run_herder("agent", "install-systemd", "--server", fleet.url, "--host", label,
+                             "--user", user, "--token-file", str(path), "--allow-plaintext",
+                             cwd=tmp_path, check=True).stdout
+        (tmp_path / f"{label}.service").write_text(written)
+    matches = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit",
+                           str(tmp_path / "doc-1.service"))
+    assert f"ok       systemd unit: {tmp_path / 'doc-1.service'} matches" in matches.stdout
+    other = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit",
+                         str(tmp_path / "doc-2.service"))
+    assert other.returncode == 1
+    assert "problem  systemd unit: " in other.stdout
+    assert "--host doc-2 where this check has doc-1" in other.stdout
+
+    # The token file open to others, a token the server does not know: problems.
+    path.chmod(0o644)
+    opened = agent_doctor(fleet, fleet.url, "doc-1", path)
+    assert opened.returncode == 1
+    assert "problem  token: " in opened.stdout and "chmod 600" in opened.stdout
+    assert token not in opened.stdout + opened.stderr
+    wrong = agent_doctor(fleet, fleet.url, "doc-1", token_file(tmp_path, "hdr_" + "x" * 40))
+    assert wrong.returncode == 1
+    assert "problem  token: " in wrong.stdout and "refuses it for host doc-1" in wrong.stdout
+
+
+def test_an_unreachable_server_is_a_problem(tmp_path: Path, sqlite_url: str) -> None:
+    path = token_file(tmp_path, "hdr_" + "y" * 40)
+    url = f"http://127.0.0.1:{free_port()}"
+    result = run_herder("doctor", "--agent", "--server", url, "--host", "doc-1",
+                        "--token-file", str(path), cwd=tmp_path, db=sqlite_url)
+    assert result.returncode == 1
+    assert f"problem  server: cannot reach {url}" in result.stdout
+    assert verdicts(result.stdout)["token"] == "ok"
+
+
+def test_agent_needs_a_server_and_a_host(tmp_path: Path, sqlite_url: str) -> None:
+    assert run_herder("doctor", "--agent", "--host", "h", cwd=tmp_path,
+                      db=sqlite_url).returncode == 2
+    result = run_herder("doctor", "--agent", "--server", "http://127.0.0.1:1", cwd=tmp_path,
+                        db=sqlite_url)
+    assert result.returncode == 2 and "--host" in result.stderr
+    alone = run_herder("doctor", "--server", "http://127.0.0.1:1", cwd=tmp_path, db=sqlite_url)
+    assert alone.returncode == 2 and "a URL is for --agent" in alone.stderr
+
+
+def test_a_tls_server_verifies_against_its_ca_and_not_another(make_fleet, tmp_path: Path,
+                                                              sqlite_url: str) -> None:
+    fleet = make_fleet(tmp_path, sqlite_url)
+    token = fleet.add_host("doc-1", "--ram", "8")
+    (tmp_path / "right").mkdir()
+    (tmp_path / "other").mkdir()
+    cert, key = make_certificate(tmp_path / "right")
+    other, _ = make_certificate(tmp_path / "other")
+    fleet.start_server("--tls-cert", str(cert), "--tls-key", str(key), wait=False)
+    base = f"https://127.0.0.1:{fleet.port}"
+    trust = ssl.create_default_context(cafile=str(cert))
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", verify=trust, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, 30, "the TLS server to answer /healthz", fleet.describe)
+    path = token_file(tmp_path, token)
+    good = agent_doctor(fleet, base, "doc-1", path, "--ca", str(cert))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert f"the certificate verifies against {cert}" in good.stdout
+    bad = agent_doctor(fleet, base, "doc-1", path, "--ca", str(other))
+    assert bad.returncode == 1
+    assert f"problem  server: the certificate of {base} does not verify against {other}" \
+        in bad.stdout
+
+
+def test_the_clock_offset_is_read_from_the_servers_date_header() -> None:
+    from email.utils import formatdate
+
+    from herder.services.doctor import clock_finding
+
+    now = 1_800_000_000.0
+    assert clock_finding(formatdate(now, usegmt=True), now - 0.2, now + 0.2) == \
+        ok("clock", "+0s from the server's clock")
+    behind = clock_finding(formatdate(now + 30, usegmt=True), now, now)
+    assert behind.verdict is Verdict.PROBLEM and behind.detail.startswith("+30s")
+    assert "timedatectl set-ntp true" in behind.fix
+    assert clock_finding(None, now, now).verdict is Verdict.WARNING
+
+
+def test_account_probes_run_and_a_dead_token_is_a_problem(tmp_path: Path,
+                                                          sqlite_url: str) -> None:
+    dead = tmp_path / "dead-probe"
+    dead.write_text("#!/bin/sh\necho '{\"credentials_present\": false, "
+                    "\"has_refresh_token\": false, \"access_expired\": true}'\n")
+    dead.chmod(0o755)
+    alive = tmp_path / "alive-probe"
+    alive.write_text("#!/bin/sh\necho '{\"credentials_present\": true, "
+                     "\"has_refresh_token\": true, \"access_expired\": false}'\n")
+    alive.chmod(0o755)
+    config = tmp_path / "herder.toml"
+    config.write_text(HEALTHY + f'\n[hosts.doc-1]\nram_total_gb = 8\n'
+                      f'[hosts.doc-1.accounts.one]\nprobe = ["{alive}"]\n'
+                      f'[hosts.doc-1.accounts.two]\nprobe = ["{dead}"]\n'
+                      '[hosts.doc-1.accounts.three]\nprobe = ["sh", "-c", "echo garbage"]\n')
+    path = token_file(tmp_path, "hdr_" + "y" * 40)
+    result = run_herder("doctor", "--agent", "--server", f"http://127.0.0.1:{free_port()}",
+                        "--host", "doc-1", "--token-file", str(path), cwd=tmp_path,
+                        db=sqlite_url, config=config)
+    assert result.returncode == 1
+    found = verdicts(result.stdout)
+    assert (found["account one"], found["account two"], found["account three"]) == (
+        "ok", "problem", "warning")
+    assert "sign this account in again" in result.stdout
