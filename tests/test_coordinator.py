@@ -40,15 +40,17 @@ def test_the_parts_share_one_state(tmp_path, store):
 
 def test_a_loop_cycle_reports_its_failure_and_backs_off():
     loop = LoopRegistry().register("probe", 1.0)
-    backoff = Backoff(base=0.5, cap=4.0)
+    # The jitter's draw takes the top of its range, so the delay is the backoff's bound.
+    backoff = Backoff(base=0.5, cap=4.0, draw=lambda low, high: high)
 
     def down() -> None:
         raise StoreUnavailable("the database is down")
 
-    assert run_cycle(loop, backoff, "probe", down) == pytest.approx(0.5, rel=0.5)
-    assert loop.report().failures == 1 and loop.report().last_error == "StoreUnavailable"
+    assert run_cycle(loop, backoff, "probe", down) == pytest.approx(0.5)
+    assert run_cycle(loop, backoff, "probe", down) == pytest.approx(1.0)
+    assert loop.report().failures == 2 and loop.report().last_error == "StoreUnavailable"
     assert run_cycle(loop, backoff, "probe", lambda: None) is None
-    assert loop.report().failures == 0
+    assert loop.report().failures == 0 and backoff.failures == 0
 
 
 def test_a_listener_added_late_is_told():
