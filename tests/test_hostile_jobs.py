@@ -192,10 +192,13 @@ def assert_nothing_of_herder(report: Mapping[str, Any], planted_secrets: Mapping
                         if "herder.cli" in entry["argv"][1:3]]
     assert not herder_processes, herder_processes
     # An agent's job runs under its supervisor, which holds the job's launch (its env) in
-    # its memory: not dumpable either.
+    # its memory: not dumpable either. Another job's supervisor may be caught in its first
+    # moment, before its first statement turns dumping off: it holds nothing then (an empty
+    # environment; the launch comes later, over a socket).
     supervisors = [entry for entry in report["readable_environ"]
                    if any(str(part).endswith("runtime/supervisor.py") for part in entry["argv"])]
-    assert not supervisors, supervisors
+    assert report["parent"] not in {entry["pid"] for entry in supervisors}, supervisors
+    assert all(entry["environ_bytes"] == 0 for entry in supervisors), supervisors
 
 
 def test_a_hostile_job_under_up_finds_no_secret(unprivileged: Unprivileged) -> None:

@@ -72,8 +72,9 @@ def scan(paths: list[str]) -> dict[str, object]:
             counts["environ"] += 1
             look(f"/proc/{entry}/environ", environ)
             argv = (cmdline or b"").split(b"\0")
-            readable_environ.append({"pid": int(entry), "argv": [
-                part.decode(errors="replace") for part in argv if part]})
+            readable_environ.append({"pid": int(entry), "environ_bytes": len(environ),
+                                     "argv": [part.decode(errors="replace")
+                                              for part in argv if part]})
     for path in paths:
         for name in files_under(path):
             data = read(name)
@@ -84,7 +85,8 @@ def scan(paths: list[str]) -> dict[str, object]:
             look(name, data)
     own_environ = read(f"/proc/{own}/environ") or b""
     return {"found": found, "readable_environ": readable_environ, "counts": counts,
-            "own_environ_read": b"HERDER_ATTEMPT_TOKEN=" in own_environ, "uid": os.getuid()}
+            "own_environ_read": b"HERDER_ATTEMPT_TOKEN=" in own_environ, "uid": os.getuid(),
+            "parent": os.getppid()}
 
 
 if __name__ == "__main__":
