@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from herder.core.model import HostRecord
+from herder.core.model import RUNNER_PRESENCE_INTERVAL, HostRecord, RunnerPresence
 from herder.core.scheduling.accounts import AccountRules
 from herder.core.scheduling.capacity import (
     Shedding,
@@ -26,6 +26,7 @@ from herder.core.scheduling.health import (
     HostHealth,
     HostLiveness,
     Liveness,
+    LivenessState,
     agent_down,
     down_reason,
     host_health,
@@ -115,6 +116,22 @@ class Fleet(msgspec.Struct, frozen=True):
         """Why placement counts the host as down now; None while it is live."""
         return down_reason(host.last_heartbeat, self.health(host, now),
                            self.agent_down(host, now), now)
+
+    def runner_liveness(self, presence: RunnerPresence, now: datetime) -> HostLiveness:
+        """A `herder up` runner's, by its writes as an agent's by its heartbeats: late once
+        it has missed one, down after `missed_heartbeats` (a runner that died or froze).
+        A write counts as missed after twice its interval, so a busy turn is not one."""
+        health = host_health(presence.last_turn_at, now, self.thresholds)
+        return host_liveness(presence.last_turn_at, {}, health, now,
+                             Liveness(2 * RUNNER_PRESENCE_INTERVAL,
+                                      self.liveness.missed_heartbeats))
+
+    def runner_down(self, presence: RunnerPresence, now: datetime) -> str | None:
+        """Why a `herder up` runner counts as gone now; None while its loop turns."""
+        silent = (now - presence.last_turn_at).total_seconds()
+        if self.runner_liveness(presence, now).state is LivenessState.DOWN:
+            return f"`herder up` silent: its loop last wrote {silent:.0f}s ago"
+        return None
 
 
 def _agent_info(host: HostRecord) -> dict[str, Any] | None:

@@ -434,6 +434,31 @@ class HostUsage(msgspec.Struct, frozen=True):
         return self.jobs_gb + self.reserved_gb
 
 
+RUNNER_PRESENCE_INTERVAL = 5.0
+"""Seconds between two writes of a `herder up` runner's presence (`RunnerPresence`)."""
+
+
+class RunnerPresence(msgspec.Struct, frozen=True):
+    """A `herder up` runner as it last said, so its machine shows like a host (never placed
+    on: it claims its own work). Written by its loop when its slots change, else every
+    RUNNER_PRESENCE_INTERVAL."""
+
+    label: str
+    worker: str
+    concurrency: int
+    running: int
+    """Its slots in use: the attempts it supervises."""
+    cpus: int
+    ram_total_gb: float
+    ram_booked_gb: float
+    """Its running attempts' memory budgets (their weights'), as placement would book them."""
+    ram_available_gb: float | None
+    """What the machine measured available (MemAvailable); None when it could not say."""
+    started_at: datetime
+    last_turn_at: datetime
+    """When its loop last wrote this: an old one is a runner that died or froze."""
+
+
 class Account(msgspec.Struct, frozen=True):
     """An account as declared: on which host, what it gives a job (`env`: empty when read
     back from the store's list, since its values may be secrets), how many sessions it takes

@@ -51,7 +51,12 @@ class HostSample(msgspec.Struct, frozen=True):
     health: HostHealth
     enabled: bool
     agent_up: bool
-    """An agent heartbeats for it and is live for placement."""
+    """An agent heartbeats for it and is live for placement (for a `herder up` machine: its
+    runner's loop writes its presence)."""
+    workers: int = 0
+    """Jobs claimed or running on it (a `herder up` machine: its running attempts)."""
+    max_workers: int = 0
+    """Its slots now: its window's max_workers (a `herder up` machine: its concurrency)."""
 
 
 class FleetSample(msgspec.Struct, frozen=True):
@@ -108,9 +113,18 @@ def families(sample: FleetSample) -> list[Metric]:
     enabled = GaugeMetricFamily("herder_host_enabled", "1 unless the host is drained.",
                                 labels=["host"])
     agent_up = GaugeMetricFamily("herder_host_agent_up",
-                                 "1 while an agent heartbeats for the host and is live.",
+                                 "1 while an agent heartbeats for the host and is live "
+                                 "(`herder up`'s machine: while its loop turns).",
                                  labels=["host"])
+    workers = GaugeMetricFamily("herder_host_workers",
+                                "Jobs claimed or running on the host (slots in use).",
+                                labels=["host"])
+    slots = GaugeMetricFamily("herder_host_max_workers",
+                              "Jobs the host runs at once now: its window's max_workers "
+                              "(`herder up`'s concurrency).", labels=["host"])
     for host in sample.hosts:
+        workers.add_metric([host.label], host.workers)
+        slots.add_metric([host.label], host.max_workers)
         bookable.add_metric([host.label], host.bookable_gb)
         booked.add_metric([host.label], host.booked_gb)
         headroom.add_metric([host.label], host.bookable_gb - host.booked_gb)
@@ -120,7 +134,8 @@ def families(sample: FleetSample) -> list[Metric]:
             health.add_metric([host.label, str(state)], 1 if host.health is state else 0)
         enabled.add_metric([host.label], 1 if host.enabled else 0)
         agent_up.add_metric([host.label], 1 if host.agent_up else 0)
-    agents = GaugeMetricFamily("herder_agents", "Agents live for placement.",
+    agents = GaugeMetricFamily("herder_agents", "Agents live for placement (and live "
+                               "`herder up` runners).",
                                value=sum(1 for host in sample.hosts if host.agent_up))
     leader = GaugeMetricFamily("herder_leader",
                                "1 on the replica whose scheduler holds the lease.",
@@ -141,7 +156,7 @@ def families(sample: FleetSample) -> list[Metric]:
     if sample.max_workers is not None:
         cap.add_metric([], sample.max_workers)
     return [jobs, depth, failed, bookable, booked, headroom, measured, health, enabled,
-            agent_up, agents, leader, capacity, spawn, cap]
+            agent_up, workers, slots, agents, leader, capacity, spawn, cap]
 
 
 class FleetCollector(Collector):

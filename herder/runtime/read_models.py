@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from herder.core.fleet import Fleet
-from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome
+from herder.core.model import HostRecord, HostUsage, JobStatus, Outcome, RunnerPresence
 from herder.core.scheduling.accounts import state_of
 from herder.core.scheduling.breaker import Breaker
-from herder.core.scheduling.health import shown_health
+from herder.core.scheduling.health import HostHealth, LivenessState, host_health, shown_health
 from herder.core.scheduling.placement import Plan, Snapshot, place
 from herder.core.scheduling.policy import SPAWN_OUTCOMES
 from herder.core.settings.sections import Settings
@@ -96,7 +96,9 @@ class ReadModels:
         usage = self.store.host_usage(now)
         records = self.store.host_list()
         hosts = tuple(host_sample(self.fleet, host, usage.get(host.label), now)
-                      for host in records)
+                      for host in records) + tuple(
+            runner_sample(self.fleet, presence, now)
+            for presence in runners(self.store, {host.label for host in records}))
         return FleetSample(statuses=self.store.job_status_counts(),
                            queue_depth=self.store.job_queue_depth(),
                            failures=self.store.job_failure_counts(), hosts=hosts,
@@ -185,11 +187,66 @@ def _sorted(names: frozenset[str] | None) -> list[str] | None:
 
 
 def host_views(store: Store, fleet: Fleet, now: datetime) -> list[HostView]:
-    """Every registered host as `herder hosts` and `/api/v1/hosts` show it."""
+    """Every registered host as `herder hosts` and `/api/v1/hosts` show it, then each
+    machine `herder up` runs on (transport "up": shown, never placed on)."""
     usage = store.host_usage(now)
     breakers = tripped_breakers(store, fleet, now)
-    return [host_status(fleet, host, usage.get(host.label), now, breakers)
-            for host in store.host_list()]
+    records = store.host_list()
+    views = [host_status(fleet, host, usage.get(host.label), now, breakers) for host in records]
+    machines = runners(store, {host.label for host in records})
+    if machines:
+        preflight = runner_preflight_failures(store)
+        views += [runner_view(fleet, presence, now, preflight.get(presence.label, {}))
+                  for presence in machines]
+    return views
+
+
+UP_TRANSPORT = "up"
+"""The transport a `herder up` machine shows with: its runner claims its own work."""
+
+
+def runners(store: Store, registered: set[str]) -> list[RunnerPresence]:
+    """The `herder up` runners' presence, but for a label that is a registered host too (the
+    host's own row tells more)."""
+    return [presence for presence in store.runner_list() if presence.label not in registered]
+
+
+def runner_preflight_failures(store: Store) -> dict[str, dict[str, str]]:
+    """Label -> job type -> why `herder up` there claims none of it (its open
+    `preflight:<label>:<type>` alerts)."""
+    found: dict[str, dict[str, str]] = {}
+    for alert in store.alert_list(open_only=True, limit=1000):
+        kind, _, rest = alert.key.partition(":")
+        label, _, job_type = rest.partition(":")
+        if kind == "preflight" and job_type:
+            found.setdefault(label, {})[job_type] = alert.message
+    return found
+
+
+def runner_view(fleet: Fleet, presence: RunnerPresence, now: datetime,
+                preflight_failed: Mapping[str, str]) -> HostView:
+    """A `herder up` machine as a host: its concurrency as its slots, the RAM its running
+    attempts book of the machine's, and health by its loop's last write."""
+    liveness = fleet.runner_liveness(presence, now)
+    health = shown_health(host_health(presence.last_turn_at, now, fleet.thresholds), liveness)
+    slots = WindowView(max_workers=presence.concurrency, max_weight=None)
+    live = liveness.state in (LivenessState.LIVE, LivenessState.LATE)
+    return HostView(
+        label=presence.label, enabled=True, agent=None, transport=UP_TRANSPORT,
+        health=str(health), last_heartbeat=presence.last_turn_at,
+        agent_down=fleet.runner_down(presence, now), condition="enabled",
+        liveness=str(liveness.state), missed_heartbeats=liveness.missed,
+        heartbeat_age_seconds=round(
+            max(0.0, (now - presence.last_turn_at).total_seconds()), 1),
+        ram_total_gb=presence.ram_total_gb, ram_reserved_gb=0.0,
+        bookable_gb=presence.ram_total_gb, booked_gb=presence.ram_booked_gb,
+        free_gb=round(presence.ram_total_gb - presence.ram_booked_gb, 3),
+        cpus=presence.cpus, workers=presence.running if live else 0,
+        window=fleet.policy.schedule.window_at(now),
+        max_workers=presence.concurrency, max_weight=None, prime=slots, night=slots,
+        allowed_job_types=None, allowed_weights=None, priority_floor=None, labels=[],
+        ssh_target=None, measured_available_gb=presence.ram_available_gb if live else None,
+        preflight_failed=dict(sorted(preflight_failed.items())))
 
 
 def host_status(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
@@ -240,7 +297,7 @@ def measured_available_gb(host: HostRecord) -> float | None:
 def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
                 now: datetime) -> HostSample:
     """A host as `/metrics` shows it: its RAM (bookable, booked, measured by its agent),
-    health, drain and whether a live agent heartbeats for it."""
+    health, drain, slots and whether a live agent heartbeats for it."""
     info = host.agent_info if isinstance(host.agent_info, dict) else {}
     return HostSample(
         label=host.label, bookable_gb=fleet.bookable(host),
@@ -248,4 +305,17 @@ def host_sample(fleet: Fleet, host: HostRecord, usage: HostUsage | None,
         measured_available_gb=measured_available_gb(host),
         health=fleet.health(host, now), enabled=host.enabled,
         agent_up=host.transport.pulls and "worker" in info
-        and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None)
+        and agent_state(host) != "stopped" and fleet.agent_down(host, now) is None,
+        workers=usage.workers if usage else 0,
+        max_workers=fleet.caps(host, now).max_workers)
+
+
+def runner_sample(fleet: Fleet, presence: RunnerPresence, now: datetime) -> HostSample:
+    """A `herder up` machine as `/metrics` shows it: as its view (`runner_view`) says, its
+    runner "agent up" while its loop writes."""
+    view = runner_view(fleet, presence, now, {})
+    return HostSample(
+        label=view.label, bookable_gb=view.bookable_gb, booked_gb=view.booked_gb,
+        measured_available_gb=view.measured_available_gb, health=HostHealth(view.health),
+        enabled=True, agent_up=view.agent_down is None, workers=view.workers,
+        max_workers=view.max_workers)

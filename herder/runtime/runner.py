@@ -39,6 +39,7 @@ from herder.runtime.maintenance import Rescuer
 from herder.runtime.memory import MemoryControl
 from herder.runtime.pending_results import Result, launch_failed
 from herder.runtime.preflight import Refresher
+from herder.runtime.presence import Presence
 from herder.runtime.process import process_start_time
 from herder.runtime.reports import Reports
 from herder.runtime.runner_options import RunnerOptions
@@ -107,6 +108,9 @@ class Runner:
         """Ended attempts whose result the store or server has not recorded yet."""
         self.adoption = Adoption(source, options, self.worker, self.memory, self.running,
                                  self.unreported, self.leases)
+        self.presence = Presence(options.host, self.worker, options.runtime.concurrency,
+                                 options.outcome_rules.weights, clock())
+        """What `herder up` writes so its machine shows like a host (`source.announces`)."""
 
     @property
     def finished(self) -> int:
@@ -191,6 +195,8 @@ class Runner:
         due = self.steps.due(mono)
         due += [result.retry.due for result in self.unreported.values()
                 if result.retry.due > mono]
+        if self.source.announces and self.presence.next_due > mono:
+            due.append(self.presence.next_due)
         if due:
             return max(BUSY_TICK, min(self.options.runtime.poll_interval, min(due) - mono))
         return self.options.runtime.poll_interval
@@ -220,6 +226,9 @@ class Runner:
         mono = time.monotonic()
         self.reports.reap(mono)
         self.reports.report(mono)
+        if self.source.announces:
+            self.presence.publish(self.running, mono, self.clock(), self.steps,
+                                  self.source.present)
         if self._stopping and self.handing_over and self._stopping < 2:
             self.steps.call("drain", self.source.drain, mono)
             if not self.unreported and not self.reports.pending_starts():

@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from herder.core.model import INT_MAX, AttemptToken, HeartbeatReply, Job, JobStatus, Outcome
+from herder.core.model import (
+    INT_MAX,
+    AttemptToken,
+    HeartbeatReply,
+    Job,
+    JobStatus,
+    Outcome,
+    RunnerPresence,
+)
 from herder.runtime.accounts import sync_account_alerts
 from herder.runtime.endings import Ending, PolicyLimits, bind_jobs, record_ending
 from herder.runtime.guardian import GuardianLink
@@ -90,6 +98,13 @@ class WorkSource(abc.ABC):
     def maintain(self, now: datetime) -> None:
         """Periodic upkeep (rescuing orphans); nothing by default."""
 
+    announces: bool = False
+    """The runner writes its presence here (`present`): `herder up`'s, whose machine is no
+    registered host but shows like one."""
+
+    def present(self, presence: RunnerPresence) -> None:
+        """Write the runner's presence (herder.runtime.presence); only where `announces`."""
+
     supervised: bool = False
     """Its attempts run under a supervisor and may be adopted by a next runner (an
     agent's: herder.runtime.supervisor)."""
@@ -151,7 +166,10 @@ class StoreSource(WorkSource):
 class ClaimSource(StoreSource):
     """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE,
     none of a job type whose preflight fails here (the job stays queued, nothing
-    spent; an alert `preflight:<host>:<type>` says so until it passes)."""
+    spent; an alert `preflight:<host>:<type>` says so until it passes). Its presence
+    (`herder_runners`) shows the machine like a host; it is never placed on."""
+
+    announces = True
 
     def __init__(self, store: Store, host: str, limits: PolicyLimits, rescuer: Rescuer,
                  max_workers: int | None = None, preflight: Refresher | None = None) -> None:
@@ -254,9 +272,19 @@ class ClaimSource(StoreSource):
                     ", ".join(sorted({job.job_type for job in queued})))
         return True
 
+    def present(self, presence: RunnerPresence) -> None:
+        self.store.runner_publish(presence)
+
     def close(self) -> None:
         if self.preflight is not None:
             self.preflight.stop()
+        if self.worker:
+            try:  # a clean exit: the machine leaves the fleet view rather than turn down
+                self.store.runner_remove(self.host, self.worker)
+            except Exception as exc:
+                log.warning("could not remove this runner's presence (%s: %s): it shows "
+                            "down until a runner of %s starts", type(exc).__name__, exc,
+                            self.host)
 
 
 def preflight_alert(host: str, job_type: str) -> str:

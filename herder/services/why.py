@@ -9,11 +9,11 @@ from datetime import datetime
 
 from herder.core.errors import NotFound
 from herder.core.fleet import Fleet
-from herder.core.model import Job, JobStatus, launch_failure
+from herder.core.model import Job, JobStatus, RunnerPresence, launch_failure
 from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.placement import Plan, Snapshot
 from herder.runtime.accounts import accounts_why
-from herder.runtime.read_models import placed
+from herder.runtime.read_models import placed, runner_preflight_failures, runners
 from herder.services.views import iso
 from herder.store import Store
 
@@ -47,13 +47,16 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
     if not store.host_list():
         order = sorted((other.priority, other.id) for other in store.job_list_due(now, 100_000))
         blocked = up_preflight_failures(store)
+        machines = [presence for presence in runners(store, set())
+                    if fleet.runner_down(presence, now) is None]
         for job in due:
             ahead = bisect.bisect_left(order, (job.priority, job.id))
-            found[job.id] = (f"queued; no hosts are registered, so `herder up` runs it "
-                             f"({ahead} job(s) ahead of it)")
+            pinned = fleet.policy.pinned.get(job.job_type)
+            found[job.id] = "queued; " + up_slots_why(
+                [presence for presence in machines if pinned is None or presence.label in pinned],
+                ahead)
             if job.job_type in blocked:
                 found[job.id] += f", but not now: {blocked[job.job_type]}"
-            pinned = fleet.policy.pinned.get(job.job_type)
             if pinned is not None:
                 found[job.id] += (f", but only one whose --host is one of its type's hosts "
                                   f"({', '.join(sorted(pinned))})")
@@ -64,13 +67,30 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
     return found
 
 
+def up_slots_why(machines: Sequence[RunnerPresence], ahead: int) -> str:
+    """Where a queued job waits under `herder up`: a free slot of a live runner takes it on
+    the runner's next turn, unless the jobs ahead of it fill the free ones first; then it
+    waits for a busy one. With no live runner, for one to start."""
+    if not machines:
+        return f"no hosts are registered, so `herder up` runs it ({ahead} job(s) ahead of it)"
+    free = sum(max(0, presence.concurrency - presence.running) for presence in machines)
+    if ahead < free:
+        labels = ", ".join(presence.label for presence in machines
+                           if presence.running < presence.concurrency)
+        return (f"a free slot on {labels} takes it on the runner's next turn "
+                f"({ahead} job(s) ahead of it)")
+    slots = sum(presence.concurrency for presence in machines)
+    where = machines[0].label if len(machines) == 1 else ", ".join(
+        f"{presence.label} ({presence.concurrency})" for presence in machines)
+    return f"waits for one of {slots} busy slots on {where} ({ahead} job(s) ahead of it)"
+
+
 def up_preflight_failures(store: Store) -> dict[str, str]:
     """Job type -> why `herder up` claims none of it (its open `preflight:` alerts)."""
     failures: dict[str, str] = {}
-    for alert in store.alert_list(open_only=True, limit=1000):
-        kind, _, rest = alert.key.partition(":")
-        if kind == "preflight":
-            failures.setdefault(rest.partition(":")[2], alert.message)
+    for by_type in runner_preflight_failures(store).values():
+        for job_type, message in by_type.items():
+            failures.setdefault(job_type, message)
     return failures
 
 

@@ -3,8 +3,9 @@
 A store method and its SQL query share one name in both dialects (`job_claim`, ...), so one
 grep finds the Python call and its SQL (shared, or one version per dialect); the method lives
 in the module of its name's first word (`job_` in jobs.py, `attempt_` and `event_` in
-attempts.py, `host_`, `reservation_` and `account_` in hosts.py, `token_` and `session_` in
-access.py, `alert_` in alerts.py); migrations, the leader lease and fleet settings are here.
+attempts.py, `host_`, `reservation_`, `account_` and `runner_` in hosts.py, `token_` and
+`session_` in access.py, `alert_` in alerts.py); migrations, the leader lease and fleet
+settings are here.
 """
 
 from __future__ import annotations

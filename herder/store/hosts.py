@@ -1,10 +1,13 @@
-"""The store's hosts, the slots reserved on them, and the accounts they run jobs under."""
+"""The store's hosts, the slots reserved on them, the accounts they run jobs under, and the
+machines `herder up` runs on (their presence, shown like hosts)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+
+import msgspec
 
 from herder.core.model import (
     Account,
@@ -14,6 +17,7 @@ from herder.core.model import (
     Reservation,
     ReservationKind,
     ReservationStatus,
+    RunnerPresence,
     Usage,
 )
 from herder.store.driver import Driver, Json
@@ -70,6 +74,19 @@ class HostStore:
         return {row["label"]: HostUsage(row["label"], int(row["workers"]), float(row["jobs_gb"]),
                                         float(row["reserved_gb"]))
                 for row in self.driver.read("host_usage", {"now": now})}
+
+    def runner_publish(self, presence: RunnerPresence) -> None:
+        """`herder up`'s presence: its machine shows like a host (never placed on)."""
+        self.driver.write("runner_publish", msgspec.structs.asdict(presence))
+
+    def runner_list(self) -> list[RunnerPresence]:
+        """Every `herder up` runner's presence as it last wrote it (old ones died)."""
+        return [msgspec.convert(dict(row), RunnerPresence, from_attributes=False, strict=False)
+                for row in self.driver.read("runner_list")]
+
+    def runner_remove(self, label: str, worker: str) -> bool:
+        """A clean exit: the presence goes, unless a newer runner of the label wrote it."""
+        return bool(self.driver.write("runner_remove", {"label": label, "worker": worker}))
 
     def reservation_create(
         self,

@@ -33,7 +33,7 @@ _TIME_COLUMNS = frozenset(
         "available_at", "created_at", "claimed_at", "started_at", "finished_at", "updated_at",
         "heartbeat_at", "ended_at", "at", "last_heartbeat", "expires_at", "opened_at",
         "cleared_at", "revoked_at", "depleted_until", "auth_revoked_at", "probed_at",
-        "received_at", "sent_at", "resolved_sent_at", "usage_resets_at",
+        "received_at", "sent_at", "resolved_sent_at", "usage_resets_at", "last_turn_at",
     }
 )
 _JSON_COLUMNS = frozenset(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from support.store import (
     T0,
     at,
@@ -17,6 +18,7 @@ from herder.core.model import (
     HostRecord,
     JobStatus,
     Outcome,
+    RunnerPresence,
     Scope,
     Transport,
 )
@@ -162,3 +164,32 @@ def test_job_list_due_lists_queued_jobs_in_claim_order(store):
     assert (due[1].priority, due[1].job_type, due[1].weight, due[1].affinity,
             due[1].created_at, due[1].available_at) == (5, "ci", "heavy", "h1", T0, T0)
     assert [job.id for job in store.job_list_due(at(60), 1)] == [ids[1]]
+
+
+# -- `herder up`'s presence -----------------------------------------------------------------
+
+
+def test_a_runner_publishes_its_presence_in_one_row_per_label(store):
+    first = RunnerPresence("box", "box/10/1", concurrency=3, running=0, cpus=8,
+                           ram_total_gb=31.5, ram_booked_gb=0.0, ram_available_gb=20.25,
+                           started_at=at(0), last_turn_at=at(1))
+    store.runner_publish(first)
+    assert store.runner_list() == [first]
+    later = msgspec.structs.replace(first, running=3, ram_booked_gb=12.5, ram_available_gb=None,
+                                    last_turn_at=at(5))
+    store.runner_publish(later)
+    other = msgspec.structs.replace(first, label="another", worker="another/3/1")
+    store.runner_publish(other)
+    assert store.runner_list() == [other, later]
+    assert store.host_list() == [], "a runner's presence is not a registered host"
+
+
+def test_only_the_runner_that_wrote_the_presence_removes_it(store):
+    old = RunnerPresence("box", "box/10/1", 2, 0, 4, 8.0, 0.0, None, at(0), at(0))
+    store.runner_publish(old)
+    newer = msgspec.structs.replace(old, worker="box/11/1", started_at=at(3), last_turn_at=at(3))
+    store.runner_publish(newer)  # the label restarted before the old one's clean exit ended
+    assert not store.runner_remove("box", "box/10/1")
+    assert store.runner_list() == [newer]
+    assert store.runner_remove("box", "box/11/1")
+    assert store.runner_list() == []

@@ -11,7 +11,7 @@ HOMES = {
     "job": "herder.store.jobs", "delivery": "herder.store.jobs",
     "attempt": "herder.store.attempts", "event": "herder.store.attempts",
     "host": "herder.store.hosts", "reservation": "herder.store.hosts",
-    "account": "herder.store.hosts",
+    "account": "herder.store.hosts", "runner": "herder.store.hosts",
     "token": "herder.store.access", "session": "herder.store.access",
     "alert": "herder.store.alerts",
 }

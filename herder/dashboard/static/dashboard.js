@@ -153,7 +153,8 @@ function hostRow(host, accounts) {
     el("div", { class: `sub a-${account.state}`, title: account.detail,
       text: `${account.name}: ${account.state} (${account.sessions}/${account.max_sessions})` }));
   const actions = el("td", {});
-  if (state.session.can_admin) {
+  const up = host.transport === "up"; // `herder up`'s machine: shown, never placed on
+  if (state.session.can_admin && !up) {
     actions.append(host.enabled
       ? el("button", { type: "button", class: "quiet drain", text: "Drain",
           onclick: () => act(`/api/v1/hosts/${encodeURIComponent(host.label)}/drain`, "drain") })
@@ -162,7 +163,7 @@ function hostRow(host, accounts) {
   }
   return el("tr", { "data-host": host.label },
     el("td", {}, el("b", { text: host.label }),
-      el("div", { class: "sub", text: [host.transport, ...(host.labels || [])].join(" · ") })),
+      el("div", { class: "sub", text: [up ? "herder up" : host.transport, ...(host.labels || [])].join(" · ") })),
     health,
     el("td", {}, host.window, el("div", { class: "sub",
       text: `max ${host.max_workers}${host.max_weight ? ` · ≤ ${host.max_weight}` : ""}` })),
