@@ -205,7 +205,8 @@ def test_the_fleet_view_shows_each_host_and_its_ram(make_fleet, tmp_path, sqlite
 def test_the_link_herder_up_prints_signs_a_browser_in_once_and_never_reaches_its_log(
         tmp_path, sqlite_url, page, browser):
     """`herder up --ui` prints a one-time link on standard output: chromium opening it lands
-    on the fleet view signed in, the code gone from the address bar; a second browser with
+    on the fleet view signed in, the code gone from the address bar, this machine a row of
+    it; a second browser with
     the same link gets the login page saying so; the code is in no log line."""
     with open_harness(tmp_path, sqlite_url) as local:
         port = free_port()
@@ -227,6 +228,10 @@ def test_the_link_herder_up_prints_signs_a_browser_in_once_and_never_reaches_its
         expect(page).to_have_url(f"{base}/ui/")
         expect(page.locator("#who")).to_contain_text("sign-in link")
         expect(page.locator("#who")).to_contain_text("submit")
+        machine = page.locator(f'#hosts tr[data-host="{local.host}"]')  # `herder up` is a host
+        expect(machine).to_contain_text("herder up")
+        expect(machine.locator(".slots")).to_have_text("0 / 4")
+        expect(page.locator("#no-hosts")).to_be_hidden()
         page.goto(f"{base}/ui/jobs/{job_id}")  # this machine's job and its log
         expect(page.locator("#status")).to_have_text("done")
         expect(page.locator("#log")).to_contain_text("from-the-link-42")
