@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import html
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -123,6 +125,44 @@ def local(sqlite_url, tmp_path, monkeypatch) -> Iterator[Local]:
         yield Local(store, local_app(store, Access(loopback_names=())))
 
 
+HINT = ("Started with <code>herder up --ui</code> or <code>herder demo --ui</code>?\n"
+        "    Open the link it printed.")
+
+
+def shown(page: str, element: str) -> str:
+    """The text of the login page's paragraph `element` (html-escaped, as sent)."""
+    found = re.search(rf'id="{element}"[^>]*>(.*?)</p>', page, re.DOTALL)
+    assert found is not None, page
+    return found.group(1)
+
+
+def test_the_login_page_points_to_the_printed_link(local):
+    page = local.client().get("/ui/login")
+    assert page.status_code == 200 and HINT in page.text
+    assert shown(page.text, "link-error") == "" and shown(page.text, "error") == ""
+
+
+@pytest.mark.parametrize(("outcome", "status", "words"), [
+    (Redeemed.USED, 410, "this sign-in link was used already (a link signs in once)"),
+    (Redeemed.EXPIRED, 410, "this sign-in link expired (a link lasts 5 minutes)"),
+    (Redeemed.UNKNOWN, 403, "this sign-in link is not valid here"),
+])
+def test_a_refused_link_is_said_above_the_form_with_the_hint(local, outcome, status, words):
+    """Used, expired or unknown: the page says which, on its own line above the token form
+    (whose error stays empty), and still says where a new link comes from."""
+    codes: CodeBook = CodeBook(lifetime=0 if outcome is Redeemed.EXPIRED else 300)
+    local.app.state.sign_in_codes = codes
+    code = codes.issue(datetime.now(UTC)) if outcome is not Redeemed.UNKNOWN else new_token()
+    if outcome is Redeemed.USED:
+        assert local.client().get(f"/ui/?login={code}").status_code == 303
+    response = local.client().get(f"/ui/?login={code}")
+    assert response.status_code == status
+    said = shown(response.text, "link-error")
+    assert said.startswith(words) and said == html.escape(outcome.reason), said
+    assert shown(response.text, "error") == "" and HINT in response.text
+    assert code not in response.text
+
+
 def test_a_link_sets_the_session_cookie_and_redirects_without_the_code(local):
     client = local.client()
     code = local.code()
@@ -181,7 +221,8 @@ def test_a_code_is_refused_off_a_loopback_listener_or_from_another_address(sqlit
         code = wide.code()
         client = wide.client()
         response = client.get(f"/ui/?login={code}")
-        assert response.status_code == 403 and OFF_LOOPBACK in response.text
+        assert response.status_code == 403
+        assert shown(response.text, "link-error") == html.escape(OFF_LOOPBACK)
         assert COOKIE not in client.cookies
         # A loopback listener, a request from another address (a proxy's forwarded one).
         narrow = Local(store, local_app(store, Access(loopback_names=())))
