@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import logging
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.local import open_harness
 from support.ports import free_port
+from support.waits import wait_for
 
 from herder.api.app import Access, create_app
 from herder.api.sessions import COOKIE, CSRF_HEADER
@@ -300,6 +302,50 @@ def test_the_access_log_redacts_the_code():
     RedactLogin().filter(record)
     assert "secretcode123" not in record.getMessage()
     assert "/ui/?login=[redacted]&x=1" in record.getMessage()
+
+
+# -- herder up --ui, the real process ------------------------------------------------------------
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can bind ::1 (some containers have no IPv6 at all)."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", [
+    "localhost",
+    pytest.param("[::1]", marks=pytest.mark.skipif(not ipv6_loopback(),
+                                                   reason="no IPv6 loopback here")),
+])
+def test_up_with_ui_on_loopback_prints_a_link_that_signs_in(tmp_path, sqlite_url, name):
+    """`herder up --ui --ui-listen localhost:PORT` (or `[::1]:PORT`) prints a link at that
+    name; following it gets 303 to /ui/ and a session cookie that opens the fleet view."""
+    with open_harness(tmp_path, sqlite_url) as local:
+        port = free_port()
+        printed = tmp_path / "up.stdout"
+        with open(printed, "wb") as stdout:
+            process = local.spawn("up", "--host", local.host, "--ui", "--ui-listen",
+                                  f"{name}:{port}", stdout=stdout)
+        local.wait_ready(process)
+        wait_for(lambda: "?login=" in printed.read_text(), 20, "the sign-in link",
+                 local.describe)
+        link = next(word for word in printed.read_text().split() if "?login=" in word)
+        base = f"http://{name}:{port}"
+        assert link.startswith(f"{base}/ui/?login=")
+        assert f"dashboard on {base}/ui/" in local.stderr_of(process)
+        with httpx.Client(timeout=10, follow_redirects=False) as http:
+            signed = http.get(link)
+            assert signed.status_code == 303 and signed.headers["location"] == "/ui/"
+            assert signed.cookies.get(COOKIE), signed.headers
+            fleet = http.get(f"{base}/ui/")  # with the cookie
+            assert fleet.status_code == 200 and 'id="who"' in fleet.text
+        with httpx.Client(timeout=10, follow_redirects=False) as stranger:
+            assert stranger.get(f"{base}/ui/").headers["location"] == "/ui/login"
 
 
 # -- herder up --ui off loopback ------------------------------------------------------------------
