@@ -243,7 +243,7 @@ def test_the_link_herder_up_prints_signs_a_browser_in_once_and_never_reaches_its
             replay.set_default_timeout(WAIT)
             answer = replay.goto(link)
             assert answer is not None and answer.status == 410
-            expect(replay.locator("#error")).to_contain_text("used already")
+            expect(replay.locator("#link-error")).to_contain_text("used already")
             replay.goto(f"{base}/ui/")
             expect(replay).to_have_url(f"{base}/ui/login")
         finally:

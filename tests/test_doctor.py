@@ -1,7 +1,8 @@
 """`herder doctor`: the findings' lines and exit code (pure), every check run at once with a
 hanging one cut at its time, and the real command against a healthy setup and each broken
 piece (an unknown program, a store at an old schema, a database that never answers; for
---server a missing admin token, a webhook secret open to others, a missing run_as user)."""
+--server a missing admin token, a webhook secret open to others, a missing run_as user; for
+--agent what the server says the host runs, and each answer its checks' route may give)."""
 
 from __future__ import annotations
 
@@ -60,11 +61,14 @@ def test_any_problem_makes_exit_1_and_warnings_do_not() -> None:
 
 
 def test_an_error_never_shows_a_password() -> None:
-    from herder.services.doctor import hide_passwords
+    from herder.core.urls import redact_urls_in
 
-    assert hide_passwords("cannot open postgresql://herder:s3cret@db:5432/h: refused") == \
+    assert redact_urls_in("cannot open postgresql://herder:s3cret@db:5432/h: refused") == \
         "cannot open postgresql://herder:***@db:5432/h: refused"
-    assert hide_passwords("postgresql://herder@db/h") == "postgresql://herder@db/h"
+    assert redact_urls_in("postgresql://herder@db/h") == "postgresql://herder@db/h"
+    assert redact_urls_in("'postgresql://a:p4ss@db/h' or https://u:p@w:1/x") == \
+        "'postgresql://a:***@db/h' or https://u:***@w:1/x"
+    assert redact_urls_in("at http://[bad:s3cret@x y") == "at http://*** y"
 
 
 def test_a_timed_out_check_is_a_problem() -> None:
@@ -289,6 +293,7 @@ def test_a_healthy_agent_passes_every_check(make_fleet, tmp_path: Path,
     assert {"token", "server", "clock", "preflight build", "preflight fix", "git"} <= \
         found.keys()
     assert "accepted for host doc-1" in result.stdout
+    assert found["job types"] == "ok" and "from the server" in result.stdout
     assert token not in result.stdout + result.stderr
     assert "ok       systemd unit: none at " in agent_doctor(
         fleet, fleet.url, "doc-1", path, "--unit", str(tmp_path / "absent.service")).stdout
@@ -381,29 +386,196 @@ def test_the_clock_offset_is_read_from_the_servers_date_header() -> None:
     assert behind.verdict is Verdict.PROBLEM and behind.detail.startswith("+30s")
     assert "timedatectl set-ntp true" in behind.fix
     assert clock_finding(None, now, now).verdict is Verdict.WARNING
+    # --clock-tolerance: 30s off is fine within a minute, 3s off is not within 2s.
+    assert clock_finding(formatdate(now + 30, usegmt=True), now, now, 60).verdict is Verdict.OK
+    strict = clock_finding(formatdate(now + 3, usegmt=True), now, now, 2)
+    assert strict == problem("clock", "+3s from the server's clock (more than 2s)",
+                             strict.fix)
 
 
-def test_account_probes_run_and_a_dead_token_is_a_problem(tmp_path: Path,
-                                                          sqlite_url: str) -> None:
-    dead = tmp_path / "dead-probe"
-    dead.write_text("#!/bin/sh\necho '{\"credentials_present\": false, "
-                    "\"has_refresh_token\": false, \"access_expired\": true}'\n")
-    dead.chmod(0o755)
-    alive = tmp_path / "alive-probe"
-    alive.write_text("#!/bin/sh\necho '{\"credentials_present\": true, "
-                     "\"has_refresh_token\": true, \"access_expired\": false}'\n")
-    alive.chmod(0o755)
-    config = tmp_path / "herder.toml"
-    config.write_text(HEALTHY + f'\n[hosts.doc-1]\nram_total_gb = 8\n'
-                      f'[hosts.doc-1.accounts.one]\nprobe = ["{alive}"]\n'
-                      f'[hosts.doc-1.accounts.two]\nprobe = ["{dead}"]\n'
-                      '[hosts.doc-1.accounts.three]\nprobe = ["sh", "-c", "echo garbage"]\n')
-    path = token_file(tmp_path, "hdr_" + "y" * 40)
-    result = run_herder("doctor", "--agent", "--server", f"http://127.0.0.1:{free_port()}",
-                        "--host", "doc-1", "--token-file", str(path), cwd=tmp_path,
-                        db=sqlite_url, config=config)
-    assert result.returncode == 1
+@pytest.mark.parametrize("value", ["0.5s", "0", "abc", "-3s", "2y"])
+def test_a_bad_clock_tolerance_exits_2_naming_it(tmp_path: Path, sqlite_url: str,
+                                                 value: str) -> None:
+    result = run_herder("doctor", "--agent", "--server", "http://127.0.0.1:1", "--host", "h",
+                        "--clock-tolerance", value, cwd=tmp_path, db=sqlite_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--clock-tolerance" in result.stderr
+
+
+def probe_script(folder: Path, name: str, present: bool, refresh: bool) -> Path:
+    path = folder / name
+    said = json.dumps({"credentials_present": present, "has_refresh_token": refresh,
+                       "access_expired": True})
+    path.write_text(f"#!/bin/sh\necho '{said}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_an_agent_host_runs_what_the_server_says_not_its_own_herder_toml(
+        make_fleet, tmp_path: Path, sqlite_url: str) -> None:
+    """The job types allowed on the host (their preflights, git for a workspace) and the
+    probes of its accounts come from the server (GET /api/v1/agent/LABEL/checks); the
+    host's own herder.toml here names none of them. No account's variable crosses."""
+    fleet = make_fleet(tmp_path, sqlite_url, extra=HEALTHY + (
+        '\n[job_types.gone]\ncommand = ["no-such-program-herder", "{x}"]\n'))
+    token = fleet.add_host("doc-1", "--ram", "8", "--job-types", "build,gone")
+    other = fleet.add_host("doc-2", "--ram", "8")
+    alive = probe_script(tmp_path, "alive-probe", True, True)
+    dead = probe_script(tmp_path, "dead-probe", False, False)
+    for name, probe in (("one", str(alive)), ("two", str(dead)),
+                        ("three", "sh -c 'echo garbage'")):
+        run_herder("account", "add", "doc-1", name, "--probe", probe, "--env",
+                   "ACCOUNT_SECRET", cwd=fleet.root, db=fleet.db, config=fleet.config,
+                   env={"ACCOUNT_SECRET": "s3cret-account-value"}, check=True)
+    fleet.start_server()
+
+    # The route: this host's definitions only, and no account's variables.
+    own = httpx.get(f"{fleet.url}/api/v1/agent/doc-1/checks",
+                    headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert own.status_code == 200, own.text
+    body = own.json()
+    assert set(body) == {"label", "job_types", "probes"}
+    assert sorted(body["job_types"]) == ["build", "gone"]
+    assert body["job_types"]["gone"]["preflight"]["argv"] == ["no-such-program-herder",
+                                                              "--version"]
+    assert sorted(body["probes"]) == ["one", "three", "two"]
+    assert "s3cret-account-value" not in own.text and "ACCOUNT_SECRET" not in own.text
+    # A host's token reads no other host's.
+    for label, bearer in (("doc-2", token), ("doc-1", other)):
+        refused = httpx.get(f"{fleet.url}/api/v1/agent/{label}/checks",
+                            headers={"Authorization": f"Bearer {bearer}"}, timeout=10)
+        assert refused.status_code == 403, refused.text
+    assert httpx.get(f"{fleet.url}/api/v1/agent/doc-1/checks", timeout=10).status_code == 401
+
+    # The doctor on the host, whose herder.toml is empty.
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "herder.toml").write_text("")
+    path = token_file(host, token)
+    result = run_herder("doctor", "--agent", "--server", fleet.url, "--host", "doc-1",
+                        "--token-file", str(path), cwd=host, config=host / "herder.toml")
+    assert result.returncode == 1, result.stdout + result.stderr
     found = verdicts(result.stdout)
+    assert found["job types"] == "ok" and "from the server: 2 preflight(s), 3 account " \
+        "probe(s) for host doc-1" in result.stdout
+    assert found["preflight build"] == "ok" and found["preflight gone"] == "problem"
+    assert "preflight fix" not in found and "git" not in found  # fix is not allowed there
     assert (found["account one"], found["account two"], found["account three"]) == (
         "ok", "problem", "warning")
     assert "sign this account in again" in result.stdout
+    assert "s3cret-account-value" not in result.stdout + result.stderr
+
+    # doc-2 takes every job type: fix's workspace needs git.
+    second = run_herder("doctor", "--agent", "--server", fleet.url, "--host", "doc-2",
+                        "--token-file", str(token_file(tmp_path, other)), cwd=host,
+                        config=host / "herder.toml")
+    found = verdicts(second.stdout)
+    assert {"preflight build", "preflight fix", "preflight gone", "git"} <= found.keys()
+    assert not any(name.startswith("account ") for name in found)
+
+
+def test_an_unreachable_server_runs_no_preflight_on_a_guess(tmp_path: Path,
+                                                            sqlite_url: str) -> None:
+    path = token_file(tmp_path, "hdr_" + "y" * 40)
+    result = run_herder("doctor", "--agent", "--server", f"http://127.0.0.1:{free_port()}",
+                        "--host", "doc-1", "--token-file", str(path), cwd=tmp_path,
+                        db=sqlite_url, config=write_toml(tmp_path, HEALTHY))
+    assert result.returncode == 1
+    found = verdicts(result.stdout)
+    assert found["job types"] == "problem" and "no preflight or probe ran" in result.stdout
+    assert not any(name.startswith("preflight ") for name in found)
+
+
+def write_toml(folder: Path, text: str) -> Path:
+    path = folder / "herder.toml"
+    path.write_text(text)
+    return path
+
+
+# -- the checks' route, every answer (httpx.MockTransport) -----------------------------------
+
+CHECKS_BODY = {
+    "label": "doc-1",
+    "job_types": {
+        "build": {"preflight": {"argv": ["cc", "--version"], "strict": False, "timeout": 5.0,
+                                "cache": 45.0}, "workspace": True},
+        "shell": {"preflight": None, "workspace": False},
+    },
+    "probes": {"one": {"argv": ["probe", "one"], "timeout": 7.0, "interval": 60.0}},
+}
+
+
+def fetched(tmp_path: Path, answer) -> tuple[object, Finding, list[httpx.Request]]:
+    """fetch_plan against a server that answers with `answer(request)`."""
+    from herder.core.settings.loading import load_config
+    from herder.runtime.agent_client import ServerClient
+    from herder.services.doctor import fetch_plan
+
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer(request)
+
+    config = load_config(write_toml(tmp_path, HEALTHY + (
+        '\n[hosts.doc-1]\nram_total_gb = 8\n'
+        '[hosts.doc-1.accounts.local]\nprobe = ["local-probe"]\n')))
+    client = ServerClient("http://127.0.0.1:9", "hdr_" + "t" * 40, "doc-1",
+                          transport=httpx.MockTransport(handler))
+    try:
+        plan, finding = fetch_plan(client, config)
+    finally:
+        client.close()
+    return plan, finding, seen
+
+
+def test_the_servers_checks_are_the_plan(tmp_path: Path) -> None:
+    plan, finding, seen = fetched(tmp_path, lambda _: httpx.Response(200, json=CHECKS_BODY))
+    assert [request.url.path for request in seen] == ["/api/v1/agent/doc-1/checks"]
+    assert seen[0].method == "GET"
+    assert seen[0].headers["authorization"] == "Bearer hdr_" + "t" * 40
+    assert finding == ok("job types", "from the server: 1 preflight(s), 1 account probe(s) "
+                         "for host doc-1")
+    assert plan.preflights["build"].argv == ("cc", "--version")
+    assert not plan.preflights["build"].strict and "shell" not in plan.preflights
+    assert plan.workspaces == ("build",)
+    assert plan.probes["one"].argv == ("probe", "one") and plan.probes["one"].timeout == 7.0
+
+
+def test_an_older_server_falls_back_to_the_local_file_with_a_warning(tmp_path: Path) -> None:
+    plan, finding, _ = fetched(tmp_path, lambda _: httpx.Response(
+        404, json={"detail": "Not Found"}))
+    assert finding.verdict is Verdict.WARNING
+    assert "has no /api/v1/agent/doc-1/checks (older than this herder)" in finding.detail
+    assert "read from this host's herder.toml" in finding.detail
+    assert finding.fix == "upgrade herder on the server"
+    assert sorted(plan.preflights) == ["build", "fix"] and plan.workspaces == ("fix",)
+    assert sorted(plan.probes) == ["local"]
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (401, "the server refuses this host's token (HTTP 401: no)"),
+    (403, "the server refuses this host's token (HTTP 403: no)"),
+    (409, "the server answers HTTP 409: no"),
+    (500, "the server answers HTTP 500: no"),
+    (503, "the server answers HTTP 503: no"),
+])
+def test_a_refusing_or_failing_server_runs_nothing(tmp_path: Path, status: int,
+                                                   expected: str) -> None:
+    plan, finding, _ = fetched(tmp_path, lambda _: httpx.Response(status,
+                                                                  json={"detail": "no"}))
+    assert plan is None and finding.verdict is Verdict.PROBLEM
+    assert finding.detail.startswith(expected), finding.detail
+    assert "no preflight or probe ran" in finding.detail
+
+
+def test_a_server_that_times_out_or_answers_nonsense_runs_nothing(tmp_path: Path) -> None:
+    def hangs(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    plan, finding, _ = fetched(tmp_path, hangs)
+    assert plan is None and finding.verdict is Verdict.PROBLEM
+    assert "cannot ask http://127.0.0.1:9 (ReadTimeout: timed out)" in finding.detail
+    plan, finding, _ = fetched(tmp_path, lambda _: httpx.Response(200, json={"label": 3}))
+    assert plan is None and finding.verdict is Verdict.PROBLEM
+    assert "does not parse" in finding.detail

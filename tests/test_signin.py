@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import html
 import logging
+import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -16,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.local import open_harness
 from support.ports import free_port
+from support.waits import wait_for
 
 from herder.api.app import Access, create_app
 from herder.api.sessions import COOKIE, CSRF_HEADER
@@ -123,6 +127,44 @@ def local(sqlite_url, tmp_path, monkeypatch) -> Iterator[Local]:
         yield Local(store, local_app(store, Access(loopback_names=())))
 
 
+HINT = ("Started with <code>herder up --ui</code> or <code>herder demo --ui</code>?\n"
+        "    Open the link it printed.")
+
+
+def shown(page: str, element: str) -> str:
+    """The text of the login page's paragraph `element` (html-escaped, as sent)."""
+    found = re.search(rf'id="{element}"[^>]*>(.*?)</p>', page, re.DOTALL)
+    assert found is not None, page
+    return found.group(1)
+
+
+def test_the_login_page_points_to_the_printed_link(local):
+    page = local.client().get("/ui/login")
+    assert page.status_code == 200 and HINT in page.text
+    assert shown(page.text, "link-error") == "" and shown(page.text, "error") == ""
+
+
+@pytest.mark.parametrize(("outcome", "status", "words"), [
+    (Redeemed.USED, 410, "this sign-in link was used already (a link signs in once)"),
+    (Redeemed.EXPIRED, 410, "this sign-in link expired (a link lasts 5 minutes)"),
+    (Redeemed.UNKNOWN, 403, "this sign-in link is not valid here"),
+])
+def test_a_refused_link_is_said_above_the_form_with_the_hint(local, outcome, status, words):
+    """Used, expired or unknown: the page says which, on its own line above the token form
+    (whose error stays empty), and still says where a new link comes from."""
+    codes: CodeBook = CodeBook(lifetime=0 if outcome is Redeemed.EXPIRED else 300)
+    local.app.state.sign_in_codes = codes
+    code = codes.issue(datetime.now(UTC)) if outcome is not Redeemed.UNKNOWN else new_token()
+    if outcome is Redeemed.USED:
+        assert local.client().get(f"/ui/?login={code}").status_code == 303
+    response = local.client().get(f"/ui/?login={code}")
+    assert response.status_code == status
+    said = shown(response.text, "link-error")
+    assert said.startswith(words) and said == html.escape(outcome.reason), said
+    assert shown(response.text, "error") == "" and HINT in response.text
+    assert code not in response.text
+
+
 def test_a_link_sets_the_session_cookie_and_redirects_without_the_code(local):
     client = local.client()
     code = local.code()
@@ -181,7 +223,8 @@ def test_a_code_is_refused_off_a_loopback_listener_or_from_another_address(sqlit
         code = wide.code()
         client = wide.client()
         response = client.get(f"/ui/?login={code}")
-        assert response.status_code == 403 and OFF_LOOPBACK in response.text
+        assert response.status_code == 403
+        assert shown(response.text, "link-error") == html.escape(OFF_LOOPBACK)
         assert COOKIE not in client.cookies
         # A loopback listener, a request from another address (a proxy's forwarded one).
         narrow = Local(store, local_app(store, Access(loopback_names=())))
@@ -259,6 +302,50 @@ def test_the_access_log_redacts_the_code():
     RedactLogin().filter(record)
     assert "secretcode123" not in record.getMessage()
     assert "/ui/?login=[redacted]&x=1" in record.getMessage()
+
+
+# -- herder up --ui, the real process ------------------------------------------------------------
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can bind ::1 (some containers have no IPv6 at all)."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", [
+    "localhost",
+    pytest.param("[::1]", marks=pytest.mark.skipif(not ipv6_loopback(),
+                                                   reason="no IPv6 loopback here")),
+])
+def test_up_with_ui_on_loopback_prints_a_link_that_signs_in(tmp_path, sqlite_url, name):
+    """`herder up --ui --ui-listen localhost:PORT` (or `[::1]:PORT`) prints a link at that
+    name; following it gets 303 to /ui/ and a session cookie that opens the fleet view."""
+    with open_harness(tmp_path, sqlite_url) as local:
+        port = free_port()
+        printed = tmp_path / "up.stdout"
+        with open(printed, "wb") as stdout:
+            process = local.spawn("up", "--host", local.host, "--ui", "--ui-listen",
+                                  f"{name}:{port}", stdout=stdout)
+        local.wait_ready(process)
+        wait_for(lambda: "?login=" in printed.read_text(), 20, "the sign-in link",
+                 local.describe)
+        link = next(word for word in printed.read_text().split() if "?login=" in word)
+        base = f"http://{name}:{port}"
+        assert link.startswith(f"{base}/ui/?login=")
+        assert f"dashboard on {base}/ui/" in local.stderr_of(process)
+        with httpx.Client(timeout=10, follow_redirects=False) as http:
+            signed = http.get(link)
+            assert signed.status_code == 303 and signed.headers["location"] == "/ui/"
+            assert signed.cookies.get(COOKIE), signed.headers
+            fleet = http.get(f"{base}/ui/")  # with the cookie
+            assert fleet.status_code == 200 and 'id="who"' in fleet.text
+        with httpx.Client(timeout=10, follow_redirects=False) as stranger:
+            assert stranger.get(f"{base}/ui/").headers["location"] == "/ui/login"
 
 
 # -- herder up --ui off loopback ------------------------------------------------------------------

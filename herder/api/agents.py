@@ -24,6 +24,7 @@ from herder.wire.agents import (
     Gone,
     HeartbeatBody,
     HeartbeatReply,
+    HostChecks,
     LogWritten,
     PlacedAttempt,
     PushHeartbeat,
@@ -133,6 +134,13 @@ async def attempt_finish(label: AgentHost, job_id: JobId, attempt: AttemptNumber
     status = await call(service.agents.finish_attempt, label, AttemptToken(job_id, attempt),
                         body.outcome, body.exit_code, body.retry_after, ending)
     return Finished(accepted=True, status=status)
+
+
+@router.get("/agent/{label}/checks", response_model=HostChecks)
+async def host_checks(label: AgentHost, service: Service) -> HostChecks:
+    """What `herder doctor --agent` runs on this host (read only): the job types allowed
+    here with their preflights, and its accounts' probes, never their credentials."""
+    return await call(service.agents.host_checks, label)
 
 
 @router.get("/agent/{label}/cancels", response_model=Cancels)

@@ -149,8 +149,10 @@ def page(text: str, status: int = 200, **values: str) -> HTMLResponse:
     return HTMLResponse(text, status_code=status, headers=PAGE_HEADERS)
 
 
-def login_form(status: int = 200, error: str = "") -> HTMLResponse:
-    return page(asset("login.html"), status, error=error)
+def login_form(status: int = 200, error: str = "", link_error: str = "") -> HTMLResponse:
+    """The sign-in page: `error` under the token form, `link_error` (a one-time link that
+    was refused: used, expired, unknown, off loopback) above it, on its own."""
+    return page(asset("login.html"), status, error=error, link_error=link_error)
 
 
 def sessions_of(request: Request) -> SessionBook:
@@ -193,7 +195,8 @@ async def fleet_page(request: Request) -> Response:
         return await shown(request, "fleet")
     opened = await redeem(request, code)  # a one-time sign-in link (herder.api.signin)
     if not isinstance(opened, Session):
-        return login_form(*opened)
+        status, reason = opened
+        return login_form(status, link_error=reason)
     return signed_in_as(request, opened)  # to /ui/: the code leaves the address bar
 
 

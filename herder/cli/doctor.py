@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from herder.cli.root import DEFAULT_TOKEN_FILE, State, edge, pass_state
+from herder.cli.root import DEFAULT_TOKEN_FILE, State, duration, edge, pass_state
 
 if TYPE_CHECKING:
     from herder.services.doctor import AgentSetup
@@ -28,14 +28,17 @@ if TYPE_CHECKING:
 @click.option("--unit", type=click.Path(dir_okay=False), help="With --agent: the agent's "
               "systemd unit to compare, if installed "
               "[default: /etc/systemd/system/herder-agent.service]")
+@click.option("--clock-tolerance", default="5s", show_default=True, metavar="DURATION",
+              help="With --agent: how far this host's clock may be from the server's "
+              "(e.g. 2s, 30s; at least 1s, the server's Date header has whole seconds).")
 @click.option("--json", "as_json", is_flag=True, help="The findings as JSON, for scripts.")
 @click.option("--timeout", type=click.FloatRange(min=0.1, max=600), default=10.0,
               show_default=True, help="Seconds each check has; a check still running then "
               "is a problem.")
 @pass_state
 def doctor(state: State, server: str | None, agent: bool, label: str | None,
-           token_file: str | None, ca: str | None, unit: str | None, as_json: bool,
-           timeout: float) -> None:
+           token_file: str | None, ca: str | None, unit: str | None, clock_tolerance: str,
+           as_json: bool, timeout: float) -> None:
     """Check what this machine needs, one line per check (ok, warning or problem, with the
     fix). Exit 0 when nothing is a problem, 1 otherwise."""
     from herder.core.diagnosis import Finding, exit_code, line, problem, summary
@@ -44,11 +47,12 @@ def doctor(state: State, server: str | None, agent: bool, label: str | None,
     from herder.core.settings.loading import load_config
     from herder.services import doctor as checks
 
-    if server and not agent:
-        with edge():
+    with edge():
+        if server and not agent:
             raise InputError("--server", "a URL is for --agent; alone, --server checks this "
                              "machine as the server", "pass --server alone, or --agent "
                              "--server URL --host LABEL")
+        clock_seconds = tolerance(clock_tolerance)
     findings: list[Finding]
     try:
         config = load_config(state.config_path)
@@ -58,7 +62,7 @@ def doctor(state: State, server: str | None, agent: bool, label: str | None,
     else:
         with edge():
             if agent:
-                setup = agent_setup(state, server, label, token_file, ca)
+                setup = agent_setup(state, server, label, token_file, ca, clock_seconds)
                 run = checks.agent_checks(config, setup, timeout, unit or checks.AGENT_UNIT)
             elif server is not None:
                 run = checks.server_checks(config, state.db)
@@ -74,8 +78,19 @@ def doctor(state: State, server: str | None, agent: bool, label: str | None,
     raise SystemExit(exit_code(findings))
 
 
+def tolerance(value: str) -> float:
+    """--clock-tolerance in seconds; InputError (exit 2) naming it otherwise."""
+    from herder.core.errors import InputError
+
+    seconds = duration(value, "--clock-tolerance")
+    if seconds is None or seconds < 1:
+        raise InputError("--clock-tolerance", f"{value!r} is under a second: the server's "
+                         "Date header has whole seconds", "pass at least 1s, e.g. 5s")
+    return seconds
+
+
 def agent_setup(state: State, server: str | None, label: str | None, token_file: str | None,
-                ca: str | None) -> AgentSetup:
+                ca: str | None, clock_tolerance: float) -> AgentSetup:
     """--agent's server, host, token file and CA; InputError (exit 2) naming what is
     missing."""
     import os
@@ -93,4 +108,4 @@ def agent_setup(state: State, server: str | None, label: str | None, token_file:
                          "pass --host LABEL, as the host was added")
     return AgentSetup(check_server_url(url, state.allow_plaintext), label,
                       token_file or state.token_file or DEFAULT_TOKEN_FILE, ca or state.ca,
-                      state.allow_plaintext, os.environ)
+                      state.allow_plaintext, os.environ, clock_tolerance)

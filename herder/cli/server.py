@@ -157,12 +157,13 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     coordinator = Coordinator(store, state.config, label)
     app = create_app(coordinator, edge_access(Access(), bind, settings.public_url),
                      run_coordinator=False)
-    server = uvicorn.Server(uvicorn.Config(app, host=bind, port=port, log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(app, host=bind.strip("[]"), port=port,
+                                           log_level="warning",
                                            log_config=None, timeout_graceful_shutdown=2,
                                            **proxy_options(os.environ)))
     # Before the first request: a loopback dashboard offers a one-time sign-in link.
-    link = (offer_link(app, listen_url("http", (bind.strip("[]"), port))) if loopback(bind)
-            else None)
+    base = listen_url("http", (bind.strip("[]"), port))
+    link = offer_link(app, base) if loopback(bind) else None
     thread = threading.Thread(target=server.run, name="herder-dashboard", daemon=True)
     thread.start()
     while not server.started:  # listening, or failed to (the port is taken)
@@ -171,7 +172,7 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
                              "pick a free port, e.g. --ui-listen 127.0.0.1:8472")
         time.sleep(0.02)
     logging.getLogger("herder.server").info(
-        "dashboard on http://%s:%d/ui/%s", bind, port,
+        "dashboard on %s/ui/%s", base,
         "" if link is None else " (its one-time sign-in link is on standard output)")
     if link is not None:  # on stdout, never in the log
         click.echo("Open the dashboard (this link signs in once, within "
@@ -314,7 +315,7 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     served = announcing_server(uvicorn.Config(
-        app, host=bind, port=port, log_level="warning", ssl_certfile=cert,
+        app, host=bind.strip("[]"), port=port, log_level="warning", ssl_certfile=cert,
         ssl_keyfile=key, timeout_graceful_shutdown=5, **proxy_options(os.environ), **extra),
         "https" if cert else "http",
         log, coordinator)

@@ -1,9 +1,10 @@
-"""URLs: how to print a database URL without its secret, what a bound socket answers on,
-whether a name is loopback."""
+"""URLs: how to print a database URL (or a text quoting one) without its secret, what a
+bound socket answers on, whether a name is loopback."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_DB = "sqlite:///herder.db"
@@ -17,6 +18,22 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)
     user = (parts.username or "") + ":***"
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_urls_in(text: str) -> str:
+    """A text (an error from below may quote the URL it could not open) with every URL's
+    password replaced as `redact_url` does; a URL that does not parse is hidden whole."""
+
+    def redacted(match: re.Match[str]) -> str:
+        try:
+            return redact_url(match.group())
+        except ValueError:  # e.g. an unclosed IPv6 bracket
+            return match.group().partition("://")[0] + "://***"
+
+    return URL_IN_TEXT.sub(redacted, text)
 
 
 def listen_url(scheme: str, sockname: tuple[object, ...] | str) -> str:

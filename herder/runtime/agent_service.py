@@ -22,7 +22,7 @@ from herder.runtime.maintenance import PickupWatch, lost_result
 from herder.runtime.metrics import Metrics
 from herder.runtime.server_state import utcnow
 from herder.store import Store
-from herder.wire.agents import HeartbeatReply, HostGate, pairs
+from herder.wire.agents import CheckedJobType, HeartbeatReply, HostChecks, HostGate, pairs
 
 log = logging.getLogger("herder.coordinator")
 
@@ -104,6 +104,24 @@ class AgentService:
             attempts=[(a.attempt.job_id, a.attempt.attempt, a.attempt.worker)
                       for a in attempts],
             lease_seconds=self.lease_seconds)
+
+    def host_checks(self, label: str) -> HostChecks:
+        """What `herder doctor --agent` runs on the host: the preflights of the job types
+        allowed there (what its heartbeat's gate holds, narrowed) and its accounts' probes.
+        Read only: the host is not marked alive. 409 for a host no longer registered (404
+        is left to servers without the route)."""
+        host = self.store.host_get(label)
+        if host is None:
+            raise Conflict(f"host {label} is not registered on this server (removed?)")
+        gate = self.gate(host, utcnow())
+        allowed = host.allowed_job_types
+        return HostChecks(
+            label=label,
+            job_types={name: CheckedJobType(preflight=gate.preflight.get(name),
+                                            workspace=job_type.workspace is not None)
+                       for name, job_type in sorted(self.settings.job_types.items())
+                       if allowed is None or name in allowed},
+            probes=gate.probes)
 
     def agent_trouble(self, label: str, trouble: Trouble, until: datetime,
                       delivered: bool) -> tuple[str, bool]:

@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from herder.core.diagnosis import Finding, ok, problem, timed_out, warning
 from herder.core.errors import InputError
-from herder.core.urls import loopback_name, redact_url
+from herder.core.programs import find_program
+from herder.core.urls import loopback_name, redact_url, redact_urls_in
 
 if TYPE_CHECKING:
     from herder.core.settings.loading import Config
+    from herder.runtime.accounts import ProbeCommand
+    from herder.runtime.agent_client import ServerClient
+    from herder.runtime.preflight import Check as PreflightCommand
     from herder.store import Store
 
 CHECK_TIMEOUT = 10.0
@@ -52,11 +56,11 @@ def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[
 
             unavailable = as_unavailable(exc)
             if unavailable is not None:
-                results[index] = [problem(name, hide_passwords(str(unavailable)),
+                results[index] = [problem(name, redact_urls_in(str(unavailable)),
                                           "check that the database runs and that HERDER_DB "
                                           "(or --db, or [herder] db) names it")]
             else:
-                results[index] = [problem(name, hide_passwords(f"{type(exc).__name__}: {exc}"),
+                results[index] = [problem(name, redact_urls_in(f"{type(exc).__name__}: {exc}"),
                                           "see the error; rerun with the fault fixed")]
 
     threads = []
@@ -75,15 +79,6 @@ def run_checks(checks: Sequence[Check], timeout: float = CHECK_TIMEOUT) -> list[
         else:
             findings.extend(result)
     return findings
-
-
-PASSWORD_IN_URL = re.compile(r"(://[^/@\s:]*:)[^/@\s]+@")
-
-
-def hide_passwords(text: str) -> str:
-    """An error's text with any `scheme://user:password@` password as `***` (an error from
-    below may quote the URL it could not open)."""
-    return PASSWORD_IN_URL.sub(r"\1***@", text)
 
 
 # --- local: what any machine running herder needs -------------------------------------
@@ -143,12 +138,6 @@ def check_store(url: str) -> list[Finding]:
     return [ok("store", f"{shown} opens at schema {version} ({dialect})")]
 
 
-def find_program(program: str, environ: Mapping[str, str]) -> str | None:
-    if "/" in program:
-        return program if os.access(program, os.X_OK) and os.path.isfile(program) else None
-    return shutil.which(program, path=environ.get("PATH", os.defpath))
-
-
 def check_programs(config: Config, environ: Mapping[str, str]) -> list[Finding]:
     """Each job type's program (its preflight's first word) is on PATH."""
     from herder.runtime.preflight import job_type_checks
@@ -156,7 +145,7 @@ def check_programs(config: Config, environ: Mapping[str, str]) -> list[Finding]:
     findings = []
     for name, check in sorted(job_type_checks(config.settings.job_types).items()):
         program = check.argv[0]
-        found = find_program(program, environ)
+        found = find_program(program, environ.get("PATH", os.defpath))
         label = f"program {name}"
         if found is None:
             findings.append(problem(label, f"{program!r} is not found on PATH",
@@ -187,13 +176,16 @@ def check_memory(config: Config) -> list[Finding]:
     return [warning("memory", detail, fix)]
 
 
-def check_git(config: Config, environ: Mapping[str, str]) -> list[Finding]:
-    """`git` where a job type checks out a workspace."""
-    with_workspace = sorted(name for name, job_type in config.settings.job_types.items()
-                            if job_type.workspace is not None)
+def workspace_job_types(config: Config) -> tuple[str, ...]:
+    return tuple(sorted(name for name, job_type in config.settings.job_types.items()
+                        if job_type.workspace is not None))
+
+
+def check_git(with_workspace: Sequence[str], environ: Mapping[str, str]) -> list[Finding]:
+    """`git` where a job type (of `with_workspace`) checks out a workspace."""
     if not with_workspace:
         return []
-    found = find_program("git", environ)
+    found = find_program("git", environ.get("PATH", os.defpath))
     if found is None:
         return [problem("git", f"not found on PATH; job type(s) {', '.join(with_workspace)} "
                         "check out a workspace", "install git")]
@@ -219,7 +211,7 @@ def local_checks(config: Config, db: str | None,
         ("store", lambda: check_store(url)),
         ("programs", lambda: check_programs(config, environ)),
         ("memory", lambda: check_memory(config)),
-        ("git", lambda: check_git(config, environ)),
+        ("git", lambda: check_git(workspace_job_types(config), environ)),
         ("alerts", lambda: check_alerts(config, environ)),
     ]
 
@@ -361,13 +353,16 @@ class AgentSetup:
     token (from HERDER_AGENT_TOKEN, else the file) and the CA."""
 
     def __init__(self, server: str, label: str, token_file: str, ca: str | None,
-                 allow_plaintext: bool, environ: Mapping[str, str]) -> None:
+                 allow_plaintext: bool, environ: Mapping[str, str],
+                 clock_tolerance: float = CLOCK_TOLERANCE) -> None:
         self.server = server
         self.label = label
         self.token_file = os.path.expanduser(token_file)
         self.ca = ca
         self.allow_plaintext = allow_plaintext
         self.environ = environ
+        self.clock_tolerance = clock_tolerance
+        """Seconds the clocks may differ (--clock-tolerance)."""
 
     def token(self) -> tuple[str, Finding]:
         """The token and what was found of where it came from (never the token itself)."""
@@ -379,10 +374,18 @@ class AgentSetup:
         token = read_token_file(self.token_file)
         return token, ok("token", f"{self.token_file} (mode 0600)")
 
+    def client(self, token: str, timeout: float) -> ServerClient:
+        from herder.runtime.agent_client import ServerClient
 
-def clock_finding(server_date: str | None, before: float, after: float) -> Finding:
+        return ServerClient(self.server, token, self.label,
+                            verify=self.ca if self.ca is not None else True,
+                            timeout=timeout, allow_plaintext=self.allow_plaintext)
+
+
+def clock_finding(server_date: str | None, before: float, after: float,
+                  tolerance: float = CLOCK_TOLERANCE) -> Finding:
     """The offset of the server's Date header from this host's clock at the request's
-    middle."""
+    middle; more than `tolerance` seconds is a problem."""
     from email.utils import parsedate_to_datetime
 
     if not server_date:
@@ -391,9 +394,9 @@ def clock_finding(server_date: str | None, before: float, after: float) -> Findi
     offset = parsedate_to_datetime(server_date).timestamp() - (before + after) / 2
     # The header has whole seconds: an offset within one is none.
     shown = 0.0 if abs(offset) < 1 else offset
-    if abs(offset) > CLOCK_TOLERANCE:
+    if abs(offset) > tolerance:
         return problem("clock", f"{shown:+.0f}s from the server's clock (more than "
-                       f"{CLOCK_TOLERANCE:g}s)", "synchronise the clocks: timedatectl "
+                       f"{tolerance:g}s)", "synchronise the clocks: timedatectl "
                        "set-ntp true (on this host and the server)")
     return ok("clock", f"{shown:+.0f}s from the server's clock")
 
@@ -403,15 +406,13 @@ def check_server(setup: AgentSetup, timeout: float) -> list[Finding]:
     token is accepted for its label, and the clocks agree."""
     import httpx
 
-    from herder.runtime.agent_client import ServerClient, Verdict, setup_problem
+    from herder.runtime.agent_client import Verdict, setup_problem
 
     try:
         token, token_finding = setup.token()
     except InputError as exc:
         return [problem("token", exc.problem, exc.fix or "")]
-    client = ServerClient(setup.server, token, setup.label,
-                          verify=setup.ca if setup.ca is not None else True,
-                          timeout=timeout, allow_plaintext=setup.allow_plaintext)
+    client = setup.client(token, timeout)
     try:
         before = time.time()
         try:
@@ -428,7 +429,8 @@ def check_server(setup: AgentSetup, timeout: float) -> list[Finding]:
                           else "the certificate verifies") if client.server.startswith(
                               "https://") else "plain http")
         findings = [ok("server", f"{client.server} answers HTTP {response.status_code} "
-                       f"({tls})"), clock_finding(response.headers.get("date"), before, after)]
+                       f"({tls})"), clock_finding(response.headers.get("date"), before, after,
+                                                  setup.clock_tolerance)]
         reply = client.request("GET", client.agent_path("/cancels"))
         if reply.verdict is Verdict.OK:
             findings.insert(0, ok("token", f"{token_finding.detail}, accepted for host "
@@ -446,13 +448,134 @@ def check_server(setup: AgentSetup, timeout: float) -> list[Finding]:
         client.close()
 
 
-def check_preflights(config: Config) -> list[Finding]:
-    """Each job type's preflight, run as the agent runs it (its own timeout each)."""
+class HostPlan(msgspec.Struct, frozen=True):
+    """What the doctor runs on an agent host: each allowed job type's preflight, the job
+    types that check out a workspace, and the accounts' probes. The server's
+    (`GET /api/v1/agent/LABEL/checks`), or this host's herder.toml from a server too old
+    to say."""
+
+    preflights: dict[str, PreflightCommand]
+    workspaces: tuple[str, ...]
+    probes: dict[str, ProbeCommand]
+
+
+CHECKS_NAME = "job types"
+"""The finding that says where the job types and probes came from."""
+
+
+def local_plan(config: Config, label: str) -> HostPlan:
+    """The plan herder.toml here gives (a fallback: the server's store may add accounts,
+    and its herder.toml may differ)."""
+    from herder.runtime.accounts import ProbeCommand
+    from herder.runtime.preflight import job_type_checks
+
+    settings = config.settings
+    host = settings.hosts.get(label)
+    return HostPlan(
+        preflights=job_type_checks(settings.job_types),
+        workspaces=workspace_job_types(config),
+        probes={} if host is None else {
+            name: ProbeCommand(tuple(section.probe), section.probe_timeout,
+                               section.probe_interval)
+            for name, section in host.accounts.items() if section.probe is not None})
+
+
+def server_plan(body: object) -> HostPlan:
+    """The plan of the server's answer (herder.wire.agents.HostChecks)."""
+    from herder.runtime.accounts import ProbeCommand
+    from herder.runtime.preflight import Check
+    from herder.wire.agents import HostChecks
+
+    checks = HostChecks.model_validate(body)
+    return HostPlan(
+        preflights={name: Check(tuple(job_type.preflight.argv), job_type.preflight.strict,
+                                job_type.preflight.timeout, job_type.preflight.cache)
+                    for name, job_type in checks.job_types.items()
+                    if job_type.preflight is not None},
+        workspaces=tuple(sorted(name for name, job_type in checks.job_types.items()
+                                if job_type.workspace)),
+        probes={name: ProbeCommand(tuple(probe.argv), probe.timeout, probe.interval)
+                for name, probe in checks.probes.items()})
+
+
+def fetch_plan(client: ServerClient, config: Config) -> tuple[HostPlan | None, Finding]:
+    """The server's plan for this host, and a finding saying where it came from. A server
+    without the route (404: older than this herder) gives herder.toml's here, with a
+    warning; any other failure gives none (nothing is run on a guess) and a problem."""
+    from pydantic import ValidationError
+
+    from herder.runtime.agent_client import Verdict
+
+    path = client.agent_path("/checks")
+    reply = client.request("GET", path)
+    if reply.verdict is Verdict.OK:
+        try:
+            plan = server_plan(reply.body)
+        except ValidationError as exc:
+            return None, problem(CHECKS_NAME, f"the server's answer to {path} does not parse "
+                                 f"({exc.error_count()} error(s))",
+                                 "run the same herder version here and on the server")
+        return plan, ok(CHECKS_NAME, f"from the server: {len(plan.preflights)} preflight(s), "
+                        f"{len(plan.probes)} account probe(s) for host {client.label}")
+    if reply.status == 404:
+        return local_plan(config, client.label), warning(
+            CHECKS_NAME, f"the server has no {path} (older than this herder): the job types "
+            "and account probes are read from this host's herder.toml, which may differ "
+            "from the server's", "upgrade herder on the server")
+    why = "its job types and account probes are unknown, so no preflight or probe ran"
+    if reply.verdict is Verdict.UNAUTHORIZED:
+        return None, problem(CHECKS_NAME, f"the server refuses this host's token "
+                             f"({reply.problem}): {why}", "fix the token (see the token line)")
+    if reply.status is None:
+        return None, problem(CHECKS_NAME, f"cannot ask {client.server} ({reply.problem}): "
+                             f"{why}", "see the server line")
+    return None, problem(CHECKS_NAME, f"the server answers {reply.problem}: {why}",
+                         "check the server's log")
+
+
+class PlanSource:
+    """The plan, fetched once by the first check that needs it (the checks run at once;
+    the others wait for that fetch)."""
+
+    def __init__(self, setup: AgentSetup, config: Config, timeout: float) -> None:
+        self.setup = setup
+        self.config = config
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._found: tuple[HostPlan | None, Finding] | None = None
+
+    def get(self) -> tuple[HostPlan | None, Finding]:
+        with self._lock:
+            if self._found is None:
+                self._found = self._fetch()
+            return self._found
+
+    def plan(self) -> HostPlan | None:
+        return self.get()[0]
+
+    def workspaces(self) -> tuple[str, ...]:
+        plan = self.plan()
+        return () if plan is None else plan.workspaces
+
+    def _fetch(self) -> tuple[HostPlan | None, Finding]:
+        try:
+            token, _ = self.setup.token()
+        except InputError as exc:
+            return None, problem(CHECKS_NAME, f"no token to ask the server with ({exc.problem}):"
+                                 " no preflight or probe ran", "see the token line")
+        client = self.setup.client(token, self.timeout)
+        try:
+            return fetch_plan(client, self.config)
+        finally:
+            client.close()
+
+
+def check_preflights(plan: HostPlan | None, pass_env: Sequence[str]) -> list[Finding]:
+    """Each allowed job type's preflight, run as the agent runs it (its own timeout each)."""
     from herder.runtime import preflight
 
-    pass_env = config.settings.runtime.pass_env
     findings = []
-    for name, check in sorted(preflight.job_type_checks(config.settings.job_types).items()):
+    for name, check in sorted((plan.preflights if plan is not None else {}).items()):
         result = preflight.run(check, pass_env)
         label = f"preflight {name}"
         if result.ok:
@@ -463,27 +586,21 @@ def check_preflights(config: Config) -> list[Finding]:
     return findings
 
 
-def check_probes(config: Config, label: str) -> list[Finding]:
-    """The account probes herder.toml declares for this host, each run as the agent runs
-    it (its own timeout): a dead token is a problem, no usable answer a warning (the
-    runtime takes it as healthy). Accounts added only on the server are not seen here."""
-    from herder.runtime.accounts import ProbeCommand, run_probe
+def check_probes(plan: HostPlan | None, label: str, pass_env: Sequence[str]) -> list[Finding]:
+    """The probes of this host's accounts, each run as the agent runs it (its own timeout):
+    a dead token is a problem, no usable answer a warning (the runtime takes it as
+    healthy)."""
+    from herder.runtime.accounts import run_probe
 
-    host = config.settings.hosts.get(label)
-    if host is None:
-        return []
     findings = []
-    for name, section in sorted(host.accounts.items()):
-        if section.probe is None:
-            continue
-        command = ProbeCommand(tuple(section.probe), section.probe_timeout,
-                               section.probe_interval)
-        result = run_probe(command, config.settings.runtime.pass_env)
+    for name, command in sorted((plan.probes if plan is not None else {}).items()):
+        result = run_probe(command, pass_env)
         where = f"account {name}"
-        fix = f"check hosts.{label}.accounts.{name}.probe (docs/outcomes.md, Accounts)"
+        fix = (f"check the probe of account {name} (`herder account add {label} {name} "
+               "--probe ...`, or hosts.LABEL.accounts.NAME.probe; docs/outcomes.md, Accounts)")
         if result is None:
-            findings.append(warning(where, f"its probe {section.probe[0]} gave no usable "
-                                    f"answer within {section.probe_timeout:g}s (taken as "
+            findings.append(warning(where, f"its probe {command.argv[0]} gave no usable "
+                                    f"answer within {command.timeout:g}s (taken as "
                                     "healthy)", fix))
         elif result.dead:
             findings.append(problem(where, "its probe finds the token dead (no credentials, "
@@ -549,13 +666,18 @@ def check_unit(setup: AgentSetup, path: str) -> list[Finding]:
 def agent_checks(config: Config, setup: AgentSetup, timeout: float,
                  unit: str = AGENT_UNIT) -> list[Check]:
     """`herder doctor --agent --server URL`: the server over TLS, the token file and its
-    acceptance for this host, the clock, each job type's preflight, memory enforcement,
-    git for workspaces, and the installed systemd unit (`unit`) if there is one."""
+    acceptance for this host, the clock, the preflight of each job type the server allows
+    here and the probe of each of this host's accounts (`GET /api/v1/agent/LABEL/checks`),
+    memory enforcement, git for workspaces, and the installed systemd unit (`unit`) if
+    there is one."""
+    source = PlanSource(setup, config, timeout)
+    pass_env = config.settings.runtime.pass_env
     return [
         ("server", lambda: check_server(setup, timeout)),
-        ("preflights", lambda: check_preflights(config)),
-        ("accounts", lambda: check_probes(config, setup.label)),
+        (CHECKS_NAME, lambda: [source.get()[1]]),
+        ("preflights", lambda: check_preflights(source.plan(), pass_env)),
+        ("accounts", lambda: check_probes(source.plan(), setup.label, pass_env)),
         ("memory", lambda: check_memory(config)),
-        ("git", lambda: check_git(config, setup.environ)),
+        ("git", lambda: check_git(source.workspaces(), setup.environ)),
         ("systemd unit", lambda: check_unit(setup, unit)),
     ]

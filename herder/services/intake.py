@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from herder.core.env_policy import check_submitted_env
 from herder.core.errors import InputError
 from herder.core.model import ADHOC, INT_MAX, INT_MIN, JobSpec
+from herder.core.programs import find_program
 from herder.core.settings.fields import MAX_DURATION
 from herder.core.settings.job_types import JobTypeSection
 from herder.core.settings.loading import Config
@@ -303,13 +303,11 @@ def _check_payload(payload: Mapping[str, Any]) -> None:
 
 
 def _check_executable(program: str, workdir: str, env: Mapping[str, str]) -> None:
-    if "/" in program:
-        path = program if os.path.isabs(program) else os.path.join(workdir, program)
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise InputError("command", f"{program!r} is not an executable file",
-                             "check the path, or chmod +x it")
-        return
     search = env.get("PATH", os.environ.get("PATH", os.defpath))
-    if shutil.which(program, path=search) is None:
-        raise InputError("command", f"{program!r} was not found on PATH",
-                         "install it or give its full path")
+    if find_program(program, search, workdir) is not None:
+        return
+    if "/" in program:
+        raise InputError("command", f"{program!r} is not an executable file",
+                         "check the path, or chmod +x it")
+    raise InputError("command", f"{program!r} was not found on PATH",
+                     "install it or give its full path")

@@ -88,6 +88,25 @@ class HostGate(Reply):
     heartbeat's info as account -> dead_token (true, false, or null for unknown)."""
 
 
+class CheckedJobType(Reply):
+    """A job type allowed on a host, as `herder doctor --agent` checks it there."""
+
+    preflight: PreflightCheck | None
+    """None: `preflight = false`, or a shell command whose program herder does not guess."""
+    workspace: bool
+    """It checks out a workspace: the host needs git."""
+
+
+class HostChecks(Reply):
+    """What `herder doctor --agent` runs on one host, from the server's herder.toml and store
+    (`GET /api/v1/agent/{label}/checks`): the job types allowed there and its accounts'
+    probes. Commands and timings only: never an account's variables or a token."""
+
+    label: str
+    job_types: dict[str, CheckedJobType]
+    probes: dict[str, AccountProbe]
+
+
 class HeartbeatReply(Reply):
     live: list[TokenPair]
     """Of the attempts the agent named, those still live on this host."""
