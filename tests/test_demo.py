@@ -49,7 +49,7 @@ def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
-def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: Path):
+def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: Path) -> None:
     result = ok(run_herder("demo", "--keep-folder", cwd=tmp_path, timeout=120))
     kept = [line for line in result.stdout.splitlines() if line.startswith("kept ")]
     assert len(kept) == 1, result.stdout
@@ -104,7 +104,7 @@ def fake_browser(folder: Path, exit_code: int) -> Path:
 
 
 def test_ctrl_c_stops_a_kept_ui_demo_and_all_it_started_when_its_port_was_taken(
-        tmp_path: Path):
+        tmp_path: Path) -> None:
     """--ui --keep on a taken --port with a browser at hand: another port, the link opened
     and printed; Ctrl-C mid-run stops the server, agents and running jobs and removes the
     demo's folder."""
@@ -126,15 +126,41 @@ def test_ctrl_c_stops_a_kept_ui_demo_and_all_it_started_when_its_port_was_taken(
                                90, "a job running", demo.output)
             assert running
             before = demo.descendants()
-            assert demo.stop(signal.SIGINT) == 130
+            assert demo.stop(signal.SIGINT) == 130  # mid-run
         finally:
             if demo.process.poll() is None:
                 demo.kill()
-    assert "stopped" in demo.output()
+    assert "stopping the demo's fleet" in demo.output() and "stopped" in demo.output()
     assert not leftovers(folder, []), leftovers(folder, [])
     wait_for(lambda: not leftovers(folder, before), 15, "the demo's processes to end",
              lambda: leftovers(folder, before))
     assert not Path(folder).exists()
+
+
+def test_a_kept_demo_runs_until_ctrl_c_then_stops_everything_and_keeps_its_verdict(
+        tmp_path: Path) -> None:
+    """--keep without --ui: after the workload the fleet stays up (its server answers) until
+    Ctrl-C, which then ends it with the workload's verdict, 0; --keep-folder keeps the
+    folder."""
+    demo = RunningDemo(tmp_path, "--keep", "--keep-folder", env=headless())
+    try:
+        folder = demo.folder()
+        demo.wait_output("Ctrl-C stops it.", timeout=120)
+        assert "every job ended as designed" in demo.output()
+        hosts = run_herder("--config", f"{folder}/herder.toml", "hosts", cwd=tmp_path)
+        assert hosts.returncode == 0 and "lap-1" in hosts.stdout, hosts
+        before = demo.descendants()
+        assert len(before) >= 4  # the server and three agents, at least
+        assert demo.stop(signal.SIGINT) == 0
+    finally:
+        if demo.process.poll() is None:
+            demo.kill()
+    assert not leftovers(folder, []), leftovers(folder, [])
+    wait_for(lambda: not leftovers(folder, before), 15, "the demo's processes to end",
+             lambda: leftovers(folder, before))
+    assert Path(folder, "herder.db").exists()
+    assert demo.output().splitlines()[-1] == "watch it in the dashboard: herder demo --ui"
+    shutil.rmtree(folder)
 
 
 def open_browser_in(environment: dict[str, str]) -> str:
@@ -147,7 +173,7 @@ def open_browser_in(environment: dict[str, str]) -> str:
 
 
 def test_without_a_display_or_a_working_browser_the_demo_says_to_open_the_link(
-        tmp_path: Path):
+        tmp_path: Path) -> None:
     assert "no display here" in open_browser_in(headless())
     failing = fake_browser(tmp_path, 1)
     assert "the browser did not start" in open_browser_in(

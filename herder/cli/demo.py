@@ -44,6 +44,10 @@ LINK_WAIT = 60.0
 """How long the server may take to start listening and print its sign-in link."""
 
 
+class DemoError(Exception):
+    """The demo could not start its fleet (the reason is the message)."""
+
+
 class DemoHost(msgspec.Struct, frozen=True):
     label: str
     ram_gb: float
@@ -167,8 +171,11 @@ def run_demo(echo: Callable[[str], None], keep: bool = False, keep_folder: bool 
         try:
             status = _run(echo, keep, keep_folder, ui, port, browser)
         except KeyboardInterrupt:
-            echo("\nstopped")
+            echo("stopped")
             return INTERRUPTED
+        except DemoError as exc:
+            echo(f"herder demo: {exc}")
+            return 1
     echo("\n" + ("watch it in the dashboard: herder demo --ui" if not ui
                  else "the fleet stopped with the demo; herder demo --ui --keep keeps it "
                       "running until Ctrl-C" if not keep
@@ -235,7 +242,10 @@ def _run(echo: Callable[[str], None], keep: bool, keep_folder: bool, ui: bool, p
         finally:
             store.close()
         if keep:
-            _stay(echo, folder, link, [*servers, *agents], keep_folder)
+            try:
+                _stay(echo, folder, link, [*servers, *agents], keep_folder)
+            except KeyboardInterrupt:  # the way a kept fleet ends: the workload's verdict
+                echo("\nstopping the demo's fleet")
         return status
     except KeyboardInterrupt:
         echo("\nstopping the demo's fleet")
@@ -292,7 +302,7 @@ def _read_link(server: subprocess.Popen[bytes], folder: Path) -> str:
             link = next((word for word in line.split() if "?login=" in word), None)
             if link is not None:
                 return link
-    raise RuntimeError(f"the demo's server did not start (see {folder}/processes.log)")
+    raise DemoError(f"its server did not start (see {folder}/processes.log)")
 
 
 def _stay(echo: Callable[[str], None], folder: Path, link: str | None,
@@ -313,7 +323,10 @@ def _stop_fleet(agents: list[subprocess.Popen[bytes]], servers: list[subprocess.
     """Stop every process the demo started, and wait for each: the agents first, then what
     they leave behind a moment (their guardians, in sessions of their own, end the agents'
     jobs and report to the server), then the server; what is left after a while is killed.
-    Ctrl-C again meanwhile does not leave them behind."""
+    Ctrl-C again meanwhile is ignored, so nothing is left behind."""
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):  # _stopped_by_signals restores them
+            signal.signal(number, signal.SIG_IGN)
     family = _family(folder, [*agents, *servers])
     _signal_groups(agents, signal.SIGTERM)
     _wait(agents, 15)
@@ -327,8 +340,7 @@ def _stop_fleet(agents: list[subprocess.Popen[bytes]], servers: list[subprocess.
         with contextlib.suppress(psutil.Error):
             process.kill()
     for popen in [*agents, *servers]:
-        with contextlib.suppress(KeyboardInterrupt):
-            popen.wait()
+        popen.wait()
 
 
 def _family(folder: Path, started: list[subprocess.Popen[bytes]]) -> list[psutil.Process]:
@@ -361,8 +373,7 @@ def _wait(processes: list[subprocess.Popen[bytes]] | list[psutil.Process],
     deadline = time.monotonic() + seconds
     for process in processes:
         while _alive(process) and time.monotonic() < deadline:
-            with contextlib.suppress(KeyboardInterrupt):
-                time.sleep(0.05)
+            time.sleep(0.05)
 
 
 def _alive(process: subprocess.Popen[bytes] | psutil.Process) -> bool:
