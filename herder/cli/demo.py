@@ -36,6 +36,7 @@ import psutil
 from herder.client import Client
 from herder.core.model import RAM_TOLERANCE_GB, Job, JobStatus, Outcome
 from herder.core.scheduling.capacity import bookable_gb
+from herder.core.signin import CODE_SECONDS
 from herder.store import Store, open_store
 
 INTERRUPTED = 130
@@ -233,7 +234,7 @@ def _run(echo: Callable[[str], None], keep: bool, keep_folder: bool, ui: bool, p
                     env={**os.environ, "HERDER_AGENT_TOKEN": tokens[host.label]}))
         if link is not None:
             echo(f"\ndashboard: {link}")
-            echo("  (this link signs in once, within 5 minutes; "
+            echo(f"  (this link signs in once, within {CODE_SECONDS // 60} minutes; "
                  f"{open_browser(link) if browser else 'open it in a browser on this machine'})")
         echo(f"server {url}, 3 agents; submitting {sum(c for _, _, c in WORKLOAD)} jobs\n")
         store = open_store(f"sqlite:///{folder}/herder.db")
