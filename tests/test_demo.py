@@ -1,20 +1,29 @@
 """`herder demo` is what a newcomer runs first: it must work and tell the truth.
 
-The test reads the demo's own database (kept with `--keep`) and checks what the demo did:
-every job ended done, on a host that admits its weight, and no host ran more jobs at once
-than its worker cap.
+The first test reads the demo's own database (kept with `--keep-folder`) and checks what the
+demo did: every job ended as designed (done, but one failed and one waiting for its fake usage
+limit's reset), on a host that admits its weight, and no host ran more jobs at once than its
+worker cap. The others run `--ui --keep`: the sign-in link is printed whatever happens to the
+browser or the port, and a signal stops every process the demo started.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
 from collections import Counter, defaultdict
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from support.cli import ok, run_herder
+from support.demo import RunningDemo, headless, leftovers
+from support.waits import wait_for
 
-from herder.core.model import JobStatus
+from herder.core.model import JobStatus, Outcome
 from herder.store import open_store
 
 # The demo's hosts (label: worker cap) and which of them admit each weight: mid-1 takes up to
@@ -40,8 +49,8 @@ def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
     return most
 
 
-def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: Path):
-    result = ok(run_herder("demo", "--keep", cwd=tmp_path, timeout=120))
+def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: Path) -> None:
+    result = ok(run_herder("demo", "--keep-folder", cwd=tmp_path, timeout=120))
     kept = [line for line in result.stdout.splitlines() if line.startswith("kept ")]
     assert len(kept) == 1, result.stdout
     folder = Path(kept[0].split()[1])
@@ -49,15 +58,29 @@ def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: P
         with open_store(f"sqlite:///{folder}/herder.db") as store:
             jobs = store.job_list(None, 100)
             spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+            outcomes: dict[int, Outcome | None] = {}
             for job in jobs:
                 for attempt in store.attempt_list(job.id):
                     assert attempt.started_at and attempt.ended_at, (job.id, attempt)
                     spans[attempt.host].append((attempt.started_at, attempt.ended_at))
+                    outcomes[job.id] = attempt.outcome
+            logs = {job.id: (folder / "logs" / str(job.id) / "1.log").read_text()
+                    for job in jobs}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
     assert Counter(job.weight for job in jobs) == SUBMITTED
-    assert {job.id: job.status for job in jobs} == {job.id: JobStatus.DONE for job in jobs}
+    # Each job printed its progress; one failed and one hit the fake account's usage limit
+    # (queued again, for after its reset), as designed.
+    assert all(log.count("step ") >= 3 for log in logs.values()), logs
+    failed = [job for job in jobs if job.status is JobStatus.FAILED]
+    waiting = [job for job in jobs if job.status is JobStatus.QUEUED]
+    assert len(failed) == 1 and outcomes[failed[0].id] is Outcome.FAILED, failed
+    assert len(waiting) == 1 and outcomes[waiting[0].id] is Outcome.USAGE_BLOCKED, waiting
+    assert waiting[0].available_at > datetime.now(UTC)
+    assert "usage limit reached" in logs[waiting[0].id]
+    done = [job for job in jobs if job.status is JobStatus.DONE]
+    assert len(done) == len(jobs) - 2
     misplaced = {job.id: (job.weight, job.host) for job in jobs
                  if job.host not in ADMITTED[job.weight]}
     assert not misplaced, misplaced
@@ -65,5 +88,96 @@ def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: P
     for host, host_spans in spans.items():
         assert most_at_once(host_spans) <= WORKERS[host], (host, sorted(host_spans))
     # What it printed agrees with its database.
-    assert f"{len(jobs)} done" in result.stdout
+    assert f"{len(done)} done, 1 failed, 1 waiting for a usage limit's reset" in result.stdout
     assert "every host stayed within its worker cap and RAM budget" in result.stdout
+    assert "every job ended as designed" in result.stdout
+    assert f"$ herder why {waiting[0].id}" in result.stdout
+    assert result.stdout.splitlines()[-1] == "watch it in the dashboard: herder demo --ui"
+
+
+def fake_browser(folder: Path, exit_code: int) -> Path:
+    """A BROWSER command that writes the URL it was given to `opened` and exits."""
+    script = folder / "browser"
+    script.write_text(f"#!/bin/sh\necho \"$1\" > '{folder}/opened'\nexit {exit_code}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_ctrl_c_stops_a_kept_ui_demo_and_all_it_started_when_its_port_was_taken(
+        tmp_path: Path) -> None:
+    """--ui --keep on a taken --port with a browser at hand: another port, the link opened
+    and printed; Ctrl-C mid-run stops the server, agents and running jobs and removes the
+    demo's folder."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        demo = RunningDemo(tmp_path, "--ui", "--keep", "--port", str(port), env=headless(
+            {"DISPLAY": ":99", "BROWSER": str(fake_browser(tmp_path, 0))}))
+        try:
+            link = demo.link()
+            folder = demo.folder()
+            assert f"port {port} is taken" in demo.output()
+            assert f"127.0.0.1:{port}/" not in link
+            demo.wait_output("opened in your browser")
+            assert (tmp_path / "opened").read_text().strip() == link
+            running = wait_for(lambda: [child for child in demo.descendants()
+                                        if "agent.sh" in " ".join(child.cmdline())],
+                               90, "a job running", demo.output)
+            assert running
+            before = demo.descendants()
+            assert demo.stop(signal.SIGINT) == 130  # mid-run
+        finally:
+            if demo.process.poll() is None:
+                demo.kill()
+    assert "stopping the demo's fleet" in demo.output() and "stopped" in demo.output()
+    assert not leftovers(folder, []), leftovers(folder, [])
+    wait_for(lambda: not leftovers(folder, before), 15, "the demo's processes to end",
+             lambda: leftovers(folder, before))
+    assert not Path(folder).exists()
+
+
+def test_a_kept_demo_runs_until_ctrl_c_then_stops_everything_and_keeps_its_verdict(
+        tmp_path: Path) -> None:
+    """--keep without --ui: after the workload the fleet stays up (its server answers) until
+    Ctrl-C, which then ends it with the workload's verdict, 0; --keep-folder keeps the
+    folder."""
+    demo = RunningDemo(tmp_path, "--keep", "--keep-folder", env=headless())
+    try:
+        folder = demo.folder()
+        demo.wait_output("Ctrl-C stops it.", timeout=120)
+        assert "every job ended as designed" in demo.output()
+        hosts = run_herder("--config", f"{folder}/herder.toml", "hosts", cwd=tmp_path)
+        assert hosts.returncode == 0 and "lap-1" in hosts.stdout, hosts
+        before = demo.descendants()
+        assert len(before) >= 4  # the server and three agents, at least
+        assert demo.stop(signal.SIGINT) == 0
+    finally:
+        if demo.process.poll() is None:
+            demo.kill()
+    assert not leftovers(folder, []), leftovers(folder, [])
+    wait_for(lambda: not leftovers(folder, before), 15, "the demo's processes to end",
+             lambda: leftovers(folder, before))
+    assert Path(folder, "herder.db").exists()
+    assert demo.output().splitlines()[-1] == "watch it in the dashboard: herder demo --ui"
+    shutil.rmtree(folder)
+
+
+def open_browser_in(environment: dict[str, str]) -> str:
+    """What the demo's `open_browser` says in a process with this environment (Python's
+    webbrowser module reads its environment once per process)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from herder.cli.demo import open_browser; "
+         "print(open_browser('http://127.0.0.1:1/ui/?login=x'))"],
+        env=environment, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def test_without_a_display_or_a_working_browser_the_demo_says_to_open_the_link(
+        tmp_path: Path) -> None:
+    assert "no display here" in open_browser_in(headless())
+    failing = fake_browser(tmp_path, 1)
+    assert "the browser did not start" in open_browser_in(
+        headless({"DISPLAY": ":99", "BROWSER": str(failing)}))
+    assert "the browser did not start" in open_browser_in(
+        headless({"DISPLAY": ":99", "BROWSER": str(tmp_path / "missing")}))
+    assert "no browser found" in open_browser_in(headless({"DISPLAY": ":99", "PATH": ""}))

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.cli import run_herder
 from support.local import open_harness
 from support.ports import free_port
 from support.waits import wait_for
@@ -244,7 +245,8 @@ def test_a_code_is_refused_off_a_loopback_listener_or_from_another_address(sqlit
 
 
 def test_a_server_that_offered_no_link_accepts_none(local):
-    """`herder server` never offers a link: a code is refused even on loopback."""
+    """`herder server` offers a link only with --sign-in-link: without, a code is refused
+    even on loopback."""
     client = local.client()
     response = client.get(f"/ui/?login={new_token()}")
     assert response.status_code == 403 and COOKIE not in client.cookies
@@ -367,3 +369,14 @@ def test_up_with_ui_off_loopback_prints_no_link(tmp_path, sqlite_url):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             refused = http.get(f"/ui/?login={new_token()}")
             assert refused.status_code == 403 and COOKIE not in http.cookies
+
+
+def test_server_sign_in_link_is_loopback_only(tmp_path, sqlite_url):
+    """`herder server --sign-in-link` (what `herder demo --ui` starts) off loopback: exit 2
+    naming the option, before anything listens. On loopback it is tested end to end by the
+    demo's tests (tests/test_demo.py, tests/test_demo_browser.py)."""
+    result = run_herder("server", "--listen", f"0.0.0.0:{free_port()}", "--sign-in-link",
+                        "--allow-plaintext", cwd=tmp_path, db=sqlite_url)
+    assert result.returncode == 2, result
+    assert "--sign-in-link" in result.stderr and "loopback" in result.stderr
+    assert "login=" not in result.stdout

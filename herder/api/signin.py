@@ -1,12 +1,14 @@
 """The one-time sign-in link of a local dashboard: `offer_link` is the hook a command that
-serves the dashboard on loopback calls (`herder up --ui`; `herder demo --ui` later), and
-`redeem` is what `/ui/?login=<code>` does with the code (herder.api.dashboard).
+serves the dashboard on loopback calls (`herder up --ui`; `herder server --sign-in-link`,
+which `herder demo --ui` starts), and `redeem` is what `/ui/?login=<code>` does with the code
+(herder.api.dashboard).
 
 A code is redeemed only when the request arrives from a loopback address on a listener bound
-to loopback, and only on an app that offered a link (`herder server` never does). It becomes
-the usual session cookie, whose key is signed with the serving process's secret
-(herder.runtime.sessions.link_key), and the code goes from the address bar by a redirect.
-The code is never logged: the access log redacts `login=`, and no refusal repeats it."""
+to loopback, and only on an app that offered a link (`herder server` only with
+`--sign-in-link`). It becomes the usual session cookie, whose key is signed with the serving
+process's secret (herder.runtime.sessions.link_key), and the code goes from the address bar
+by a redirect. The code is never logged: the access log redacts `login=`, and no refusal
+repeats it."""
 
 from __future__ import annotations
 

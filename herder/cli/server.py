@@ -145,7 +145,6 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     from herder.api.app import Access, create_app
     from herder.api.guard import proxy_options
     from herder.api.signin import offer_link
-    from herder.core.signin import CODE_SECONDS
     from herder.core.urls import listen_url
     from herder.runtime.coordinator import Coordinator
 
@@ -174,10 +173,19 @@ def serve_dashboard(state: State, address: str, label: str, allow_plaintext: boo
     logging.getLogger("herder.server").info(
         "dashboard on %s/ui/%s", base,
         "" if link is None else " (its one-time sign-in link is on standard output)")
-    if link is not None:  # on stdout, never in the log
-        click.echo("Open the dashboard (this link signs in once, within "
-                   f"{CODE_SECONDS // 60} minutes): {link}")
+    if link is not None:
+        print_link(link)
     return server
+
+
+def print_link(link: str) -> None:
+    """A one-time sign-in link, on standard output (flushed: a parent may be reading it
+    through a pipe), never in the log."""
+    from herder.core.signin import CODE_SECONDS
+
+    click.echo("Open the dashboard (this link signs in once, within "
+               f"{CODE_SECONDS // 60} minutes): {link}")
+    sys.stdout.flush()
 
 
 def plaintext_allowed(state: State, flag: bool) -> bool:
@@ -244,14 +252,17 @@ def loopback(bind: str) -> bool:
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
 @click.option("--insecure-no-auth", is_flag=True,
               help="Loopback only: operator routes need no token (agents still need theirs).")
+@click.option("--sign-in-link", is_flag=True,
+              help="Loopback only: once listening, print a one-time dashboard sign-in link on "
+                   "standard output (what `herder demo --ui` opens).")
 @PLAINTEXT_OPTION
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @LOG_FORMAT_OPTION
 @click.pass_context
 def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: str | None,
-           tls_key: str | None, insecure_no_auth: bool, allow_plaintext: bool, log_level: str,
-           log_format: str) -> None:
+           tls_key: str | None, insecure_no_auth: bool, sign_in_link: bool,
+           allow_plaintext: bool, log_level: str, log_format: str) -> None:
     """The fleet coordinator: store, scheduler (one leader among replicas), HTTP API."""
     if ctx.invoked_subcommand is not None:
         return
@@ -263,6 +274,8 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
 
     from herder.api.app import Access, create_app
     from herder.api.guard import proxy_options
+    from herder.api.signin import offer_link
+    from herder.core.urls import listen_url
     from herder.runtime.coordinator import Coordinator
     from herder.runtime.delivery import check_urls
     from herder.runtime.job_user import job_user_at_start
@@ -290,6 +303,10 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
         check_legacy_token(settings.api_token_env, legacy)
         secrets = hook_secrets(state.config, os.environ)  # none missing, or no start
         private_files(state)
+        if sign_in_link and not loopback(bind):
+            raise InputError("--sign-in-link", f"{bind} is not a loopback address, and a "
+                             "sign-in link works only on loopback",
+                             "listen on 127.0.0.1, or sign in with a token instead")
         if insecure_no_auth and not loopback(bind):
             raise InputError("--insecure-no-auth", f"{bind} is reachable from the network",
                              "listen on 127.0.0.1, or drop --insecure-no-auth and use tokens")
@@ -312,13 +329,17 @@ def server(ctx: click.Context, listen: str | None, label: str | None, tls_cert: 
             Access(open_access=insecure_no_auth, legacy_admin_token=legacy,
                    max_body_bytes=settings.max_body_bytes, hook_secrets=secrets),
             bind, settings.public_url))
+        # Before the first request; printed once listening (the port is then known good).
+        link = (offer_link(app, listen_url("https" if cert else "http",
+                                           (bind.strip("[]"), port)))
+                if sign_in_link else None)
     # JSON logs: uvicorn's own loggers go through ours (one format a line), not its config.
     extra: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     served = announcing_server(uvicorn.Config(
         app, host=bind.strip("[]"), port=port, log_level="warning", ssl_certfile=cert,
         ssl_keyfile=key, timeout_graceful_shutdown=5, **proxy_options(os.environ), **extra),
         "https" if cert else "http",
-        log, coordinator)
+        log, coordinator, link)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
         served.run()
     if not served.started:
@@ -438,12 +459,14 @@ def write_private(path: str, text: str) -> None:
 
 
 def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
-                      coordinator: Coordinator | None = None) -> uvicorn.Server:
+                      coordinator: Coordinator | None = None,
+                      link: str | None = None) -> uvicorn.Server:
     """A uvicorn server that logs "listening on URL" once its sockets are bound, with the
     address and port they really have (uvicorn's own line is off at log level warning).
     With a coordinator: its local hosts' agents get a plain-HTTP loopback URL of the API
     (the listener itself when it is one, else one more on 127.0.0.1, port chosen by the
-    kernel), and are stopped while the API still answers them."""
+    kernel), and are stopped while the API still answers them. A sign-in `link` is printed
+    once listening (`server --sign-in-link`)."""
     import asyncio
 
     import uvicorn
@@ -463,6 +486,10 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
                          extra={"event": "server_listening", "url": url})
             if coordinator is not None:
                 coordinator.local_hosts.serve_local_at(await self.loopback_url(bound))
+            if link is not None:
+                log.info("dashboard on %s (its one-time sign-in link is on standard output)",
+                         link.partition("?")[0])
+                print_link(link)
 
         async def loopback_url(self, bound: list[tuple[object, ...]]) -> str:
             """Where the local hosts' agents reach the API over plain loopback HTTP."""
@@ -492,10 +519,20 @@ def announcing_server(config: uvicorn.Config, scheme: str, log: logging.Logger,
 
 
 @click.command()
-@click.option("--keep", is_flag=True, help="Keep the demo's folder (database, logs).")
-def demo(keep: bool) -> None:
+@click.option("--ui", is_flag=True,
+              help="Serve the dashboard, open it in a browser where there is one (its "
+                   "one-time sign-in link is printed in any case), and run slower jobs.")
+@click.option("--keep", is_flag=True,
+              help="Keep the fleet running after the workload, until Ctrl-C.")
+@click.option("--keep-folder", is_flag=True,
+              help="Keep the demo's folder (database, herder.toml, logs) when it stops.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0,
+              help="The server's port on 127.0.0.1 [default: a free one; a taken one is "
+                   "replaced by a free one].")
+@click.option("--no-browser", is_flag=True, help="With --ui: print the link, open nothing.")
+def demo(ui: bool, keep: bool, keep_folder: bool, port: int, no_browser: bool) -> None:
     """See a fleet work: a server, three agents posing as hosts, a mixed workload."""
     from herder.cli.demo import run_demo
 
-    sys.exit(run_demo(click.echo, keep=keep))
-
+    sys.exit(run_demo(click.echo, keep=keep, keep_folder=keep_folder, ui=ui, port=port,
+                      browser=not no_browser))
