@@ -17,6 +17,12 @@ from herder.runtime.read_models import placed, runner_preflight_failures, runner
 from herder.services.views import iso
 from herder.store import Store
 
+QUOTA_WAITS = {
+    "usage_blocked": "a usage limit to reset (its last attempt hit one)",
+    "no_healthy_account": "an account to turn usable (none could serve it)",
+}
+"""Failure reasons whose wait is an account's, not the job's backoff."""
+
 
 def why(store: Store, fleet: Fleet, job_id: int, now: datetime) -> str:
     """One line: why this job is (not) running."""
@@ -109,5 +115,8 @@ def _settled_why(job: Job, now: datetime) -> str | None:
         until = job.available_at.replace(microsecond=0)
         if job.attempt == 0:  # submitted with a delay (`--delay`, `delay_seconds`)
             return f"not before {iso(until)}: submitted with a delay ({wait:.0f}s to go)"
+        if job.failure_reason in QUOTA_WAITS:  # not a backoff: an account's limit resets
+            return (f"waiting {wait:.0f}s for {QUOTA_WAITS[job.failure_reason]} "
+                    f"(until {iso(until)})")
         return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(until)})"
     return None

@@ -1,0 +1,39 @@
+"""`herder why` for jobs whose answer needs no placement: the wording of each wait."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from herder.core.model import Job, JobStatus
+from herder.services.why import _settled_why
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+
+def queued(reason: str | None, attempt: int = 1, wait: float = 600.0) -> Job:
+    return Job(id=7, job_type="agent", command=("true",), shell=False, payload={}, priority=0,
+               weight="light", dedup_key=None, affinity=None,
+               available_at=NOW + timedelta(seconds=wait), max_attempts=5,
+               timeout_seconds=None, env={}, workdir=None, backoff_base_seconds=1.0,
+               backoff_max_seconds=60.0, status=JobStatus.QUEUED, attempt=attempt,
+               failures=attempt, lost=0, host=None, exit_code=None, failure_reason=reason,
+               cancel_requested=False, created_at=NOW, claimed_at=None, started_at=None,
+               finished_at=None, updated_at=NOW)
+
+
+@pytest.mark.parametrize(("reason", "said"), [
+    ("usage_blocked", "waiting 600s for a usage limit to reset"),
+    ("no_healthy_account", "waiting 600s for an account to turn usable"),
+    ("transient", "waiting 600s for its retry backoff after transient"),
+])
+def test_an_account_wait_is_not_called_a_backoff(reason: str, said: str) -> None:
+    text = _settled_why(queued(reason), NOW)
+    assert text is not None and text.startswith(said)
+    assert "2026-12-05T12:10:00" in text
+
+
+def test_a_delayed_submission_says_so() -> None:
+    text = _settled_why(queued(None, attempt=0), NOW)
+    assert text is not None and "submitted with a delay" in text
