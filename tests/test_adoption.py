@@ -258,13 +258,29 @@ def test_what_cannot_be_adopted_is_killed(make_fleet, tmp_path, sqlite_url, faul
              fleet.describe)
     assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents[HOST])
     assert not (tmp_path / "runs.release").exists()
-    # It is placed again: a placement made while the guardian reports its agent gone may be
-    # lost once more, so the count is at least two, not exactly.
-    wait_for(lambda: len(fleet.attempts(job_id)) >= 2, 30, "the job to run again",
+    # It runs again, on the new agent, once: the dead agent's long poll cannot take the new
+    # placement (test_only_the_hosts_live_agent_takes_a_placement).
+    wait_for(lambda: len(fleet.attempts(job_id)) == 2
+             and fleet.job(job_id).status is JobStatus.RUNNING, 30, "the job to run again",
              fleet.describe)
-    # Whatever attempt starts ends at once: its supervisor would outlive the agents the
-    # harness kills.
+    lost, again = fleet.attempts(job_id)
+    assert lost.outcome is Outcome.LOST and again.outcome is None
+    assert again.worker.startswith(f"{HOST}/{fleet.agents[HOST].pid}/"), fleet.describe()
+    # The second attempt ends too: its supervisor would outlive the agents the harness kills.
     (tmp_path / "runs.release").touch()
+    done = fleet.wait_status(job_id, JobStatus.DONE, 60)
+    assert (done.attempt, done.lost) == (2, 1)
+
+
+def test_the_guardian_holds_no_connection_of_its_agent(make_fleet, tmp_path, sqlite_url):
+    """The guardian closes the sockets it inherits: a dead agent's connection closes with
+    it, so the server sees its long poll end instead of holding it for the agent's guardian
+    (which waits adopt_grace) and handing it placements."""
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    guardian = fleet.guardian(HOST)
+    folder = Path(f"/proc/{guardian.pid}/fd")
+    held = [os.readlink(folder / name) for name in os.listdir(folder)]
+    assert held and not [link for link in held if link.startswith("socket:")], held
 
 
 # -- the parts, alone ----------------------------------------------------------------------------
