@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -281,6 +282,38 @@ def test_the_guardian_holds_no_connection_of_its_agent(make_fleet, tmp_path, sql
     folder = Path(f"/proc/{guardian.pid}/fd")
     held = [os.readlink(folder / name) for name in os.listdir(folder)]
     assert held and not [link for link in held if link.startswith("socket:")], held
+
+
+def test_a_placement_a_dead_agent_took_and_never_started_runs_on_the_next_agent(
+        make_fleet, tmp_path, sqlite_url):
+    """An agent takes a placement and dies before it starts the job (nothing of it on the
+    host: no log, no process). The next agent takes the attempt over and runs it: the same
+    attempt, nothing lost, nothing spent."""
+    fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": LEASE,
+                                                       "adopt_grace": "60s",
+                                                       "memory_enforcement": "watchdog"})
+    fleet.add_host(HOST, "--ram", "32", "--prime-workers", "3", "--night-workers", "3")
+    fleet.start_server()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = f"{HOST}/{gone.pid}/1"  # a process of this host that is no more
+    token = fleet.tokens[HOST]
+    agent = f"/api/v1/agent/{HOST}"
+    assert fleet.api("POST", f"{agent}/heartbeat", token=token,
+                     json={"worker": dead}).status_code == 200
+    job_id = fleet.submit(["/bin/sh", "-c", "echo ran"], max_attempts=1)
+    wait_for(lambda: fleet.job(job_id).status is JobStatus.CLAIMED, 30, "the placement",
+             fleet.describe)
+    taken = fleet.api("GET", f"{agent}/assignments", token=token,
+                      params={"worker": dead, "free": 1})
+    assert [job["id"] for job in taken.json()["jobs"]] == [job_id]
+
+    second = fleet.start_agent(HOST)
+    done = fleet.wait_status(job_id, JobStatus.DONE, 60)
+    [attempt] = fleet.attempts(job_id)
+    assert (done.attempt, done.lost, attempt.outcome) == (1, 0, Outcome.OK), fleet.describe()
+    assert attempt.worker.startswith(f"{HOST}/{second.pid}/")
+    assert f"job {job_id} attempt 1: taken by dead agent {dead}" in fleet.stderr_of(second)
 
 
 # -- the parts, alone ----------------------------------------------------------------------------
