@@ -351,10 +351,10 @@ class HttpSource(WorkSource):
     def _take_over(self, token: AttemptToken, previous: str) -> bool:
         """Run here a placement a dead agent of this host took and never started: no log
         of it in this agent's log folder (the runner writes it before anything starts) and
-        no process of it found. The attempt becomes this agent's,
-        as an adoption (fenced by the server: only while still live and `previous`'s), and
-        runs under the same number: it never ran, so nothing is spent. False when it cannot
-        be (it is reported lost instead)."""
+        no process of it found. The attempt becomes this agent's as an adoption does (the
+        server fences it: only while still live and `previous`'s) and runs under the same
+        number: it never ran, so nothing is spent. False when it cannot be (it is reported
+        lost instead)."""
         if self.handover is None or log_path_for(self.handover.parent, token).exists():
             return False
         path = f"/attempts/{token.job_id}/{token.attempt}"
