@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -258,13 +259,61 @@ def test_what_cannot_be_adopted_is_killed(make_fleet, tmp_path, sqlite_url, faul
              fleet.describe)
     assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents[HOST])
     assert not (tmp_path / "runs.release").exists()
-    # It is placed again: a placement made while the guardian reports its agent gone may be
-    # lost once more, so the count is at least two, not exactly.
-    wait_for(lambda: len(fleet.attempts(job_id)) >= 2, 30, "the job to run again",
+    # It runs again, on the new agent, once: the dead agent's long poll cannot take the new
+    # placement (test_only_the_hosts_live_agent_takes_a_placement).
+    wait_for(lambda: len(fleet.attempts(job_id)) == 2
+             and fleet.job(job_id).status is JobStatus.RUNNING, 30, "the job to run again",
              fleet.describe)
-    # Whatever attempt starts ends at once: its supervisor would outlive the agents the
-    # harness kills.
+    lost, again = fleet.attempts(job_id)
+    assert lost.outcome is Outcome.LOST and again.outcome is None
+    assert again.worker.startswith(f"{HOST}/{fleet.agents[HOST].pid}/"), fleet.describe()
+    # The second attempt ends too: its supervisor would outlive the agents the harness kills.
     (tmp_path / "runs.release").touch()
+    done = fleet.wait_status(job_id, JobStatus.DONE, 60)
+    assert (done.attempt, done.lost) == (2, 1)
+
+
+def test_the_guardian_holds_no_connection_of_its_agent(make_fleet, tmp_path, sqlite_url):
+    """The guardian closes the sockets it inherits: a dead agent's connection closes with
+    it, so the server sees its long poll end instead of holding it for the agent's guardian
+    (which waits adopt_grace) and handing it placements."""
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="60s")
+    guardian = fleet.guardian(HOST)
+    folder = Path(f"/proc/{guardian.pid}/fd")
+    held = [os.readlink(folder / name) for name in os.listdir(folder)]
+    assert held and not [link for link in held if link.startswith("socket:")], held
+
+
+def test_a_placement_a_dead_agent_took_and_never_started_runs_on_the_next_agent(
+        make_fleet, tmp_path, sqlite_url):
+    """An agent takes a placement and dies before it starts the job (nothing of it on the
+    host: no log, no process). The next agent takes the attempt over and runs it: the same
+    attempt, nothing lost, nothing spent."""
+    fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": LEASE,
+                                                       "adopt_grace": "60s",
+                                                       "memory_enforcement": "watchdog"})
+    fleet.add_host(HOST, "--ram", "32", "--prime-workers", "3", "--night-workers", "3")
+    fleet.start_server()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = f"{HOST}/{gone.pid}/1"  # a process of this host that is no more
+    token = fleet.tokens[HOST]
+    agent = f"/api/v1/agent/{HOST}"
+    assert fleet.api("POST", f"{agent}/heartbeat", token=token,
+                     json={"worker": dead}).status_code == 200
+    job_id = fleet.submit(["/bin/sh", "-c", "echo ran"], max_attempts=1)
+    wait_for(lambda: fleet.job(job_id).status is JobStatus.CLAIMED, 30, "the placement",
+             fleet.describe)
+    taken = fleet.api("GET", f"{agent}/assignments", token=token,
+                      params={"worker": dead, "free": 1})
+    assert [job["id"] for job in taken.json()["jobs"]] == [job_id]
+
+    second = fleet.start_agent(HOST)
+    done = fleet.wait_status(job_id, JobStatus.DONE, 60)
+    [attempt] = fleet.attempts(job_id)
+    assert (done.attempt, done.lost, attempt.outcome) == (1, 0, Outcome.OK), fleet.describe()
+    assert attempt.worker.startswith(f"{HOST}/{second.pid}/")
+    assert f"job {job_id} attempt 1: taken by dead agent {dead}" in fleet.stderr_of(second)
 
 
 # -- the parts, alone ----------------------------------------------------------------------------

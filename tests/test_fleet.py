@@ -300,7 +300,10 @@ def test_agent_token_is_bound_to_its_host(make_fleet, tmp_path, store_url):
     assert snapshot() == before
     assert not (tmp_path / "server-logs" / str(job_id)).exists()
 
-    # The same requests with host-b's token work, so the 403s were about the token alone.
+    # The same requests with host-b's token work, so the 403s were about the token alone
+    # (the worker heartbeats first: only the host's live agent takes a placement).
+    assert fleet.api("POST", "/api/v1/agent/host-b/heartbeat", token=token_b,
+                     json={"worker": worker}).status_code == 200
     taken = fleet.api("GET", "/api/v1/agent/host-b/assignments", token=token_b,
                       params={"worker": worker, "free": 1})
     assert [job["id"] for job in taken.json()["jobs"]] == [job_id]

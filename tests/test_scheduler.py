@@ -199,6 +199,54 @@ def test_a_dead_agents_report_ends_only_its_own_attempts_and_stops_its_host(stor
     assert take_snapshot(store, coordinator.fleet, now).loads["a"].agent_down is None
 
 
+def test_a_placement_made_as_the_hosts_agent_is_replaced_goes_to_the_new_agent(
+        store, tmp_path):
+    """The race of an agent's replacement: a job is placed on `a` as its agent dies and a
+    new one starts. The dead agent's long poll, still held by the server, cannot take it
+    once the new agent has heartbeated; the new agent picks it up and runs it, and the dead
+    agent's guardian reporting it gone later leaves it alone: nothing lost, nothing spent."""
+    coordinator = Coordinator(store, Config(Settings(), tmp_path / "herder.toml"), "server")
+    agents = coordinator.agents
+    store.host_insert(HostRecord("a", 40, prime_max_workers=4), NOW)
+    dead, new = "a/10/1", "a/11/1"
+    agents.agent_heartbeat("a", dead, [], {}, with_attempts=False)
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], NOW)]
+    [token] = store.job_assign("a", [(job_id, 3.0)], 4, 32.0, NOW)
+    reply = agents.agent_heartbeat("a", new, [], {}, with_attempts=True)
+    assert reply.attempts == [(job_id, 1, "")]  # a placement, no dead agent's attempt
+
+    assert agents.take_assigned("a", dead, 1) == []  # the dead agent's late poll
+    [job] = agents.take_assigned("a", new, 1)
+    assert job.token == token
+    agents.start_attempt("a", token, 4242, None)
+    assert agents.agent_gone("a", dead) == {"lost": 0, "host_stopped": 0, "handed_back": 0}
+    [attempt] = store.attempt_list(job_id)
+    assert (attempt.worker, attempt.outcome) == (new, None)
+    job = store.job_get(job_id)
+    assert job is not None and (job.status, job.attempt, job.lost) == (
+        JobStatus.RUNNING, 1, 0)
+
+
+def test_a_placement_made_as_the_hosts_agent_dies_waits_for_the_next_agent_or_goes_back(
+        store, tmp_path):
+    """Before a next agent heartbeats, the dead agent is the host's last: its late poll
+    takes nothing once its guardian reported it gone, and the report hands the placement
+    back to the queue without spending anything."""
+    coordinator = Coordinator(store, Config(Settings(), tmp_path / "herder.toml"), "server")
+    agents = coordinator.agents
+    store.host_insert(HostRecord("a", 40, prime_max_workers=4), NOW)
+    dead = "a/10/1"
+    agents.agent_heartbeat("a", dead, [], {}, with_attempts=False)
+    [job_id] = [r.job_id for r in store.job_insert([JobSpec(command=("true",))], NOW)]
+    [token] = store.job_assign("a", [(job_id, 3.0)], 4, 32.0, NOW)
+    assert agents.agent_gone("a", dead) == {"lost": 0, "host_stopped": 1, "handed_back": 1}
+    assert agents.take_assigned("a", dead, 1) == []
+    job = store.job_get(job_id)
+    assert job is not None and (job.status, job.lost, job.failures) == (JobStatus.QUEUED, 0, 0)
+    [ended] = store.attempt_list(job_id)
+    assert (ended.attempt, ended.worker) == (token.attempt, PICKUP_FENCE)
+
+
 def test_leader_lease_is_exclusive_and_passes_on_release(store_url):
     first, second = open_store(store_url), open_store(store_url)
     lease_a, lease_b = first.leader_lease(), second.leader_lease()

@@ -33,6 +33,7 @@ from herder.runtime.agent_client import (
     ServerError,
     ServerUnavailable,
 )
+from herder.runtime.attempt_files import log_path_for
 from herder.runtime.endings import Ending
 from herder.runtime.guardian import handover_path, lost_path, touch
 from herder.runtime.local_gate import RAM_FACTOR, LocalGate, mem_available_gb
@@ -40,7 +41,7 @@ from herder.runtime.log_shipper import FINAL_LOG_WAIT, LOG_BACKLOG, LogShipper
 from herder.runtime.maintenance import local_worker_alive
 from herder.runtime.outbox import Outbox, Report
 from herder.runtime.preflight import Check, Preflight
-from herder.runtime.process import kill_tree, process_log, token_markers
+from herder.runtime.process import kill_tree, process_log, token_markers, tree_alive
 from herder.runtime.sources import WorkSource
 from herder.store import Waker
 from herder.wire import agents as protocol
@@ -306,7 +307,8 @@ class HttpSource(WorkSource):
 
         Survivors are found by their markers (the guardian normally got there first); the
         server's list of this host's live attempts names the rest, so a restarted agent
-        hands them back at once instead of after the lease."""
+        hands them back at once instead of after the lease. A placement a dead agent took
+        and never started is run here instead (`_take_over`)."""
         reported: set[AttemptToken] = set(self._adopted)
         dead: set[WorkerId] = set()
         for marker, pids in token_markers().items():
@@ -329,7 +331,12 @@ class HttpSource(WorkSource):
             dead.add(worker)
             if token in reported:
                 continue
-            if kill_tree(None, f"{token}@{worker_text}", self.kill_grace):
+            marker = f"{token}@{worker_text}"
+            ran = tree_alive(None, marker)
+            if kill_tree(None, marker, self.kill_grace):
+                if not ran and self._take_over(token, worker_text):
+                    reported.add(token)
+                    continue
                 log.warning("attempt %s belonged to a dead agent of this host: reporting it "
                             "lost", token)
                 self._report(token, "finish", FinishBody(outcome=Outcome.LOST))
@@ -340,6 +347,36 @@ class HttpSource(WorkSource):
             # agent's now, or killed and reported.
             for worker in dead:
                 touch(handover_path(self.handover, worker))
+
+    def _take_over(self, token: AttemptToken, previous: str) -> bool:
+        """Run here a placement a dead agent of this host took and never started: no log
+        of it in this agent's log folder (the runner writes it before anything starts) and
+        no process of it found. The attempt becomes this agent's as an adoption does (the
+        server fences it: only while still live and `previous`'s) and runs under the same
+        number: it never ran, so nothing is spent. False when it cannot be (it is reported
+        lost instead)."""
+        if self.handover is None or log_path_for(self.handover.parent, token).exists():
+            return False
+        path = f"/attempts/{token.job_id}/{token.attempt}"
+        asked = time.monotonic()
+        try:
+            # Placed and not started (else None); only a dead agent could start it since.
+            placed = protocol.PlacedAttempt.model_validate(self.client.call(
+                "GET", path, retry=False, timeout=self.runner_timeout))
+            if placed.job is None:
+                return False
+            self.client.call("POST", f"{path}/adopt", retry=False, timeout=self.runner_timeout,
+                             json=protocol.AdoptBody(worker=self.worker,
+                                                     previous=previous).model_dump())
+        except (ReportGone, RequestRefused):
+            return False
+        self._adopted.add(token)
+        self._asked[token] = asked
+        self._inbox.put(placed.job.job(datetime.now().astimezone()))
+        self._wake.set()
+        log.warning("job %d attempt %d: taken by dead agent %s, which never started it; "
+                    "running it here", token.job_id, token.attempt, previous)
+        return True
 
     def _ours(self, pids: Sequence[int]) -> bool:
         """False only when the processes name a job log outside this agent's log folder

@@ -56,12 +56,15 @@ class AgentService:
         return job
 
     def take_assigned(self, label: str, worker: str, free: int) -> list[Job]:
+        """Placements on `label` for its agent `worker`, bound to it. Only the host's live
+        agent takes any: a long poll of a dead agent that the server still holds takes none,
+        so what is placed as an agent is replaced waits for the next one (`attempt_take`)."""
         if free <= 0:
             return []
         jobs = self.store.attempt_list_assigned(label, free)
         now = utcnow()
         return bind_jobs(self.store, label, [
-            job for job in jobs if self.store.attempt_set_worker(job.token, worker, now)],
+            job for job in jobs if self.store.attempt_take(label, job.token, worker, now)],
             now, self.limits)
 
     def placed_attempt(self, label: str, token: AttemptToken) -> Job | None:

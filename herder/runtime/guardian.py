@@ -30,6 +30,7 @@ import math
 import os
 import select
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -197,6 +198,7 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None,
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
+        close_sockets(keep={0, 1, 2, read_end})
         deadlines = watch(read_end, lambda markers: kill_frozen(markers, prefix))
         # Its own markers, and those of attempts it adopted (they keep their first agent's).
         known = set(deadlines)
@@ -217,6 +219,22 @@ def start_guardian(grace: float, report: Callable[[], object] | None = None,
             report()
     finally:
         os._exit(0)
+
+
+def close_sockets(keep: set[int]) -> None:
+    """Close the sockets the guardian inherited (the agent's connection to its server, for
+    one). Held open here, a dead agent's connection would not close with it: the server
+    would never see its long poll end, and would bind the placements it hands out meanwhile
+    to an agent that is gone. The guardian opens its own connection to report."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep:
+            continue
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
 
 
 def stands_down(folder: Path, worker: WorkerId, adopt_grace: float,

@@ -92,6 +92,14 @@ class AttemptStore:
         return bool(self.driver.write("attempt_set_worker", {
             "job_id": token.job_id, "attempt": token.attempt, "worker": worker, "now": now}))
 
+    def attempt_take(self, host: str, token: AttemptToken, worker: str, now: datetime) -> bool:
+        """Take a placement on `host` for its agent `worker`; False when another runner has
+        it, or `worker` is not the host's live agent (its last heartbeat is another
+        worker's, or said it stopped): a dead agent's late request binds nothing."""
+        return bool(self.driver.write("attempt_take", {
+            "job_id": token.job_id, "attempt": token.attempt, "host": host, "worker": worker,
+            "now": now}))
+
     def attempt_bind_account(self, token: AttemptToken, host: str, account: str,
                              max_sessions: int, now: datetime) -> bool:
         """Run the live attempt under `account` while the account has a free session; the

@@ -136,6 +136,36 @@ def test_an_assigned_attempt_goes_to_one_runner(store):
     assert store.attempt_list_assigned("other", 10) == []
 
 
+def test_only_the_hosts_live_agent_takes_a_placement(store):
+    """The race of an agent's replacement: a job is placed on h1 while its agent h1/1/1 is
+    being replaced by h1/2/2. The old agent's long poll, still held by the server, takes
+    nothing once the new agent has heartbeated (nor after it said it stopped, nor after its
+    guardian said it is gone); the new agent picks the placement up. Nothing is spent."""
+    store.host_insert(HostRecord("h1", ram_total_gb=16, prime_max_workers=2), at(0))
+    store.host_insert(HostRecord("h2", ram_total_gb=16, prime_max_workers=2), at(0))
+    ids = submit(store, spec(), spec())
+    assert not store.attempt_take("h1", AttemptToken(ids[0], 1), "h1/1/1", at(1))  # unplaced
+    tokens = store.job_assign("h1", [(ids[0], 1.0), (ids[1], 1.0)], 2, 16.0, at(1))
+    assert not store.attempt_take("h1", tokens[0], "h1/1/1", at(1))  # never heartbeated
+    store.host_heartbeat("h1", at(1), {"worker": "h1/1/1"})
+    store.host_heartbeat("h2", at(1), {"worker": "h2/1/1"})
+    assert not store.attempt_take("h2", tokens[0], "h2/1/1", at(1))  # another host's
+    store.host_heartbeat("h1", at(2), {"worker": "h1/2/2"})  # the new agent
+    assert not store.attempt_take("h1", tokens[0], "h1/1/1", at(2))  # the dead one's poll
+    assert store.attempt_take("h1", tokens[0], "h1/2/2", at(3))
+    assert store.attempt_take("h1", tokens[0], "h1/2/2", at(4))  # the same agent again
+    live = {item.attempt.token: item for item in store.attempt_list_live("h1")}
+    assert (live[tokens[0]].attempt.worker, live[tokens[0]].attempt.heartbeat_at,
+            live[tokens[0]].lost) == ("h1/2/2", at(4), 0)
+    assert store.attempt_start(tokens[0], 100, None, at(5))
+    store.host_heartbeat("h1", at(6), {"worker": "h1/2/2", "stopped": True})  # a clean stop
+    assert not store.attempt_take("h1", tokens[1], "h1/2/2", at(6))
+    store.host_heartbeat("h1", at(7), {"worker": "h1/3/3"})
+    assert store.host_agent_gone("h1", "h1/3/3")  # its guardian: it died
+    assert not store.attempt_take("h1", tokens[1], "h1/3/3", at(8))
+    assert [job.id for job in store.attempt_list_assigned("h1", 10)] == [ids[1]]
+
+
 def test_an_attempt_is_adopted_only_from_its_worker_while_live_on_its_host(store):
     store.host_insert(HostRecord("h1", ram_total_gb=16, prime_max_workers=2), at(0))
     ids = submit(store, spec(), spec())

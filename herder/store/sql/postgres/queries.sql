@@ -169,6 +169,23 @@ RETURNING label;
 SELECT label FROM herder_hosts WHERE label = :label FOR UPDATE;
 
 -- Fleet: placement -------------------------------------------------------------------------
+-- name: attempt_take
+-- An agent takes a placement on its host. Only the host's live agent: the worker its last
+-- heartbeat came from, not stopped or reported gone. A dead agent's long poll the server
+-- still holds (its connection not seen closed yet) takes nothing, so a placement made as
+-- the host's agent is replaced waits for the new one instead of being bound to the dead.
+-- FOR SHARE: a new agent's heartbeat (which rewrites the host row) waits for this take to
+-- commit, or this take sees the new worker, so the heartbeat's list of the host's attempts
+-- always shows a placement the old worker took.
+UPDATE herder_jobs SET heartbeat_at = :now, worker = :worker
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+  AND host = :host AND (worker = '' OR worker = :worker)
+  AND EXISTS (SELECT 1 FROM herder_hosts h
+              WHERE h.label = :host AND h.agent_info ->> 'worker' = :worker::text
+                AND h.agent_info -> 'stopped' IS DISTINCT FROM 'true'::jsonb
+              FOR SHARE)
+RETURNING id AS job_id;
+
 -- name: attempt_list_assigned
 SELECT * FROM herder_jobs
 WHERE host = :host AND status = 'claimed' AND worker = ''

@@ -168,6 +168,19 @@ RETURNING label;
 SELECT label FROM herder_hosts WHERE label = :label;
 
 -- Fleet: placement -------------------------------------------------------------------------
+-- name: attempt_take
+-- An agent takes a placement on its host. Only the host's live agent: the worker its last
+-- heartbeat came from, not stopped or reported gone. A dead agent's long poll the server
+-- still holds (its connection not seen closed yet) takes nothing, so a placement made as
+-- the host's agent is replaced waits for the new one instead of being bound to the dead.
+UPDATE herder_jobs SET heartbeat_at = :now, worker = :worker
+WHERE id = :job_id AND attempt = :attempt AND status IN ('claimed', 'running')
+  AND host = :host AND (worker = '' OR worker = :worker)
+  AND EXISTS (SELECT 1 FROM herder_hosts h
+              WHERE h.label = :host AND json_extract(h.agent_info, '$.worker') = :worker
+                AND NOT coalesce(json_extract(h.agent_info, '$.stopped'), 0))
+RETURNING id AS job_id;
+
 -- name: attempt_list_assigned
 SELECT * FROM herder_job_records
 -- The IN repeats herder_jobs_host_active's predicate so the planner can use that index
