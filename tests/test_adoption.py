@@ -212,6 +212,10 @@ def test_no_adopt_grace_kills_at_once_and_reports_lost(make_fleet, tmp_path, sql
     wait_for(lambda: len(fleet.attempts(job_id)) == 2, 30, "the job to run again",
              fleet.describe)
     assert "adopted from dead agent" not in fleet.stderr_of(fleet.agents[HOST])
+    # The second attempt ends too: its supervisor would outlive the agents the harness kills.
+    (tmp_path / "runs.release").touch()
+    done = fleet.wait_status(job_id, JobStatus.DONE, 60)
+    assert (done.attempt, done.lost) == (2, 1)
 
 
 def gone_on_the_server(fleet: FleetHarness, tmp_path: Path, job_id: int) -> None:
