@@ -23,10 +23,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from recovery_bench import wait  # noqa: E402
 
 from herder.client import Client  # noqa: E402
 
@@ -49,23 +50,13 @@ def read_pids(path: Path) -> list[int]:
         return []
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.001)
-    raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def tree_started(path: Path) -> list[int] | None:
     pids = read_pids(path)
     return pids if len(pids) == 3 and all(alive(pid) for pid in pids) else None
 
 
 def seconds_until_gone(pids: list[int], started: float) -> float:
-    wait_until(lambda: not any(alive(pid) for pid in pids), 120, "the process tree to go")
+    wait(lambda: not any(alive(pid) for pid in pids), 120, "the process tree to go", 0.001)
     return time.perf_counter() - started
 
 
@@ -83,8 +74,8 @@ def through_herder(folder: Path) -> list[float]:
                 job_id = client.submit(
                     command=["/bin/sh", "-c", TREE.format(pids=pids_file)],
                     workdir=str(folder), check_command=False).job_id
-                pids = wait_until(lambda pids_file=pids_file: tree_started(pids_file), 60,
-                                  f"job {job_id}'s tree to start")
+                pids = wait(lambda pids_file=pids_file: tree_started(pids_file), 60,
+                                  f"job {job_id}'s tree to start", 0.001)
                 started = time.perf_counter()
                 client.cancel(job_id)
                 samples.append(seconds_until_gone(pids, started))
@@ -106,8 +97,8 @@ def directly(folder: Path) -> list[float]:
         pids_file = folder / f"direct-{index}"
         leader = subprocess.Popen(["/bin/sh", "-c", TREE.format(pids=pids_file)],
                                   start_new_session=True)
-        pids = wait_until(lambda pids_file=pids_file: tree_started(pids_file), 60,
-                          "the tree to start")
+        pids = wait(lambda pids_file=pids_file: tree_started(pids_file), 60,
+                          "the tree to start", 0.001)
         started = time.perf_counter()
         os.killpg(leader.pid, signal.SIGTERM)
         leader.wait(10)

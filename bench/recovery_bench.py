@@ -65,13 +65,14 @@ missed_heartbeats = {missed}
 HANGS = 'if [ "$HERDER_ATTEMPT" = 1 ]; then sleep 600; fi'
 
 
-def wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+def wait(predicate: Callable[[], T | None], timeout: float, what: str,
+         interval: float = 0.02) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(interval)
     raise SystemExit(f"timed out waiting for {what}")
 
 

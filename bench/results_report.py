@@ -201,6 +201,16 @@ def part(measurements: Mapping[str, Any], name: str) -> tuple[Any, str]:
     return entry.get("data"), ""
 
 
+def measured_section(measurements: Mapping[str, Any], name: str, title: str, how: str,
+                     build: Callable[[Any], tuple[list[Row], list[str]]]) -> Section:
+    """The section of one part: its rows and notes from `build(data)`, or why it is empty."""
+    data, why = part(measurements, name)
+    if data is None:
+        return Section(title, how, unavailable=why)
+    rows, notes = build(data)
+    return Section(title, how, rows, notes)
+
+
 def median_of(rows: Iterable[Mapping[str, Any]], key: str = "ops_per_s") -> float | None:
     values = [float(row[key]) for row in rows if row.get(key) is not None]
     return statistics.median(values) if values else None
@@ -396,14 +406,14 @@ def cancel_section(measurements: Mapping[str, Any]) -> Section:
            "two children), with `herder up` on SQLite; the limit is the same tree killed "
            "with one `killpg(SIGTERM)` and no queue in between. Ratio = herder / limit: "
            "what the queue adds on top of the kernel.")
-    data, why = part(measurements, "cancel")
-    if data is None:
-        return Section("Cancel → process tree gone", how, unavailable=why)
-    rows = [Row(f"cancel → tree gone, {stat}", data["herder"][f"{stat}_s"] * 1000, "ms",
-                f"killpg(SIGTERM) → tree gone, {stat}", data["killpg"][f"{stat}_s"] * 1000,
-                False) for stat in ("p50", "max")]
-    return Section("Cancel → process tree gone", how, rows,
-                   [f"{data.get('samples', '?')} samples each."])
+
+    def build(data: Any) -> tuple[list[Row], list[str]]:
+        return [Row(f"cancel → tree gone, {stat}", data["herder"][f"{stat}_s"] * 1000, "ms",
+                    f"killpg(SIGTERM) → tree gone, {stat}",
+                    data["killpg"][f"{stat}_s"] * 1000, False) for stat in ("p50", "max")
+                ], [f"{data.get('samples', '?')} samples each."]
+
+    return measured_section(measurements, "cancel", "Cancel → process tree gone", how, build)
 
 
 def recovery_section(measurements: Mapping[str, Any]) -> Section:
@@ -413,31 +423,31 @@ def recovery_section(measurements: Mapping[str, Any]) -> Section:
            "is the bound the design promises: 2 heartbeats + the lease; the crashed agent's "
            "limit is the ~2 s design target. Ratio = figure / limit: at most 1 keeps the "
            "promise.")
-    data, why = part(measurements, "recovery")
-    title = "Recovery after kill -9"
-    if data is None:
-        return Section(title, how, unavailable=why)
-    bound = float(data["bound_s"])
-    rows: list[Row] = []
-    for backend, figures in data["backends"].items():
-        for key, what, limit, limit_value in (
-                ("crash_s", "kill -9 of an agent → its job running elsewhere",
-                 "target (the guardian reports at once)", CRASH_TARGET),
-                ("host_running_s", "kill -9 of a host → its running job elsewhere",
-                 "2 heartbeats + lease", bound),
-                ("host_placed_s", "kill -9 of a host → a job placed at the kill elsewhere",
-                 "2 heartbeats + lease", bound)):
-            values = figures[key]
-            if not values:
-                continue
-            for stat, value in (("p50", statistics.median(values)), ("max", max(values))):
-                rows.append(Row(f"{what}, {backend}, {stat}", value, "s", limit, limit_value,
-                                False))
-        rows.append(Row(f"placements on the dead host after its missed heartbeats, {backend}",
-                        float(figures["late_placements"]), "", note="must be 0"))
-    note = (f"Timings: heartbeat {data['heartbeat_s']:g} s, lease {data['lease_s']:g} s, "
-            f"{data['missed']} missed heartbeats; {data['reps']} repetition(s) per backend.")
-    return Section(title, how, rows, [note])
+
+    def build(data: Any) -> tuple[list[Row], list[str]]:
+        bound = float(data["bound_s"])
+        rows: list[Row] = []
+        for backend, figures in data["backends"].items():
+            for key, what, limit, limit_value in (
+                    ("crash_s", "kill -9 of an agent → its job running elsewhere",
+                     "target (the guardian reports at once)", CRASH_TARGET),
+                    ("host_running_s", "kill -9 of a host → its running job elsewhere",
+                     "2 heartbeats + lease", bound),
+                    ("host_placed_s", "kill -9 of a host → a job placed at the kill elsewhere",
+                     "2 heartbeats + lease", bound)):
+                values = figures[key]
+                if not values:
+                    continue
+                for stat, value in (("p50", statistics.median(values)), ("max", max(values))):
+                    rows.append(Row(f"{what}, {backend}, {stat}", value, "s", limit, limit_value,
+                                    False))
+            rows.append(Row(f"placements on the dead host after its missed heartbeats, {backend}",
+                            float(figures["late_placements"]), "", note="must be 0"))
+        note = (f"Timings: heartbeat {data['heartbeat_s']:g} s, lease {data['lease_s']:g} s, "
+                f"{data['missed']} missed heartbeats; {data['reps']} repetition(s) per backend.")
+        return rows, [note]
+
+    return measured_section(measurements, "recovery", "Recovery after kill -9", how, build)
 
 
 def placement_section(measurements: Mapping[str, Any]) -> Section:
@@ -445,33 +455,32 @@ def placement_section(measurements: Mapping[str, Any]) -> Section:
            "fleet and queue of the given sizes, in CPython. The limit is the design target "
            "of 1 s per pass at 10k hosts × 100k jobs (applied to every size, so the smaller "
            "ones show their headroom). Ratio = seconds / 1 s.")
-    data, why = part(measurements, "placement")
-    if data is None:
-        return Section("Placement cycle time vs fleet size", how, unavailable=why)
-    rows = [Row(f"{item['hosts']:,} hosts × {item['jobs']:,} jobs ({item['fleet']}, "
-                f"{item['strategy']})", item["seconds"], "s", "target", 1.0, False,
-                note=f"{item['placed']:,} placed")
-            for item in data]
-    return Section("Placement cycle time vs fleet size", how, rows)
+
+    def build(data: Any) -> tuple[list[Row], list[str]]:
+        return [Row(f"{item['hosts']:,} hosts × {item['jobs']:,} jobs ({item['fleet']}, "
+                    f"{item['strategy']})", item["seconds"], "s", "target", 1.0, False,
+                    note=f"{item['placed']:,} placed") for item in data], []
+
+    return measured_section(measurements, "placement", "Placement cycle time vs fleet size",
+                            how, build)
 
 
 def idle_section(measurements: Mapping[str, Any]) -> Section:
     how = ("idle agents (each with a long-poll open and a heartbeat every 10 s) one server "
            "core carries: agents / server CPU in cores. The limit is the design target of "
            "1,000 agents on less than one core. Ratio = figure / 1,000: at least 1 meets it.")
-    data, why = part(measurements, "idle")
-    if data is None:
-        return Section("Idle agents per server core", how, unavailable=why)
-    rows = []
-    for item in data:
-        if item.get("part") != "idle":
-            continue
-        cores = float(item["cores"])
-        per_core = item["agents"] / cores if cores > 0 else None
-        rows.append(Row(f"{item['agents']:,} idle agents, {item['backend']}", per_core,
-                        "agents/core", "target", 1000.0,
-                        note=f"server {cores:.2f} cores, {item['errors']} errors"))
-    return Section("Idle agents per server core", how, rows)
+
+    def build(data: Any) -> tuple[list[Row], list[str]]:
+        rows = []
+        for item in data:
+            cores = float(item["cores"])
+            rows.append(Row(f"{item['agents']:,} idle agents, {item['backend']}",
+                            item["agents"] / cores if cores > 0 else None, "agents/core",
+                            "target", 1000.0,
+                            note=f"server {cores:.2f} cores, {item['errors']} errors"))
+        return rows, []
+
+    return measured_section(measurements, "idle", "Idle agents per server core", how, build)
 
 
 def cli_section(measurements: Mapping[str, Any]) -> Section:
@@ -479,14 +488,14 @@ def cli_section(measurements: Mapping[str, Any]) -> Section:
            "`python -c pass` (Python's own start, the floor for any CLI in Python) in the "
            "same run. Ratio = command / python: how many Python starts a command costs. "
            "The design target is < 100 ms for the commands scripts call in loops.")
-    data, why = part(measurements, "cli")
-    if data is None:
-        return Section("CLI wall time", how, unavailable=why)
-    floor = (data.get("python -c pass") or {}).get("median_ms")
-    rows = [Row(f"`{label}`", figures["median_ms"], "ms", "`python -c pass`", floor, False,
-                note=f"p90 {figures['p90_ms']:.0f} ms")
-            for label, figures in data.items() if label != "python -c pass"]
-    return Section("CLI wall time", how, rows)
+
+    def build(data: Any) -> tuple[list[Row], list[str]]:
+        floor = (data.get("python -c pass") or {}).get("median_ms")
+        return [Row(f"`{label}`", figures["median_ms"], "ms", "`python -c pass`", floor,
+                    False, note=f"p90 {figures['p90_ms']:.0f} ms")
+                for label, figures in data.items() if label != "python -c pass"], []
+
+    return measured_section(measurements, "cli", "CLI wall time", how, build)
 
 
 def chaos_section(measurements: Mapping[str, Any]) -> tuple[Section, list[Guard]]:
@@ -555,18 +564,20 @@ def simulate_section(measurements: Mapping[str, Any]) -> Section:
     how = ("the simulator's peak RAM while replaying a published trace, against the lower "
            "bound of what that trace must hold in memory. Ratio = peak / bound: the closer "
            "to 1 the better.")
-    data, why = part(measurements, "simulate")
-    title = "Simulator RAM vs its lower bound"
-    if data is None:
-        return Section(title, how, unavailable=why)
-    rows: list[Row] = []
-    for trace, output in data.items():
-        ram = first_key(output, SIMULATE_RAM_KEYS)
-        bound = first_key(output, SIMULATE_BOUND_KEYS)
-        rows.append(Row(f"trace `{trace}`, peak RAM", None if ram is None else ram / 2**20,
-                        "MiB", "lower bound", None if bound is None else bound / 2**20, False,
-                        missing="" if bound is not None else "no lower bound in the output"))
-    return Section(title, how, rows)
+
+    def build(data: Any) -> tuple[list[Row], list[str]]:
+        rows = []
+        for trace, output in data.items():
+            ram = first_key(output, SIMULATE_RAM_KEYS)
+            bound = first_key(output, SIMULATE_BOUND_KEYS)
+            rows.append(Row(f"trace `{trace}`, peak RAM",
+                            None if ram is None else ram / 2**20, "MiB", "lower bound",
+                            None if bound is None else bound / 2**20, False,
+                            missing="" if bound is not None else "no lower bound in the output"))
+        return rows, []
+
+    return measured_section(measurements, "simulate", "Simulator RAM vs its lower bound", how,
+                            build)
 # -- end of SIMULATOR SECTION ------------------------------------------------------------------
 
 

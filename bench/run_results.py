@@ -414,7 +414,7 @@ def main() -> None:
                             "mode": "quick" if arguments.quick else "full",
                             "command": command, "machine": machine(),
                             "cores": os.cpu_count(), "load_before": list(os.getloadavg()),
-                            "shared_bench": str(SHARED)}
+                            "versions": versions(), "shared_bench": str(SHARED)}
     try:
         prepare_postgres()
     except Exception as error:
@@ -423,8 +423,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="herder-bench-run-"))
     say(f"logs of the parts in {scratch}")
     parts = run_all(knobs, names, scratch)
-    meta.update(load_after=list(os.getloadavg()), versions=versions(),
-                elapsed_s=round(time.monotonic() - started))
+    meta.update(load_after=list(os.getloadavg()), elapsed_s=round(time.monotonic() - started))
     measurements = {"meta": meta, "parts": parts}
     saved = BENCH / "results" / f"run-{stamp.strftime('%Y%m%d-%H%M%S')}.json"
     saved.parent.mkdir(exist_ok=True)

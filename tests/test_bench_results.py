@@ -197,3 +197,16 @@ def test_the_simulator_section_reads_ram_and_bound_or_says_not_available():
     present = report.simulate_section(measurements(
         simulate={"trace.csv": {"peak_rss_bytes": 3 * 2**20, "lower_bound_bytes": 2**20}}))
     assert present.rows[0].ratio == pytest.approx(3.0)
+
+
+def test_recovery_sets_the_agent_crash_against_its_target_and_the_dead_host_against_the_bound():
+    recovery = {"heartbeat_s": 1.0, "lease_s": 6.0, "missed": 3, "bound_s": 8.0, "reps": 2,
+                "backends": {"sqlite": {"crash_s": [1.0, 3.0], "host_running_s": [7.0, 9.0],
+                                        "host_placed_s": [], "late_placements": 0}}}
+    section = report.recovery_section(measurements(recovery=recovery))
+    rows = {row.what: row for row in section.rows}
+    assert rows["kill -9 of an agent → its job running elsewhere, sqlite, p50"].ratio == 1.0
+    assert rows["kill -9 of a host → its running job elsewhere, sqlite, max"].ratio == \
+        pytest.approx(9 / 8)
+    assert not any("placed at the kill" in row.what for row in section.rows)
+    assert "heartbeat 1 s, lease 6 s" in section.notes[0]
