@@ -84,13 +84,17 @@ def format_ratio(value: float | None) -> str:
         return f"{value:,.0f}×"
     if value >= 1:
         return f"{value:.1f}×"
-    return f"{value:.2f}×"
+    if value >= 0.1:
+        return f"{value:.2f}×"
+    return f"{value:.2g}×"
 
 
 def format_value(value: float | None, unit: str) -> str:
     """A figure with its unit, rounded for reading: 12,314 jobs/s, 3.4 ms, 0.170 s."""
     if value is None:
         return "—"
+    if unit in ("ms", "s") and 0 < abs(value) < 0.01:
+        return f"{value:.2g} {unit}"
     if unit in ("ms", "s"):
         digits = 3 if abs(value) < 1 else 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
         return f"{value:,.{digits}f} {unit}"
@@ -477,7 +481,7 @@ def idle_section(measurements: Mapping[str, Any]) -> Section:
             rows.append(Row(f"{item['agents']:,} idle agents, {item['backend']}",
                             item["agents"] / cores if cores > 0 else None, "agents/core",
                             "target", 1000.0,
-                            note=f"server {cores:.2f} cores, {item['errors']} errors"))
+                            note=f"server {cores:.2f} cores, {item['errors']} failed polls"))
         return rows, []
 
     return measured_section(measurements, "idle", "Idle agents per server core", how, build)

@@ -40,7 +40,8 @@ STORE = [
 
 
 @pytest.mark.parametrize(("value", "text"), [
-    (None, "—"), (0.625, "0.62×"), (1.25, "1.2×"), (41.4, "41×"), (1234.0, "1,234×")])
+    (None, "—"), (0.0012, "0.0012×"), (0.625, "0.62×"), (1.25, "1.2×"), (41.4, "41×"),
+    (1234.0, "1,234×")])
 def test_ratios_are_formatted_for_reading(value, text):
     assert report.format_ratio(value) == text
 
@@ -54,7 +55,7 @@ def test_a_ratio_needs_both_figures_and_a_nonzero_peer():
 
 @pytest.mark.parametrize(("value", "unit", "text"), [
     (12314.4, "jobs/s", "12,314 jobs/s"), (3.44, "ms", "3.44 ms"), (0.1704, "s", "0.170 s"),
-    (61.04, "s", "61.0 s"), (0.0, "", "0"), (None, "ms", "—")])
+    (61.04, "s", "61.0 s"), (0.0012, "s", "0.0012 s"), (0.0, "", "0"), (None, "ms", "—")])
 def test_figures_keep_their_units(value, unit, text):
     assert report.format_value(value, unit) == text
 
