@@ -182,9 +182,9 @@ def render_header(meta: Mapping[str, Any]) -> list[str]:
                      "noisy; the ratios, measured back to back in the same run, are the "
                      "figures to compare. The full run is meant for a quiet machine.")
     if meta.get("mode") == "quick":
-        lines.append("- **quick mode:** one repetition, short runs and few samples per "
-                     "figure; recovery uses short timings (see its section). "
-                     "`bench/run.sh` without `--quick` is the full run.")
+        lines.append("- **quick mode:** short runs and few samples per figure (the store: "
+                     "one batch size, one claimer, 3 × 3 s); recovery uses short timings "
+                     "(see its section). `bench/run.sh` without `--quick` is the full run.")
     return [*lines, ""]
 
 
@@ -294,6 +294,10 @@ def store_section(measurements: Mapping[str, Any]) -> tuple[Section, list[Guard]
     notes = ["\"Default settings\" for the guard: PostgreSQL, and SQLite with "
              "`synchronous=FULL` (herder's default); cells with other settings are shown "
              "but not guarded.",
+             "On a busy machine the guard's ratios read low: herder's loop spends CPU where "
+             "the raw loops mostly wait on fsync, so other work slows herder more. A failed "
+             "guard in a run with a high load average is to be checked on a quiet machine "
+             "before it is believed.",
              f"herder's cells in this run: {', '.join(cells) or 'none'}. A best-row "
              "comparison is only as fair as that coverage: the full run measures batches 1, "
              "10 and 100 with 1 and 4 claimers, as the peers' best rows use big batches."]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command that regenerates bench/RESULTS.md (see bench/README.md, "RESULTS.md").
 #
-#   bench/run.sh --quick          # ~10 min: one repetition, short runs, few samples
+#   bench/run.sh --quick          # ~10 min: short runs, few samples
 #   bench/run.sh                  # the full run, for a quiet machine (~1.5 h)
 #   bench/run.sh --only store,pgqueuer,procrastinate    # some parts (the others say "not run")
 #   bench/run.sh --report-only bench/results/run-<stamp>.json   # render a saved run again

@@ -66,7 +66,7 @@ class Knobs:
 
 QUICK = Knobs(
     environment={
-        "store": {"BATCHES": "10", "CLAIM_CLIENTS": "1", "REPS": "1", "RAW_SECONDS": "3",
+        "store": {"BATCHES": "10", "CLAIM_CLIENTS": "1", "REPS": "3", "RAW_SECONDS": "3",
                   "ENQ_SECONDS": "1", "SQLITE_SYNCS": "full"},
         "pgbench": {"CLAIM_CLIENTS": "1", "ENQ_CLIENTS": "1", "REPS": "1", "RAW_SECONDS": "3",
                     "PRELOAD": "100000"},
