@@ -132,14 +132,14 @@ def render_section(section: Section) -> list[str]:
     lines = [f"## {section.title}", "", f"*How to read:* {section.how_to_read} "
              "(↑: a higher ratio is better, ↓: a lower one.)", ""]
     if section.unavailable:
-        lines += [f"**Not available in this run:** {section.unavailable}", ""]
+        why = section.unavailable.removeprefix("not available: ")
+        lines += [f"**Not available in this run:** {why}", ""]
     if section.rows:
         lines += table(["figure", "value", "peer / limit (same run)", "ratio", "note"],
                        (row_cells(row) for row in section.rows))
         lines.append("")
-    lines += [f"{note}" for note in section.notes]
-    if section.notes:
-        lines.append("")
+    for note in section.notes:  # one paragraph each
+        lines += [note, ""]
     return lines
 
 

@@ -258,13 +258,13 @@ def simulate(context: Context) -> Any:
     probe = subprocess.run([*herder, "simulate", "--help"], capture_output=True, cwd=REPO,
                            check=False)
     if probe.returncode != 0:
-        raise PartFailed("not available: this herder has no `herder simulate` command yet")
+        raise PartFailed("this herder has no `herder simulate` command yet")
     traces_dir = BENCH / "traces"
     wanted = os.environ.get("SIMULATE_TRACE")
     traces = sorted(path for path in traces_dir.glob("*") if path.is_file()
                     and (not wanted or path.name == wanted)) if traces_dir.is_dir() else []
     if not traces:
-        raise PartFailed(f"not available: no trace in {traces_dir}")
+        raise PartFailed(f"no trace in {traces_dir.relative_to(REPO)}")
     found: dict[str, Any] = {}
     for trace in traces:
         output = context.scratch / f"simulate-{trace.name}.json"
