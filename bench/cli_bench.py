@@ -13,6 +13,7 @@ falls on both alike; a last table sets the two side by side.
     .venv/bin/python bench/cli_bench.py            # RUNS=30 WARMUP=3 JOBS=50 CONFIG=sample
     RUNS=100 CONFIG=none .venv/bin/python bench/cli_bench.py
     BEFORE=/tmp/base .venv/bin/python bench/cli_bench.py
+    BENCH_JSON=/tmp/cli.json BREAKDOWN=0 ...             # medians as JSON; no breakdown
 
 The last lines are the top-level modules of `python -X importtime -c "import herder.cli"`
 that cost the most (cumulative, one run).
@@ -194,12 +195,20 @@ def main() -> None:
             print(f"| `{label}` | {median * 1000:.0f} | {percentile(times, 0.9) * 1000:.0f} | "
                   f"{min(times) * 1000:.0f} | {(median - baseline) * 1000:+.0f} | "
                   f"{statistics.median(cpus) * 1000:.0f} | {min(cpus) * 1000:.0f} |")
+        if os.environ.get("BENCH_JSON"):  # bench/run.sh reads the medians from here
+            Path(os.environ["BENCH_JSON"]).write_text(json.dumps({
+                label: {"median_ms": statistics.median(wall for wall, _ in samples) * 1000,
+                        "p90_ms": percentile([wall for wall, _ in samples], 0.9) * 1000,
+                        "cpu_median_ms": statistics.median(cpu for _, cpu in samples) * 1000}
+                for label, samples in results}, indent=2))
         if BEFORE:
             print(f"\nBefore ({BEFORE}) and after, runs taking turns: wall / CPU medians (ms)\n")
             print("| command | before | after |")
             print("|---|---|---|")
             for label, (before, after) in measured:
                 print(f"| `{label}` | {medians(before)} | {medians(after)} |")
+        if os.environ.get("BREAKDOWN", "1") == "0":
+            return
         print("\nWhere the time goes: each step in a fresh interpreter, on top of the ones "
               f"before it (median of {RUNS}, ms)\n")
         print("| step | ms |")

@@ -13,7 +13,7 @@ idle    : N hosts (default 1000), each with its own token; one asyncio process k
           long-poll open per host (re-polling when it returns) and heartbeats every 10 s, as
           idle agents do. Measured: the server process's CPU over the window, in cores.
 
-Prints a markdown table; with RESULTS set (the shared run_all.sh hook) also appends rows.
+Prints a markdown table; with BENCH_JSON set also writes the rows there as JSON.
 """
 
 from __future__ import annotations
@@ -288,6 +288,8 @@ def main() -> None:
             row = idle(backend)
             rows.append({"part": "idle", **row})
             print(json.dumps(rows[-1]), file=sys.stderr)
+    if os.environ.get("BENCH_JSON"):  # bench/run.sh reads the rows from here
+        Path(os.environ["BENCH_JSON"]).write_text(json.dumps(rows, indent=2))
     print("| part | backend | result | target |")
     print("|---|---|---|---|")
     for row in rows:

@@ -12,10 +12,12 @@ The `per-host` fleet gives every host its own allow-list, window max weight and 
 
     .venv/bin/python bench/placement_bench.py            # all sizes, best of 3
     SIZES=10000x100000 REPS=5 .venv/bin/python bench/placement_bench.py
+    BENCH_JSON=/tmp/placement.json ...                   # also the rows as JSON
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sys
@@ -27,6 +29,7 @@ from msgspec.structs import replace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from herder.core.scheduling.capacity import WindowCaps
+from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.health import HostHealth
 from herder.core.scheduling.placement import (
     HostLoad,
@@ -34,7 +37,6 @@ from herder.core.scheduling.placement import (
     PendingJob,
     PlacementPolicy,
     Snapshot,
-    explain,
     place,
 )
 
@@ -145,6 +147,7 @@ def main() -> None:
           "| target < 1 s for 10k × 100k |")
     print("|---:|---:|---|---|---:|---:|---:|---:|---|")
     explain_rows = []
+    figures: list[dict[str, object]] = []
     built: dict[tuple[int, int, str], tuple[list[HostSpec], dict[str, HostLoad], list[PendingJob]]]
     built = {}
     for host_count, job_count, strategy, kind in runs:
@@ -158,6 +161,9 @@ def main() -> None:
         hosts, loads, jobs = built[(host_count, job_count, kind)]
         snapshot = Snapshot(NOW, jobs, hosts, loads, policy=PlacementPolicy(strategy=strategy))
         seconds, plan = best_of(reps, lambda snapshot=snapshot: place(snapshot))
+        figures.append({"hosts": host_count, "jobs": job_count, "fleet": kind,
+                        "strategy": strategy, "seconds": seconds,
+                        "placed": len(plan.assignments)})
         target = ""
         if (host_count, job_count) == (10_000, 100_000):
             target = "yes" if seconds < 1.0 else "**no**"
@@ -177,6 +183,9 @@ def main() -> None:
             warm, _ = best_of(reps, lambda job_id=job_id, plan=plan, snapshot=snapshot:
                               explain(job_id, plan, snapshot))
             explain_rows.append((host_count, job_count, cold, warm, line))
+    if os.environ.get("BENCH_JSON"):  # bench/run.sh reads the rows from here
+        with open(os.environ["BENCH_JSON"], "w") as handle:
+            json.dump(figures, handle, indent=2)
     print("\n| hosts | jobs | explain() first call s | explain() again s | line |")
     print("|---:|---:|---:|---:|---|")
     for host_count, job_count, cold, warm, line in explain_rows:

@@ -15,11 +15,12 @@ host  : alpha dies whole (guardian, agent and job processes, SIGKILL; nobody rep
         job's start on beta, against the bound of 2 heartbeats + the attempt lease; and
         whether anything was placed on alpha after it missed its heartbeats.
 
-Prints a markdown table.
+Prints a markdown table; with BENCH_JSON set also writes the figures there as JSON.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from herder.client import Client  # noqa: E402
 from herder.core.access import new_token, token_hash  # noqa: E402
-from herder.core.model import HostRecord  # noqa: E402
+from herder.core.model import HostRecord, Scope  # noqa: E402
 from herder.core.settings.fields import parse_duration  # noqa: E402
 from herder.store import open_store  # noqa: E402
 
@@ -64,13 +65,14 @@ missed_heartbeats = {missed}
 HANGS = 'if [ "$HERDER_ATTEMPT" = 1 ]; then sleep 600; fi'
 
 
-def wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+def wait(predicate: Callable[[], T | None], timeout: float, what: str,
+         interval: float = 0.02) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(interval)
     raise SystemExit(f"timed out waiting for {what}")
 
 
@@ -111,7 +113,8 @@ class Fleet:
             self.store.host_insert(HostRecord(label, ram, prime_max_workers=4,
                                               night_max_workers=4), now)
             self.tokens[label] = new_token()
-            self.store.host_set_token(label, token_hash(self.tokens[label]), now)
+            self.store.token_insert(f"host:{label}", Scope.AGENT, token_hash(self.tokens[label]),
+                                    now, host=label)
         port = free_port()
         self.server_url = f"http://127.0.0.1:{port}"
         self.server = start(herder(self.folder, "--db", self.url, "server", "--listen",
@@ -218,9 +221,16 @@ def main() -> None:
     print(f"heartbeat {HEARTBEAT:g}s, lease {LEASE:g}s, missed_heartbeats {MISSED}, "
           f"{REPS} repetition(s)", file=sys.stderr)
     rows: list[str] = []
+    figures: dict[str, Any] = {"heartbeat_s": HEARTBEAT, "lease_s": LEASE, "missed": MISSED,
+                               "bound_s": bound, "reps": REPS, "backends": {}}
     for backend in BACKENDS:
         crashes = [crash(backend) for _ in range(REPS)]
         hosts = [dead_host(backend) for _ in range(REPS)]
+        figures["backends"][backend] = {
+            "crash_s": [c["seconds"] for c in crashes],
+            "host_running_s": [h["running"] for h in hosts],
+            "host_placed_s": [h["placed"] for h in hosts],
+            "late_placements": sum(h["late_placements"] for h in hosts)}
         for result in crashes + hosts:
             print(backend, result, file=sys.stderr)
         seconds = [c["seconds"] for c in crashes]
@@ -236,6 +246,8 @@ def main() -> None:
         first = sum(h["placed_first_on"] == "alpha" for h in hosts)
         rows.append(f"| dead host → placements after its missed heartbeats | {backend} | "
                     f"{late} ({first}/{len(hosts)} placed on it before) | 0 |")
+    if os.environ.get("BENCH_JSON"):  # bench/run.sh reads the figures from here
+        Path(os.environ["BENCH_JSON"]).write_text(json.dumps(figures, indent=2))
     print("| measurement | backend | result | target |")
     print("|---|---|---|---|")
     print("\n".join(rows))

@@ -18,6 +18,8 @@ takes about three minutes. The other tests here check the analysis and the proxy
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -62,12 +64,13 @@ from support.fleet import FleetHarness
 from support.postgres import PostgresCluster
 from support.waits import wait_for
 
-from herder.core.model import JobSpec, JobStatus
+from herder.core.model import Job, JobSpec, JobStatus
 from herder.store import open_store
 
 SETTLE_SECONDS = 90.0  # after the faults: everything restarted, every job finishes
 RECOVERY_P50_BOUND = 3 * RECOVERY_TARGET
 RECOVERY_MAX_BOUND = 6 * RECOVERY_TARGET
+REPORT_ENV = "HERDER_CHAOS_REPORT"  # a path: the run's figures are written there as JSON
 
 
 def chaos_timeout() -> float:
@@ -76,6 +79,30 @@ def chaos_timeout() -> float:
         return ChaosSettings.from_environment().seconds + 300
     except ValueError:
         return 300
+
+
+def figures_of(settings: ChaosSettings, submitted: list[int], jobs: dict[int, Job],
+               faults: list[Fault], runs: dict[int, list[Run]], invariants: list[Invariant],
+               host_seconds: list[float], agent_seconds: list[float],
+               host_unrecovered: int) -> dict[str, object]:
+    """The run's figures as JSON values, for bench/run.sh's RESULTS.md."""
+    def spread(values: list[float]) -> dict[str, object]:
+        return {"n": len(values), "p50_s": percentile_50(values),
+                "max_s": max(values) if values else None}
+
+    done = sum(1 for job in submitted if job in jobs and jobs[job].status is JobStatus.DONE)
+    return {
+        "seed": settings.seed, "seconds": settings.seconds, "heartbeat_s": HEARTBEAT,
+        "lease_s": LEASE, "jobs_submitted": len(submitted), "jobs_done": done,
+        "jobs_lost": len(submitted) - done,
+        "faults": len(faults), "faults_by_kind": dict(fault_counts(faults)),
+        "attempts_started": sum(len(job_runs) for job_runs in runs.values()),
+        "overlaps": sum(len(overlaps(job_runs)) for job_runs in runs.values()),
+        "host_dies_recovery": {**spread(host_seconds), "never": host_unrecovered},
+        "agent_dies_recovery": spread(agent_seconds),
+        "recovery_target_s": RECOVERY_TARGET,
+        "invariants": {item.name: item.passed for item in invariants},
+    }
 
 
 def settles(predicate: Callable[[], object], deadline: float) -> bool:
@@ -197,6 +224,12 @@ def test_fleet_under_chaos(private_postgres: PostgresCluster, make_fleet, tmp_pa
             for fault in chaos.faults)
         report = f"{text}\n{details}\n--- faults ---\n{faults}\n"
         (tmp_path / "chaos-summary.txt").write_text(report)
+        if os.environ.get(REPORT_ENV):  # bench/run.sh collects the figures from here
+            Path(os.environ[REPORT_ENV]).write_text(json.dumps(figures_of(
+                settings, submitted, jobs, chaos.faults, runs, invariants,
+                [r.seconds for r in recovered if r.seconds is not None],
+                [r.seconds for r in agent_recovered if r.seconds is not None],
+                sum(1 for r in recovered if r.seconds is None)), indent=2))
         assert not failed, (
             f"{len(failed)} chaos invariant(s) broken (seed {settings.seed}; rerun with "
             f"HERDER_CHAOS_SEED={settings.seed})\n{text}\n{details}\n--- faults ---\n{faults}")
