@@ -49,6 +49,9 @@ REPS = int(os.environ.get("REPS", "1"))
 HEARTBEAT = float(parse_duration(os.environ.get("HEARTBEAT", "10s")))
 LEASE = float(parse_duration(os.environ.get("LEASE", "60s")))
 MISSED = 3
+ADOPT_GRACE = float(parse_duration(os.environ.get("ADOPT_GRACE", "0s")))
+"""0: a crashed agent's guardian reports its jobs at once (the figure measures that path);
+with the default 10 s it first waits that long for the host's next agent to adopt them."""
 CONFIG = """\
 [herder]
 log_dir = "{folder}/server-logs"
@@ -56,6 +59,7 @@ log_dir = "{folder}/server-logs"
 heartbeat_interval = {heartbeat}
 attempt_lease = {lease}
 kill_grace = 2.0
+adopt_grace = {adopt_grace}
 [defaults]
 backoff_base = 0.0
 [fleet]
@@ -104,7 +108,8 @@ class Fleet:
         self.folder = Path(tempfile.mkdtemp(prefix="herder-recovery-bench-"))
         self.url = database(backend, self.folder)
         (self.folder / "herder.toml").write_text(CONFIG.format(
-            folder=self.folder, heartbeat=HEARTBEAT, lease=LEASE, missed=MISSED))
+            folder=self.folder, heartbeat=HEARTBEAT, lease=LEASE, missed=MISSED,
+            adopt_grace=ADOPT_GRACE))
         self.store = open_store(self.url)
         self.marks = self.folder / "marks"
         now = datetime.now(UTC)

@@ -438,7 +438,7 @@ def recovery_section(measurements: Mapping[str, Any]) -> Section:
         for backend, figures in data["backends"].items():
             for key, what, limit, limit_value in (
                     ("crash_s", "kill -9 of an agent → its job running elsewhere",
-                     "target (the guardian reports at once)", CRASH_TARGET),
+                     "target (adopt_grace 0 s: the guardian reports at once)", CRASH_TARGET),
                     ("host_running_s", "kill -9 of a host → its running job elsewhere",
                      "2 heartbeats + lease", bound),
                     ("host_placed_s", "kill -9 of a host → a job placed at the kill elsewhere",
