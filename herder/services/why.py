@@ -18,8 +18,8 @@ from herder.services.views import iso
 from herder.store import Store
 
 QUOTA_WAITS = {
-    "usage_blocked": "a usage limit to reset (its last attempt hit one)",
-    "no_healthy_account": "an account to turn usable (none could serve it)",
+    "usage_blocked": "the reset of the usage limit its last attempt hit",
+    "no_healthy_account": "an account that can serve it to turn usable",
 }
 """Failure reasons whose wait is an account's, not the job's backoff."""
 
