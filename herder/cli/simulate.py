@@ -45,17 +45,15 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
     """Run a workload through herder's placement and outcome policy on a virtual clock,
     and print wait percentiles, makespan, RAM booked and used, and the gap to the lower
     bound. Exit 2 on bad input or work that fits no host."""
+    import importlib.util
     from pathlib import Path
 
     from herder.core.settings.loading import load_config
     from herder.core.simulation.report import summary_text
     from herder.services import simulation
 
-    if charts_dir is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            fail(simulation.CHARTS_MISSING)
+    if charts_dir is not None and importlib.util.find_spec("matplotlib") is None:
+        fail(simulation.CHARTS_MISSING)
     with edge():
         settings = state.config.settings
         fleet = simulation.load_fleet(Path(fleet_path), settings)

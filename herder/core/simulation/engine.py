@@ -32,7 +32,6 @@ from herder.core.scheduling.capacity import WindowSchedule, bookable_gb
 from herder.core.scheduling.health import HostHealth
 from herder.core.scheduling.placement import (
     HostLoad,
-    HostSpec,
     PendingJob,
     Reason,
     Snapshot,
@@ -127,8 +126,20 @@ class _Account:
 
 
 class _HostState:
-    __slots__ = ("booked", "booked_area", "changed", "down", "down_time", "down_since",
-                 "peak_booked", "peak_used", "running", "timeline", "used", "used_area")
+    __slots__ = (
+        "booked",
+        "booked_area",
+        "changed",
+        "down",
+        "down_since",
+        "down_time",
+        "peak_booked",
+        "peak_used",
+        "running",
+        "timeline",
+        "used",
+        "used_area",
+    )
 
     def __init__(self) -> None:
         self.booked = 0.0
@@ -148,8 +159,11 @@ class _HostState:
 class _Run:
     """One simulation (mutable inside; `simulate` returns only the frozen report)."""
 
-    def __init__(self, scenario: Scenario, keep_timelines: bool) -> None:
+    def __init__(self, scenario: Scenario, keep_timelines: bool,
+                 keep_attempts: bool = False) -> None:
         self.scenario = scenario
+        self.attempt_log: list[tuple[int, str, float, float, float]] | None = (
+            [] if keep_attempts else None)
         self.rules = scenario.rules
         self.start = scenario.start
         self.keep_timelines = keep_timelines
@@ -190,6 +204,11 @@ class _Run:
         self.hosts_for_type: dict[str, frozenset[str]] = {}
         self.now = 0.0
         self.wakes: set[float] = set()
+        self.down_hosts = 0
+        self.window = self.rules.policy.schedule.window_at(self.start)
+        self.caps: dict[str, int] = {}
+        self.free_slots = 0
+        self.recount_slots()
 
     # the clock ---------------------------------------------------------------------
 
@@ -216,6 +235,19 @@ class _Run:
             return time
         return math.ceil(time / cycle - 1e-9) * cycle
 
+    def recount_slots(self) -> None:
+        """Each host's workers in this window (0 while drained or down) and the free
+        slots over the fleet: a pass with no free slot anywhere places nothing, so it is
+        skipped."""
+        self.caps = {spec.label: max(0, spec.caps(self.window).max_workers)
+                     if spec.enabled and not self.host_state[spec.label].down else 0
+                     for spec in self.scenario.hosts}
+        self.free_slots = sum(max(0, cap - len(self.host_state[label].running))
+                              for label, cap in self.caps.items())
+
+    def free_of(self, label: str) -> int:
+        return max(0, self.caps[label] - len(self.host_state[label].running))
+
     # the loop ----------------------------------------------------------------------
 
     def run(self) -> None:
@@ -233,14 +265,14 @@ class _Run:
             while self.heap and self.heap[0][0] <= time:
                 _, kind, _, subject = heapq.heappop(self.heap)
                 self.handle(kind, subject)
-            if self.changed and self.queue:
+            if self.changed and self.queue and self.free_slots > 0:
                 self.placement_pass()
             self.changed = False
             self.check_stuck()
 
     def handle(self, kind: int, subject: int) -> None:
         now = self.now
-        if kind == _ARRIVAL or kind == _DUE:
+        if kind in (_ARRIVAL, _DUE):
             job = self.jobs[subject]
             if job.status is None and job.pending is None and job.available <= now + 1e-9:
                 job.pending = PendingJob(job.trace.id, job.trace.priority, job.weight,
@@ -258,21 +290,28 @@ class _Run:
             state.down += 1
             if state.down == 1:
                 state.down_since = now
+                self.down_hosts += 1
                 for attempt in list(state.running.values()):
                     del self.attempts[attempt.token]
                     self.lost_attempts += 1
                     self.end_attempt(attempt, Outcome.LOST)
                 self.set_load(outage.host)
+                self.recount_slots()
         elif kind == _OUTAGE_END:
             outage = self.scenario.outages[subject]
             state = self.host_state[outage.host]
             state.down -= 1
             if state.down == 0:
                 state.down_time += now - state.down_since
+                self.down_hosts -= 1
                 self.set_load(outage.host)
+                self.recount_slots()
+                self.changed = True
         elif kind == _WAKE:
             if subject == 1:  # a window edge: chain the next one
                 self.idle_edges += 1
+                self.window = self.rules.policy.schedule.window_at(self.at(now))
+                self.recount_slots()
                 edge = next_edge(self.rules.policy.schedule, self.start, now)
                 if edge is not None:
                     self.push(edge, _WAKE, 1)
@@ -311,8 +350,9 @@ class _Run:
     def note_shed(self, snapshot: Snapshot) -> None:
         """Jobs the pass held back for shedding (the fleet's capacity below a step)."""
         policy = self.rules.policy
-        window = policy.schedule.window_at(snapshot.now)
-        ratio = fleet_capacity(snapshot.hosts, snapshot.loads, window)
+        # With every host up the ratio is whole; fleet_capacity walks the fleet to say so.
+        ratio = fleet_capacity(snapshot.hosts, snapshot.loads, policy.schedule.window_at(
+            snapshot.now)) if self.down_hosts else 1.0
         cap = policy.shedding.max_weight(ratio)
         if cap is None:
             return
@@ -410,7 +450,9 @@ class _Run:
         self.attempts[attempt.token] = attempt
         state = self.host_state[host]
         self.account_area(host)
+        self.free_slots -= self.free_of(host)
         state.running[attempt.token] = attempt
+        self.free_slots += self.free_of(host)
         state.booked += budget
         state.used += trace.peak_gb
         self.after_change(host, budget, trace.peak_gb)
@@ -438,7 +480,11 @@ class _Run:
         host = attempt.host
         state = self.host_state[host]
         self.account_area(host)
+        if self.attempt_log is not None:
+            self.attempt_log.append((job.trace.id, host, attempt.start, now, attempt.booked))
+        self.free_slots -= self.free_of(host)
         del state.running[attempt.token]
+        self.free_slots += self.free_of(host)
         state.booked -= attempt.booked
         state.used -= attempt.used
         if not state.running:
@@ -639,6 +685,7 @@ class _Run:
                               for priority, waits in sorted(waits_by_priority.items())},
             hosts=tuple(hosts),
             fleet_timeline=tuple(self.fleet_timeline),
+            attempt_log=tuple(self.attempt_log or ()),
         )
 
 
@@ -698,13 +745,16 @@ def never_placed(scenario: Scenario) -> list[Unplaced]:
     return sorted(found, key=lambda item: item.job_id)
 
 
-def simulate(scenario: Scenario, keep_timelines: bool = False) -> Report:
+def simulate(scenario: Scenario, keep_timelines: bool = False,
+             keep_attempts: bool = False) -> Report:
     """Run the scenario to its end. Raises StuckError naming the jobs that no host can
-    ever take (checked before the run, and again when the run can make no progress)."""
+    ever take (checked before the run, and again when the run can make no progress).
+    `keep_timelines` keeps each host's RAM over time (charts); `keep_attempts` every
+    attempt as (job id, host, start, end, GB booked)."""
     unplaced = never_placed(scenario)
     if unplaced:
         raise StuckError(unplaced)
-    run = _Run(scenario, keep_timelines)
+    run = _Run(scenario, keep_timelines, keep_attempts)
     run.run()
     return run.report()
 

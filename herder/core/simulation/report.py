@@ -78,6 +78,8 @@ class Report(msgspec.Struct, frozen=True):
     hosts: tuple[HostFigures, ...] = ()
     fleet_timeline: tuple[tuple[float, float, float], ...] = ()
     """(seconds, GB booked, GB used) fleet-wide at each change."""
+    attempt_log: tuple[tuple[int, str, float, float, float], ...] = ()
+    """(job id, host, start, end, GB booked) of every attempt, when asked for."""
 
     @property
     def utilization(self) -> float:
@@ -99,6 +101,7 @@ class Report(msgspec.Struct, frozen=True):
         """The figures as plain data (`--json`), timelines left out."""
         data = msgspec.to_builtins(self)
         data.pop("fleet_timeline")
+        data.pop("attempt_log")
         for host in data["hosts"]:
             host.pop("timeline")
         data.update(utilization=self.utilization, used_utilization=self.used_utilization,

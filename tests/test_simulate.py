@@ -1,0 +1,211 @@
+"""`herder simulate`: the engine drives herder's own placement and policy on a virtual clock
+(properties over random fleets and traces), a fixed trace's figures, and bad input refused
+at the CLI with its line and field."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from herder.core.model import RAM_TOLERANCE_GB
+from herder.core.scheduling.capacity import WindowCaps, WindowSchedule, bookable_gb
+from herder.core.scheduling.placement import HostSpec
+from herder.core.settings.loading import load_config
+from herder.core.simulation.engine import StuckError, simulate
+from herder.core.simulation.scenario import (
+    Outage,
+    Scenario,
+    SimAccount,
+    TraceJob,
+    TraceOutcome,
+)
+from herder.services import simulation
+
+DATA = Path(__file__).parent / "data" / "simulate"
+START = datetime(2026, 1, 5, tzinfo=UTC)
+SETTINGS = load_config(DATA / "herder.toml").settings
+
+
+def fixed_report():
+    fleet = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    return simulation.run(fleet, SETTINGS, jobs)
+
+
+def test_the_fixed_trace_gives_its_known_figures() -> None:
+    """One host of two workers and 12.8 GB bookable. Jobs 1 and 2 start at once; job 4
+    (priority 50) goes before job 3 when job 1 ends at 600; job 3 waits for job 4 (900);
+    job 5 ends oom on light at 1800 and runs again on heavy until 2400; job 6 fails three
+    times (backoff 10 s, then 20 s) and fails at 1630."""
+    report = fixed_report()
+    assert (report.jobs, report.done, report.failed) == (6, 5, 1)
+    assert report.attempts == 9
+    assert report.makespan == 2400
+    assert report.escalated == 1
+    assert (report.shed, report.rotated, report.lost_attempts) == (0, 0, 0)
+    assert report.booked_gb_seconds == pytest.approx(20700)
+    assert report.work_gb_seconds == pytest.approx(15300)
+    assert report.capacity_gb_seconds == pytest.approx(12.8 * 2400)
+    assert report.lower_bound == pytest.approx(15300 / 30720)
+    assert report.utilization == pytest.approx(20700 / 30720)
+    light = report.wait_by_weight["light"]
+    assert (light.jobs, light.p50, light.p95, light.p99) == (5, 500, 1000, 1000)
+    assert report.wait_by_weight["heavy"].p99 == 0
+    assert report.wait_by_priority["50"].p50 == 500
+    (host,) = report.hosts
+    assert (host.label, host.bookable_gb, host.peak_booked_gb) == ("a", 12.8, 11)
+
+
+def test_an_outage_loses_the_attempts_running_there_and_they_run_again() -> None:
+    hosts = (HostSpec("a", 32, prime=WindowCaps(2), night=WindowCaps(2)),
+             HostSpec("b", 32, prime=WindowCaps(2), night=WindowCaps(2)))
+    jobs = (TraceJob(1, 0, "tests", "light", 100, 600, 2),)
+    rules = simulation.rules_from(SETTINGS)
+    report = simulate(Scenario(START, hosts, jobs, rules, (Outage("a", 100, 200),)),
+                      keep_attempts=True)
+    assert report.lost_attempts == 1
+    assert report.done == 1
+    assert [(host, start, end) for _, host, start, end, _ in report.attempt_log] == [
+        ("a", 0, 100), ("b", 100, 700)]
+
+
+def test_a_usage_limit_rotates_to_another_account_and_the_quota_resets(
+        tmp_path: Path) -> None:
+    config = tmp_path / "herder.toml"
+    config.write_text((DATA / "herder.toml").read_text().replace(
+        'weight = "heavy"', 'weight = "heavy"\naccounts = true'))
+    rules = simulation.rules_from(load_config(config).settings)
+    hosts = (HostSpec("a", 32, prime=WindowCaps(2), night=WindowCaps(2)),)
+    accounts = (SimAccount("a", "one", reset_every=3600, first_reset=3600),
+                SimAccount("a", "two", reset_every=3600, first_reset=3600))
+    jobs = (TraceJob(1, 0, "agent", "heavy", 100, 60, 4, TraceOutcome.USAGE_LIMIT),
+            TraceJob(2, 0, "agent", "heavy", 100, 60, 4, TraceOutcome.USAGE_LIMIT))
+    report = simulate(Scenario(START, hosts, jobs, rules, accounts=accounts),
+                      keep_attempts=True)
+    assert report.usage_limits == 2
+    assert report.rotated == 1  # the second account was spent by then too
+    assert report.done == 2
+    # Both accounts were depleted at 60 s; the job without one waits for the reset.
+    assert max(end for *_, end, _ in report.attempt_log) == 3660
+
+
+def test_work_that_fits_no_host_is_named() -> None:
+    hosts = (HostSpec("small", 4, prime=WindowCaps(1), night=WindowCaps(1)),)
+    jobs = (TraceJob(1, 0, "tests", "light", 100, 60, 1),
+            TraceJob(2, 0, "agent", "heavy", 100, 60, 1))
+    with pytest.raises(StuckError) as caught:
+        simulate(Scenario(START, hosts, jobs, simulation.rules_from(SETTINGS)))
+    assert [item.job_id for item in caught.value.unplaced] == [2]
+
+
+# --- properties -------------------------------------------------------------------
+
+HOSTS = st.lists(st.tuples(st.sampled_from([12.0, 16.0, 24.0, 64.0]),
+                           st.integers(1, 4), st.integers(0, 4)),
+                 min_size=1, max_size=4)
+JOBS = st.lists(st.tuples(st.integers(0, 3000), st.sampled_from(["tests", "agent"]),
+                          st.sampled_from(["light", "heavy"]), st.sampled_from([50, 100]),
+                          st.integers(1, 1500), st.floats(0.5, 10),
+                          st.sampled_from(list(TraceOutcome))),
+                min_size=1, max_size=25)
+OUTAGES = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3000), st.integers(1, 2000)),
+                   max_size=3)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(HOSTS, JOBS, OUTAGES, st.sampled_from([None, time(1), time(0, 30)]))
+def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outages, night):
+    specs = tuple(HostSpec(f"h{index}", ram, prime=WindowCaps(prime), night=WindowCaps(
+        night_workers)) for index, (ram, prime, night_workers) in enumerate(hosts))
+    trace = tuple(TraceJob(number, float(arrival), job_type, weight, priority,
+                           float(duration), peak, outcome)
+                  for number, (arrival, job_type, weight, priority, duration, peak, outcome)
+                  in enumerate(sorted(jobs), 1))
+    down = tuple(Outage(specs[index % len(specs)].label, float(at), float(at + length))
+                 for index, at, length in outages)
+    rules = simulation.rules_from(SETTINGS)
+    schedule = WindowSchedule("UTC", time(0), night or time(0))
+    rules = msgspec.structs.replace(rules, policy=msgspec.structs.replace(
+        rules.policy, schedule=schedule))
+    try:
+        report = simulate(Scenario(START, specs, trace, rules, down), keep_attempts=True)
+    except StuckError:
+        return  # work that fits no host (a night without workers, a host too small)
+    by_spec = {spec.label: spec for spec in specs}
+    for job_id in {entry[0] for entry in report.attempt_log}:
+        spans = sorted((start, end) for job, _, start, end, _ in report.attempt_log
+                       if job == job_id)
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert start >= end, f"job {job_id} ran twice at once"
+    for _, host, start, _, _ in report.attempt_log:
+        spec = by_spec[host]
+        running = [entry for entry in report.attempt_log
+                   if entry[1] == host and entry[2] <= start < entry[3]]
+        window = schedule.window_at(START + timedelta(seconds=start))
+        assert len(running) <= spec.caps(window).max_workers
+        booked = sum(entry[4] for entry in running)
+        assert booked <= bookable_gb(spec.ram_total_gb, 0.0) + RAM_TOLERANCE_GB
+    assert report.lower_bound <= report.utilization + 1e-9
+    assert report.done + report.failed == report.jobs
+
+
+# --- the CLI ----------------------------------------------------------------------
+
+
+def herder(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HERDER_CONFIG": str(DATA / "herder.toml")}
+    return subprocess.run([sys.executable, "-m", "herder.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=120, check=False)
+
+
+def test_the_cli_prints_the_summary_and_writes_json(tmp_path: Path) -> None:
+    result = herder("simulate", "--fleet", str(DATA / "fleet.toml"), "--trace",
+                    str(DATA / "trace.csv"), "--json", str(tmp_path / "out.json"),
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "makespan              40m00s" in result.stdout
+    assert '"makespan": 2400.0' in (tmp_path / "out.json").read_text()
+
+
+BAD_LINES = [
+    ("5,tests,light,100,-3,2,done", "trace.csv:3: duration", "negative"),
+    ("5,builds,light,100,30,2,done", "trace.csv:3: job_type", "unknown job type 'builds'"),
+    ("5,tests,giant,100,30,2,done", "trace.csv:3: weight", "unknown weight 'giant'"),
+    ("0,tests,light,100,30,2,done", "trace.csv:3: arrival", "sort the trace"),
+]
+
+
+@pytest.mark.parametrize(("line", "where", "problem"), BAD_LINES)
+def test_a_bad_trace_line_is_refused_with_its_line_and_field(
+        tmp_path: Path, line: str, where: str, problem: str) -> None:
+    (tmp_path / "trace.csv").write_text("arrival,job_type,weight,priority,duration,peak_gb,"
+                                        f"outcome\n1,tests,light,100,30,2,done\n{line}\n")
+    # One process for the lot would hide which refused what; each is one short run.
+    result = herder("simulate", "--fleet", str(DATA / "fleet.toml"), "--trace",
+                    str(tmp_path / "trace.csv"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert where in result.stderr and problem in result.stderr, result.stderr
+
+
+def test_a_bad_fleet_file_and_unplaceable_work_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "fleet.toml").write_text('[[hosts]]\nlabel = "a"\nram_gb = 16\n\n'
+                                         '[[hosts]]\nlabel = "b"\nram_gb = 4\n'
+                                         'prime_max_weight = "huge"\n')
+    result = herder("simulate", "--fleet", str(tmp_path / "fleet.toml"), "--trace",
+                    str(DATA / "trace.csv"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "fleet.toml:8: hosts[2].prime_max_weight: unknown weight 'huge'" in result.stderr
+
+    (tmp_path / "fleet.toml").write_text('[[hosts]]\nlabel = "a"\nram_gb = 6\n')
+    result = herder("simulate", "--fleet", str(tmp_path / "fleet.toml"), "--trace",
+                    str(DATA / "trace.csv"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "1 job(s) fit no host: 2 (agent, heavy, priority 100)" in result.stderr
