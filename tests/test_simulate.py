@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime, time, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import msgspec
@@ -143,7 +144,7 @@ def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outage
     for job_id in {entry[0] for entry in report.attempt_log}:
         spans = sorted((start, end) for job, _, start, end, _ in report.attempt_log
                        if job == job_id)
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        for (_, end), (start, _) in pairwise(spans):
             assert start >= end, f"job {job_id} ran twice at once"
     for _, host, start, _, _ in report.attempt_log:
         spec = by_spec[host]
@@ -209,3 +210,18 @@ def test_a_bad_fleet_file_and_unplaceable_work_are_refused(tmp_path: Path) -> No
                     str(DATA / "trace.csv"), cwd=tmp_path)
     assert result.returncode == 2
     assert "1 job(s) fit no host: 2 (agent, heavy, priority 100)" in result.stderr
+
+
+def test_charts_without_matplotlib_say_how_to_get_it(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "HERDER_CONFIG": str(DATA / "herder.toml"),
+           "PYTHONPATH": str(tmp_path / "shadow")}
+    result = subprocess.run([sys.executable, "-m", "herder.cli", "simulate", "--fleet",
+                             str(DATA / "fleet.toml"), "--trace", str(DATA / "trace.csv"),
+                             "--charts", str(tmp_path / "charts")], capture_output=True,
+                            text=True, env=env, timeout=120, check=False)
+    assert result.returncode == 2
+    assert "pip install 'herder[charts]'" in result.stderr
+    assert not (tmp_path / "charts").exists()

@@ -29,6 +29,8 @@ from herder.cli.root import State, edge, fail, pass_state
               "needs_heavier, transient, fail.")
 @click.option("--seed", type=int, default=1, show_default=True,
               help="Generated trace: the random seed (same seed, same trace).")
+@click.option("--cycle", type=click.FloatRange(min=0), help="Seconds between placement "
+              "passes [default: [fleet] scheduler_interval]; longer is faster and coarser.")
 @click.option("--save-trace", type=click.Path(dir_okay=False),
               help="Write the trace used as CSV, to replay or edit.")
 @click.option("--compare", "compare_path", type=click.Path(dir_okay=False),
@@ -40,20 +42,24 @@ from herder.cli.root import State, edge, fail, pass_state
 @pass_state
 def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: int,
              arrival_rate: float, mix: str | None, durations: str, outcomes: str, seed: int,
-             save_trace: str | None, compare_path: str | None, json_path: str | None,
+             cycle: float | None, save_trace: str | None, compare_path: str | None,
+             json_path: str | None,
              charts_dir: str | None) -> None:
     """Run a workload through herder's placement and outcome policy on a virtual clock,
     and print wait percentiles, makespan, RAM booked and used, and the gap to the lower
     bound. Exit 2 on bad input or work that fits no host."""
-    import importlib.util
+    import importlib
     from pathlib import Path
 
     from herder.core.settings.loading import load_config
     from herder.core.simulation.report import summary_text
     from herder.services import simulation
 
-    if charts_dir is not None and importlib.util.find_spec("matplotlib") is None:
-        fail(simulation.CHARTS_MISSING)
+    if charts_dir is not None:
+        try:
+            importlib.import_module("matplotlib")
+        except ImportError:
+            fail(simulation.CHARTS_MISSING)
     with edge():
         settings = state.config.settings
         fleet = simulation.load_fleet(Path(fleet_path), settings)
@@ -77,11 +83,11 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
         keep = charts_dir is not None and len(fleet.hosts) <= 200
         reports = {}
         this = state.config_path or "herder.toml"
-        reports[this] = simulation.run(fleet, settings, jobs, keep)
+        reports[this] = simulation.run(fleet, settings, jobs, keep, cycle)
         if compare_path is not None:
             other = load_config(compare_path).settings
             simulation.check_trace(jobs, other, compare_path)
-            reports[compare_path] = simulation.run(fleet, other, jobs, keep)
+            reports[compare_path] = simulation.run(fleet, other, jobs, keep, cycle)
     runs = list(reports.values())
     if len(runs) == 2:
         click.echo(summary_text(runs[0], runs[1], (this, str(compare_path))), nl=False)

@@ -572,9 +572,12 @@ class Unplaceable(InputError):
 
 
 def run(fleet: Fleetfile, settings: Settings, jobs: Sequence[TraceJob],
-        keep_timelines: bool = False) -> Report:
-    """Simulate `jobs` on `fleet` under `settings`; Unplaceable when work fits no host."""
+        keep_timelines: bool = False, cycle: float | None = None) -> Report:
+    """Simulate `jobs` on `fleet` under `settings` (placing every `cycle` seconds; None:
+    `[fleet] scheduler_interval`); Unplaceable when work fits no host."""
     rules = rules_from(settings, fleet.schedule)
+    if cycle is not None:
+        rules = msgspec.structs.replace(rules, cycle=cycle)
     scenario = Scenario(fleet.start, fleet.hosts, tuple(jobs), rules, fleet.outages,
                         fleet.accounts)
     try:
@@ -637,7 +640,8 @@ def write_charts(directory: Path, reports: Mapping[str, Report]) -> list[Path]:
                 axes.bar([index + offset for index in range(len(keys))],
                          [getattr(waits[key], rank) / 60 for key in keys], width,
                          label=f"{name} {rank}".strip())
-            axes.set_xticks(range(len(keys)), keys)
+            axes.set_xticks([index + width * (len(reports) * 3 - 1) / 2
+                             for index in range(len(keys))], keys)
         axes.set_ylabel("minutes to first start")
         axes.set_title(f"wait by {table}")
         axes.legend()

@@ -116,7 +116,7 @@ def _ratio(part: float, whole: float) -> float:
 def duration_text(seconds: float) -> str:
     """3725 -> "1h02m05s"; under a minute in seconds."""
     if seconds < 60:
-        return f"{seconds:g}s"
+        return f"{round(seconds, 1):g}s"
     whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
@@ -153,8 +153,8 @@ def _lines(report: Report) -> list[tuple[str, str]]:
     for host in sorted(busiest[:HOSTS_SHOWN], key=lambda host: host.label):
         rows.append((f"host {host.label}",
                      f"booked {host.mean_booked_gb:.1f}/{host.bookable_gb:g} GB mean, "
-                     f"{host.peak_booked_gb:g} peak; used {host.mean_used_gb:.1f} mean, "
-                     f"{host.peak_used_gb:g} peak"))
+                     f"{host.peak_booked_gb:.1f} peak; used {host.mean_used_gb:.1f} mean, "
+                     f"{host.peak_used_gb:.1f} peak"))
     if len(report.hosts) > HOSTS_SHOWN:
         rows.append(("hosts", f"{len(report.hosts) - HOSTS_SHOWN} more not shown "
                               "(see --json)"))
