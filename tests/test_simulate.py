@@ -21,6 +21,7 @@ from herder.core.scheduling.capacity import WindowCaps, WindowSchedule, bookable
 from herder.core.scheduling.placement import HostSpec
 from herder.core.settings.loading import load_config
 from herder.core.simulation.engine import StuckError, simulate
+from herder.core.simulation.report import summary_text
 from herder.core.simulation.scenario import (
     Outage,
     Scenario,
@@ -225,3 +226,23 @@ def test_charts_without_matplotlib_say_how_to_get_it(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "pip install 'herder[charts]'" in result.stderr
     assert not (tmp_path / "charts").exists()
+
+
+def test_compare_runs_the_same_trace_under_a_second_config_side_by_side(
+        tmp_path: Path) -> None:
+    config = tmp_path / "tight.toml"
+    config.write_text((DATA / "herder.toml").read_text().replace(
+        'night_end = "00:00"', 'night_end = "00:00"\nbookable_fraction = 0.7'))
+    tight = load_config(config).settings
+    fleet = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    other = simulation.run(fleet, tight, jobs)
+    # 0.7 x 16 = 11.2 GB: heavy (8) and light (3) still fit together, so only the
+    # capacity, not the schedule, changes.
+    assert other.makespan == 2400
+    assert other.capacity_gb_seconds == pytest.approx(11.2 * 2400)
+    text = summary_text(fixed_report(), other, ("herder.toml", "tight.toml"))
+    header, *rows = text.splitlines()
+    assert header.split() == ["herder.toml", "tight.toml"]
+    assert any(row.split()[:2] == ["lower", "bound"] and row.split()[2:] == ["49.8%", "56.9%"]
+               for row in rows)

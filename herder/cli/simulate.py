@@ -87,10 +87,12 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
         if compare_path is not None:
             other = load_config(compare_path).settings
             simulation.check_trace(jobs, other, compare_path)
-            reports[compare_path] = simulation.run(fleet, other, jobs, keep, cycle)
+            name = compare_path if compare_path != this else f"{compare_path} (again)"
+            reports[name] = simulation.run(fleet, other, jobs, keep, cycle)
     runs = list(reports.values())
     if len(runs) == 2:
-        click.echo(summary_text(runs[0], runs[1], (this, str(compare_path))), nl=False)
+        first, second = reports
+        click.echo(summary_text(runs[0], runs[1], (first, second)), nl=False)
     else:
         click.echo(summary_text(runs[0]), nl=False)
     if json_path is not None:
