@@ -261,10 +261,13 @@ class _Run:
             self.push(edge, _WAKE, 1)
         while self.heap and self.open_jobs > 0:
             time = self.tick(self.heap[0][0])
-            self.now = time
+            # Each event at its own time (an attempt frees its RAM when it ends); the pass
+            # at the scheduler's tick.
             while self.heap and self.heap[0][0] <= time:
-                _, kind, _, subject = heapq.heappop(self.heap)
+                at, kind, _, subject = heapq.heappop(self.heap)
+                self.now = max(self.now, at)
                 self.handle(kind, subject)
+            self.now = time
             if self.changed and self.queue and self.free_slots > 0:
                 self.placement_pass()
             self.changed = False
