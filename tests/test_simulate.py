@@ -246,3 +246,76 @@ def test_compare_runs_the_same_trace_under_a_second_config_side_by_side(
     assert header.split() == ["herder.toml", "tight.toml"]
     assert any(row.split()[:2] == ["lower", "bound"] and row.split()[2:] == ["49.8%", "56.9%"]
                for row in rows)
+
+
+def test_the_server_s_scheduler_and_endings_place_the_fixed_trace_as_the_simulator_does(
+        tmp_path: Path) -> None:
+    """The same trace driven through the real store, `Scheduler.run_once` and
+    `record_ending` on a stepped clock (a fake agent that runs each placed attempt for its
+    duration): every attempt starts and ends on the same host at the same second."""
+    from herder.core.fleet import Fleet
+    from herder.core.model import HostRecord, JobSpec, JobStatus, Outcome
+    from herder.runtime.endings import PolicyLimits, record_ending
+    from herder.runtime.scheduler import Scheduler
+    from herder.store import open_store
+
+    fleet_file = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
+    trace = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    expected = sorted((job, host, start, end) for job, host, start, end, _ in simulate(
+        Scenario(fleet_file.start, fleet_file.hosts, trace, simulation.rules_from(SETTINGS)),
+        keep_attempts=True).attempt_log)
+
+    start = fleet_file.start
+    limits = PolicyLimits.from_settings(SETTINGS)
+    weights = Fleet.from_settings(SETTINGS).weights
+    seen: list[tuple[int, str, float, float]] = []
+    with open_store(f"sqlite:///{tmp_path}/replay.db") as store:
+        for spec in fleet_file.hosts:
+            store.host_insert(HostRecord(spec.label, spec.ram_total_gb,
+                                         prime_max_workers=spec.prime.max_workers,
+                                         night_max_workers=spec.night.max_workers), start)
+        scheduler = Scheduler(store, Fleet.from_settings(SETTINGS))
+        trace_of: dict[int, TraceJob] = {}
+        running: dict[int, tuple[float, int, str, Outcome]] = {}  # store id -> its attempt
+        tried: dict[int, int] = {}
+        pending = list(trace)
+        now = 0.0
+        while pending or running or store.job_list([JobStatus.QUEUED], 10):
+            moment = start + timedelta(seconds=now)
+            for spec in fleet_file.hosts:
+                store.host_heartbeat(spec.label, moment, {})
+            for job_id, (end, attempt, host, outcome) in sorted(running.items()):
+                if end <= now:
+                    del running[job_id]
+                    job = store.job_get(job_id)
+                    assert job is not None and job.attempt == attempt
+                    record_ending(store, job, outcome, moment, limits)
+                    seen.append((trace_of[job_id].id, host, end - trace_of[job_id].duration,
+                                 end))
+            arrived = [job for job in pending if job.arrival <= now]
+            pending = pending[len(arrived):]
+            for job in arrived:
+                [inserted] = store.job_insert([JobSpec(
+                    command=("true",), job_type=job.job_type, weight=job.weight,
+                    priority=job.priority)], moment)
+                trace_of[inserted.job_id] = job
+            scheduler.run_once(moment)
+            for job in store.job_list([JobStatus.CLAIMED], 100):
+                if job.id in running:
+                    continue
+                origin = trace_of[job.id]
+                first = tried.get(job.id, 0) == 0
+                tried[job.id] = tried.get(job.id, 0) + 1
+                if origin.outcome is TraceOutcome.FAIL:
+                    outcome = Outcome.FAILED
+                elif origin.outcome is TraceOutcome.OOM and (
+                        first or weights.budget(job.weight) < origin.peak_gb):
+                    outcome = Outcome.OOM
+                else:
+                    outcome = Outcome.OK
+                assert job.host is not None
+                running[job.id] = (now + origin.duration, job.attempt, job.host, outcome)
+            now += 1.0
+            assert now < 10_000, "the replay did not finish"
+    assert len(seen) == 9
+    assert sorted(seen) == expected
