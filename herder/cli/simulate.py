@@ -80,7 +80,8 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
                 seed)
         if save_trace is not None:
             simulation.write_trace(jobs, Path(save_trace))
-        keep = charts_dir is not None and len(fleet.hosts) <= 200
+        keep = (charts_dir is not None or json_path is not None) and (
+            len(fleet.hosts) <= simulation.TIMELINE_HOSTS)
         reports = {}
         this = state.config_path or "herder.toml"
         reports[this] = simulation.run(fleet, settings, jobs, keep, cycle)

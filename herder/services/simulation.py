@@ -602,12 +602,15 @@ def write_json(path: Path, reports: Mapping[str, Report]) -> None:
                                indent=2, sort_keys=True) + "\n")
 
 
+TIMELINE_HOSTS = 200
+"""Fleets up to this size keep each host's RAM over time for --json and --charts."""
 CHARTS_MISSING = ("--charts needs matplotlib: pip install 'herder[charts]'")
 
 
 def write_charts(directory: Path, reports: Mapping[str, Report]) -> list[Path]:
-    """PNG charts: fleet RAM booked and used over time, waits by weight and priority, and
-    each host's mean use. ImportError when matplotlib is missing."""
+    """PNG charts: fleet RAM booked and used over time, waits by weight and priority, the
+    busiest hosts' RAM over time (fleets of up to TIMELINE_HOSTS), and each host's mean
+    use. ImportError when matplotlib is missing."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -646,6 +649,20 @@ def write_charts(directory: Path, reports: Mapping[str, Report]) -> list[Path]:
         axes.set_title(f"wait by {table}")
         axes.legend()
         written.append(_save(figure, directory / f"wait_by_{table}.png", plt))
+
+    for run_index, (name, report) in enumerate(reports.items()):
+        busiest = sorted(report.hosts, key=lambda host: -host.mean_booked_gb)[:8]
+        if not any(host.timeline for host in busiest):
+            continue
+        figure, axes = plt.subplots(figsize=(10, 4))
+        for host in busiest:
+            axes.step([point[0] / 3600 for point in host.timeline],
+                      [point[1] for point in host.timeline], where="post", label=host.label)
+        axes.set_xlabel("hours")
+        axes.set_ylabel("GB booked")
+        axes.set_title(f"RAM booked on the busiest hosts {name}".strip())
+        axes.legend()
+        written.append(_save(figure, directory / f"hosts_over_time_{run_index + 1}.png", plt))
 
     figure, axes = plt.subplots(figsize=(10, 4))
     for name, report in reports.items():
