@@ -319,3 +319,20 @@ def test_the_server_s_scheduler_and_endings_place_the_fixed_trace_as_the_simulat
             assert now < 10_000, "the replay did not finish"
     assert len(seen) == 9
     assert sorted(seen) == expected
+
+
+def test_a_json_lines_trace_reads_as_its_csv_and_a_generated_trace_replays(
+        tmp_path: Path) -> None:
+    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    lines = tmp_path / "trace.jsonl"
+    lines.write_text("".join(msgspec.json.encode({
+        "arrival": job.arrival, "job_type": job.job_type, "weight": job.weight,
+        "priority": job.priority, "duration": job.duration, "peak_gb": job.peak_gb,
+        "outcome": job.outcome.value}).decode() + "\n" for job in jobs))
+    assert simulation.load_trace(lines, SETTINGS) == jobs
+    made = simulation.generate_trace(
+        SETTINGS, 50, 120, simulation.parse_mix("agent:heavy=1,tests:light:50=2", SETTINGS),
+        simulation.parse_durations("uniform:1m:10m"),
+        simulation.parse_outcomes("done=3,fail=1"), seed=3)
+    simulation.write_trace(made, tmp_path / "made.csv")
+    assert simulation.load_trace(tmp_path / "made.csv", SETTINGS) == made

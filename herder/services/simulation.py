@@ -550,8 +550,8 @@ def write_trace(jobs: Sequence[TraceJob], path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(("id", *TRACE_FIELDS, "affinity"))
         for job in jobs:
-            writer.writerow((job.id, f"{job.arrival:g}", job.job_type, job.weight,
-                             job.priority, f"{job.duration:g}", f"{job.peak_gb:g}",
+            writer.writerow((job.id, f"{job.arrival:.15g}", job.job_type, job.weight,
+                             job.priority, f"{job.duration:.15g}", f"{job.peak_gb:.15g}",
                              job.outcome.value, job.affinity or ""))
 
 
