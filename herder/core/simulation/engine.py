@@ -394,6 +394,7 @@ class _Run:
             self.set_load(label)
 
     def breaker_state(self, key: tuple[str, str], moment: datetime) -> Breaker:
+        """The breaker of (host, job type) as `tripped_breakers` reads it from the store."""
         cutoff = moment - timedelta(seconds=self.rules.breaker_history)
         history = [ended for ended in self.history.get(key, ()) if ended.ended_at >= cutoff]
         running = self.running_types.get(key)
@@ -404,6 +405,7 @@ class _Run:
         return state
 
     def set_load(self, label: str) -> None:
+        """The host's HostLoad for the next pass, after anything about it changed."""
         state = self.host_state[label]
         blocked = {**self.breaker_blocked.get(label, {}), **self.account_blocked.get(label, {})}
         self.loads[label] = HostLoad(label, HostHealth.DOWN if state.down else HostHealth.HEALTHY,
@@ -412,6 +414,8 @@ class _Run:
     # attempts ----------------------------------------------------------------------
 
     def launch(self, job: _Job, host: str) -> None:
+        """Start an attempt the pass placed: bind an account where the type needs one (as
+        the agent does), book its RAM and schedule its end."""
         now = self.now
         trace = job.trace
         del self.queue[trace.id]
