@@ -123,8 +123,10 @@ OUTAGES = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3000), st.integer
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(HOSTS, JOBS, OUTAGES, st.sampled_from([None, time(1), time(0, 30)]))
-def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outages, night):
+@given(HOSTS, JOBS, OUTAGES, st.sampled_from([None, time(1), time(0, 30)]),
+       st.sampled_from([0.0, 0.3]))
+def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outages, night,
+                                                             spawn_failure):
     specs = tuple(HostSpec(f"h{index}", ram, prime=WindowCaps(prime), night=WindowCaps(
         night_workers)) for index, (ram, prime, night_workers) in enumerate(hosts))
     trace = tuple(TraceJob(number, float(arrival), job_type, weight, priority,
@@ -138,7 +140,9 @@ def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outage
     rules = msgspec.structs.replace(rules, policy=msgspec.structs.replace(
         rules.policy, schedule=schedule))
     try:
-        report = simulate(Scenario(START, specs, trace, rules, down), keep_attempts=True)
+        report = simulate(Scenario(START, specs, trace, rules, down,
+                                   spawn_failure={specs[0].label: spawn_failure}),
+                          keep_attempts=True)
     except StuckError:
         return  # work that fits no host (a night without workers, a host too small)
     by_spec = {spec.label: spec for spec in specs}
@@ -336,3 +340,21 @@ def test_a_json_lines_trace_reads_as_its_csv_and_a_generated_trace_replays(
         simulation.parse_outcomes("done=3,fail=1"), seed=3)
     simulation.write_trace(made, tmp_path / "made.csv")
     assert simulation.load_trace(tmp_path / "made.csv", SETTINGS) == made
+
+
+def test_spawn_failures_are_drawn_from_the_seed_and_spend_the_spawn_budget() -> None:
+    hosts = (HostSpec("flaky", 32, prime=WindowCaps(2), night=WindowCaps(2)),
+             HostSpec("solid", 32, prime=WindowCaps(2), night=WindowCaps(2)))
+    jobs = tuple(TraceJob(number, number * 60.0, "tests", "light", 100, 300, 2)
+                 for number in range(1, 21))
+    rules = simulation.rules_from(SETTINGS)
+
+    def run(seed: int):
+        return simulate(Scenario(START, hosts, jobs, rules, spawn_failure={"flaky": 0.5},
+                                 seed=seed), keep_attempts=True)
+
+    first = run(7)
+    assert first == run(7)
+    assert first.spawn_failures > 0
+    assert first.done == 20  # each went elsewhere (avoid_host) or started on a later try
+    assert first.attempts == len(first.attempt_log) == 20  # a failed spawn ran nothing

@@ -28,7 +28,8 @@ from herder.cli.root import State, edge, fail, pass_state
               help="Generated trace: OUTCOME=SHARE,... of done, usage_limit, oom, "
               "needs_heavier, transient, fail.")
 @click.option("--seed", type=int, default=1, show_default=True,
-              help="Generated trace: the random seed (same seed, same trace).")
+              help="The random seed of a generated trace and of spawn failures (same "
+              "seed, same run).")
 @click.option("--cycle", type=click.FloatRange(min=0), help="Seconds between placement "
               "passes [default: [fleet] scheduler_interval]; longer is faster and coarser.")
 @click.option("--save-trace", type=click.Path(dir_okay=False),
@@ -84,12 +85,12 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
             len(fleet.hosts) <= simulation.TIMELINE_HOSTS)
         reports = {}
         this = state.config_path or "herder.toml"
-        reports[this] = simulation.run(fleet, settings, jobs, keep, cycle)
+        reports[this] = simulation.run(fleet, settings, jobs, keep, cycle, seed)
         if compare_path is not None:
             other = load_config(compare_path).settings
             simulation.check_trace(jobs, other, compare_path)
             name = compare_path if compare_path != this else f"{compare_path} (again)"
-            reports[name] = simulation.run(fleet, other, jobs, keep, cycle)
+            reports[name] = simulation.run(fleet, other, jobs, keep, cycle, seed)
     runs = list(reports.values())
     if len(runs) == 2:
         first, second = reports

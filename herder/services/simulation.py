@@ -54,6 +54,8 @@ class Fleetfile(msgspec.Struct, frozen=True):
     accounts: tuple[SimAccount, ...]
     schedule: Mapping[str, str]
     """[windows] overrides of herder.toml's [fleet] timezone, night_start, night_end."""
+    spawn_failure: Mapping[str, float] = msgspec.field(default_factory=dict)
+    """Host -> the chance an attempt fails to start there."""
 
 
 # --- rules ------------------------------------------------------------------------
@@ -101,7 +103,7 @@ def rules_from(settings: Settings, schedule: Mapping[str, str] | None = None) ->
 
 HOST_KEYS = {"label", "count", "ram_gb", "reserved_gb", "cpus", "prime_workers",
              "night_workers", "prime_max_weight", "night_max_weight", "job_types", "weights",
-             "priority_floor", "enabled"}
+             "priority_floor", "enabled", "spawn_failure_rate"}
 OUTAGE_KEYS = {"host", "start", "end"}
 ACCOUNT_KEYS = {"host", "name", "max_sessions", "job_types", "quota_jobs", "reset_every",
                 "first_reset"}
@@ -176,8 +178,16 @@ def load_fleet(path: Path, settings: Settings) -> Fleetfile:
         start = value.astimezone(UTC)
     schedule = _windows(data.get("windows", {}), where)
     hosts: list[HostSpec] = []
+    spawn_failure: dict[str, float] = {}
     for index, entry in enumerate(_entries(data, "hosts", where)):
-        hosts.extend(_hosts(entry, index, where, settings))
+        specs = _hosts(entry, index, where, settings)
+        hosts.extend(specs)
+        rate = _number(entry, "spawn_failure_rate", "hosts", index, where, 0.0)
+        if rate >= 1:
+            raise where.error("hosts", index, "spawn_failure_rate",
+                              "must be below 1 (a share of attempts, e.g. 0.05)")
+        if rate:
+            spawn_failure.update((spec.label, rate) for spec in specs)
     if not hosts:
         raise InputError(f"{path}: hosts", "the fleet has no host", "add a [[hosts]] table")
     labels = [host.label for host in hosts]
@@ -215,7 +225,8 @@ def load_fleet(path: Path, settings: Settings) -> Fleetfile:
             raise where.error("accounts", index, "reset_every", "must be above zero")
         accounts.append(SimAccount(host, name, sessions, job_types, quota, every, _duration(
             entry, "first_reset", "accounts", index, where, every)))
-    return Fleetfile(start, tuple(hosts), tuple(outages), tuple(accounts), schedule)
+    return Fleetfile(start, tuple(hosts), tuple(outages), tuple(accounts), schedule,
+                     spawn_failure)
 
 
 def _windows(section: Any, where: _Located) -> dict[str, str]:
@@ -572,14 +583,15 @@ class Unplaceable(InputError):
 
 
 def run(fleet: Fleetfile, settings: Settings, jobs: Sequence[TraceJob],
-        keep_timelines: bool = False, cycle: float | None = None) -> Report:
+        keep_timelines: bool = False, cycle: float | None = None, seed: int = 1) -> Report:
     """Simulate `jobs` on `fleet` under `settings` (placing every `cycle` seconds; None:
-    `[fleet] scheduler_interval`); Unplaceable when work fits no host."""
+    `[fleet] scheduler_interval`; `seed` draws the spawn failures); Unplaceable when work
+    fits no host."""
     rules = rules_from(settings, fleet.schedule)
     if cycle is not None:
         rules = msgspec.structs.replace(rules, cycle=cycle)
     scenario = Scenario(fleet.start, fleet.hosts, tuple(jobs), rules, fleet.outages,
-                        fleet.accounts)
+                        fleet.accounts, fleet.spawn_failure, seed)
     try:
         return simulate(scenario, keep_timelines)
     except StuckError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -204,6 +205,8 @@ class _Run:
         self.hosts_for_type: dict[str, frozenset[str]] = {}
         self.now = 0.0
         self.wakes: set[float] = set()
+        self.chance = random.Random(scenario.seed)
+        self.spawn_failures = 0
         self.down_hosts = 0
         self.window = self.rules.policy.schedule.window_at(self.start)
         self.caps: dict[str, int] = {}
@@ -421,6 +424,13 @@ class _Run:
         del self.queue[trace.id]
         job.pending = None
         account_key: tuple[str, str] | None = None
+        failure_rate = self.scenario.spawn_failure.get(host)
+        if failure_rate and self.chance.random() < failure_rate:
+            # The host could not start it: nothing ran, the spawn budget pays.
+            self.spawn_failures += 1
+            self.note_ended(host, trace.job_type, Outcome.SPAWN_FAILED)
+            self.decide_and_apply(job, host, Outcome.SPAWN_FAILED, None)
+            return
         outcome = self.attempt_outcome(job)
         if trace.job_type in self.rules.accounts.needs:
             records = [account.record() for account in self.accounts_of.get(host, ())]
@@ -500,14 +510,7 @@ class _Run:
         key = (host, job.trace.job_type)
         starts = self.running_types[key]
         starts.remove(attempt.start)
-        history = self.history.setdefault(key, [])
-        history.insert(0, Ended(outcome, self.at(now)))
-        del history[self.rules.breaker_threshold:]
-        if len(history) >= self.rules.breaker_threshold and all(
-                ended.outcome is Outcome.TRANSIENT for ended in history):
-            if key not in self.tripped:
-                self.breaker_trips += 1
-            self.tripped.add(key)
+        self.note_ended(host, job.trace.job_type, outcome)
         resume_at: datetime | None = None
         marked: tuple[str, str] | None = None
         if outcome is Outcome.USAGE_BLOCKED:
@@ -527,6 +530,18 @@ class _Run:
                 account.health = AccountHealth()
         self.decide_and_apply(job, host, outcome, resume_at, marked)
         self.changed = True
+
+    def note_ended(self, host: str, job_type: str, outcome: Outcome) -> None:
+        """Add an ended attempt to its (host, job type) breaker history."""
+        key = (host, job_type)
+        history = self.history.setdefault(key, [])
+        history.insert(0, Ended(outcome, self.at(self.now)))
+        del history[self.rules.breaker_threshold:]
+        if len(history) >= self.rules.breaker_threshold and all(
+                ended.outcome is Outcome.TRANSIENT for ended in history):
+            if key not in self.tripped:
+                self.breaker_trips += 1
+            self.tripped.add(key)
 
     def decide_and_apply(self, job: _Job, host: str, outcome: Outcome,
                          resume_at: datetime | None,
@@ -679,6 +694,7 @@ class _Run:
             rotations=self.rotations,
             usage_limits=self.usage_limits,
             lost_attempts=self.lost_attempts,
+            spawn_failures=self.spawn_failures,
             breaker_trips=self.breaker_trips,
             attempts=sum(job.attempts for job in jobs),
             placement_passes=self.pass_count,

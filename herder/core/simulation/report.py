@@ -66,6 +66,7 @@ class Report(msgspec.Struct, frozen=True):
     rotations: int
     usage_limits: int
     lost_attempts: int
+    spawn_failures: int
     breaker_trips: int
     attempts: int
     placement_passes: int
@@ -141,6 +142,7 @@ def _lines(report: Report) -> list[tuple[str, str]]:
         ("shed", str(report.shed)),
         ("rotated", f"{report.rotated} ({report.usage_limits} usage limits)"),
         ("lost attempts", str(report.lost_attempts)),
+        ("spawn failures", str(report.spawn_failures)),
         ("breaker trips", str(report.breaker_trips)),
         ("placement passes", str(report.placement_passes)),
     ]

@@ -127,3 +127,7 @@ class Scenario(msgspec.Struct, frozen=True):
     rules: Rules
     outages: tuple[Outage, ...] = ()
     accounts: tuple[SimAccount, ...] = ()
+    spawn_failure: Mapping[str, float] = msgspec.field(default_factory=dict)
+    """Host -> the chance that an attempt placed there fails to start (`spawn_failed`)."""
+    seed: int = 1
+    """Seeds the draws of spawn failures: the same seed, the same run."""
