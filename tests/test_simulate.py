@@ -358,3 +358,8 @@ def test_spawn_failures_are_drawn_from_the_seed_and_spend_the_spawn_budget() -> 
     assert first.spawn_failures > 0
     assert first.done == 20  # each went elsewhere (avoid_host) or started on a later try
     assert first.attempts == len(first.attempt_log) == 20  # a failed spawn ran nothing
+
+
+def test_the_documented_example_is_what_the_fixed_trace_prints() -> None:
+    page = (Path(__file__).parents[1] / "docs" / "simulate.md").read_text()
+    assert summary_text(fixed_report()) in page
