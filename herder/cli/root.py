@@ -62,6 +62,7 @@ COMMANDS: dict[str, str] = {
     "preflight": "herder.cli.agent:preflight",
     "demo": "herder.cli.server:demo",
     "doctor": "herder.cli.doctor:doctor",
+    "simulate": "herder.cli.simulate:simulate",
 }
 """Every top-level command: its name and the `module:attribute` that defines it."""
 

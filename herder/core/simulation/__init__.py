@@ -1,0 +1,2 @@
+"""`herder simulate`: herder's own placement, outcome policy, breaker, accounts and health
+driven on a virtual clock over a workload trace (docs/simulate.md)."""
