@@ -553,39 +553,36 @@ def chaos_section(measurements: Mapping[str, Any]) -> tuple[Section, list[Guard]
 
 
 # -- SIMULATOR SECTION (herder simulate) -------------------------------------------------------
-# `herder simulate` is being built on branch `simulate`. run_results.py runs
-# `herder simulate --json bench/traces/<name>` when the command exists and stores its JSON as
-# the "simulate" part. The keys read below are a guess at its output: when the command lands,
-# adjust SIMULATE_RAM_KEYS / SIMULATE_BOUND_KEYS to what it prints (nothing else changes).
-SIMULATE_RAM_KEYS = ("peak_ram_bytes", "peak_rss_bytes", "ram_bytes", "rss_bytes")
-SIMULATE_BOUND_KEYS = ("ram_lower_bound_bytes", "lower_bound_bytes", "lower_bound")
-
-
-def first_key(data: Mapping[str, Any], keys: Sequence[str]) -> float | None:
-    for key in keys:
-        if isinstance(data.get(key), int | float):
-            return float(data[key])
-    return None
-
-
 def simulate_section(measurements: Mapping[str, Any]) -> Section:
-    how = ("the simulator's peak RAM while replaying a published trace, against the lower "
-           "bound of what that trace must hold in memory. Ratio = peak / bound: the closer "
-           "to 1 the better.")
+    how = ("`herder simulate` on each published trace (`bench/traces/`): the fleet's RAM "
+           "booked and really used, as shares of its RAM-time over the run, against the lower "
+           "bound (the work's own RAM-seconds ÷ the fleet's): no placement can use less, so "
+           "ratio = share / bound, and the closer to 1 the less RAM placement wasted. Waits "
+           "and the simulator's own wall time have no peer.")
 
     def build(data: Any) -> tuple[list[Row], list[str]]:
-        rows = []
-        for trace, output in data.items():
-            ram = first_key(output, SIMULATE_RAM_KEYS)
-            bound = first_key(output, SIMULATE_BOUND_KEYS)
-            rows.append(Row(f"trace `{trace}`, peak RAM",
-                            None if ram is None else ram / 2**20, "MiB", "lower bound",
-                            None if bound is None else bound / 2**20, False,
-                            missing="" if bound is not None else "no lower bound in the output"))
-        return rows, []
+        rows: list[Row] = []
+        notes: list[str] = []
+        for trace, run in data.items():
+            figures = run["figures"]
+            bound = 100 * figures["lower_bound"]
+            for what, key in (("RAM booked", "utilization"), ("RAM used", "used_utilization")):
+                rows.append(Row(f"`{trace}`: {what}, share of fleet RAM-time",
+                                100 * figures[key], "%", "lower bound", bound, False))
+            for weight, waits in sorted(figures["wait_by_weight"].items()):
+                rows.append(Row(f"`{trace}`: wait to first start, {weight}, p95",
+                                waits["p95"] / 60, "min", note=f"{waits['jobs']} jobs"))
+            rows.append(Row(f"`{trace}`: simulating it (wall time, one process)",
+                            run["wall_s"], "s",
+                            note=f"{figures['jobs']:,} jobs, {figures['makespan'] / 3600:.0f} h"))
+            notes.append(f"`{trace}`: {figures['done']:,} done, {figures['failed']:,} failed, "
+                         f"{figures['escalated']} escalated, {figures['rotated']} rotated to "
+                         f"another account, {figures['lost_attempts']} attempt(s) lost to "
+                         "outages.")
+        return rows, notes
 
-    return measured_section(measurements, "simulate", "Simulator RAM vs its lower bound", how,
-                            build)
+    return measured_section(measurements, "simulate", "herder simulate: RAM against its lower "
+                            "bound", how, build)
 # -- end of SIMULATOR SECTION ------------------------------------------------------------------
 
 

@@ -250,31 +250,30 @@ def chaos(context: Context) -> Any:
 
 
 # -- SIMULATOR SECTION (herder simulate) -------------------------------------------------------
-# `herder simulate` is being built on branch `simulate`. When the command exists, every trace
-# in bench/traces/ (or only $SIMULATE_TRACE) is run with `herder simulate --json <trace>` and
-# its JSON is kept as is; results_report.simulate_section reads the RAM and lower-bound keys.
 def simulate(context: Context) -> Any:
-    herder = [PYTHON, "-m", "herder.cli"]
-    probe = subprocess.run([*herder, "simulate", "--help"], capture_output=True, cwd=REPO,
-                           check=False)
-    if probe.returncode != 0:
-        raise PartFailed("this herder has no `herder simulate` command yet")
+    """Every published trace (a folder of bench/traces/ holding herder.toml, fleet.toml and
+    trace.csv; only $SIMULATE_TRACE if set) through `herder simulate --json`, timed."""
     traces_dir = BENCH / "traces"
     wanted = os.environ.get("SIMULATE_TRACE")
-    traces = sorted(path for path in traces_dir.glob("*") if path.is_file()
+    traces = sorted(path for path in traces_dir.glob("*") if (path / "trace.csv").is_file()
                     and (not wanted or path.name == wanted)) if traces_dir.is_dir() else []
     if not traces:
         raise PartFailed(f"no trace in {traces_dir.relative_to(REPO)}")
     found: dict[str, Any] = {}
     for trace in traces:
         output = context.scratch / f"simulate-{trace.name}.json"
-        with open(output, "wb") as handle:
-            code = subprocess.run([*herder, "simulate", "--json", str(trace)], cwd=REPO,
-                                  stdout=handle, stderr=subprocess.DEVNULL,
-                                  timeout=context.limit, check=False).returncode
+        started = time.perf_counter()
+        code = subprocess.run(
+            [PYTHON, "-m", "herder.cli", "--config", "herder.toml", "simulate", "--fleet",
+             "fleet.toml", "--trace", "trace.csv", "--json", str(output)],
+            cwd=trace, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            timeout=context.limit, check=False).returncode
         if code != 0:
-            raise PartFailed(f"`herder simulate --json {trace.name}` exited {code}")
-        found[trace.name] = json.loads(output.read_text())
+            raise PartFailed(f"`herder simulate` on {trace.name} exited {code}")
+        figures = json.loads(output.read_text())["herder.toml"]
+        figures.pop("fleet_timeline", None)  # the page reads the totals, not the curves
+        figures.pop("hosts", None)
+        found[trace.name] = {"figures": figures, "wall_s": time.perf_counter() - started}
     return found
 # -- end of SIMULATOR SECTION ------------------------------------------------------------------
 

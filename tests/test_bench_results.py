@@ -151,7 +151,7 @@ def test_the_page_has_its_header_and_one_section_per_measurement():
                       "## Submit → start latency", "## Cancel → process tree gone",
                       "## Recovery after kill -9", "## Placement cycle time vs fleet size",
                       "## Idle agents per server core", "## CLI wall time", "## Chaos suite",
-                      "## Simulator RAM vs its lower bound"]
+                      "## herder simulate: RAM against its lower bound"]
 
 
 def test_latency_rows_compare_the_agent_with_the_local_executor_and_the_follower_with_it():
@@ -191,13 +191,21 @@ def test_chaos_figures_and_guard():
     assert {row.what: row.value for row in section.rows}["faults survived"] == 0
 
 
-def test_the_simulator_section_reads_ram_and_bound_or_says_not_available():
+def test_the_simulator_section_sets_ram_against_the_lower_bound_or_says_not_available():
     absent = report.simulate_section(measurements(
-        simulate=RuntimeError("not available: no `herder simulate` command yet")))
-    assert "not available" in absent.unavailable
+        simulate=RuntimeError("no trace in bench/traces")))
+    assert "no trace" in absent.unavailable
+    figures = {"lower_bound": 0.25, "utilization": 0.5, "used_utilization": 0.3,
+               "wait_by_weight": {"heavy": {"jobs": 3, "p50": 0.0, "p95": 120.0, "p99": 180.0}},
+               "jobs": 3, "makespan": 7200.0, "done": 2, "failed": 1, "escalated": 0,
+               "rotated": 0, "lost_attempts": 0}
     present = report.simulate_section(measurements(
-        simulate={"trace.csv": {"peak_rss_bytes": 3 * 2**20, "lower_bound_bytes": 2**20}}))
-    assert present.rows[0].ratio == pytest.approx(3.0)
+        simulate={"week": {"figures": figures, "wall_s": 1.5}}))
+    rows = {row.what: row for row in present.rows}
+    assert rows["`week`: RAM booked, share of fleet RAM-time"].ratio == pytest.approx(2.0)
+    assert rows["`week`: RAM used, share of fleet RAM-time"].ratio == pytest.approx(1.2)
+    assert rows["`week`: wait to first start, heavy, p95"].value == pytest.approx(2.0)
+    assert "1 failed" in present.notes[0]
 
 
 def test_recovery_sets_the_agent_crash_against_its_target_and_the_dead_host_against_the_bound():
