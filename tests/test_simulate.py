@@ -66,6 +66,19 @@ def test_the_fixed_trace_gives_its_known_figures() -> None:
     assert (host.label, host.bookable_gb, host.peak_booked_gb) == ("a", 12.8, 11)
 
 
+def test_kept_attempts_say_how_each_job_ended() -> None:
+    fleet = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    report = simulation.run(fleet, SETTINGS, jobs, keep_attempts=True)
+    endings = {ending.job_id: ending for ending in report.job_log}
+    assert (endings[5].status, endings[5].weight, endings[5].outcomes) == (
+        "done", "heavy", ("oom", "ok"))
+    assert (endings[6].status, endings[6].failure_reason, endings[6].outcomes) == (
+        "failed", "implementation_error", ("failed",) * 3)
+    assert "job_log" not in report.summary()
+    assert simulation.run(fleet, SETTINGS, jobs).job_log == ()
+
+
 def test_an_outage_loses_the_attempts_running_there_and_they_run_again() -> None:
     hosts = (HostSpec("a", 32, prime=WindowCaps(2), night=WindowCaps(2)),
              HostSpec("b", 32, prime=WindowCaps(2), night=WindowCaps(2)))

@@ -583,9 +583,11 @@ class Unplaceable(InputError):
 
 
 def run(fleet: Fleetfile, settings: Settings, jobs: Sequence[TraceJob],
-        keep_timelines: bool = False, cycle: float | None = None, seed: int = 1) -> Report:
+        keep_timelines: bool = False, cycle: float | None = None, seed: int = 1,
+        keep_attempts: bool = False) -> Report:
     """Simulate `jobs` on `fleet` under `settings` (placing every `cycle` seconds; None:
-    `[fleet] scheduler_interval`; `seed` draws the spawn failures); Unplaceable when work
+    `[fleet] scheduler_interval`; `seed` draws the spawn failures; `keep_attempts`: every
+    attempt and how each job ended, as a replay compares them); Unplaceable when work
     fits no host."""
     rules = rules_from(settings, fleet.schedule)
     if cycle is not None:
@@ -593,7 +595,7 @@ def run(fleet: Fleetfile, settings: Settings, jobs: Sequence[TraceJob],
     scenario = Scenario(fleet.start, fleet.hosts, tuple(jobs), rules, fleet.outages,
                         fleet.accounts, fleet.spawn_failure, seed)
     try:
-        return simulate(scenario, keep_timelines)
+        return simulate(scenario, keep_timelines, keep_attempts)
     except StuckError as exc:
         raise Unplaceable(exc.unplaced) from None
 

@@ -40,7 +40,13 @@ from herder.core.scheduling.placement import (
     place,
 )
 from herder.core.scheduling.policy import RetryState, decide
-from herder.core.simulation.report import HostFigures, Report, Unplaced, percentiles
+from herder.core.simulation.report import (
+    HostFigures,
+    JobLog,
+    Report,
+    Unplaced,
+    percentiles,
+)
 from herder.core.simulation.scenario import (
     FIRST_ATTEMPT_OUTCOMES,
     Scenario,
@@ -73,9 +79,9 @@ class StuckError(Exception):
 class _Job:
     """A job's mutable state during the run (never escapes `simulate`)."""
 
-    __slots__ = ("attempts", "available", "avoid", "ended", "escalations", "failures",
-                 "first_start", "lost", "pending", "rotated_before", "spawn_failures",
-                 "status", "trace", "transient", "weight")
+    __slots__ = ("attempts", "available", "avoid", "ended", "escalations", "failure_reason",
+                 "failures", "first_start", "lost", "outcomes", "pending", "rotated_before",
+                 "spawn_failures", "status", "trace", "transient", "weight")
 
     def __init__(self, trace: TraceJob) -> None:
         self.trace = trace
@@ -91,6 +97,8 @@ class _Job:
         self.first_start: float | None = None
         self.ended: float | None = None
         self.status: JobStatus | None = None
+        self.failure_reason: str | None = None
+        self.outcomes: list[Outcome] = []
         self.rotated_before = False
         self.pending: PendingJob | None = None
 
@@ -499,6 +507,7 @@ class _Run:
         self.account_area(host)
         if self.attempt_log is not None:
             self.attempt_log.append((job.trace.id, host, attempt.start, now, attempt.booked))
+            job.outcomes.append(outcome)
         self.free_slots -= self.free_of(host)
         del state.running[attempt.token]
         self.free_slots += self.free_of(host)
@@ -585,6 +594,7 @@ class _Run:
         job.transient += decision.spend_transient
         if decision.status is not JobStatus.QUEUED:
             job.status = decision.status
+            job.failure_reason = decision.failure_reason
             job.ended = now
             self.open_jobs -= 1
             return
@@ -709,6 +719,10 @@ class _Run:
             hosts=tuple(hosts),
             fleet_timeline=tuple(self.fleet_timeline),
             attempt_log=tuple(self.attempt_log or ()),
+            job_log=tuple(JobLog(job.trace.id, str(job.status), job.failure_reason,
+                                 job.weight, tuple(str(outcome) for outcome in job.outcomes))
+                          for job in sorted(jobs, key=lambda job: job.trace.id))
+            if self.attempt_log is not None else (),
         )
 
 

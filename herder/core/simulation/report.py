@@ -50,6 +50,19 @@ class Unplaced(msgspec.Struct, frozen=True):
     priority: int
 
 
+class JobLog(msgspec.Struct, frozen=True):
+    """How one job ended (kept with the attempts, when asked for): what a replay against
+    the real server compares job by job."""
+
+    job_id: int
+    status: str
+    failure_reason: str | None
+    weight: str
+    """The weight it ended at (after any escalation)."""
+    outcomes: tuple[str, ...]
+    """Each attempt's outcome, in order (attempts that ran, as `Report.attempt_log`)."""
+
+
 class Report(msgspec.Struct, frozen=True):
     """The run's figures. RAM figures are GB-seconds; `lower_bound` is the work's
     GB-seconds (each job's first weight's budget × its duration) over the GB-seconds the
@@ -81,6 +94,8 @@ class Report(msgspec.Struct, frozen=True):
     """(seconds, GB booked, GB used) fleet-wide at each change."""
     attempt_log: tuple[tuple[int, str, float, float, float], ...] = ()
     """(job id, host, start, end, GB booked) of every attempt, when asked for."""
+    job_log: tuple[JobLog, ...] = ()
+    """How each job ended, by job id, when the attempts are asked for."""
 
     @property
     def utilization(self) -> float:
@@ -103,6 +118,7 @@ class Report(msgspec.Struct, frozen=True):
         host's where it was kept (fleets of up to 200 hosts)."""
         data = msgspec.to_builtins(self)
         data.pop("attempt_log")
+        data.pop("job_log")
         for host in data["hosts"]:
             if not host["timeline"]:
                 host.pop("timeline")
