@@ -18,7 +18,7 @@ from herder.services.views import iso
 from herder.store import Store
 
 QUOTA_WAITS = {
-    "usage_blocked": "the reset of the usage limit its last attempt hit",
+    "usage_blocked": "a usage limit's reset",
     "no_healthy_account": "an account that can serve it to turn usable",
 }
 """Failure reasons whose wait is an account's, not the job's backoff."""
@@ -116,7 +116,7 @@ def _settled_why(job: Job, now: datetime) -> str | None:
         if job.attempt == 0:  # submitted with a delay (`--delay`, `delay_seconds`)
             return f"not before {iso(until)}: submitted with a delay ({wait:.0f}s to go)"
         if job.failure_reason in QUOTA_WAITS:  # not a backoff: an account's limit resets
-            return (f"waiting {wait:.0f}s for {QUOTA_WAITS[job.failure_reason]} "
+            return (f"waiting {wait:.0f}s for {QUOTA_WAITS[job.failure_reason]}{after} "
                     f"(until {iso(until)})")
         return f"waiting {wait:.0f}s for its retry backoff{after} (until {iso(until)})"
     return None
