@@ -76,14 +76,51 @@ def test_weight_table_matches_seed_004():
     assert not DEFAULT_WEIGHTS.known("mystery")
 
 
-def test_escalation_chain_ends_in_failure():
+def test_escalation_climbs_to_a_bigger_budget_then_ends():
+    """The default chain lists playwright (6 GB) after heavy (8 GB): an escalation from
+    heavy skips it for orchestrator (12 GB), since 6 GB would run out of memory again."""
     steps = []
     weight: str | None = "light"
     while weight is not None:
         steps.append(weight)
         weight = DEFAULT_WEIGHTS.heavier(weight)
-    assert steps == ["light", "heavy", "playwright", "orchestrator"]
-    assert DEFAULT_WEIGHTS.heavier("subagent") is None
+    assert steps == ["light", "heavy", "orchestrator"]
+    assert DEFAULT_WEIGHTS.heavier("playwright") == "orchestrator"
+    assert DEFAULT_WEIGHTS.heavier("orchestrator") is None  # the ceiling
+    assert DEFAULT_WEIGHTS.heavier("subagent") is None  # outside the chain
+    assert DEFAULT_WEIGHTS.heavier("mystery") is None
+
+
+def test_escalation_skips_steps_of_the_same_or_a_smaller_budget():
+    table = WeightTable({"small": 2.0, "twin": 2.0, "less": 1.0, "big": 4.0, "top": 4.0},
+                        ("small", "twin", "less", "big", "top"))
+    assert table.heavier("small") == "big"
+    assert table.heavier("twin") == "big"
+    assert table.heavier("less") == "big"
+    assert table.heavier("big") is None  # "top" books no more than "big"
+    # A chain weight with no budget (Settings built in code) is never a step.
+    assert WeightTable({"light": 3.0}).heavier("light") is None
+    # The chain's order still ranks the caps as written.
+    assert [table.rank(name) for name in ("small", "less", "top")] == [0, 2, 4]
+    assert table.climb() == [
+        "small -> big (past twin 2 GB, less 1 GB)", "twin -> big (past less 1 GB)",
+        "less -> big", "big -> none (the ceiling; past top 4 GB)", "top -> none (the ceiling)"]
+
+
+@given(st.dictionaries(st.sampled_from("abcdef"), st.floats(0.0, 64.0), min_size=1),
+       st.permutations("abcdefg"), st.integers(0, 7), st.sampled_from("abcdefg"))
+def test_escalation_never_books_less_ram(budgets, order, length, weight):
+    """Whatever the budgets and the chain's order: an escalation moves further on in the
+    chain to a strictly bigger budget, and None only when no such weight follows."""
+    table = WeightTable(budgets, tuple(order[:length]))
+    found = table.heavier(weight)
+    if found is None:
+        rank = table.rank(weight)
+        assert rank < 0 or weight not in budgets or all(
+            budgets.get(name, 0.0) <= budgets[weight] for name in table.chain[rank + 1:])
+    else:
+        assert table.budget(found) > table.budget(weight)
+        assert table.rank(found) > table.rank(weight)
 
 
 def test_rank_and_allows():

@@ -137,7 +137,10 @@ def test_a_healthy_setup_passes_every_check(tmp_path: Path, sqlite_url: str) -> 
     found = verdicts(result.stdout)
     assert {name for name, verdict in found.items() if verdict != "ok"} <= {"memory"}
     assert {"config", "store", "program build", "program fix", "git", "memory",
-            "alerts"} <= found.keys()
+            "escalation", "alerts"} <= found.keys()
+    assert ("escalation: [fleet] escalation: light -> heavy; heavy -> orchestrator "
+            "(past playwright 6 GB); playwright -> orchestrator; orchestrator -> none "
+            "(the ceiling)") in result.stdout
     assert result.stdout.splitlines()[-1].endswith("0 problem(s)")
     as_data = doctor(tmp_path, "--json", db=sqlite_url)
     assert as_data.returncode == 0

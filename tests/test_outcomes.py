@@ -110,12 +110,13 @@ def test_each_ending_of_an_agent_follows_the_outcome_table(agent_harness: Harnes
                            "the human-action alert")
         assert "a human must act" in alert.message and "spawn_oauth_expired" in alert.message
 
-        # Exit 4 climbs the weight chain, then fails at its end.
+        # Exit 4 climbs the weight chain to ever bigger budgets (light, heavy, then
+        # orchestrator: playwright books less than heavy), then fails at its end.
         heavier = settled("heavier", lambda j: j.status is JobStatus.FAILED)
         assert (heavier.weight, heavier.escalations, heavier.failure_reason) == (
-            "orchestrator", 3, "spawn_oom")
-        assert [a.outcome for a in h.attempts(heavier.id)] == [Outcome.NEEDS_HEAVIER] * 4
-        assert finished_event(h, heavier.id, 4)[1]["note"] == (
+            "orchestrator", 2, "spawn_oom")
+        assert [a.outcome for a in h.attempts(heavier.id)] == [Outcome.NEEDS_HEAVIER] * 3
+        assert finished_event(h, heavier.id, 3)[1]["note"] == (
             "cannot find capacity for orchestrator")
 
         # Exit 3: RAM contention spends a spawn failure and waits the spawn backoff.

@@ -411,6 +411,60 @@ def test_one_weight_override_still_escalates_an_oom_to_the_next_weight(tmp_path)
             JobStatus.QUEUED, "heavy", NOW)
 
 
+def escalations_under(path) -> list[tuple[str, Outcome, JobStatus, str | None, str | None]]:
+    """Each chain weight's oom and needs_heavier decisions, as the runner's and the
+    scheduler's weight tables (both built from herder.toml at `path`) give them."""
+    settings = load_config(path).settings
+    rules = OutcomeRules.from_settings(settings).weights
+    assert rules is not None
+    rows = []
+    for table in (rules, Fleet.from_settings(settings).weights):
+        for weight in table.chain:
+            for outcome in (Outcome.OOM, Outcome.NEEDS_HEAVIER):
+                decision = decide(outcome, replace(state(), weight=weight,
+                                                   heavier=table.heavier(weight)), NOW)
+                rows.append((weight, outcome, decision.status, decision.weight,
+                             decision.note))
+    half = len(rows) // 2
+    assert rows[:half] == rows[half:]  # the runner and the scheduler agree
+    return rows[:half]
+
+
+def test_an_escalation_from_heavy_skips_the_smaller_playwright(tmp_path):
+    """The default chain is light -> heavy -> playwright -> orchestrator, but playwright
+    books 6 GB and heavy 8 GB: a heavy job out of memory moves to orchestrator (12 GB),
+    never down to 6 GB to run out of memory again. At orchestrator it is at the ceiling:
+    needs_heavier fails for a human as before, an oom holds the weight."""
+    path = tmp_path / "herder.toml"
+    path.write_text("")
+    queued, failed = JobStatus.QUEUED, JobStatus.FAILED
+    ceiling = "cannot find capacity for orchestrator"
+    assert escalations_under(path) == [
+        ("light", Outcome.OOM, queued, "heavy", None),
+        ("light", Outcome.NEEDS_HEAVIER, queued, "heavy", None),
+        ("heavy", Outcome.OOM, queued, "orchestrator", None),
+        ("heavy", Outcome.NEEDS_HEAVIER, queued, "orchestrator", None),
+        ("playwright", Outcome.OOM, queued, "orchestrator", None),
+        ("playwright", Outcome.NEEDS_HEAVIER, queued, "orchestrator", None),
+        ("orchestrator", Outcome.OOM, queued, None, None),
+        ("orchestrator", Outcome.NEEDS_HEAVIER, failed, None, ceiling),
+    ]
+
+
+def test_a_custom_chain_skips_weights_of_an_equal_budget(tmp_path):
+    path = tmp_path / "herder.toml"
+    path.write_text('[fleet]\nescalation = ["light", "browser", "heavy", "orchestrator"]\n'
+                    "[weights]\nlight = 4\nbrowser = 4\nheavy = 8\norchestrator = 8\n")
+    rows = [(weight, status, to, note) for weight, outcome, status, to, note
+            in escalations_under(path) if outcome is Outcome.NEEDS_HEAVIER]
+    assert rows == [
+        ("light", JobStatus.QUEUED, "heavy", None),
+        ("browser", JobStatus.QUEUED, "heavy", None),
+        ("heavy", JobStatus.FAILED, None, "cannot find capacity for heavy"),
+        ("orchestrator", JobStatus.FAILED, None, "cannot find capacity for orchestrator"),
+    ]
+
+
 # -- seed rows (issue 24) ---------------------------------------------------------------------
 
 

@@ -112,6 +112,17 @@ def test_a_usage_limit_rotates_to_another_account_and_the_quota_resets(
     assert max(end for *_, end, _ in report.attempt_log) == 3660
 
 
+def test_a_heavy_job_out_of_memory_escalates_past_the_smaller_playwright() -> None:
+    """A heavy (8 GB) job peaking at 10 GB runs again at orchestrator (12 GB) and is done;
+    the chain's next step, playwright, books 6 GB and would only run out again."""
+    hosts = (HostSpec("a", 64, prime=WindowCaps(2), night=WindowCaps(2)),)
+    jobs = (TraceJob(1, 0, "agent", "heavy", 100, 600, 10, TraceOutcome.OOM),)
+    report = simulate(Scenario(START, hosts, jobs, simulation.rules_from(SETTINGS)),
+                      keep_attempts=True)
+    assert (report.done, report.failed, report.escalated) == (1, 0, 1)
+    assert [booked for *_, booked in report.attempt_log] == [8.0, 12.0]
+
+
 def test_work_that_fits_no_host_is_named() -> None:
     hosts = (HostSpec("small", 4, prime=WindowCaps(1), night=WindowCaps(1)),)
     jobs = (TraceJob(1, 0, "tests", "light", 100, 60, 1),

@@ -77,9 +77,7 @@ class Fleet(msgspec.Struct, frozen=True):
                     if job_type.hosts is not None},
         )
         return cls(
-            # The chain keeps only the weights these Settings define.
-            weights=WeightTable(dict(settings.weights),
-                                tuple(w for w in fleet.escalation if w in settings.weights)),
+            weights=WeightTable.from_settings(settings),
             policy=policy,
             thresholds=HealthThresholds(fleet.healthy_within, fleet.degraded_within),
             liveness=Liveness(settings.runtime.heartbeat_interval, fleet.missed_heartbeats),

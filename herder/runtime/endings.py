@@ -69,7 +69,6 @@ class OutcomeRules(msgspec.Struct, frozen=True):
             name: SEED_EXIT_CODES if job_type.exit_codes is None
             else {int(code): Outcome(outcome) for code, outcome in job_type.exit_codes.items()}
             for name, job_type in settings.job_types.items()}
-        chain = tuple(w for w in settings.fleet.escalation if w in settings.weights)
         policies = {name: policy_of(name, job_type.policy)
                     for name, job_type in settings.job_types.items() if job_type.policy}
         patterns = {
@@ -81,7 +80,7 @@ class OutcomeRules(msgspec.Struct, frozen=True):
         max_transient = {name: job_type.max_transient_attempts
                          for name, job_type in settings.job_types.items()
                          if job_type.max_transient_attempts not in (None, budget)}
-        return cls(exit_codes, WeightTable(dict(settings.weights), chain), policies, patterns,
+        return cls(exit_codes, WeightTable.from_settings(settings), policies, patterns,
                    AccountRules.from_settings(settings),
                    log_on_success=frozenset(
                        name for name, job_type in settings.job_types.items()

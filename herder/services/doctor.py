@@ -176,6 +176,15 @@ def check_memory(config: Config) -> list[Finding]:
     return [warning("memory", detail, fix)]
 
 
+def check_escalation(config: Config) -> list[Finding]:
+    """Where each weight escalates to: only to a bigger budget, so a chain written out of
+    budget order (the default's playwright after heavy) passes over some steps."""
+    from herder.core.scheduling.capacity import WeightTable
+
+    climb = WeightTable.from_settings(config.settings).climb()
+    return [ok("escalation", f"[fleet] escalation: {'; '.join(climb)}")]
+
+
 def workspace_job_types(config: Config) -> tuple[str, ...]:
     return tuple(sorted(name for name, job_type in config.settings.job_types.items()
                         if job_type.workspace is not None))
@@ -203,14 +212,16 @@ def check_alerts(config: Config, environ: Mapping[str, str]) -> list[Finding]:
 
 def local_checks(config: Config, db: str | None,
                  environ: Mapping[str, str] | None = None) -> list[Check]:
-    """`herder doctor`: the store, each job type's program, memory enforcement, git for
-    workspaces, the alert URLs (herder.toml itself loaded before: `config`)."""
+    """`herder doctor`: the store, each job type's program, memory enforcement, where each
+    weight escalates to, git for workspaces, the alert URLs (herder.toml itself loaded
+    before: `config`)."""
     environ = os.environ if environ is None else environ
     url = config.db_url(db)
     return [
         ("store", lambda: check_store(url)),
         ("programs", lambda: check_programs(config, environ)),
         ("memory", lambda: check_memory(config)),
+        ("escalation", lambda: check_escalation(config)),
         ("git", lambda: check_git(workspace_job_types(config), environ)),
         ("alerts", lambda: check_alerts(config, environ)),
     ]
@@ -678,6 +689,7 @@ def agent_checks(config: Config, setup: AgentSetup, timeout: float,
         ("preflights", lambda: check_preflights(source.plan(), pass_env)),
         ("accounts", lambda: check_probes(source.plan(), setup.label, pass_env)),
         ("memory", lambda: check_memory(config)),
+        ("escalation", lambda: check_escalation(config)),
         ("git", lambda: check_git(source.workspaces(), setup.environ)),
         ("systemd unit", lambda: check_unit(setup, unit)),
     ]

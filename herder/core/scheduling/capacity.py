@@ -15,7 +15,7 @@ import msgspec
 
 from herder.core.settings.fleet import DEFAULT_WEIGHTS as DEFAULT_BUDGETS
 from herder.core.settings.fleet import ESCALATION_CHAIN, SHEDDING_STEPS
-from herder.core.settings.sections import DEFAULTS
+from herder.core.settings.sections import DEFAULTS, Settings
 
 PRIME = "prime"
 NIGHT = "night"
@@ -59,8 +59,10 @@ DEFAULT_SCHEDULE = WindowSchedule()
 class WeightTable(msgspec.Struct, frozen=True):
     """RAM budget per weight and the escalation chain that orders them.
 
-    Weights outside the chain (e.g. `subagent`, which books no host RAM) rank below every
-    chain weight, so any window or shedding cap lets them through.
+    The chain's order ranks weights for window and shedding caps as written; an escalation
+    follows it too, but only ever to a larger budget (`heavier`). Weights outside the chain
+    (e.g. `subagent`, which books no host RAM) rank below every chain weight, so any window
+    or shedding cap lets them through.
     """
 
     budgets: Mapping[str, float]
@@ -69,6 +71,13 @@ class WeightTable(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         # A private read-only copy: the table is shared by every cycle and must not drift.
         msgspec.structs.force_setattr(self, "budgets", MappingProxyType(dict(self.budgets)))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WeightTable:
+        """`[weights]` and `[fleet] escalation`; the chain keeps only the weights these
+        Settings define (a loaded herder.toml names no others)."""
+        return cls(dict(settings.weights),
+                   tuple(w for w in settings.fleet.escalation if w in settings.weights))
 
     def budget(self, weight: str) -> float:
         """GB booked by one attempt of this weight; KeyError for an unknown weight."""
@@ -89,11 +98,32 @@ class WeightTable(msgspec.Struct, frozen=True):
         return max_weight is None or self.rank(weight) <= self.rank(max_weight)
 
     def heavier(self, weight: str) -> str | None:
-        """The next weight to escalate to; None at the ceiling or outside the chain."""
+        """The next weight to escalate to: the first one after `weight` in the chain whose
+        budget is strictly larger, since an escalation that books less RAM (the default
+        chain's heavy 8 GB -> playwright 6 GB) would run out of memory again. None at the
+        ceiling (no larger budget further on), outside the chain, or for a weight without a
+        budget; a chain weight without a budget is never a step."""
         rank = self.rank(weight)
-        if rank < 0 or rank + 1 >= len(self.chain):
+        budget = self.budgets.get(weight)
+        if rank < 0 or budget is None:
             return None
-        return self.chain[rank + 1]
+        return next((name for name in self.chain[rank + 1:]
+                     if self.budgets.get(name, budget) > budget), None)
+
+    def climb(self) -> list[str]:
+        """Where each chain weight escalates to, and the steps it passes over for booking no
+        more, e.g. "heavy -> orchestrator (past playwright 6 GB)" (`herder doctor`)."""
+        lines = []
+        for rank, weight in enumerate(self.chain):
+            target = self.heavier(weight)
+            end = self.rank(target) if target is not None else len(self.chain)
+            passed = ", ".join(f"{name} {self.budgets.get(name, 0):g} GB"
+                               for name in self.chain[rank + 1:end])
+            notes = [*(["the ceiling"] if target is None else []),
+                     *([f"past {passed}"] if passed else [])]
+            lines.append(f"{weight} -> {target or 'none'}"
+                         + (f" ({'; '.join(notes)})" if notes else ""))
+        return lines
 
 
 DEFAULT_WEIGHTS = WeightTable(DEFAULT_BUDGETS)

@@ -145,7 +145,8 @@ class RetryState(msgspec.Struct, frozen=True):
     """Weight escalations the job has had."""
     weight: str = ""
     heavier: str | None = None
-    """The next weight in the chain after the job's own; None at the heaviest."""
+    """The weight an escalation moves to (`WeightTable.heavier`: further on in the chain, with
+    a larger budget); None at the ceiling."""
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -98,7 +98,8 @@ def _strategy(value: str) -> str:
 
 
 ESCALATION_CHAIN = ("light", "heavy", "playwright", "orchestrator")
-"""The default weights from lightest to heaviest (windows and shedding cap along it)."""
+"""The default weights in rank order (windows and shedding cap along it). playwright
+books less than heavy (DEFAULT_WEIGHTS), so an escalation from heavy skips it."""
 
 SHEDDING_STEPS: tuple[tuple[float, str | None], ...] = (
     (0.75, None), (0.5, "heavy"), (0.25, "heavy"), (0.0, "light"))
@@ -139,6 +140,8 @@ class FleetSection(Struct, frozen=True):
     night_end: Annotated[str, rules(check=_clock)] = "03:00"
     timezone: Annotated[str, rules(check=_timezone)] = "UTC"
     escalation: list[str] = field(default_factory=lambda: list(ESCALATION_CHAIN))
+    """The weights' rank (window and shedding caps); an escalation follows it to the first
+    weight of a strictly bigger budget (herder.core.scheduling.capacity.WeightTable.heavier)."""
     shedding: Annotated[list[tuple[float, str | None]], rules(before=_shedding)] = field(
         default_factory=lambda: list(SHEDDING_STEPS))
     max_spawn_failures: Annotated[int, Meta(ge=1)] = 5
