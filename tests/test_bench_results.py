@@ -203,7 +203,7 @@ def test_the_simulator_section_sets_ram_against_the_lower_bound_or_says_not_avai
         simulate={"week": {"figures": figures, "wall_s": 1.5}}))
     rows = {row.what: row for row in present.rows}
     assert rows["`week`: RAM booked, share of fleet RAM-time"].ratio == pytest.approx(2.0)
-    assert rows["`week`: RAM used, share of fleet RAM-time"].ratio == pytest.approx(1.2)
+    assert rows["`week`: RAM really used, share of fleet RAM-time"].ratio == pytest.approx(0.6)
     assert rows["`week`: wait to first start, heavy, p95"].value == pytest.approx(2.0)
     assert "1 failed" in present.notes[0]
 

@@ -25,7 +25,8 @@ def queued(reason: str | None, attempt: int = 1, wait: float = 600.0) -> Job:
 
 @pytest.mark.parametrize(("reason", "said"), [
     ("usage_blocked", "waiting 600s for a usage limit's reset after usage_blocked"),
-    ("no_healthy_account", "waiting 600s for an account that can serve it to turn usable after no_healthy_account"),
+    ("no_healthy_account",
+     "waiting 600s for an account that can serve it to turn usable after no_healthy_account"),
     ("transient", "waiting 600s for its retry backoff after transient"),
 ])
 def test_an_account_wait_is_not_called_a_backoff(reason: str, said: str) -> None:
