@@ -430,6 +430,9 @@ def test_up_refuses_a_dashboard_address_it_cannot_use(tmp_path, sqlite_url):
         result = local.cli("up", "--ui", "--ui-listen", "nowhere", "--exit-when-idle",
                            check=False)
         assert result.returncode == 2 and "is not HOST:PORT" in result.stderr
+        result = local.cli("up", "--ui", "--ui-listen", "::1:8471", "--exit-when-idle",
+                           check=False)
+        assert result.returncode == 2 and "write [::1]:8471" in result.stderr
 
 
 

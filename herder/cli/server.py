@@ -113,6 +113,10 @@ def listen_address(option: str, address: str) -> tuple[str, int]:
     bind, _, port_text = address.rpartition(":")
     if not bind or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise InputError(option, f"{address!r} is not HOST:PORT", "e.g. 127.0.0.1:8470")
+    if ":" in bind and not (bind.startswith("[") and bind.endswith("]")):
+        # `::1:8470` would listen, but every URL built from it (the link, public_url) breaks.
+        raise InputError(option, f"{address!r}: an IPv6 address needs brackets",
+                         f"write [{bind}]:{port_text}")
     return bind, int(port_text)
 
 
