@@ -38,3 +38,20 @@ def test_an_account_wait_is_not_called_a_backoff(reason: str, said: str) -> None
 def test_a_delayed_submission_says_so() -> None:
     text = _settled_why(queued(None, attempt=0), NOW)
     assert text is not None and "submitted with a delay" in text
+
+
+def test_a_queued_job_under_herder_up_names_a_full_fleet_cap(store) -> None:
+    """`herder up` claims nothing while `herder fleet cap` is full: why says so, as the
+    placement does for a fleet."""
+    from herder.core.fleet import Fleet
+    from herder.core.model import JobSpec
+    from herder.core.settings.sections import Settings
+    from herder.runtime.scheduler import EMERGENCY_MAX_WORKERS
+    from herder.services.why import why
+
+    fleet = Fleet.from_settings(Settings())
+    job_id = store.job_insert([JobSpec(command=("true",))], NOW)[0].job_id
+    assert "fleet cap" not in why(store, fleet, job_id, NOW)
+    store.fleet_setting_put(EMERGENCY_MAX_WORKERS, 0, NOW, "ops")
+    assert "but not now: fleet cap reached (0 running, fleet cap 0; `herder fleet cap`)" \
+        in why(store, fleet, job_id, NOW)

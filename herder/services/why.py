@@ -14,6 +14,7 @@ from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.placement import Plan, Snapshot
 from herder.runtime.accounts import accounts_why
 from herder.runtime.read_models import placed, runner_preflight_failures, runners
+from herder.runtime.scheduler import fleet_cap
 from herder.services.views import iso
 from herder.store import Store
 
@@ -55,6 +56,7 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
         blocked = up_preflight_failures(store)
         machines = [presence for presence in runners(store, set())
                     if fleet.runner_down(presence, now) is None]
+        capped = up_cap_reached(store, fleet)
         for job in due:
             ahead = bisect.bisect_left(order, (job.priority, job.id))
             pinned = fleet.policy.pinned.get(job.job_type)
@@ -63,6 +65,8 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
                 ahead)
             if job.job_type in blocked:
                 found[job.id] += f", but not now: {blocked[job.job_type]}"
+            if capped:
+                found[job.id] += f", but not now: {capped}"
             if pinned is not None:
                 found[job.id] += (f", but only one whose --host is one of its type's hosts "
                                   f"({', '.join(sorted(pinned))})")
@@ -89,6 +93,18 @@ def up_slots_why(machines: Sequence[RunnerPresence], ahead: int) -> str:
     where = machines[0].label if len(machines) == 1 else ", ".join(
         f"{presence.label} ({presence.concurrency})" for presence in machines)
     return f"waits for one of {slots} busy slots on {where} ({ahead} job(s) ahead of it)"
+
+
+def up_cap_reached(store: Store, fleet: Fleet) -> str | None:
+    """Why `herder up` claims nothing while the fleet-wide cap is full; None when it is not."""
+    cap = fleet_cap(store, fleet.max_workers).max_workers
+    if cap is None:
+        return None
+    counts = store.job_counts()
+    busy = counts.get(JobStatus.CLAIMED, 0) + counts.get(JobStatus.RUNNING, 0)
+    if busy < cap:
+        return None
+    return f"fleet cap reached ({busy} running, fleet cap {cap}; `herder fleet cap`)"
 
 
 def up_preflight_failures(store: Store) -> dict[str, str]:
