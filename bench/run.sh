@@ -36,5 +36,11 @@ if ! "$VENV/bin/python" -c 'import pgqueuer, procrastinate, psycopg, psycopg_poo
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     pgqueuer procrastinate 'psycopg[binary]' psycopg-pool asyncpg uvloop
 fi
+SHARED=${SHARED_BENCH:-$REPO/../shared/bench}
+if [ ! -f "$SHARED/common.py" ]; then
+  echo "bench/run.sh: no shared bench scripts at $SHARED (common.py); set SHARED_BENCH" >&2
+  exit 2
+fi
+export SHARED_BENCH=$(cd "$SHARED" && pwd)
 cd "$REPO"
 exec "$PY" "$HERE/run_results.py" "$@"
