@@ -365,7 +365,10 @@ def prepare_postgres() -> None:
 # -- main --------------------------------------------------------------------------------------
 
 
-def run_all(knobs: Knobs, names: list[str], scratch: Path) -> dict[str, Any]:
+def run_all(knobs: Knobs, names: list[str], scratch: Path,
+            checkpoint: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every part in turn; the figures so far go to `checkpoint` after each, so a run cut
+    short (a timeout, Ctrl-C) keeps what it measured (`--report-only` renders it)."""
     parts: dict[str, Any] = {}
     for name in names:
         started = time.monotonic()
@@ -380,6 +383,7 @@ def run_all(knobs: Knobs, names: list[str], scratch: Path) -> dict[str, Any]:
         parts[name]["seconds"] = round(time.monotonic() - started, 1)
         state = "ok" if parts[name]["ok"] else f"FAILED: {parts[name]['error']}"
         say(f"   {name}: {state} ({parts[name]['seconds']:.0f} s)")
+        checkpoint(parts)
     return parts
 
 
@@ -421,12 +425,18 @@ def main() -> None:
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="herder-bench-run-"))
     say(f"logs of the parts in {scratch}")
-    parts = run_all(knobs, names, scratch)
-    meta.update(load_after=list(os.getloadavg()), elapsed_s=round(time.monotonic() - started))
-    measurements = {"meta": meta, "parts": parts}
     saved = BENCH / "results" / f"run-{stamp.strftime('%Y%m%d-%H%M%S')}.json"
     saved.parent.mkdir(exist_ok=True)
-    saved.write_text(json.dumps(measurements, indent=1))
+
+    def checkpoint(parts: dict[str, Any]) -> None:
+        meta.update(load_after=list(os.getloadavg()),
+                    elapsed_s=round(time.monotonic() - started))
+        partial = saved.with_suffix(".json.part")
+        partial.write_text(json.dumps({"meta": meta, "parts": parts}, indent=1))
+        partial.replace(saved)
+
+    parts = run_all(knobs, names, scratch, checkpoint)
+    measurements = {"meta": meta, "parts": parts}
     Path(arguments.output).write_text(results_report.render(measurements))
     say(f"figures in {saved}; wrote {arguments.output}")
 
