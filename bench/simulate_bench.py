@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from herder.core.settings.loading import load_config
-from herder.services import simulation
+from herder.services import simulation, workload
 
 CONFIG = """
 [job_types.agent]
@@ -51,11 +51,11 @@ def measure(directory: Path, name: str, hosts: int, jobs: int, rate: float,
     fleet_file = directory / f"fleet-{hosts}.toml"
     fleet_file.write_text(FLEET.format(hosts=hosts))
     settings = load_config(config).settings
-    fleet = simulation.load_fleet(fleet_file, settings)
-    trace = simulation.generate_trace(
-        settings, jobs, rate, simulation.parse_mix("agent:heavy=3,tests:light=2", settings),
-        simulation.parse_durations("exp:30m"),
-        simulation.parse_outcomes("done=0.9,transient=0.04,oom=0.03,fail=0.03"), seed=1)
+    fleet = fleet_file.load_fleet(fleet_file, settings)
+    trace = workload.generate_trace(
+        settings, jobs, rate, workload.parse_mix("agent:heavy=3,tests:light=2", settings),
+        workload.parse_durations("exp:30m"),
+        workload.parse_outcomes("done=0.9,transient=0.04,oom=0.03,fail=0.03"), seed=1)
     wall, cpu = time.perf_counter(), time.process_time()
     report = simulation.run(fleet, settings, trace, cycle=cycle)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from herder.core.settings.loading import load_config
-from herder.services import simulation
+from herder.services import fleet_file, simulation, workload
 
 FOLDER = Path(__file__).resolve().parents[1] / "bench" / "traces" / "week-10-hosts"
 
@@ -16,8 +16,8 @@ FOLDER = Path(__file__).resolve().parents[1] / "bench" / "traces" / "week-10-hos
 @pytest.mark.parametrize("config", ["herder.toml", "spread.toml"])
 def test_the_published_week_runs_within_the_bound_it_is_set_against(config: str) -> None:
     settings = load_config(FOLDER / config).settings
-    fleet = simulation.load_fleet(FOLDER / "fleet.toml", settings)
-    jobs = simulation.load_trace(FOLDER / "trace.csv", settings)
+    fleet = fleet_file.load_fleet(FOLDER / "fleet.toml", settings)
+    jobs = workload.load_trace(FOLDER / "trace.csv", settings)
     report = simulation.run(fleet, settings, jobs)
     assert report.jobs == len(jobs) == 5000
     assert report.done + report.failed == report.jobs

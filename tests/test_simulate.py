@@ -29,7 +29,7 @@ from herder.core.simulation.scenario import (
     TraceJob,
     TraceOutcome,
 )
-from herder.services import simulation
+from herder.services import fleet_file, simulation, workload
 
 DATA = Path(__file__).parent / "data" / "simulate"
 START = datetime(2026, 1, 5, tzinfo=UTC)
@@ -37,8 +37,8 @@ SETTINGS = load_config(DATA / "herder.toml").settings
 
 
 def fixed_report():
-    fleet = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
-    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    fleet = fleet_file.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = workload.load_trace(DATA / "trace.csv", SETTINGS)
     return simulation.run(fleet, SETTINGS, jobs)
 
 
@@ -67,8 +67,8 @@ def test_the_fixed_trace_gives_its_known_figures() -> None:
 
 
 def test_kept_attempts_say_how_each_job_ended() -> None:
-    fleet = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
-    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    fleet = fleet_file.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = workload.load_trace(DATA / "trace.csv", SETTINGS)
     report = simulation.run(fleet, SETTINGS, jobs, keep_attempts=True)
     endings = {ending.job_id: ending for ending in report.job_log}
     assert (endings[5].status, endings[5].weight, endings[5].outcomes) == (
@@ -262,8 +262,8 @@ def test_compare_runs_the_same_trace_under_a_second_config_side_by_side(
     config.write_text((DATA / "herder.toml").read_text().replace(
         'night_end = "00:00"', 'night_end = "00:00"\nbookable_fraction = 0.7'))
     tight = load_config(config).settings
-    fleet = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
-    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    fleet = fleet_file.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = workload.load_trace(DATA / "trace.csv", SETTINGS)
     other = simulation.run(fleet, tight, jobs)
     # 0.7 x 16 = 11.2 GB: heavy (8) and light (3) still fit together, so only the
     # capacity, not the schedule, changes.
@@ -287,18 +287,18 @@ def test_the_server_s_scheduler_and_endings_place_the_fixed_trace_as_the_simulat
     from herder.runtime.scheduler import Scheduler
     from herder.store import open_store
 
-    fleet_file = simulation.load_fleet(DATA / "fleet.toml", SETTINGS)
-    trace = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    loaded = fleet_file.load_fleet(DATA / "fleet.toml", SETTINGS)
+    trace = workload.load_trace(DATA / "trace.csv", SETTINGS)
     expected = sorted((job, host, start, end) for job, host, start, end, _ in simulate(
-        Scenario(fleet_file.start, fleet_file.hosts, trace, simulation.rules_from(SETTINGS)),
+        Scenario(loaded.start, loaded.hosts, trace, simulation.rules_from(SETTINGS)),
         keep_attempts=True).attempt_log)
 
-    start = fleet_file.start
+    start = loaded.start
     limits = PolicyLimits.from_settings(SETTINGS)
     weights = Fleet.from_settings(SETTINGS).weights
     seen: list[tuple[int, str, float, float]] = []
     with open_store(f"sqlite:///{tmp_path}/replay.db") as store:
-        for spec in fleet_file.hosts:
+        for spec in loaded.hosts:
             store.host_insert(HostRecord(spec.label, spec.ram_total_gb,
                                          prime_max_workers=spec.prime.max_workers,
                                          night_max_workers=spec.night.max_workers), start)
@@ -310,7 +310,7 @@ def test_the_server_s_scheduler_and_endings_place_the_fixed_trace_as_the_simulat
         now = 0.0
         while pending or running or store.job_list([JobStatus.QUEUED], 10):
             moment = start + timedelta(seconds=now)
-            for spec in fleet_file.hosts:
+            for spec in loaded.hosts:
                 store.host_heartbeat(spec.label, moment, {})
             for job_id, (end, attempt, host, outcome) in sorted(running.items()):
                 if end <= now:
@@ -351,19 +351,19 @@ def test_the_server_s_scheduler_and_endings_place_the_fixed_trace_as_the_simulat
 
 def test_a_json_lines_trace_reads_as_its_csv_and_a_generated_trace_replays(
         tmp_path: Path) -> None:
-    jobs = simulation.load_trace(DATA / "trace.csv", SETTINGS)
+    jobs = workload.load_trace(DATA / "trace.csv", SETTINGS)
     lines = tmp_path / "trace.jsonl"
     lines.write_text("".join(msgspec.json.encode({
         "arrival": job.arrival, "job_type": job.job_type, "weight": job.weight,
         "priority": job.priority, "duration": job.duration, "peak_gb": job.peak_gb,
         "outcome": job.outcome.value}).decode() + "\n" for job in jobs))
-    assert simulation.load_trace(lines, SETTINGS) == jobs
-    made = simulation.generate_trace(
-        SETTINGS, 50, 120, simulation.parse_mix("agent:heavy=1,tests:light:50=2", SETTINGS),
-        simulation.parse_durations("uniform:1m:10m"),
-        simulation.parse_outcomes("done=3,fail=1"), seed=3)
-    simulation.write_trace(made, tmp_path / "made.csv")
-    assert simulation.load_trace(tmp_path / "made.csv", SETTINGS) == made
+    assert workload.load_trace(lines, SETTINGS) == jobs
+    made = workload.generate_trace(
+        SETTINGS, 50, 120, workload.parse_mix("agent:heavy=1,tests:light:50=2", SETTINGS),
+        workload.parse_durations("uniform:1m:10m"),
+        workload.parse_outcomes("done=3,fail=1"), seed=3)
+    workload.write_trace(made, tmp_path / "made.csv")
+    assert workload.load_trace(tmp_path / "made.csv", SETTINGS) == made
 
 
 def test_spawn_failures_are_drawn_from_the_seed_and_spend_the_spawn_budget() -> None:

@@ -51,7 +51,7 @@ from herder.core.fleet import Fleet
 from herder.core.model import JobStatus
 from herder.core.settings.loading import load_config
 from herder.core.simulation.report import Report
-from herder.services import simulation
+from herder.services import fleet_file, simulation, workload
 
 HOSTS = {  # label: (GB, workers, `host add` options beyond them)
     "big": (24, 3, ()),
@@ -149,8 +149,8 @@ def test_a_real_server_and_agents_place_and_end_a_trace_as_the_simulator_does(
     settings = load_config(fleet.config).settings
     (tmp_path / "fleet.toml").write_text(FLEET_FILE)
     (tmp_path / "trace.csv").write_text(TRACE)
-    trace = simulation.load_trace(tmp_path / "trace.csv", settings)
-    report = simulation.run(simulation.load_fleet(tmp_path / "fleet.toml", settings),
+    trace = workload.load_trace(tmp_path / "trace.csv", settings)
+    report = simulation.run(fleet_file.load_fleet(tmp_path / "fleet.toml", settings),
                             settings, trace, keep_attempts=True)
     weights = Fleet.from_settings(settings).weights
     weight_of = {weights.budget(name): name for name in settings.weights}

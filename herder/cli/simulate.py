@@ -54,8 +54,7 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
 
     from herder.core.settings.loading import load_config
     from herder.core.simulation.report import summary_text
-    from herder.services import simulation
-
+    from herder.services import fleet_file, simulation, workload
     if charts_dir is not None:
         try:
             importlib.import_module("matplotlib")
@@ -63,24 +62,24 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
             fail(simulation.CHARTS_MISSING)
     with edge():
         settings = state.config.settings
-        fleet = simulation.load_fleet(Path(fleet_path), settings)
+        fleet = fleet_file.load_fleet(Path(fleet_path), settings)
         if trace_path is not None:
-            jobs = simulation.load_trace(Path(trace_path), settings)
+            jobs = workload.load_trace(Path(trace_path), settings)
         else:
-            shapes = (simulation.parse_mix(mix, settings) if mix else [
-                simulation.Mix(name, job_type.weight or settings.defaults.weight,
+            shapes = (workload.parse_mix(mix, settings) if mix else [
+                workload.Mix(name, job_type.weight or settings.defaults.weight,
                                job_type.priority if job_type.priority is not None
                                else settings.defaults.priority, 1.0)
                 for name, job_type in sorted(settings.job_types.items())])
             if not shapes:
                 fail("--mix: herder.toml has no [job_types] to generate jobs of (add one, "
                      "or pass --trace)")
-            jobs = simulation.generate_trace(
+            jobs = workload.generate_trace(
                 settings, job_count, arrival_rate, shapes,
-                simulation.parse_durations(durations), simulation.parse_outcomes(outcomes),
+                workload.parse_durations(durations), workload.parse_outcomes(outcomes),
                 seed)
         if save_trace is not None:
-            simulation.write_trace(jobs, Path(save_trace))
+            workload.write_trace(jobs, Path(save_trace))
         keep = (charts_dir is not None or json_path is not None) and (
             len(fleet.hosts) <= simulation.TIMELINE_HOSTS)
         reports = {}
