@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from herder.core.model import (
@@ -163,6 +163,10 @@ class StoreSource(WorkSource):
         self.store.statistics_refresh()
 
 
+RUNNER_FORGET = timedelta(days=1)
+"""A `herder up` presence not written for this long is forgotten (until then it shows down)."""
+
+
 class ClaimSource(StoreSource):
     """`herder up`: claim due jobs in priority order with SKIP LOCKED / BEGIN IMMEDIATE,
     none of a job type whose preflight fails here (the job stays queued, nothing
@@ -192,6 +196,7 @@ class ClaimSource(StoreSource):
 
     def maintain(self, now: datetime) -> None:
         super().maintain(now)
+        self.store.runner_prune(now - RUNNER_FORGET)
         if self.limits.rules.accounts.needs:  # no scheduler here to clear them
             sync_account_alerts(self.store, now, self.limits.rules.accounts.cooldown)
 

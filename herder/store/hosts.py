@@ -88,6 +88,10 @@ class HostStore:
         """A clean exit: the presence goes, unless a newer runner of the label wrote it."""
         return bool(self.driver.write("runner_remove", {"label": label, "worker": worker}))
 
+    def runner_prune(self, before: datetime) -> int:
+        """Forget the presences not written since `before` (machines gone for good); how many."""
+        return len(self.driver.write("runner_prune", {"before": before}))
+
     def reservation_create(
         self,
         kind: ReservationKind,

@@ -223,3 +223,13 @@ def test_only_the_runner_that_wrote_the_presence_removes_it(store):
     assert store.runner_list() == [newer]
     assert store.runner_remove("box", "box/11/1")
     assert store.runner_list() == []
+
+
+def test_presences_not_written_for_long_are_forgotten(store):
+    gone = RunnerPresence("gone", "gone/10/1", 2, 0, 4, 8.0, 0.0, None, at(0), at(0))
+    live = msgspec.structs.replace(gone, label="live", worker="live/11/1", last_turn_at=at(5))
+    store.runner_publish(gone)
+    store.runner_publish(live)
+    assert store.runner_prune(at(0)) == 0  # written at that instant: kept
+    assert store.runner_prune(at(3)) == 1
+    assert store.runner_list() == [live]

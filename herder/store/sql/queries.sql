@@ -110,6 +110,10 @@ SELECT * FROM herder_runners ORDER BY label;
 -- A clean exit: only the runner's own row (a newer runner of the label may have taken it).
 DELETE FROM herder_runners WHERE label = :label AND worker = :worker RETURNING label;
 
+-- name: runner_prune
+-- Presences no runner has written since :before: machines that stopped running `herder up`.
+DELETE FROM herder_runners WHERE last_turn_at < :before RETURNING label;
+
 -- name: host_remove
 DELETE FROM herder_hosts
 WHERE label = :label
