@@ -4,6 +4,7 @@ at the CLI with its line and field."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -148,12 +149,14 @@ OUTAGES = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3000), st.integer
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(HOSTS, JOBS, OUTAGES, st.sampled_from([None, time(1), time(0, 30)]),
-       st.sampled_from([0.0, 0.3]))
+       st.sampled_from([0.0, 0.3, 0.97]), st.sampled_from([0, 2500]))
 def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outages, night,
-                                                             spawn_failure):
+                                                             spawn_failure, late):
+    """`late` delays every arrival, so that outages may fall before the first one; a spawn
+    failure rate of 0.97 leaves jobs that never ran (neither counts in the figures)."""
     specs = tuple(HostSpec(f"h{index}", ram, prime=WindowCaps(prime), night=WindowCaps(
         night_workers)) for index, (ram, prime, night_workers) in enumerate(hosts))
-    trace = tuple(TraceJob(number, float(arrival), job_type, weight, priority,
+    trace = tuple(TraceJob(number, float(arrival + late), job_type, weight, priority,
                            float(duration), peak, outcome)
                   for number, (arrival, job_type, weight, priority, duration, peak, outcome)
                   in enumerate(sorted(jobs), 1))
@@ -184,6 +187,7 @@ def test_no_host_is_overbooked_and_no_job_runs_twice_at_once(hosts, jobs, outage
         booked = sum(entry[4] for entry in running)
         assert booked <= bookable_gb(spec.ram_total_gb, 0.0) + RAM_TOLERANCE_GB
     assert report.lower_bound <= report.utilization + 1e-9
+    assert report.utilization <= 1 + 1e-9
     assert report.done + report.failed == report.jobs
 
 
@@ -387,3 +391,195 @@ def test_spawn_failures_are_drawn_from_the_seed_and_spend_the_spawn_budget() -> 
 def test_the_documented_example_is_what_the_fixed_trace_prints() -> None:
     page = (Path(__file__).parents[1] / "docs" / "simulate.md").read_text()
     assert summary_text(fixed_report()) in page
+
+
+# --- hardening: no input loops for ever, crashes, or skews a figure ----------------------
+
+
+def test_an_outage_before_the_first_arrival_takes_nothing_from_capacity() -> None:
+    """Host a is down from 0 to 1000 s; the only job arrives at 2000 and runs 600 s alone:
+    the fleet was up the whole measured span, so it booked 3 of 12.8 GB all along."""
+    hosts = (HostSpec("a", 16, prime=WindowCaps(1), night=WindowCaps(1)),)
+    jobs = (TraceJob(1, 2000, "tests", "light", 100, 600, 2),)
+    report = simulate(Scenario(START, hosts, jobs, simulation.rules_from(SETTINGS),
+                               (Outage("a", 0, 1000), Outage("a", 2500, 2700),
+                                Outage("a", 9000, 9500))))
+    # The outage at 2500 cuts the attempt (lost) and its 200 s count; the others do not.
+    assert report.lost_attempts == 1
+    assert report.makespan == 2700 + 600 - 2000
+    assert report.capacity_gb_seconds == pytest.approx(12.8 * (1300 - 200))
+    assert report.utilization <= 1
+
+
+def test_the_lower_bound_counts_only_work_that_ran_to_its_end() -> None:
+    """Nearly every placement fails to start: the jobs that never ran add no work, so the
+    lower bound stays below what was booked."""
+    hosts = (HostSpec("a", 32, prime=WindowCaps(2), night=WindowCaps(2)),)
+    jobs = tuple(TraceJob(number, number * 60.0, "tests", "light", 100, 300, 2)
+                 for number in range(1, 11))
+    report = simulate(Scenario(START, hosts, jobs, simulation.rules_from(SETTINGS),
+                               spawn_failure={"a": 0.9}, seed=3), keep_attempts=True)
+    ran = {job for job, _, start, end, _ in report.attempt_log if end - start == 300}
+    assert report.failed > 0 and ran
+    assert report.work_gb_seconds == pytest.approx(3 * 300 * len(ran))
+    assert report.lower_bound <= report.utilization
+
+
+def test_a_quota_that_lets_nothing_through_stops_the_run_instead_of_looping(
+        tmp_path: Path) -> None:
+    config = tmp_path / "herder.toml"
+    config.write_text((DATA / "herder.toml").read_text().replace(
+        'weight = "heavy"', 'weight = "heavy"\naccounts = true'))
+    rules = simulation.rules_from(load_config(config).settings)
+    hosts = (HostSpec("a", 32, prime=WindowCaps(1), night=WindowCaps(1)),)
+    accounts = (SimAccount("a", "one", quota_jobs=0, reset_every=30 * 86400,
+                           first_reset=30 * 86400),)
+    jobs = (TraceJob(1, 0, "agent", "heavy", 100, 60, 4),)
+    with pytest.raises(StuckError) as caught:
+        simulate(Scenario(START, hosts, jobs, rules, accounts=accounts))
+    assert "cannot finish" in str(caught.value)
+    assert [item.job_id for item in caught.value.unplaced] == [1]
+
+
+def test_an_event_at_a_time_that_is_not_finite_is_refused() -> None:
+    hosts = (HostSpec("a", 32, prime=WindowCaps(1), night=WindowCaps(1)),)
+    jobs = (TraceJob(1, 0, "tests", "light", 100, math.nan, 2),)
+    with pytest.raises(ValueError, match="not finite"):
+        simulate(Scenario(START, hosts, jobs, simulation.rules_from(SETTINGS)))
+
+
+def test_generated_durations_are_cut_to_a_year() -> None:
+    made = workload.generate_trace(
+        SETTINGS, 200, 60, workload.parse_mix("tests:light=1", SETTINGS),
+        workload.parse_durations("lognormal:8000h:5"), workload.parse_outcomes("done=1"), 1)
+    assert max(job.duration for job in made) == workload.MAX_GENERATED_DURATION
+
+
+def test_a_cycle_of_zero_places_as_events_come() -> None:
+    fleet = fleet_file.load_fleet(DATA / "fleet.toml", SETTINGS)
+    jobs = workload.load_trace(DATA / "trace.csv", SETTINGS)
+    assert simulation.run(fleet, SETTINGS, jobs, cycle=0).makespan == 2400
+
+
+def _simulate(tmp_path: Path, *args: str, fleet: str | None = None,
+              trace: str | None = None, raw_trace: bytes | None = None,
+              suffix: str = ".csv") -> subprocess.CompletedProcess[str]:
+    """`herder simulate` on the fixed data, or on the fleet file and trace given."""
+    fleet_path = DATA / "fleet.toml"
+    if fleet is not None:
+        fleet_path = tmp_path / "fleet.toml"
+        fleet_path.write_text(fleet)
+    trace_args: tuple[str, ...] = ("--trace", str(DATA / "trace.csv"))
+    if trace is not None or raw_trace is not None:
+        trace_path = tmp_path / f"trace{suffix}"
+        trace_path.write_bytes(raw_trace if raw_trace is not None else trace.encode())
+        trace_args = ("--trace", str(trace_path))
+    if "--jobs" in args or "--durations" in args:
+        trace_args = ()
+    return herder("simulate", "--fleet", str(fleet_path), *trace_args, *args, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e-300", "100000"])
+def test_a_cycle_that_is_not_finite_or_out_of_range_is_refused(tmp_path: Path,
+                                                                value: str) -> None:
+    result = _simulate(tmp_path, "--cycle", value)
+    assert result.returncode == 2, result.stderr
+    assert "--cycle:" in result.stderr and "0.001 to 86400" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("args", "where"), [
+    (("--durations", "lognormal:20m:nan"), "--durations"),
+    (("--durations", "lognormal:20m:1000"), "--durations"),
+    (("--jobs", "10000001"), "--jobs"),
+])
+def test_generator_options_out_of_range_are_refused(tmp_path: Path, args: tuple[str, ...],
+                                                    where: str) -> None:
+    result = _simulate(tmp_path, *args, "--cycle", "0")
+    assert result.returncode == 2, result.stderr
+    assert where in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+HEADER = "arrival,job_type,weight,priority,duration,peak_gb,outcome\n"
+GOOD_JSON = ('{"arrival": 0, "job_type": "tests", "weight": "light", "priority": 100, '
+             '"duration": 30, "peak_gb": 2, "outcome": "done"}')
+
+
+def _json(**changes: object) -> str:
+    row = msgspec.json.decode(GOOD_JSON)
+    row.update(changes)
+    return GOOD_JSON + "\n" + msgspec.json.encode(row).decode().replace(
+        '"PRIORITY"', "1e400") + "\n"
+
+
+BAD_TRACES = [
+    (_json(priority="PRIORITY"), "trace.jsonl:2: priority", "not a whole number"),
+    (_json(priority=1.5), "trace.jsonl:2: priority", "not a whole number"),
+    (_json(id=1.5), "trace.jsonl:2: id", "not a whole number"),
+    (_json(job_type=["tests"]), "trace.jsonl:2: job_type", "unknown job type"),
+    (_json(weight=["light"]), "trace.jsonl:2: weight", "unknown weight"),
+    (_json(arrival=1e12), "trace.jsonl:2: arrival", "above the most"),
+    (_json(duration=1e12), "trace.jsonl:2: duration", "above the most"),
+    (_json(outcome=["done"]), "trace.jsonl:2: outcome", "unknown outcome"),
+]
+
+
+@pytest.mark.parametrize(("text", "where", "problem"), BAD_TRACES)
+def test_a_bad_json_lines_value_is_refused_with_its_line_and_field(
+        tmp_path: Path, text: str, where: str, problem: str) -> None:
+    result = _simulate(tmp_path, trace=text, suffix=".jsonl")
+    assert result.returncode == 2, result.stderr
+    assert where in result.stderr and problem in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("raw", "where", "problem"), [
+    ((HEADER + "0,tests,light,100,30,2,done,extra\n").encode(), "trace.csv:2",
+     "more columns than the header"),
+    ((HEADER + '0,tests,light,100,30,2,"' + "x" * 140_000 + '"\n').encode(), "trace.csv:2",
+     "not CSV"),
+    ((HEADER + "0,tests,light,100,30,2,done\n0,t\xe9sts,light\n").encode("latin-1"),
+     "trace.csv:3", "not UTF-8"),
+])
+def test_a_bad_csv_trace_is_refused_with_its_line(tmp_path: Path, raw: bytes, where: str,
+                                                  problem: str) -> None:
+    result = _simulate(tmp_path, raw_trace=raw)
+    assert result.returncode == 2, result.stderr
+    assert where in result.stderr and problem in result.stderr, result.stderr
+
+
+HOST = '[[hosts]]\nlabel = "a"\nram_gb = 16\n'
+AGENTS = HOST + '\n[[accounts]]\nhost = "a"\nname = "one"\n'
+
+
+@pytest.mark.parametrize(("fleet", "where", "problem"), [
+    (AGENTS + "quota_jobs = 0\n", "fleet.toml:8: accounts[1].quota_jobs", ">= 1"),
+    (HOST + "count = 100000000\n", "fleet.toml:4: hosts[1].count", "from 1 to 100000"),
+    (HOST + "count = 60000\n\n[[hosts]]\nlabel = \"b\"\nram_gb = 16\ncount = 60000\n",
+     "fleet.toml:9: hosts[2].count", "more than 100000 hosts"),
+    (HOST + 'prime_max_weight = ["x"]\n', "fleet.toml:4: hosts[1].prime_max_weight",
+     "a weight's name"),
+    (HOST + '\n[[outages]]\nhost = ["a"]\nstart = 0\nend = 10\n',
+     "fleet.toml:6: outages[1].host", "a host's label"),
+    (HOST + "ram_gb_typo = 1\n", "fleet.toml:4: hosts[1].ram_gb_typo", "unknown key"),
+    ('start = "9999-12-31T00:00:00Z"\n' + HOST, "fleet.toml:1: start", "in the years"),
+])
+def test_a_bad_fleet_value_is_refused_with_its_line_and_field(
+        tmp_path: Path, fleet: str, where: str, problem: str) -> None:
+    result = _simulate(tmp_path, fleet=fleet)
+    assert result.returncode == 2, result.stderr
+    assert where in result.stderr and problem in result.stderr, result.stderr
+
+
+def test_a_fleet_file_that_is_not_utf8_is_refused_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "fleet.toml").write_bytes(HOST.encode() + b"# caf\xe9\n")
+    result = herder("simulate", "--fleet", str(tmp_path / "fleet.toml"), "--trace",
+                    str(DATA / "trace.csv"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "fleet.toml:4: not UTF-8 text" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("option", ["--json", "--save-trace"])
+def test_an_unwritable_output_path_names_its_option(tmp_path: Path, option: str) -> None:
+    (tmp_path / "file").write_text("")
+    result = _simulate(tmp_path, option, str(tmp_path / "file" / "out"))
+    assert result.returncode == 2, result.stderr
+    assert f"{option}: cannot write" in result.stderr, result.stderr

@@ -15,7 +15,8 @@ from herder.cli.root import State, edge, fail, pass_state
               help="The workload: CSV with a header, or JSON lines (.jsonl). Without it, "
               "one is generated from --jobs, --arrival-rate, --mix, --durations, --outcomes "
               "and --seed.")
-@click.option("--jobs", "job_count", type=click.IntRange(min=1), default=1000,
+@click.option("--jobs", "job_count", type=click.IntRange(min=1, max=10_000_000),
+              default=1000,
               show_default=True, help="Generated trace: how many jobs.")
 @click.option("--arrival-rate", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Generated trace: jobs per hour (Poisson arrivals).")
@@ -30,8 +31,9 @@ from herder.cli.root import State, edge, fail, pass_state
 @click.option("--seed", type=int, default=1, show_default=True,
               help="The random seed of a generated trace and of spawn failures (same "
               "seed, same run).")
-@click.option("--cycle", type=click.FloatRange(min=0), help="Seconds between placement "
-              "passes [default: [fleet] scheduler_interval]; longer is faster and coarser.")
+@click.option("--cycle", type=float, help="Seconds between placement passes, 0 (a pass at "
+              "each change) or 0.001 to 86400 [default: [fleet] scheduler_interval]; longer "
+              "is faster and coarser.")
 @click.option("--save-trace", type=click.Path(dir_okay=False),
               help="Write the trace used as CSV, to replay or edit.")
 @click.option("--compare", "compare_path", type=click.Path(dir_okay=False),
@@ -96,8 +98,9 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
         click.echo(summary_text(runs[0], runs[1], (first, second)), nl=False)
     else:
         click.echo(summary_text(runs[0]), nl=False)
-    if json_path is not None:
-        simulation.write_json(Path(json_path), reports)
-    if charts_dir is not None:
-        for path in simulation.write_charts(Path(charts_dir), reports):
-            click.echo(f"chart: {path}")
+    with edge():
+        if json_path is not None:
+            simulation.write_json(Path(json_path), reports)
+        if charts_dir is not None:
+            for path in simulation.write_charts(Path(charts_dir), reports):
+                click.echo(f"chart: {path}")

@@ -24,6 +24,13 @@ from herder.core.simulation.scenario import (
 
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=UTC)
 """A Monday, 00:00 UTC: where a fleet file that names no `start` begins."""
+LATEST_START_YEAR = 9000
+"""A later `start` would leave too few years for the run's clock (a trace spans up to 100
+years)."""
+MAX_HOSTS = 100_000
+"""Hosts a fleet file may declare, in all and in one `count`."""
+MAX_NUMBER = 1_000_000.0
+"""The largest RAM (GB) or CPU count a host may give."""
 
 class Fleetfile(msgspec.Struct, frozen=True):
     """A fleet file read: its start, hosts, outages and accounts."""
@@ -91,9 +98,15 @@ class _Located:
 def load_fleet(path: Path, settings: Settings) -> Fleetfile:
     """Read a fleet file (docs/simulate.md); InputError names the line and field."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise InputError(str(path), f"cannot read the fleet file: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}:{line}", "not UTF-8 text",
+                         "save the fleet file as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -111,9 +124,11 @@ def load_fleet(path: Path, settings: Settings) -> Fleetfile:
                 value = datetime.fromisoformat(value)
             except ValueError:
                 value = None
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise InputError(f"{path}:{where.line('start', None, None) or 1}: start",
-                             "not a time with its offset", "e.g. 2026-01-05T00:00:00Z")
+        if not isinstance(value, datetime) or value.tzinfo is None or not (
+                1 < value.year <= LATEST_START_YEAR):
+            raise InputError(f"{path}:{_start_line(text)}: start",
+                             f"not a time with its offset in the years 2 to {LATEST_START_YEAR}",
+                             "e.g. 2026-01-05T00:00:00Z")
         start = value.astimezone(UTC)
     schedule = _windows(data.get("windows", {}), where)
     hosts: list[HostSpec] = []
@@ -121,6 +136,10 @@ def load_fleet(path: Path, settings: Settings) -> Fleetfile:
     for index, entry in enumerate(_entries(data, "hosts", where)):
         specs = _hosts(entry, index, where, settings)
         hosts.extend(specs)
+        if len(hosts) > MAX_HOSTS:
+            raise where.error("hosts", index, "count" if "count" in entry else None,
+                              f"the fleet would have more than {MAX_HOSTS} hosts",
+                              "simulate a smaller fleet")
         rate = _number(entry, "spawn_failure_rate", "hosts", index, where, 0.0)
         if rate >= 1:
             raise where.error("hosts", index, "spawn_failure_rate",
@@ -154,11 +173,15 @@ def load_fleet(path: Path, settings: Settings) -> Fleetfile:
         job_types = _names(entry, "job_types", "accounts", index, where,
                            set(settings.job_types), "job type")
         quota = entry.get("quota_jobs")
-        if quota is not None and (not isinstance(quota, int) or quota < 0):
-            raise where.error("accounts", index, "quota_jobs", "must be a whole number >= 0")
+        if quota is not None and (not isinstance(quota, int) or isinstance(quota, bool)
+                                  or quota < 1):
+            raise where.error("accounts", index, "quota_jobs", "must be a whole number >= 1",
+                              "leave it out for an account without a quota")
         sessions = entry.get("max_sessions", 1)
-        if not isinstance(sessions, int) or sessions < 1:
-            raise where.error("accounts", index, "max_sessions", "must be a whole number >= 1")
+        if not isinstance(sessions, int) or isinstance(sessions, bool) or not (
+                1 <= sessions <= MAX_HOSTS):
+            raise where.error("accounts", index, "max_sessions",
+                              f"must be a whole number from 1 to {MAX_HOSTS}")
         every = _duration(entry, "reset_every", "accounts", index, where, 5 * 3600.0)
         if every <= 0:
             raise where.error("accounts", index, "reset_every", "must be above zero")
@@ -206,9 +229,11 @@ def _only(entry: Mapping[str, Any], keys: set[str], table: str, index: int,
 def _host_of(entry: Mapping[str, Any], table: str, index: int, where: _Located,
              known: set[str]) -> str:
     host = entry.get("host")
+    if not isinstance(host, str):
+        raise where.error(table, index, "host", "must be a host's label (a string)")
     if host not in known:
         raise where.error(table, index, "host", f"no host {host!r} in the fleet")
-    return str(host)
+    return host
 
 
 def _duration(entry: Mapping[str, Any], key: str, table: str, index: int, where: _Located,
@@ -229,8 +254,9 @@ def _number(entry: Mapping[str, Any], key: str, table: str, index: int, where: _
     if value is None:
         raise where.error(table, index, key, "is required")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-            value) or value < minimum:
-        raise where.error(table, index, key, f"must be a number >= {minimum:g}")
+            value) or not minimum <= value <= MAX_NUMBER:
+        raise where.error(table, index, key,
+                          f"must be a number from {minimum:g} to {MAX_NUMBER:g}")
     return float(value)
 
 
@@ -255,15 +281,22 @@ def _hosts(entry: Mapping[str, Any], index: int, where: _Located,
     if not isinstance(label, str) or not NAME.match(label):
         raise where.error("hosts", index, "label", "needs a label (letters, digits, -_.)")
     count = entry.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise where.error("hosts", index, "count", "must be a whole number >= 1")
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_HOSTS:
+        raise where.error("hosts", index, "count",
+                          f"must be a whole number from 1 to {MAX_HOSTS}")
     weights = set(settings.weights)
     caps = {}
     for window in ("prime", "night"):
         workers = entry.get(f"{window}_workers", 1)
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-            raise where.error("hosts", index, f"{window}_workers", "must be a whole number >= 0")
+        if not isinstance(workers, int) or isinstance(workers, bool) or not (
+                0 <= workers <= MAX_HOSTS):
+            raise where.error("hosts", index, f"{window}_workers",
+                              f"must be a whole number from 0 to {MAX_HOSTS}")
         max_weight = entry.get(f"{window}_max_weight")
+        if max_weight is not None and not isinstance(max_weight, str):
+            raise where.error("hosts", index, f"{window}_max_weight",
+                              "must be a weight's name (a string)",
+                              f"use one of: {', '.join(sorted(weights))}")
         if max_weight is not None and max_weight not in weights:
             raise where.error("hosts", index, f"{window}_max_weight",
                               f"unknown weight {max_weight!r}",
@@ -285,3 +318,14 @@ def _hosts(entry: Mapping[str, Any], index: int, where: _Located,
         return [spec]
     return [msgspec.structs.replace(spec, label=f"{label}-{number}")
             for number in range(1, count + 1)]
+
+
+def _start_line(text: str) -> int:
+    """The line of the top-level `start` key (1 when it is not found)."""
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("["):
+            break
+        if stripped.split("=", 1)[0].strip() == "start":
+            return number
+    return 1

@@ -5,6 +5,7 @@ trace (services.workload), and write its figures as JSON and charts."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import time
 from pathlib import Path
@@ -72,13 +73,13 @@ def rules_from(settings: Settings, schedule: Mapping[str, str] | None = None) ->
 
 
 class Unplaceable(InputError):
-    """Work that fits no host: the run stops and names it."""
+    """Work that fits no host, or that the run cannot finish: the run stops and names it."""
 
-    def __init__(self, unplaced: Sequence[Unplaced]) -> None:
+    def __init__(self, unplaced: Sequence[Unplaced], problem: str = "fit no host") -> None:
         shown = ", ".join(f"{item.job_id} ({item.job_type}, {item.weight}, priority "
                           f"{item.priority})" for item in unplaced[:20])
         more = f" and {len(unplaced) - 20} more" if len(unplaced) > 20 else ""
-        super().__init__("trace", f"{len(unplaced)} job(s) fit no host: {shown}{more}",
+        super().__init__("trace", f"{len(unplaced)} job(s) {problem}: {shown}{more}",
                          "give the fleet a host that takes them (RAM, workers, allow-lists,"
                          " window max weight, accounts)")
         self.unplaced = list(unplaced)
@@ -93,13 +94,34 @@ def run(fleet: Fleetfile, settings: Settings, jobs: Sequence[TraceJob],
     fits no host."""
     rules = rules_from(settings, fleet.schedule)
     if cycle is not None:
+        check_cycle(cycle, "--cycle")
         rules = msgspec.structs.replace(rules, cycle=cycle)
+    else:
+        check_cycle(rules.cycle, "[fleet] scheduler_interval")
     scenario = Scenario(fleet.start, fleet.hosts, tuple(jobs), rules, fleet.outages,
                         fleet.accounts, fleet.spawn_failure, seed)
     try:
         return simulate(scenario, keep_timelines, keep_attempts)
     except StuckError as exc:
-        raise Unplaceable(exc.unplaced) from None
+        raise Unplaceable(exc.unplaced, exc.problem) from None
+
+
+MIN_CYCLE = 0.001
+MAX_CYCLE = 86400.0
+"""The cycle the simulator takes: 0 (a pass at each change, as events come) or a finite
+number of seconds from MIN_CYCLE to a day."""
+
+
+def check_cycle(cycle: float, field: str) -> None:
+    if cycle == 0 or (math.isfinite(cycle) and MIN_CYCLE <= cycle <= MAX_CYCLE):
+        return
+    raise InputError(field, f"{cycle!r} is not a cycle the simulator takes",
+                     f"use 0 (a pass at each change) or {MIN_CYCLE:g} to {MAX_CYCLE:g} seconds")
+
+
+def _write_failed(option: str, path: Path, exc: OSError) -> InputError:
+    return InputError(option, f"cannot write {path}: {exc.strerror or exc}",
+                      "give a path in a directory you can write")
 
 
 def check_trace(jobs: Sequence[TraceJob], settings: Settings, label: str) -> None:
@@ -114,8 +136,13 @@ def check_trace(jobs: Sequence[TraceJob], settings: Settings, label: str) -> Non
 
 
 def write_json(path: Path, reports: Mapping[str, Report]) -> None:
-    path.write_text(json.dumps({name: report.summary() for name, report in reports.items()},
-                               indent=2, sort_keys=True) + "\n")
+    """The figures as JSON (--json); InputError naming --json when the path is unwritable."""
+    text = json.dumps({name: report.summary() for name, report in reports.items()},
+                      indent=2, sort_keys=True) + "\n"
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise _write_failed("--json", path, exc) from None
 
 
 TIMELINE_HOSTS = 200
@@ -132,7 +159,14 @@ def write_charts(directory: Path, reports: Mapping[str, Report]) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return _charts(directory, reports, plt)
+    except OSError as exc:
+        raise _write_failed("--charts", directory, exc) from None
+
+
+def _charts(directory: Path, reports: Mapping[str, Report], plt: Any) -> list[Path]:
     written = []
 
     figure, axes = plt.subplots(figsize=(10, 4))

@@ -67,21 +67,30 @@ IDLE_EDGES = 4
 """Window edges passed with work queued, nothing running and nothing else to come before
 the run gives up on the queued work (two whole days and nights)."""
 
+MAX_OVERRUN = 10 * 365 * 86400.0
+"""Virtual seconds after the last arrival past which the run gives up on the jobs still
+open: no input may loop forever (a quota that never lets an attempt through)."""
+MAX_EVENTS_PER_JOB = 10_000
+"""Events handled per job of the trace (plus MAX_EVENTS_BASE) before the run gives up."""
+MAX_EVENTS_BASE = 1_000_000
+
 
 class StuckError(Exception):
-    """Work that no host can ever take: the run stops and names it."""
+    """Work that no host can ever take, or that the run cannot finish: the run stops and
+    names it."""
 
-    def __init__(self, unplaced: list[Unplaced]) -> None:
-        super().__init__(f"{len(unplaced)} job(s) fit no host")
+    def __init__(self, unplaced: list[Unplaced], problem: str = "fit no host") -> None:
+        super().__init__(f"{len(unplaced)} job(s) {problem}")
         self.unplaced = unplaced
+        self.problem = problem
 
 
 class _Job:
     """A job's mutable state during the run (never escapes `simulate`)."""
 
     __slots__ = ("attempts", "available", "avoid", "ended", "escalations", "failure_reason",
-                 "failures", "first_start", "lost", "outcomes", "pending", "rotated_before",
-                 "spawn_failures", "status", "trace", "transient", "weight")
+                 "failures", "first_start", "lost", "outcomes", "pending", "ran_through",
+                 "rotated_before", "spawn_failures", "status", "trace", "transient", "weight")
 
     def __init__(self, trace: TraceJob) -> None:
         self.trace = trace
@@ -101,13 +110,17 @@ class _Job:
         self.outcomes: list[Outcome] = []
         self.rotated_before = False
         self.pending: PendingJob | None = None
+        self.ran_through = False
+        """An attempt ran the trace's whole duration to its end (the lower bound's work)."""
 
 
 class _Attempt:
-    __slots__ = ("account", "booked", "host", "job", "outcome", "start", "token", "used")
+    __slots__ = ("account", "booked", "full", "host", "job", "outcome", "start", "token",
+                 "used")
 
     def __init__(self, token: int, job: _Job, host: str, booked: float, used: float,
-                 start: float, outcome: Outcome, account: tuple[str, str] | None) -> None:
+                 start: float, outcome: Outcome, account: tuple[str, str] | None,
+                 full: bool = True) -> None:
         self.token = token
         self.job = job
         self.host = host
@@ -116,6 +129,8 @@ class _Attempt:
         self.start = start
         self.outcome = outcome
         self.account = account
+        self.full = full
+        """It runs the trace's whole duration (not cut short by a spent quota)."""
 
 
 class _Account:
@@ -141,7 +156,7 @@ class _HostState:
         "changed",
         "down",
         "down_since",
-        "down_time",
+        "down_spans",
         "peak_booked",
         "peak_used",
         "running",
@@ -159,7 +174,7 @@ class _HostState:
         self.changed = 0.0
         self.down = 0
         self.down_since = 0.0
-        self.down_time = 0.0
+        self.down_spans: list[tuple[float, float]] = []
         self.peak_booked = 0.0
         self.peak_used = 0.0
         self.timeline: list[tuple[float, float, float]] = []
@@ -230,6 +245,9 @@ class _Run:
         return (when - self.start).total_seconds()
 
     def push(self, time: float, kind: int, subject: int = 0) -> None:
+        if not math.isfinite(time):
+            # A NaN at the heap's top would never pop: the loop would spin for ever.
+            raise ValueError(f"event time {time!r} is not finite")
         self.sequence += 1
         heapq.heappush(self.heap, (time, kind, self.sequence, subject))
 
@@ -270,12 +288,22 @@ class _Run:
         edge = next_edge(self.rules.policy.schedule, self.start, 0.0)
         if edge is not None:
             self.push(edge, _WAKE, 1)
+        horizon = max((trace.arrival for trace in self.scenario.jobs), default=0.0) + (
+            MAX_OVERRUN)
+        events_left = MAX_EVENTS_BASE + MAX_EVENTS_PER_JOB * len(self.jobs)
         while self.heap and self.open_jobs > 0:
             time = self.tick(self.heap[0][0])
+            if time > horizon or events_left <= 0:
+                raise StuckError(self.unplaced(
+                    job.trace.id for job in self.jobs.values() if job.status is None),
+                    "cannot finish: the run passed its limit of "
+                    + ("ten years after the last arrival" if time > horizon
+                       else f"{MAX_EVENTS_BASE + MAX_EVENTS_PER_JOB * len(self.jobs)} events"))
             # Each event at its own time (an attempt frees its RAM when it ends); the pass
             # at the scheduler's tick.
             while self.heap and self.heap[0][0] <= time:
                 at, kind, _, subject = heapq.heappop(self.heap)
+                events_left -= 1
                 self.now = max(self.now, at)
                 self.handle(kind, subject)
             self.now = time
@@ -297,6 +325,8 @@ class _Run:
         elif kind == _END:
             attempt = self.attempts.pop(subject, None)
             if attempt is not None:
+                if attempt.full:
+                    attempt.job.ran_through = True
                 self.end_attempt(attempt, attempt.outcome)
         elif kind == _OUTAGE_START:
             outage = self.scenario.outages[subject]
@@ -316,7 +346,7 @@ class _Run:
             state = self.host_state[outage.host]
             state.down -= 1
             if state.down == 0:
-                state.down_time += now - state.down_since
+                state.down_spans.append((state.down_since, now))
                 self.down_hosts -= 1
                 self.set_load(outage.host)
                 self.recount_slots()
@@ -464,11 +494,11 @@ class _Run:
             self.account_dirty.add(host)
         self.tokens += 1
         budget = self.rules.weights.budget(job.weight)
-        duration = 0.0 if outcome is Outcome.USAGE_BLOCKED and (
-            trace.outcome is not TraceOutcome.USAGE_LIMIT or job.attempts > 0) else (
-            trace.duration)
+        cut_short = outcome is Outcome.USAGE_BLOCKED and (
+            trace.outcome is not TraceOutcome.USAGE_LIMIT or job.attempts > 0)
+        duration = 0.0 if cut_short else trace.duration
         attempt = _Attempt(self.tokens, job, host, budget, trace.peak_gb, now, outcome,
-                           account_key)
+                           account_key, full=not cut_short)
         job.attempts += 1
         if job.first_start is None:
             job.first_start = now
@@ -671,7 +701,9 @@ class _Run:
         fraction = self.rules.policy.bookable_fraction
         for spec in self.scenario.hosts:
             state = self.host_state[spec.label]
-            down = state.down_time + ((last - state.down_since) if state.down else 0.0)
+            spans = state.down_spans + ([(state.down_since, last)] if state.down else [])
+            # Only the time down inside the measured span [first, last] takes from it.
+            down = sum(max(0.0, min(end, last) - max(begin, first)) for begin, end in spans)
             up = max(0.0, makespan - min(down, makespan))
             bookable = bookable_gb(spec.ram_total_gb, spec.ram_reserved_gb, fraction)
             capacity_area += bookable * up
@@ -681,7 +713,7 @@ class _Run:
                 state.used_area / makespan if makespan > 0 else 0.0,
                 state.peak_booked, state.peak_used, tuple(state.timeline)))
         work = sum(self.rules.weights.budget(job.trace.weight) * job.trace.duration
-                   for job in jobs)
+                   for job in jobs if job.ran_through)
         booked = sum(state.booked_area for state in self.host_state.values())
         used = sum(state.used_area for state in self.host_state.values())
         waits_by_weight: dict[str, list[float]] = defaultdict(list)
