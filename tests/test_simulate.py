@@ -448,6 +448,15 @@ def test_an_event_at_a_time_that_is_not_finite_is_refused() -> None:
         simulate(Scenario(START, hosts, jobs, simulation.rules_from(SETTINGS)))
 
 
+@pytest.mark.parametrize("cycle", [math.inf, math.nan, -1.0])
+def test_the_engine_refuses_a_cycle_that_would_never_tick(cycle: float) -> None:
+    hosts = (HostSpec("a", 32, prime=WindowCaps(1), night=WindowCaps(1)),)
+    jobs = (TraceJob(1, 0, "tests", "light", 100, 60, 2),)
+    rules = msgspec.structs.replace(simulation.rules_from(SETTINGS), cycle=cycle)
+    with pytest.raises(ValueError, match="cycle"):
+        simulate(Scenario(START, hosts, jobs, rules))
+
+
 def test_generated_durations_are_cut_to_a_year() -> None:
     made = workload.generate_trace(
         SETTINGS, 200, 60, workload.parse_mix("tests:light=1", SETTINGS),

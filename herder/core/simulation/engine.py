@@ -185,6 +185,9 @@ class _Run:
 
     def __init__(self, scenario: Scenario, keep_timelines: bool,
                  keep_attempts: bool = False) -> None:
+        if not (math.isfinite(scenario.rules.cycle) and scenario.rules.cycle >= 0):
+            # 0 x inf is NaN in tick(): no event would ever be due and the loop would spin.
+            raise ValueError(f"cycle {scenario.rules.cycle!r} is not a finite number >= 0")
         self.scenario = scenario
         self.attempt_log: list[tuple[int, str, float, float, float]] | None = (
             [] if keep_attempts else None)
