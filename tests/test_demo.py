@@ -9,6 +9,7 @@ browser or the port, and a signal stops every process the demo started.
 
 from __future__ import annotations
 
+import html
 import shutil
 import signal
 import socket
@@ -18,6 +19,7 @@ import sys
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlparse
 
 from support.cli import ok, run_herder
 from support.demo import RunningDemo, headless, leftovers
@@ -96,23 +98,26 @@ def test_demo_runs_every_job_on_a_host_that_admits_it_within_its_cap(tmp_path: P
 
 
 def fake_browser(folder: Path, exit_code: int) -> Path:
-    """A BROWSER command that writes the URL it was given to `opened` and exits."""
+    """A BROWSER command that writes its arguments to `opened`, one a line, and exits."""
     script = folder / "browser"
-    script.write_text(f"#!/bin/sh\necho \"$1\" > '{folder}/opened'\nexit {exit_code}\n")
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > '{folder}/opened'\n"
+                      f"exit {exit_code}\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
 
 
 def test_ctrl_c_stops_a_kept_ui_demo_and_all_it_started_when_its_port_was_taken(
         tmp_path: Path) -> None:
-    """--ui --keep on a taken --port with a browser at hand: another port, the link opened
-    and printed; Ctrl-C mid-run stops the server, agents and running jobs and removes the
-    demo's folder."""
+    """--ui --keep --keep-folder on a taken --port with a browser at hand: another port,
+    the link printed and opened through a private redirect page (the browser's command line
+    names the page, never the code); Ctrl-C mid-run stops the server, agents and running
+    jobs, and removes the page from the kept folder."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        demo = RunningDemo(tmp_path, "--ui", "--keep", "--port", str(port), env=headless(
+        demo = RunningDemo(tmp_path, "--ui", "--keep", "--keep-folder", "--port", str(port),
+                           env=headless(
             {"DISPLAY": ":99", "BROWSER": str(fake_browser(tmp_path, 0))}))
         try:
             link = demo.link()
@@ -120,7 +125,14 @@ def test_ctrl_c_stops_a_kept_ui_demo_and_all_it_started_when_its_port_was_taken(
             assert f"port {port} is taken" in demo.output()
             assert f"127.0.0.1:{port}/" not in link
             demo.wait_output("opened in your browser")
-            assert (tmp_path / "opened").read_text().strip() == link
+            argv = (tmp_path / "opened").read_text().splitlines()
+            assert len(argv) == 1 and "login=" not in argv[0], argv
+            page = Path(urlparse(argv[0]).path)
+            assert argv[0] == page.as_uri() and page.parent == Path(folder), argv
+            assert stat.S_IMODE(page.stat().st_mode) == 0o600
+            assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o700
+            assert f'<meta http-equiv="refresh" content="0;url={html.escape(link)}">' in \
+                page.read_text()
             running = wait_for(lambda: [child for child in demo.descendants()
                                         if "agent.sh" in " ".join(child.cmdline())],
                                90, "a job running", demo.output)
@@ -134,7 +146,8 @@ def test_ctrl_c_stops_a_kept_ui_demo_and_all_it_started_when_its_port_was_taken(
     assert not leftovers(folder, []), leftovers(folder, [])
     wait_for(lambda: not leftovers(folder, before), 15, "the demo's processes to end",
              lambda: leftovers(folder, before))
-    assert not Path(folder).exists()
+    assert Path(folder, "herder.db").exists() and not page.exists()
+    shutil.rmtree(folder)
 
 
 def test_a_kept_demo_runs_until_ctrl_c_then_stops_everything_and_keeps_its_verdict(
@@ -163,21 +176,25 @@ def test_a_kept_demo_runs_until_ctrl_c_then_stops_everything_and_keeps_its_verdi
     shutil.rmtree(folder)
 
 
-def open_browser_in(environment: dict[str, str]) -> str:
+def open_browser_in(environment: dict[str, str], folder: Path) -> str:
     """What the demo's `open_browser` says in a process with this environment (Python's
-    webbrowser module reads its environment once per process)."""
+    webbrowser module reads its environment once per process), its redirect page in a new
+    folder under `folder`."""
     return subprocess.run(
-        [sys.executable, "-c", "from herder.cli.demo import open_browser; "
-         "print(open_browser('http://127.0.0.1:1/ui/?login=x'))"],
+        [sys.executable, "-c", "import tempfile, pathlib; "
+         "from herder.cli.demo import open_browser; "
+         "print(open_browser('http://127.0.0.1:1/ui/?login=x', "
+         f"pathlib.Path(tempfile.mkdtemp(dir={str(folder)!r}))))"],
         env=environment, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 def test_without_a_display_or_a_working_browser_the_demo_says_to_open_the_link(
         tmp_path: Path) -> None:
-    assert "no display here" in open_browser_in(headless())
+    assert "no display here" in open_browser_in(headless(), tmp_path)
     failing = fake_browser(tmp_path, 1)
     assert "the browser did not start" in open_browser_in(
-        headless({"DISPLAY": ":99", "BROWSER": str(failing)}))
+        headless({"DISPLAY": ":99", "BROWSER": str(failing)}), tmp_path)
     assert "the browser did not start" in open_browser_in(
-        headless({"DISPLAY": ":99", "BROWSER": str(tmp_path / "missing")}))
-    assert "no browser found" in open_browser_in(headless({"DISPLAY": ":99", "PATH": ""}))
+        headless({"DISPLAY": ":99", "BROWSER": str(tmp_path / "missing")}), tmp_path)
+    assert "no browser found" in open_browser_in(headless({"DISPLAY": ":99", "PATH": ""}),
+                                                 tmp_path)

@@ -1,6 +1,7 @@
 """`herder demo --ui --keep` in a real headless browser (Debian's chromium, driven by
-Playwright): the link the demo prints signs in, the fleet view shows the demo's three hosts,
-a running job's log grows on its page, and SIGTERM stops every process the demo started.
+Playwright): the redirect page the demo opens its browser on (a fake BROWSER hands its path
+over) leads to the link, which signs in; the fleet view shows the demo's three hosts, a
+running job's log grows on its page, and SIGTERM stops every process the demo started.
 Skipped only when chromium is not installed (`.ci/run` installs it)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from support.demo import RunningDemo, headless, leftovers
 from support.waits import wait_for
+from test_demo import fake_browser
 
 CHROMIUM = Path("/usr/bin/chromium")
 WAIT = 45_000  # ms: generous, for a loaded 2-core machine
@@ -49,18 +51,20 @@ def watch_a_log_grow(page: Page, demo: RunningDemo, base: str) -> None:
 
 def test_the_ui_demo_signs_in_with_its_link_shows_its_fleet_and_a_log_growing(
         tmp_path: Path) -> None:
-    demo = RunningDemo(tmp_path, "--ui", "--keep", env=headless())
+    demo = RunningDemo(tmp_path, "--ui", "--keep", env=headless(
+        {"DISPLAY": ":99", "BROWSER": str(fake_browser(tmp_path, 0))}))
     try:
         link = demo.link()
         folder = demo.folder()
-        assert "no display here" in demo.output()
+        demo.wait_output("opened in your browser")
+        redirect = (tmp_path / "opened").read_text().strip()  # a file:// page, no code
         base = link.partition("/ui/")[0]
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM))
             try:
                 page = browser.new_page(viewport={"width": 1360, "height": 860})
                 page.set_default_timeout(WAIT)
-                page.goto(link)
+                page.goto(redirect)
                 expect(page).to_have_url(f"{base}/ui/")
                 expect(page.locator("#who")).to_contain_text("sign-in link")
                 for label in ("big-1", "mid-1", "lap-1"):

@@ -283,13 +283,30 @@ def agent_doctor(fleet, url: str, label: str, token_path: Path, *extra: str):
                       config=fleet.config)
 
 
+ME = pwd.getpwuid(os.geteuid()).pw_name
+"""The user the tests run as (root in CI)."""
+
+
+def agent_unit(folder: Path, url: str, label: str, token_path: Path, user: str = ME) -> Path:
+    """The unit `herder agent install-systemd` writes for `label` run as `user`: the doctor
+    runs the server's preflights and probes only as its User= (root only when it says
+    so)."""
+    written = run_herder("agent", "install-systemd", "--server", url, "--host", label,
+                         "--user", user, "--token-file", str(token_path), "--allow-plaintext",
+                         cwd=folder, check=True).stdout
+    path = folder / f"{label}-{user}.service"
+    path.write_text(written)
+    return path
+
+
 def test_a_healthy_agent_passes_every_check(make_fleet, tmp_path: Path,
                                             sqlite_url: str) -> None:
     fleet = make_fleet(tmp_path, sqlite_url, extra=HEALTHY)
     token = fleet.add_host("doc-1", "--ram", "8")
     fleet.start_server()
     path = token_file(tmp_path, token)
-    result = agent_doctor(fleet, fleet.url, "doc-1", path)
+    own = agent_unit(tmp_path, fleet.url, "doc-1", path)
+    result = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit", str(own))
     assert result.returncode == 0, result.stdout + result.stderr
     found = verdicts(result.stdout)
     assert {name for name, verdict in found.items() if verdict != "ok"} <= {"memory"}
@@ -302,17 +319,9 @@ def test_a_healthy_agent_passes_every_check(make_fleet, tmp_path: Path,
         fleet, fleet.url, "doc-1", path, "--unit", str(tmp_path / "absent.service")).stdout
 
     # The unit `herder agent install-systemd` writes matches; one for another host does not.
-    user = pwd.getpwuid(os.getuid()).pw_name
-    for label in ("doc-1", "doc-2"):
-        written = run_herder("agent", "install-systemd", "--server", fleet.url, "--host", label,
-                             "--user", user, "--token-file", str(path), "--allow-plaintext",
-                             cwd=tmp_path, check=True).stdout
-        (tmp_path / f"{label}.service").write_text(written)
-    matches = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit",
-                           str(tmp_path / "doc-1.service"))
-    assert f"ok       systemd unit: {tmp_path / 'doc-1.service'} matches" in matches.stdout
+    assert f"ok       systemd unit: {own} matches" in result.stdout
     other = agent_doctor(fleet, fleet.url, "doc-1", path, "--unit",
-                         str(tmp_path / "doc-2.service"))
+                         str(agent_unit(tmp_path, fleet.url, "doc-2", path)))
     assert other.returncode == 1
     assert "problem  systemd unit: " in other.stdout
     assert "--host doc-2 where this check has doc-1" in other.stdout
@@ -456,7 +465,9 @@ def test_an_agent_host_runs_what_the_server_says_not_its_own_herder_toml(
     (host / "herder.toml").write_text("")
     path = token_file(host, token)
     result = run_herder("doctor", "--agent", "--server", fleet.url, "--host", "doc-1",
-                        "--token-file", str(path), cwd=host, config=host / "herder.toml")
+                        "--token-file", str(path), "--unit",
+                        str(agent_unit(host, fleet.url, "doc-1", path)), cwd=host,
+                        config=host / "herder.toml")
     assert result.returncode == 1, result.stdout + result.stderr
     found = verdicts(result.stdout)
     assert found["job types"] == "ok" and "from the server: 2 preflight(s), 3 account " \
@@ -469,12 +480,87 @@ def test_an_agent_host_runs_what_the_server_says_not_its_own_herder_toml(
     assert "s3cret-account-value" not in result.stdout + result.stderr
 
     # doc-2 takes every job type: fix's workspace needs git.
+    second_token = token_file(tmp_path, other)
     second = run_herder("doctor", "--agent", "--server", fleet.url, "--host", "doc-2",
-                        "--token-file", str(token_file(tmp_path, other)), cwd=host,
+                        "--token-file", str(second_token), "--unit",
+                        str(agent_unit(host, fleet.url, "doc-2", second_token)), cwd=host,
                         config=host / "herder.toml")
     found = verdicts(second.stdout)
     assert {"preflight build", "preflight fix", "preflight gone", "git"} <= found.keys()
     assert not any(name.startswith("account ") for name in found)
+
+
+def test_the_servers_commands_run_only_as_the_agents_user(make_fleet, tmp_path: Path,
+                                                          sqlite_url: str) -> None:
+    """A preflight and a probe the server chooses each touch a marker file. Run as another
+    user than the unit's User= (or as root with no unit), the doctor runs neither and says
+    so in one warning per group; as the unit's user (root too, when it says User=root), both
+    run."""
+    preflight_marker, probe_marker = tmp_path / "preflight-ran", tmp_path / "probe-ran"
+    fleet = make_fleet(tmp_path, sqlite_url, extra=(
+        '[job_types.mark]\ncommand = ["sh", "-c", "true"]\n'
+        f'preflight = ["touch", "{preflight_marker}"]\n'))
+    token = fleet.add_host("doc-1", "--ram", "8")
+    run_herder("account", "add", "doc-1", "marked", "--probe", f"touch {probe_marker}",
+               cwd=fleet.root, db=fleet.db, config=fleet.config, check=True)
+    fleet.start_server()
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "herder.toml").write_text("")
+    path = token_file(host, token)
+
+    def doctor_with(unit: Path):
+        return run_herder("doctor", "--agent", "--server", fleet.url, "--host", "doc-1",
+                          "--token-file", str(path), "--unit", str(unit), cwd=host,
+                          config=host / "herder.toml")
+
+    someone_else = "nobody" if ME != "nobody" else "root"
+    refused = [doctor_with(agent_unit(host, fleet.url, "doc-1", path, someone_else))]
+    if os.geteuid() == 0:
+        refused.append(doctor_with(host / "no-such.service"))
+    for result in refused:
+        assert not preflight_marker.exists() and not probe_marker.exists(), result.stdout
+        found = verdicts(result.stdout)
+        assert found["preflights"] == found["accounts"] == "warning", result.stdout
+        assert "preflight mark" not in found and "account marked" not in found
+        assert "warning  preflights: skipped (1 preflight(s) from the server): " \
+            in result.stdout
+        assert "warning  accounts: skipped (1 probe(s) from the server): " in result.stdout
+    assert f"this doctor runs as {ME}, the agent as {someone_else}" in refused[0].stdout
+    assert (f"(fix: run as the agent's user (e.g. sudo -u {someone_else} herder doctor "
+            f"--agent --server {fleet.url} --host doc-1 ...))") in refused[0].stdout
+
+    ran = doctor_with(agent_unit(host, fleet.url, "doc-1", path, ME))
+    found = verdicts(ran.stdout)
+    assert found["preflight mark"] == "ok" and "account marked" in found, ran.stdout
+    assert preflight_marker.exists() and probe_marker.exists()
+
+
+@pytest.mark.parametrize(("unit", "euid", "runs"), [
+    (None, 0, False),  # root, and no unit to say it is the agent's user
+    (None, 1000, True),  # no unit: any other user is taken for the agent's
+    ("User=root", 0, True),  # root only when the unit says so
+    ("User=0", 0, True),
+    ("", 0, False),  # no User=: the agent runs as root, but the unit does not say so
+    ("", 1000, False),
+    ("User=nobody", 0, False),
+    ("User=nobody", "nobody", True),
+    ("User=root", "nobody", False),
+    ("User=no-such-user-herder", 1000, False),
+])
+def test_who_runs_the_servers_commands(tmp_path: Path, unit: str | None, euid: int | str,
+                                       runs: bool) -> None:
+    from herder.services.doctor import withheld
+
+    path = tmp_path / "herder-agent.service"
+    if unit is not None:
+        path.write_text(f"[Unit]\nDescription=herder agent\n[Service]\n{unit}\n"
+                        "ExecStart=/usr/bin/herder agent\n")
+    uid = pwd.getpwnam(euid).pw_uid if isinstance(euid, str) else euid
+    refusal = withheld(str(path), uid, "https://s.example", "doc-1")
+    assert (refusal is None) is runs, refusal
+    if refusal is not None:
+        assert "sudo -u " in refusal.fix and "--host doc-1" in refusal.fix
 
 
 def test_an_unreachable_server_runs_no_preflight_on_a_guess(tmp_path: Path,
@@ -554,6 +640,12 @@ def test_an_older_server_falls_back_to_the_local_file_with_a_warning(tmp_path: P
     assert finding.fix == "upgrade herder on the server"
     assert sorted(plan.preflights) == ["build", "fix"] and plan.workspaces == ("fix",)
     assert sorted(plan.probes) == ["local"]
+    # This host's own herder.toml is the operator's: its preflights run as any user.
+    from herder.services.doctor import Withheld, check_preflights
+
+    assert not plan.from_server
+    found = check_preflights(plan, (), Withheld("as root", "run as the agent's user"))
+    assert sorted(finding.name for finding in found) == ["preflight build", "preflight fix"]
 
 
 @pytest.mark.parametrize(("status", "expected"), [

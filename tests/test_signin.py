@@ -186,6 +186,19 @@ def test_a_link_sets_the_session_cookie_and_redirects_without_the_code(local):
     assert drained.status_code == 403  # admin routes need an admin token
 
 
+def test_a_link_another_site_led_to_signs_in_by_a_page_refreshing_to_the_dashboard(local):
+    """From another site (herder demo's redirect page, a file://) a browser would not send
+    the SameSite=Strict cookie on a redirect: a page that refreshes to /ui/ instead."""
+    client = local.client()
+    code = local.code()
+    response = client.get(f"/ui/?login={code}", headers={"Sec-Fetch-Site": "cross-site"})
+    assert response.status_code == 200
+    assert '<meta http-equiv="refresh" content="0;url=/ui/">' in response.text
+    assert code not in response.text and response.headers["cache-control"] == "no-store"
+    assert "samesite=strict" in response.headers["set-cookie"].lower()
+    assert client.get("/ui/").status_code == 200
+
+
 def test_a_replayed_code_is_refused_plainly_with_no_session(local):
     code = local.code()
     assert local.client().get(f"/ui/?login={code}").status_code == 303

@@ -245,9 +245,27 @@ async def login(request: Request) -> Response:
     return signed_in_as(request, await call(sessions_of(request).open, key, session_id))
 
 
+SIGNED_IN_PAGE = """\
+<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="refresh" content="0;url=/ui/">
+<title>herder: signed in</title>
+</head>
+<body><p>Signed in: on to <a href="/ui/">the dashboard</a>.</p></body>
+</html>
+"""
+
+
 def signed_in_as(request: Request, opened: Session) -> Response:
-    """To the fleet view, holding the new session's cookie."""
-    response = RedirectResponse("/ui/", status_code=303)
+    """To the fleet view, holding the new session's cookie: by a redirect, or, when another
+    site led the browser here (`herder demo`'s redirect page, a file://), by this page
+    refreshing to it. A browser sends no SameSite=Strict cookie on a redirect in a chain
+    that another site began; the page's own navigation is same-site."""
+    response: Response = (page(SIGNED_IN_PAGE)
+                          if request.headers.get("sec-fetch-site") == "cross-site"
+                          else RedirectResponse("/ui/", status_code=303))
     name, secure = session_cookie(request)
     response.set_cookie(name, opened.id, max_age=LIFETIME_SECONDS, path="/", httponly=True,
                         samesite="strict", secure=secure)

@@ -5,13 +5,15 @@ and a mixed workload of jobs of several weights that print their progress: one o
 and one hits a (fake) usage limit, as real work does. It prints each placement and ending as
 it happens and a summary per host, then stops everything. With `ui` the server serves the
 dashboard and prints a one-time sign-in link (`herder server --sign-in-link`), which the demo
-passes on and opens in a browser where there is one, and the jobs run slowly enough to watch;
-with `keep` the fleet stays up until Ctrl-C (SIGINT or SIGTERM).
+passes on and opens in a browser where there is one (through a private redirect file, never
+on a command line), and the jobs run slowly enough to watch; with `keep` the fleet stays up
+until Ctrl-C (SIGINT or SIGTERM).
 """
 
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import queue
 import shutil
@@ -147,18 +149,46 @@ def _herder(folder: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "herder.cli", "--config", str(folder / "herder.toml"), *args]
 
 
-def open_browser(link: str, environ: Mapping[str, str] = os.environ,
+REDIRECT_FILE = "open-dashboard.html"
+"""The page in the demo's folder that sends a browser on to the sign-in link."""
+REDIRECT_PAGE = """\
+<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="refresh" content="0;url={attribute}">
+<title>herder demo: opening the dashboard</title>
+</head>
+<body><p>Opening <a href="{attribute}">the herder dashboard</a>.</p></body>
+</html>
+"""
+
+
+def write_redirect(link: str, folder: Path) -> Path:
+    """A page (mode 0600, in the demo's 0700 folder) that sends a browser on to `link`.
+    The browser is started with this file's path: a command line is readable by every
+    user of the machine (/proc/PID/cmdline), and the code in the link signs in once."""
+    path = folder / REDIRECT_FILE
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as page:
+        page.write(REDIRECT_PAGE.format(attribute=html.escape(link, quote=True)))
+    return path
+
+
+def open_browser(link: str, folder: Path, environ: Mapping[str, str] = os.environ,
                  platform: str = sys.platform) -> str:
-    """Open `link` in this machine's browser where there is one; what happened, for the
-    line the demo prints. Never raises: the demo goes on with the printed link. No display
-    (and no BROWSER chosen) means no try, or Python would start a text browser in this
-    terminal."""
+    """Open `link` in this machine's browser where there is one, through a redirect page in
+    `folder` (write_redirect: the link never goes on a command line); what happened, for
+    the line the demo prints. Never raises: the demo goes on with the printed link. No
+    display (and no BROWSER chosen) means no try, or Python would start a text browser in
+    this terminal."""
     if not (platform == "darwin" or environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY")
             or environ.get("BROWSER")):
         return "no display here: open the link in a browser on this machine"
     try:
+        page = write_redirect(link, folder)
         browser = webbrowser.get()
-        opened = browser.open(link)
+        opened = browser.open(page.as_uri())
     except (webbrowser.Error, OSError):
         return "no browser found: open the link in a browser on this machine"
     return ("opened in your browser" if opened
@@ -234,8 +264,9 @@ def _run(echo: Callable[[str], None], keep: bool, keep_folder: bool, ui: bool, p
                     env={**os.environ, "HERDER_AGENT_TOKEN": tokens[host.label]}))
         if link is not None:
             echo(f"\ndashboard: {link}")
-            echo(f"  (this link signs in once, within {CODE_SECONDS // 60} minutes; "
-                 f"{open_browser(link) if browser else 'open it in a browser on this machine'})")
+            opened = (open_browser(link, folder) if browser
+                      else "open it in a browser on this machine")
+            echo(f"  (this link signs in once, within {CODE_SECONDS // 60} minutes; {opened})")
         echo(f"server {url}, 3 agents; submitting {sum(c for _, _, c in WORKLOAD)} jobs\n")
         store = open_store(f"sqlite:///{folder}/herder.db")
         try:
@@ -253,6 +284,7 @@ def _run(echo: Callable[[str], None], keep: bool, keep_folder: bool, ui: bool, p
         raise
     finally:
         _stop_fleet(agents, servers, folder)
+        (folder / REDIRECT_FILE).unlink(missing_ok=True)  # its code is dead with the server
         if keep_folder:
             echo(f"\nkept {folder} (herder --config {folder}/herder.toml jobs)")
         else:
@@ -346,8 +378,8 @@ def _stop_fleet(agents: list[subprocess.Popen[bytes]], servers: list[subprocess.
 
 def _family(folder: Path, started: list[subprocess.Popen[bytes]]) -> list[psutil.Process]:
     """The demo's processes and their descendants, and any process naming the demo's folder
-    (a guardian whose agent has ended, a job's script). Not a browser the demo opened: it
-    is the user's now."""
+    (a guardian whose agent has ended, a job's script). Not a browser the demo opened (its
+    command line names the redirect page in the folder): it is the user's now."""
     found: dict[int, psutil.Process] = {}
     for popen in started:
         with contextlib.suppress(psutil.Error):
@@ -356,7 +388,8 @@ def _family(folder: Path, started: list[subprocess.Popen[bytes]]) -> list[psutil
                 found[member.pid] = member
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if any(str(folder) in part for part in process.info["cmdline"] or ()):
+            named = " ".join(process.info["cmdline"] or ())
+            if str(folder) in named and REDIRECT_FILE not in named:
                 found.setdefault(process.pid, process)
     found.pop(os.getpid(), None)
     return list(found.values())

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 @click.option("--ca", type=click.Path(dir_okay=False), help="With --agent: the CA that "
               "signed the server's certificate [default: herder --ca / HERDER_CA]")
 @click.option("--unit", type=click.Path(dir_okay=False), help="With --agent: the agent's "
-              "systemd unit to compare, if installed "
-              "[default: /etc/systemd/system/herder-agent.service]")
+              "systemd unit to compare, if installed; its User= is the agent's user, the "
+              "only one that runs the preflights and probes the server chooses (root only "
+              "when it says User=root) [default: /etc/systemd/system/herder-agent.service]")
 @click.option("--clock-tolerance", default="5s", show_default=True, metavar="DURATION",
               help="With --agent: how far this host's clock may be from the server's "
               "(e.g. 2s, 30s; at least 1s, the server's Date header has whole seconds).")

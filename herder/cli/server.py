@@ -258,7 +258,9 @@ def loopback(bind: str) -> bool:
               help="Loopback only: operator routes need no token (agents still need theirs).")
 @click.option("--sign-in-link", is_flag=True,
               help="Loopback only: once listening, print a one-time dashboard sign-in link on "
-                   "standard output (what `herder demo --ui` opens).")
+                   "standard output (what `herder demo --ui` opens). Under systemd standard "
+                   "output is the journal, which others may read: use it for interactive "
+                   "runs only.")
 @PLAINTEXT_OPTION
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)

@@ -468,6 +468,9 @@ class HostPlan(msgspec.Struct, frozen=True):
     preflights: dict[str, PreflightCommand]
     workspaces: tuple[str, ...]
     probes: dict[str, ProbeCommand]
+    from_server: bool = True
+    """The server chose these commands (run only as the agent's user: `withheld`); False
+    for this host's own herder.toml, the operator's file."""
 
 
 CHECKS_NAME = "job types"
@@ -488,7 +491,8 @@ def local_plan(config: Config, label: str) -> HostPlan:
         probes={} if host is None else {
             name: ProbeCommand(tuple(section.probe), section.probe_timeout,
                                section.probe_interval)
-            for name, section in host.accounts.items() if section.probe is not None})
+            for name, section in host.accounts.items() if section.probe is not None},
+        from_server=False)
 
 
 def server_plan(body: object) -> HostPlan:
@@ -581,10 +585,97 @@ class PlanSource:
             client.close()
 
 
-def check_preflights(plan: HostPlan | None, pass_env: Sequence[str]) -> list[Finding]:
-    """Each allowed job type's preflight, run as the agent runs it (its own timeout each)."""
+class Withheld(msgspec.Struct, frozen=True):
+    """Why the server's commands are not run by this doctor, and how to run them."""
+
+    reason: str
+    fix: str
+
+
+def unit_user(text: str) -> str | None:
+    """The `User=` of a unit's text (the last one counts, as for systemd); None without
+    one."""
+    found = None
+    for raw in text.splitlines():
+        key, separator, value = raw.strip().partition("=")
+        if separator and key.strip() == "User":
+            found = value.strip() or None
+    return found
+
+
+def uid_of(name: str) -> int | None:
+    """The uid a `User=` names (a name or a number); None for a user unknown here."""
+    import pwd
+
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def withheld(unit: str, euid: int, server: str, label: str) -> Withheld | None:
+    """None when this doctor runs as the agent's own user, who runs what the server chooses
+    anyway (its jobs); otherwise why the server's preflights and probes are not run. A
+    server, or one spoofing it, would otherwise get root through `sudo herder doctor
+    --agent`, or another user's account: root is the agent's user only when the unit says
+    `User=root`; without a unit at `unit` any other user is taken for the agent's."""
+    def fix(user: str) -> str:
+        return (f"run as the agent's user (e.g. sudo -u {user} herder doctor --agent "
+                f"--server {server} --host {label} ...)")
+
+    try:
+        text = Path(unit).read_text()
+    except FileNotFoundError:
+        if euid != 0:
+            return None
+        return Withheld(f"this doctor runs as root and no agent unit at {unit} names the "
+                        "agent's user", fix("USER") + ", or pass --unit with the agent's unit")
+    except OSError as exc:
+        return Withheld(f"{unit} cannot be read ({exc.strerror}): the agent's user is unknown",
+                        fix("USER"))
+    name = unit_user(text)
+    if name is None:
+        return Withheld(f"{unit} names no User= (the agent runs as root, taken for the "
+                        "agent's user only when the unit says User=root)",
+                        "set User= in the unit (herder agent install-systemd --user NAME), "
+                        "then " + fix("NAME"))
+    if uid_of(name) == euid:
+        return None
+    return Withheld(f"this doctor runs as {user_name(euid)}, the agent as {name} (User= of "
+                    f"{unit})", fix(name))
+
+
+def user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def withheld_finding(name: str, count: int, what: str, plan: HostPlan | None,
+                     refusal: Withheld | None) -> list[Finding]:
+    """The one warning for a group of the server's commands not run (none when they may
+    run, come from this host's herder.toml, or there are none)."""
+    if plan is None or not plan.from_server or refusal is None or not count:
+        return []
+    return [warning(name, f"skipped ({count} {what} from the server): {refusal.reason}",
+                    refusal.fix)]
+
+
+def check_preflights(plan: HostPlan | None, pass_env: Sequence[str],
+                     refusal: Withheld | None = None) -> list[Finding]:
+    """Each allowed job type's preflight, run as the agent runs it (its own timeout each);
+    the server's, only as the agent's user (`refusal` says why not)."""
     from herder.runtime import preflight
 
+    skipped = withheld_finding("preflights", len(plan.preflights) if plan else 0,
+                               "preflight(s)", plan, refusal)
+    if skipped:
+        return skipped
     findings = []
     for name, check in sorted((plan.preflights if plan is not None else {}).items()):
         result = preflight.run(check, pass_env)
@@ -597,12 +688,17 @@ def check_preflights(plan: HostPlan | None, pass_env: Sequence[str]) -> list[Fin
     return findings
 
 
-def check_probes(plan: HostPlan | None, label: str, pass_env: Sequence[str]) -> list[Finding]:
+def check_probes(plan: HostPlan | None, label: str, pass_env: Sequence[str],
+                 refusal: Withheld | None = None) -> list[Finding]:
     """The probes of this host's accounts, each run as the agent runs it (its own timeout):
     a dead token is a problem, no usable answer a warning (the runtime takes it as
-    healthy)."""
+    healthy). The server's, only as the agent's user (`refusal` says why not)."""
     from herder.runtime.accounts import run_probe
 
+    skipped = withheld_finding("accounts", len(plan.probes) if plan else 0, "probe(s)", plan,
+                               refusal)
+    if skipped:
+        return skipped
     findings = []
     for name, command in sorted((plan.probes if plan is not None else {}).items()):
         result = run_probe(command, pass_env)
@@ -675,19 +771,24 @@ def check_unit(setup: AgentSetup, path: str) -> list[Finding]:
 
 
 def agent_checks(config: Config, setup: AgentSetup, timeout: float,
-                 unit: str = AGENT_UNIT) -> list[Check]:
+                 unit: str = AGENT_UNIT, euid: int | None = None) -> list[Check]:
     """`herder doctor --agent --server URL`: the server over TLS, the token file and its
     acceptance for this host, the clock, the preflight of each job type the server allows
-    here and the probe of each of this host's accounts (`GET /api/v1/agent/LABEL/checks`),
-    memory enforcement, git for workspaces, and the installed systemd unit (`unit`) if
-    there is one."""
+    here and the probe of each of this host's accounts (`GET /api/v1/agent/LABEL/checks`;
+    run only as the agent's user, the `User=` of `unit`: `withheld`), memory enforcement,
+    git for workspaces, and the installed systemd unit (`unit`) if there is one."""
     source = PlanSource(setup, config, timeout)
     pass_env = config.settings.runtime.pass_env
+    uid = os.geteuid() if euid is None else euid
+
+    def refusal() -> Withheld | None:
+        return withheld(unit, uid, setup.server, setup.label)
+
     return [
         ("server", lambda: check_server(setup, timeout)),
         (CHECKS_NAME, lambda: [source.get()[1]]),
-        ("preflights", lambda: check_preflights(source.plan(), pass_env)),
-        ("accounts", lambda: check_probes(source.plan(), setup.label, pass_env)),
+        ("preflights", lambda: check_preflights(source.plan(), pass_env, refusal())),
+        ("accounts", lambda: check_probes(source.plan(), setup.label, pass_env, refusal())),
         ("memory", lambda: check_memory(config)),
         ("escalation", lambda: check_escalation(config)),
         ("git", lambda: check_git(source.workspaces(), setup.environ)),
