@@ -46,7 +46,11 @@ def agent_path_for(handover: Path, worker: WorkerId) -> Path:
 
 def note_launch(handover: Path, token: AttemptToken, worker: WorkerId) -> None:
     """Write `launch_path_for` durably: a crash right after must still leave it, or a next
-    agent would run the job again. Raises OSError."""
+    agent would run the job again. Where the agent may die: before the note, nothing of
+    the attempt ran (a next agent runs it, same number); after it and before the spawn,
+    nothing ran either, but no one can tell (reported lost); after the spawn, its process
+    is found and killed, or it ended (reported lost, or adopted from its record).
+    Raises OSError."""
     write_durably(launch_path_for(handover, token, worker))
 
 
