@@ -18,8 +18,17 @@ import pytest
 from support.fleet import FleetHarness
 from support.waits import wait_for
 
-from herder.core.model import JobStatus, Outcome
-from herder.runtime.attempt_files import Status, read_status, status_path_for, write_record
+from herder.core.model import AttemptToken, JobStatus, Outcome, WorkerId
+from herder.runtime.attempt_files import (
+    HANDOVER_FOLDER,
+    Status,
+    agent_path_for,
+    note_agent,
+    note_launch,
+    read_status,
+    status_path_for,
+    write_record,
+)
 from herder.runtime.guardian import await_successor
 from herder.runtime.supervisor import write_status
 
@@ -288,11 +297,10 @@ def test_the_guardian_holds_no_connection_of_its_agent(make_fleet, tmp_path, sql
     assert held and not [link for link in held if link.startswith("socket:")], held
 
 
-def test_a_placement_a_dead_agent_took_and_never_started_runs_on_the_next_agent(
-        make_fleet, tmp_path, sqlite_url):
-    """An agent takes a placement and dies before it starts the job (nothing of it on the
-    host: no log, no process). The next agent takes the attempt over and runs it: the same
-    attempt, nothing lost, nothing spent."""
+def place_on_a_dead_agent(make_fleet, tmp_path, sqlite_url
+                          ) -> tuple[FleetHarness, int, WorkerId]:
+    """A placement taken by an agent of HOST that is gone (a pid of no process), unstarted
+    as far as the server knows."""
     fleet = make_fleet(tmp_path, sqlite_url, runtime={"attempt_lease": LEASE,
                                                        "adopt_grace": "60s",
                                                        "memory_enforcement": "watchdog"})
@@ -300,24 +308,86 @@ def test_a_placement_a_dead_agent_took_and_never_started_runs_on_the_next_agent(
     fleet.start_server()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    dead = f"{HOST}/{gone.pid}/1"  # a process of this host that is no more
+    dead = WorkerId(HOST, gone.pid, 1)  # a process of this host that is no more
     token = fleet.tokens[HOST]
     agent = f"/api/v1/agent/{HOST}"
     assert fleet.api("POST", f"{agent}/heartbeat", token=token,
-                     json={"worker": dead}).status_code == 200
+                     json={"worker": str(dead)}).status_code == 200
     job_id = fleet.submit(["/bin/sh", "-c", "echo ran"], max_attempts=1)
     wait_for(lambda: fleet.job(job_id).status is JobStatus.CLAIMED, 30, "the placement",
              fleet.describe)
     taken = fleet.api("GET", f"{agent}/assignments", token=token,
-                      params={"worker": dead, "free": 1})
+                      params={"worker": str(dead), "free": 1})
     assert [job["id"] for job in taken.json()["jobs"]] == [job_id]
+    # It ran with the log folder the next agent gets.
+    note_agent(fleet.root / "agents" / HOST / HANDOVER_FOLDER, dead)
+    return fleet, job_id, dead
 
+
+def test_a_placement_a_dead_agent_took_and_never_started_runs_on_the_next_agent(
+        make_fleet, tmp_path, sqlite_url):
+    """An agent takes a placement and dies before it starts the job (nothing of it on the
+    host: no log, no process). The next agent takes the attempt over and runs it: the same
+    attempt, nothing lost, nothing spent."""
+    fleet, job_id, dead = place_on_a_dead_agent(make_fleet, tmp_path, sqlite_url)
     second = fleet.start_agent(HOST)
     done = fleet.wait_status(job_id, JobStatus.DONE, 60)
     [attempt] = fleet.attempts(job_id)
     assert (done.attempt, done.lost, attempt.outcome) == (1, 0, Outcome.OK), fleet.describe()
     assert attempt.worker.startswith(f"{HOST}/{second.pid}/")
     assert f"job {job_id} attempt 1: taken by dead agent {dead}" in fleet.stderr_of(second)
+    # It noted itself and its own launch first, for an agent after it; the dead one's note
+    # is gone with it.
+    handover = fleet.root / "agents" / HOST / HANDOVER_FOLDER
+    assert not agent_path_for(handover, dead).exists()
+    assert any(path.name.startswith(f"{second.pid}-") for path in handover.glob("*.agent"))
+    assert any(path.name.startswith(f"{job_id}.1-{second.pid}-")
+               for path in handover.glob("*.launching")), list(handover.iterdir())
+
+
+def first_attempt_lost(fleet: FleetHarness, job_id: int) -> bool:
+    return any(attempt.attempt == 1 and attempt.outcome is Outcome.LOST
+               for attempt in fleet.attempts(job_id))
+
+
+def test_a_placement_a_dead_agent_noted_as_launched_is_not_run_again(
+        make_fleet, tmp_path, sqlite_url):
+    """The dead agent noted the launch (then the job ran and ended, or it died before the
+    spawn) and no log of it is anywhere: the next agent cannot tell, so it does not run
+    the job again under the same attempt; it reports it lost."""
+    fleet, job_id, dead = place_on_a_dead_agent(make_fleet, tmp_path, sqlite_url)
+    note_launch(fleet.root / "agents" / HOST / HANDOVER_FOLDER, AttemptToken(job_id, 1), dead)
+    second = fleet.start_agent(HOST)
+    wait_for(lambda: first_attempt_lost(fleet, job_id), 60, "attempt 1 reported lost",
+             fleet.describe)
+    assert "which never started it" not in fleet.stderr_of(second)
+
+
+def test_a_placement_of_an_agent_with_another_log_folder_is_not_run_again(
+        make_fleet, tmp_path, sqlite_url):
+    """The dead agent used another --log-dir: its launch notes would be there, unseen, so
+    the next agent cannot tell whether it launched the job, and reports it lost."""
+    fleet, job_id, dead = place_on_a_dead_agent(make_fleet, tmp_path, sqlite_url)
+    agent_path_for(fleet.root / "agents" / HOST / HANDOVER_FOLDER, dead).unlink()
+    second = fleet.start_agent(HOST)
+    wait_for(lambda: first_attempt_lost(fleet, job_id), 60, "attempt 1 reported lost",
+             fleet.describe)
+    assert "which never started it" not in fleet.stderr_of(second)
+
+
+def test_a_placement_whose_log_reached_the_server_is_not_run_again(
+        make_fleet, tmp_path, sqlite_url):
+    """The dead agent ran the job under another log folder, and its start report never
+    reached the server, but some of its log did: the next agent reports it lost."""
+    fleet, job_id, _dead = place_on_a_dead_agent(make_fleet, tmp_path, sqlite_url)
+    shipped = fleet.api("POST", f"/api/v1/agent/{HOST}/attempts/{job_id}/1/log",
+                        token=fleet.tokens[HOST], content=b"ran\n",
+                        headers={"content-type": "application/octet-stream"})
+    assert shipped.status_code == 200, shipped.text
+    second = fleet.start_agent(HOST)
+    wait_for(lambda: first_attempt_lost(fleet, job_id), 60, "attempt 1 reported lost",
+             fleet.describe)
+    assert "which left 4 bytes of log on the server" in fleet.stderr_of(second)
 
 
 # -- the parts, alone ----------------------------------------------------------------------------

@@ -117,3 +117,23 @@ def test_watch_kills_only_what_passed_its_deadline_and_ends_with_the_pipe():
     assert not watcher.is_alive(), "the watch did not end when the agent's end closed"
     assert killed == [["soon"]]
     os.close(read_end)
+
+
+def test_without_proc_the_guardian_keeps_the_sockets_and_goes_on(monkeypatch, caplog):
+    """No /proc to list the descriptors: the guardian leaves the sockets open and still
+    guards, rather than dying at once (its `finally` exits the process)."""
+    import socket
+
+    from herder.runtime import guardian
+
+    def no_proc(path: str) -> list[str]:
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    left, right = socket.socketpair()
+    with left, right:
+        monkeypatch.setattr(guardian.os, "listdir", no_proc)
+        guardian.close_sockets(keep=set())
+        monkeypatch.undo()
+        left.sendall(b"x")  # still open
+        assert right.recv(1) == b"x"
+    assert "sockets stay open" in caplog.text

@@ -14,6 +14,7 @@ import httpx
 from support.cli import run_herder
 from support.local import open_harness, shell
 from support.ports import free_port
+from support.store import age_presences
 from support.waits import wait_for
 
 from herder.core.access import new_token, token_hash
@@ -86,7 +87,7 @@ def test_up_shows_its_machine_as_a_host_with_busy_slots(tmp_path, store_url):
         # -- a clean exit takes the machine out of the view ---------------------------------
         os.killpg(process.pid, signal.SIGTERM)
         assert local.wait_exit(process, 60, "herder up") == 0
-        assert local.store.runner_list() == []
+        assert local.store.runner_list(datetime.now(UTC)) == []
         assert json.loads(local.cli("hosts", "--json").stdout) == []
 
 
@@ -97,7 +98,7 @@ def presence(label: str, running: int, last_turn_at: datetime) -> RunnerPresence
                           last_turn_at=last_turn_at)
 
 
-def test_a_free_slot_takes_the_job_and_a_silent_runner_shows_down(store):
+def test_a_free_slot_takes_the_job_and_a_silent_runner_shows_down(store, store_url):
     fleet = Fleet.from_settings(Settings())
     [first, second] = [result.job_id for result in store.job_insert(
         [JobSpec(command=("true",)), JobSpec(command=("true",))], NOW)]
@@ -109,9 +110,10 @@ def test_a_free_slot_takes_the_job_and_a_silent_runner_shows_down(store):
     (view,) = host_views(store, fleet, NOW)
     assert (view.workers, view.free_gb, view.measured_available_gb) == (2, 16 - 2 * LIGHT, 12.0)
 
-    # A runner that stopped writing (killed, frozen) is down by its last write's age, and
-    # `why` no longer counts its slots.
-    later = NOW + timedelta(minutes=2)
+    # A runner that stopped writing (killed, frozen) is down by its last write's age (by
+    # the database's clock), and `why` no longer counts its slots.
+    age_presences(store, store_url, 120)
+    later = NOW + timedelta(minutes=2)  # the reader's clock plays no part
     (view,) = host_views(store, fleet, later)
     assert (view.health, view.liveness, view.workers) == ("down", "down", 0)
     assert view.agent_down == "`herder up` silent: its loop last wrote 120s ago"
@@ -119,8 +121,44 @@ def test_a_free_slot_takes_the_job_and_a_silent_runner_shows_down(store):
         "queued; no hosts are registered, so `herder up` runs it (0 job(s) ahead of it)")
 
 
-def test_a_runner_that_missed_a_write_is_late_not_down(store):
+def test_a_runner_that_missed_a_write_is_late_not_down(store, store_url):
     fleet = Fleet.from_settings(Settings())
     store.runner_publish(presence("box", 0, NOW))
-    (view,) = host_views(store, fleet, NOW + timedelta(seconds=12))
+    age_presences(store, store_url, 12)
+    (view,) = host_views(store, fleet, NOW)
     assert (view.health, view.liveness, view.agent_down) == ("degraded", "late", None)
+
+
+def test_a_presence_write_that_backs_off_reads_nothing_meanwhile(monkeypatch):
+    """While a failed presence write backs off, a turn (every 20 ms) neither reads the
+    machine's RAM nor builds the presence: it waits for the retry."""
+    from herder.runtime import presence as presence_module
+    from herder.runtime.steps import Steps
+
+    reads: list[float] = []
+
+    def machine_ram_gb() -> tuple[float, float | None]:
+        reads.append(1.0)
+        return 16.0, 12.0
+
+    monkeypatch.setattr(presence_module, "machine_ram_gb", machine_ram_gb)
+    sent: list[RunnerPresence] = []
+    failing = [True]
+
+    def send(presence: RunnerPresence) -> None:
+        if failing[0]:
+            raise ConnectionError("the store is away")
+        sent.append(presence)
+
+    steps = Steps()
+    writer = presence_module.Presence("box", "box/10/1", 3, None, NOW)
+    writer.publish({}, 0.0, NOW, steps, send)
+    assert (len(reads), sent) == (1, [])
+    due = steps.retry("presence").due
+    assert due > 0.0
+    for turn in range(1, 5):  # turns within the back-off
+        writer.publish({}, min(due, 0.02 * turn) / 2, NOW, steps, send)
+    assert (len(reads), sent) == (1, [])
+    failing[0] = False
+    writer.publish({}, due, NOW, steps, send)
+    assert (len(reads), len(sent)) == (2, 1)

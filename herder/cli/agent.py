@@ -320,14 +320,16 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         # Then, before any thread exists: the guardian that cleans up if this agent dies
         # (and tells the server, so its jobs are rerun at once).
         from herder.core.model import WorkerId
+        from herder.runtime.attempt_files import HANDOVER_FOLDER, note_agent
         from herder.runtime.guardian import report_gone, start_guardian
         from herder.runtime.preflight import Preflight
         from herder.runtime.process import process_start_time
 
-        worker = str(WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0))
+        worker_id = WorkerId(label, os.getpid(), process_start_time(os.getpid()) or 0)
+        worker = str(worker_id)
         # The guardian of a dead agent waits adopt_grace for the next one to adopt its
         # attempts; they meet through handover files in the log folder.
-        handover = logs / "handover"
+        handover = logs / HANDOVER_FOLDER
         guardian = start_guardian(runtime.kill_grace, report=lambda: report_gone(
             server_url, secret, label, worker, ca, allow_plaintext=plaintext),
             adopt_grace=runtime.adopt_grace, handover=handover)
@@ -340,6 +342,11 @@ def agent(ctx: click.Context, server_url: str | None, token: str | None, token_f
         source.guardian = guardian
         trouble.start(functools.partial(report_trouble, client), threading.Event())
         source.handover = handover
+        try:  # so a next agent knows this one's launch notes are in its log folder
+            note_agent(handover, worker_id)
+        except OSError as exc:  # then a next agent takes none of its work over: safe
+            logging.getLogger("herder.agent").warning(
+                "cannot note this agent in %s: %s", handover, exc)
         options = RunnerOptions.from_settings(
             state.config.settings, label, logs,
             concurrency=concurrency, drain_timeout=drain)

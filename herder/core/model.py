@@ -456,7 +456,9 @@ class RunnerPresence(msgspec.Struct, frozen=True):
     """What the machine measured available (MemAvailable); None when it could not say."""
     started_at: datetime
     last_turn_at: datetime
-    """When its loop last wrote this: an old one is a runner that died or froze."""
+    """When its loop last wrote this: an old one is a runner that died or froze. The
+    database's clock stamps it and `Store.runner_list` moves it onto the reader's, so no
+    runner's clock decides it (what a runner sends is ignored)."""
 
 
 class Account(msgspec.Struct, frozen=True):

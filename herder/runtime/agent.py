@@ -33,7 +33,7 @@ from herder.runtime.agent_client import (
     ServerError,
     ServerUnavailable,
 )
-from herder.runtime.attempt_files import log_path_for
+from herder.runtime.attempt_files import agent_path_for, launch_path_for, log_path_for
 from herder.runtime.endings import Ending
 from herder.runtime.guardian import handover_path, lost_path, touch
 from herder.runtime.local_gate import RAM_FACTOR, LocalGate, mem_available_gb
@@ -347,15 +347,23 @@ class HttpSource(WorkSource):
             # agent's now, or killed and reported.
             for worker in dead:
                 touch(handover_path(self.handover, worker))
+                agent_path_for(self.handover, worker).unlink(missing_ok=True)
 
     def _take_over(self, token: AttemptToken, previous: str) -> bool:
-        """Run here a placement a dead agent of this host took and never started: no log
-        of it in this agent's log folder (the runner writes it before anything starts) and
-        no process of it found. The attempt becomes this agent's as an adoption does (the
-        server fences it: only while still live and `previous`'s) and runs under the same
-        number: it never ran, so nothing is spent. False when it cannot be (it is reported
-        lost instead)."""
-        if self.handover is None or log_path_for(self.handover.parent, token).exists():
+        """Run here a placement a dead agent of this host took and never launched: the
+        dead agent noted itself in this log folder (`note_agent`; else its notes are
+        elsewhere, and this agent cannot tell), no launch note of it (`note_launch`,
+        written before anything of it starts), no log of it in this log folder, no process
+        of it found, and nothing of its log on the server. The attempt becomes this agent's
+        as an adoption does (the server fences it: only while still live and `previous`'s)
+        and runs under the same number: it never ran, so nothing is spent. False when it
+        cannot be (it is reported lost instead: it may have run, and its side effects must
+        not happen twice)."""
+        worker = WorkerId.parse(previous)
+        if (self.handover is None or worker is None
+                or not agent_path_for(self.handover, worker).exists()
+                or launch_path_for(self.handover, token, worker).exists()
+                or log_path_for(self.handover.parent, token).exists()):
             return False
         path = f"/attempts/{token.job_id}/{token.attempt}"
         asked = time.monotonic()
@@ -365,10 +373,17 @@ class HttpSource(WorkSource):
                 "GET", path, retry=False, timeout=self.runner_timeout))
             if placed.job is None:
                 return False
-            self.client.call("POST", f"{path}/adopt", retry=False, timeout=self.runner_timeout,
-                             json=protocol.AdoptBody(worker=self.worker,
-                                                     previous=previous).model_dump())
+            adopted = protocol.Adopted.model_validate(self.client.call(
+                "POST", f"{path}/adopt", retry=False, timeout=self.runner_timeout,
+                json=protocol.AdoptBody(worker=self.worker, previous=previous).model_dump()))
         except (ReportGone, RequestRefused):
+            return False
+        if adopted.log_size > 0:
+            # It printed, so it ran (under another log folder, or its start report was
+            # lost): this agent holds it now, and reports it lost.
+            log.warning("job %d attempt %d: taken by dead agent %s, which left %d bytes of "
+                        "log on the server: not running it again", token.job_id,
+                        token.attempt, previous, adopted.log_size)
             return False
         self._adopted.add(token)
         self._asked[token] = asked

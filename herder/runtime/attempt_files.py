@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from herder.core.model import AttemptToken, Job
+from herder.core.model import AttemptToken, Job, WorkerId
 from herder.core.scheduling.classification import RESULT_BYTES, TAIL_BYTES
 from herder.runtime.workspace import OWNER_SUFFIX
 
@@ -25,6 +25,53 @@ def attempt_marker(token: AttemptToken, worker: str) -> str:
 
 def log_path_for(log_dir: Path, token: AttemptToken) -> Path:
     return log_dir / str(token.job_id) / f"{token.attempt}.log"
+
+
+HANDOVER_FOLDER = "handover"
+"""In an agent's log folder: where agents of one host meet (herder.runtime.guardian's
+handover files, `launch_path_for`'s launch notes)."""
+
+
+def launch_path_for(handover: Path, token: AttemptToken, worker: WorkerId) -> Path:
+    """The note an agent (`worker`) writes before it starts anything of the attempt: a
+    next agent takes over a placement only while it is absent (never launched)."""
+    return handover / f"{token}-{worker.pid}-{worker.start_time}.launching"
+
+
+def agent_path_for(handover: Path, worker: WorkerId) -> Path:
+    """The note an agent writes when it starts: a next agent finding it knows the two
+    share this log folder, so the first one's launch notes would be here."""
+    return handover / f"{worker.pid}-{worker.start_time}.agent"
+
+
+def note_launch(handover: Path, token: AttemptToken, worker: WorkerId) -> None:
+    """Write `launch_path_for` durably: a crash right after must still leave it, or a next
+    agent would run the job again. Where the agent may die: before the note, nothing of
+    the attempt ran (a next agent runs it, same number); after it and before the spawn,
+    nothing ran either, but no one can tell (reported lost); after the spawn, its process
+    is found and killed, or it ended (reported lost, or adopted from its record).
+    Raises OSError."""
+    write_durably(launch_path_for(handover, token, worker))
+
+
+def note_agent(handover: Path, worker: WorkerId) -> None:
+    """Write `agent_path_for` durably, before the agent takes any work. Raises OSError."""
+    write_durably(agent_path_for(handover, worker))
+
+
+def write_durably(path: Path) -> None:
+    """An empty file that survives a crash of the machine once this returns: a temporary
+    file synced and renamed, then its folder synced."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "wb", opener=private_opener) as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def result_path_for(log_path: Path) -> Path:

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from herder.core.model import AttemptToken, Job, MemoryUse, Outcome
+from herder.core.model import AttemptToken, Job, MemoryUse, Outcome, WorkerId
 from herder.runtime.attempt_files import (
+    HANDOVER_FOLDER,
     RESULT_NAME,
     AttemptRecord,
     Status,
@@ -27,6 +28,7 @@ from herder.runtime.attempt_files import (
     attempt_marker,
     collect_result,
     log_path_for,
+    note_launch,
     private_opener,
     read_status,
     status_path_for,
@@ -287,6 +289,17 @@ def spawn(
     marker = attempt_marker(token, worker)
     log_path = log_path_for(log_dir, token)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if supervised:
+        parsed = WorkerId.parse(worker)
+        if parsed is not None:
+            # Before anything starts: a next agent must not run it again, even if this
+            # agent dies before the log holds a byte (herder.runtime.agent `_take_over`).
+            try:
+                note_launch(log_dir / HANDOVER_FOLDER, token, parsed)
+            except OSError as exc:
+                if memory is not None:
+                    memory.close()
+                raise LaunchError(f"cannot note the launch for a next agent: {exc}") from exc
     run_folder = None
     try:
         run_folder = _run_folder(token, marker, worker, workspaces, user)

@@ -225,8 +225,15 @@ def close_sockets(keep: set[int]) -> None:
     """Close the sockets the guardian inherited (the agent's connection to its server, for
     one). Held open here, a dead agent's connection would not close with it: the server
     would never see its long poll end, and would bind the placements it hands out meanwhile
-    to an agent that is gone. The guardian opens its own connection to report."""
-    for name in os.listdir("/proc/self/fd"):
+    to an agent that is gone. The guardian opens its own connection to report. Without
+    /proc they stay open (a guardian holding them beats no guardian at all)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError as exc:
+        log.warning("guardian: cannot list its descriptors (%s): the runner's sockets stay "
+                    "open in it", exc.strerror)
+        return
+    for name in names:
         fd = int(name)
         if fd in keep:
             continue

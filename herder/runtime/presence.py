@@ -39,14 +39,15 @@ class Presence:
         as a step of its own (it never holds up supervision)."""
         slots = (len(running), round(sum(budget_bytes(attempt.job, self.weights) or 0
                                          for attempt in running.values()) / GB, 3))
-        if slots == self._sent and mono < self.next_due:
-            return
+        if (slots == self._sent and mono < self.next_due) or not steps.retry(
+                "presence").ready(mono):
+            return  # backing off: no reading of the machine's RAM every turn meanwhile
         total, available = machine_ram_gb()
         presence = RunnerPresence(
             label=self.label, worker=self.worker, concurrency=self.concurrency,
             running=slots[0], cpus=os.cpu_count() or 1, ram_total_gb=total,
             ram_booked_gb=slots[1], ram_available_gb=available, started_at=self.started_at,
-            last_turn_at=now)
+            last_turn_at=now)  # the store stamps it with the database's clock instead
 
         def write() -> bool:
             send(presence)

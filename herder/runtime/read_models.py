@@ -98,7 +98,7 @@ class ReadModels:
         hosts = tuple(host_sample(self.fleet, host, usage.get(host.label), now)
                       for host in records) + tuple(
             runner_sample(self.fleet, presence, now)
-            for presence in runners(self.store, {host.label for host in records}))
+            for presence in runners(self.store, {host.label for host in records}, now))
         return FleetSample(statuses=self.store.job_status_counts(),
                            queue_depth=self.store.job_queue_depth(),
                            failures=self.store.job_failure_counts(), hosts=hosts,
@@ -193,7 +193,7 @@ def host_views(store: Store, fleet: Fleet, now: datetime) -> list[HostView]:
     breakers = tripped_breakers(store, fleet, now)
     records = store.host_list()
     views = [host_status(fleet, host, usage.get(host.label), now, breakers) for host in records]
-    machines = runners(store, {host.label for host in records})
+    machines = runners(store, {host.label for host in records}, now)
     if machines:
         preflight = runner_preflight_failures(store)
         views += [runner_view(fleet, presence, now, preflight.get(presence.label, {}))
@@ -205,10 +205,11 @@ UP_TRANSPORT = "up"
 """The transport a `herder up` machine shows with: its runner claims its own work."""
 
 
-def runners(store: Store, registered: set[str]) -> list[RunnerPresence]:
+def runners(store: Store, registered: set[str], now: datetime) -> list[RunnerPresence]:
     """The `herder up` runners' presence, but for a label that is a registered host too (the
-    host's own row tells more)."""
-    return [presence for presence in store.runner_list() if presence.label not in registered]
+    host's own row tells more); their last writes on `now`'s clock."""
+    return [presence for presence in store.runner_list(now)
+            if presence.label not in registered]
 
 
 def runner_preflight_failures(store: Store) -> dict[str, dict[str, str]]:

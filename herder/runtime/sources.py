@@ -164,7 +164,8 @@ class StoreSource(WorkSource):
 
 
 RUNNER_FORGET = timedelta(days=1)
-"""A `herder up` presence not written for this long is forgotten (until then it shows down)."""
+"""A `herder up` presence not written for this long (by the database's clock) is
+forgotten (until then it shows down)."""
 
 
 class ClaimSource(StoreSource):
@@ -196,7 +197,7 @@ class ClaimSource(StoreSource):
 
     def maintain(self, now: datetime) -> None:
         super().maintain(now)
-        self.store.runner_prune(now - RUNNER_FORGET)
+        self.store.runner_prune(RUNNER_FORGET)
         if self.limits.rules.accounts.needs:  # no scheduler here to clear them
             sync_account_alerts(self.store, now, self.limits.rules.accounts.cooldown)
 

@@ -54,7 +54,7 @@ def why_of(store: Store, fleet: Fleet, jobs: Sequence[Job], now: datetime,
     if not store.host_list():
         order = sorted((other.priority, other.id) for other in store.job_list_due(now, 100_000))
         blocked = up_preflight_failures(store)
-        machines = [presence for presence in runners(store, set())
+        machines = [presence for presence in runners(store, set(), now)
                     if fleet.runner_down(presence, now) is None]
         capped = up_cap_reached(store, fleet)
         for job in due:

@@ -4,7 +4,7 @@ machines `herder up` runs on (their presence, shown like hosts)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -76,21 +76,33 @@ class HostStore:
                 for row in self.driver.read("host_usage", {"now": now})}
 
     def runner_publish(self, presence: RunnerPresence) -> None:
-        """`herder up`'s presence: its machine shows like a host (never placed on)."""
-        self.driver.write("runner_publish", msgspec.structs.asdict(presence))
+        """`herder up`'s presence: its machine shows like a host (never placed on). The
+        database stamps it (`last_turn_at`), not the runner's clock."""
+        params = msgspec.structs.asdict(presence)
+        del params["last_turn_at"]
+        self.driver.write("runner_publish", params)
 
-    def runner_list(self) -> list[RunnerPresence]:
-        """Every `herder up` runner's presence as it last wrote it (old ones died)."""
-        return [msgspec.convert(dict(row), RunnerPresence, from_attributes=False, strict=False)
-                for row in self.driver.read("runner_list")]
+    def runner_list(self, now: datetime) -> list[RunnerPresence]:
+        """Every `herder up` runner's presence as it last wrote it (old ones died), its
+        `last_turn_at` moved onto the caller's clock (`now`): its age is the database's
+        measure, whatever the two clocks disagree by."""
+        found = []
+        for row in self.driver.read("runner_list"):
+            fields = dict(row)
+            age = fields.pop("database_now") - fields["last_turn_at"]
+            fields["last_turn_at"] = now - age
+            found.append(msgspec.convert(fields, RunnerPresence, from_attributes=False,
+                                         strict=False))
+        return found
 
     def runner_remove(self, label: str, worker: str) -> bool:
         """A clean exit: the presence goes, unless a newer runner of the label wrote it."""
         return bool(self.driver.write("runner_remove", {"label": label, "worker": worker}))
 
-    def runner_prune(self, before: datetime) -> int:
-        """Forget the presences not written since `before` (machines gone for good); how many."""
-        return len(self.driver.write("runner_prune", {"before": before}))
+    def runner_prune(self, idle: timedelta) -> int:
+        """Forget the presences not written for `idle` by the database's clock (machines
+        gone for good; a caller's clock that runs ahead forgets no live one); how many."""
+        return len(self.driver.write("runner_prune", {"idle_seconds": idle.total_seconds()}))
 
     def reservation_create(
         self,

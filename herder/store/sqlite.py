@@ -34,6 +34,7 @@ _TIME_COLUMNS = frozenset(
         "heartbeat_at", "ended_at", "at", "last_heartbeat", "expires_at", "opened_at",
         "cleared_at", "revoked_at", "depleted_until", "auth_revoked_at", "probed_at",
         "received_at", "sent_at", "resolved_sent_at", "usage_resets_at", "last_turn_at",
+        "database_now",
     }
 )
 _JSON_COLUMNS = frozenset(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import msgspec
 from support.store import (
     T0,
@@ -199,37 +201,62 @@ def test_job_list_due_lists_queued_jobs_in_claim_order(store):
 # -- `herder up`'s presence -----------------------------------------------------------------
 
 
+def listed(store, now: datetime = T0) -> list[RunnerPresence]:
+    """The presences on `now`'s clock, each checked written within the last minute by the
+    database's clock, then with `now` as its last turn (to compare whole)."""
+    found = store.runner_list(now)
+    for presence in found:
+        assert now - timedelta(minutes=1) <= presence.last_turn_at <= now, presence
+    return [msgspec.structs.replace(presence, last_turn_at=now) for presence in found]
+
+
 def test_a_runner_publishes_its_presence_in_one_row_per_label(store):
     first = RunnerPresence("box", "box/10/1", concurrency=3, running=0, cpus=8,
                            ram_total_gb=31.5, ram_booked_gb=0.0, ram_available_gb=20.25,
-                           started_at=at(0), last_turn_at=at(1))
+                           started_at=at(0), last_turn_at=T0)
     store.runner_publish(first)
-    assert store.runner_list() == [first]
-    later = msgspec.structs.replace(first, running=3, ram_booked_gb=12.5, ram_available_gb=None,
-                                    last_turn_at=at(5))
+    assert listed(store) == [first]
+    later = msgspec.structs.replace(first, running=3, ram_booked_gb=12.5, ram_available_gb=None)
     store.runner_publish(later)
     other = msgspec.structs.replace(first, label="another", worker="another/3/1")
     store.runner_publish(other)
-    assert store.runner_list() == [other, later]
+    assert listed(store) == [other, later]
     assert store.host_list() == [], "a runner's presence is not a registered host"
 
 
+def test_the_database_clock_stamps_a_presence_whatever_the_runners_clock(store):
+    """A runner's clock a day fast or slow decides nothing: the row's age is the
+    database's measure, told on the reader's clock."""
+    fast = RunnerPresence("fast", "fast/10/1", 2, 0, 4, 8.0, 0.0, None, at(0),
+                          last_turn_at=datetime.now(UTC) + timedelta(days=2))
+    slow = msgspec.structs.replace(fast, label="slow", worker="slow/10/1",
+                                   last_turn_at=datetime.now(UTC) - timedelta(days=2))
+    store.runner_publish(fast)
+    store.runner_publish(slow)
+    reader = at(1000)  # a reader whose clock is years off
+    assert [presence.label for presence in listed(store, reader)] == ["fast", "slow"]
+
+
 def test_only_the_runner_that_wrote_the_presence_removes_it(store):
-    old = RunnerPresence("box", "box/10/1", 2, 0, 4, 8.0, 0.0, None, at(0), at(0))
+    old = RunnerPresence("box", "box/10/1", 2, 0, 4, 8.0, 0.0, None, at(0), T0)
     store.runner_publish(old)
-    newer = msgspec.structs.replace(old, worker="box/11/1", started_at=at(3), last_turn_at=at(3))
+    newer = msgspec.structs.replace(old, worker="box/11/1", started_at=at(3))
     store.runner_publish(newer)  # the label restarted before the old one's clean exit ended
     assert not store.runner_remove("box", "box/10/1")
-    assert store.runner_list() == [newer]
+    assert listed(store) == [newer]
     assert store.runner_remove("box", "box/11/1")
-    assert store.runner_list() == []
+    assert listed(store) == []
 
 
-def test_presences_not_written_for_long_are_forgotten(store):
-    gone = RunnerPresence("gone", "gone/10/1", 2, 0, 4, 8.0, 0.0, None, at(0), at(0))
-    live = msgspec.structs.replace(gone, label="live", worker="live/11/1", last_turn_at=at(5))
-    store.runner_publish(gone)
+def test_presences_not_written_for_long_by_the_database_clock_are_forgotten(store):
+    """Pruning counts by the database's clock: a runner whose clock is far ahead (the
+    caller's `now` plays no part) forgets no live presence."""
+    live = RunnerPresence("live", "live/10/1", 2, 0, 4, 8.0, 0.0, None, at(0),
+                          last_turn_at=datetime.now(UTC) + timedelta(days=400))
     store.runner_publish(live)
-    assert store.runner_prune(at(0)) == 0  # written at that instant: kept
-    assert store.runner_prune(at(3)) == 1
-    assert store.runner_list() == [live]
+    assert store.runner_prune(timedelta(days=1)) == 0
+    assert store.runner_prune(timedelta(hours=1)) == 0  # written by the database just now
+    assert [presence.label for presence in store.runner_list(T0)] == ["live"]
+    # Not written since (a stand-in for a day passing): forgotten.
+    assert store.runner_prune(timedelta(seconds=-60)) == 1
+    assert store.runner_list(T0) == []

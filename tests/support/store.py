@@ -110,3 +110,12 @@ def migrate_up_to(store: Store, monkeypatch, version: int) -> Callable[[float], 
     assert store.migrate() == list(range(1, version + 1))
     return (lambda s: at(s).timestamp()) if store.dialect == "sqlite" else at
 
+
+
+def age_presences(store: Store, url: str, seconds: float) -> None:
+    """Make every `herder up` presence `seconds` older by the database's clock (which
+    stamps them): a runner that has been silent that long."""
+    older = ("last_turn_at - %s" if store.dialect == "sqlite"
+             else "last_turn_at - make_interval(secs => %s)")
+    raw_execute(store, url, [(f"UPDATE herder_runners SET last_turn_at = {older}",
+                              (seconds,))])

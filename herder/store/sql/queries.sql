@@ -90,29 +90,9 @@ SELECT h.*, EXISTS (SELECT 1 FROM herder_tokens t
                     WHERE t.host = h.label AND t.revoked_at IS NULL) AS has_token
 FROM herder_hosts h ORDER BY label;
 
--- name: runner_publish
--- `herder up`'s presence, from its loop: one row per machine label.
-INSERT INTO herder_runners (label, worker, concurrency, running, cpus, ram_total_gb,
-                            ram_booked_gb, ram_available_gb, started_at, last_turn_at)
-VALUES (:label, :worker, :concurrency, :running, :cpus, :ram_total_gb, :ram_booked_gb,
-        :ram_available_gb, :started_at, :last_turn_at)
-ON CONFLICT (label) DO UPDATE SET worker = excluded.worker,
-    concurrency = excluded.concurrency, running = excluded.running, cpus = excluded.cpus,
-    ram_total_gb = excluded.ram_total_gb, ram_booked_gb = excluded.ram_booked_gb,
-    ram_available_gb = excluded.ram_available_gb, started_at = excluded.started_at,
-    last_turn_at = excluded.last_turn_at
-RETURNING label;
-
--- name: runner_list
-SELECT * FROM herder_runners ORDER BY label;
-
 -- name: runner_remove
 -- A clean exit: only the runner's own row (a newer runner of the label may have taken it).
 DELETE FROM herder_runners WHERE label = :label AND worker = :worker RETURNING label;
-
--- name: runner_prune
--- Presences no runner has written since :before: machines that stopped running `herder up`.
-DELETE FROM herder_runners WHERE last_turn_at < :before RETURNING label;
 
 -- name: host_remove
 DELETE FROM herder_hosts

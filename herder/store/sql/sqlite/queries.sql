@@ -218,3 +218,29 @@ PRAGMA optimize;
 -- name: schema_table_create
 CREATE TABLE IF NOT EXISTS herder_schema (
     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);
+
+
+-- name: runner_publish
+-- `herder up`'s presence, from its loop: one row per machine label. `last_turn_at` is the
+-- database's clock (epoch seconds, as every time here), not the runner's: a runner whose clock is off neither
+-- shows down nor makes the others' rows look old.
+INSERT INTO herder_runners (label, worker, concurrency, running, cpus, ram_total_gb,
+                            ram_booked_gb, ram_available_gb, started_at, last_turn_at)
+VALUES (:label, :worker, :concurrency, :running, :cpus, :ram_total_gb, :ram_booked_gb,
+        :ram_available_gb, :started_at, (julianday('now') - 2440587.5) * 86400.0)
+ON CONFLICT (label) DO UPDATE SET worker = excluded.worker,
+    concurrency = excluded.concurrency, running = excluded.running, cpus = excluded.cpus,
+    ram_total_gb = excluded.ram_total_gb, ram_booked_gb = excluded.ram_booked_gb,
+    ram_available_gb = excluded.ram_available_gb, started_at = excluded.started_at,
+    last_turn_at = excluded.last_turn_at
+RETURNING label;
+
+-- name: runner_list
+-- With the database's clock, so a reader judges the rows' age by the clock that wrote them.
+SELECT *, (julianday('now') - 2440587.5) * 86400.0 AS database_now FROM herder_runners ORDER BY label;
+
+-- name: runner_prune
+-- Presences not written for :idle_seconds by the database's clock: machines that stopped
+-- running `herder up`.
+DELETE FROM herder_runners
+WHERE last_turn_at < (julianday('now') - 2440587.5) * 86400.0 - :idle_seconds RETURNING label;
