@@ -336,13 +336,13 @@ def test_a_placement_a_dead_agent_took_and_never_started_runs_on_the_next_agent(
     assert (done.attempt, done.lost, attempt.outcome) == (1, 0, Outcome.OK), fleet.describe()
     assert attempt.worker.startswith(f"{HOST}/{second.pid}/")
     assert f"job {job_id} attempt 1: taken by dead agent {dead}" in fleet.stderr_of(second)
-    # It noted itself and its own launch first, for an agent after it; the dead one's note
-    # is gone with it.
+    # It noted itself for an agent after it; the dead one's note is gone with it, and so is
+    # the attempt's launch note once its result was recorded (it has done its job).
     handover = fleet.root / "agents" / HOST / HANDOVER_FOLDER
     assert not agent_path_for(handover, dead).exists()
     assert any(path.name.startswith(f"{second.pid}-") for path in handover.glob("*.agent"))
-    assert any(path.name.startswith(f"{job_id}.1-{second.pid}-")
-               for path in handover.glob("*.launching")), list(handover.iterdir())
+    wait_for(lambda: not list(handover.glob(f"{job_id}.1-*.launching")), 30,
+             "the recorded attempt's launch note to go", fleet.describe)
 
 
 def first_attempt_lost(fleet: FleetHarness, job_id: int) -> bool:
@@ -471,3 +471,19 @@ def test_the_server_hands_over_only_a_live_attempt_of_the_worker_named(
     assert reply.json()["log_size"] >= len(b"tick 1\ntick 2\ntick 3\n")
     (tmp_path / "runs.release").touch()
     fleet.wait_status(job_id, JobStatus.DONE)
+
+
+def test_a_running_attempt_has_its_launch_note_until_its_result_is_recorded(
+        make_fleet, tmp_path, sqlite_url):
+    """The note a next agent reads (`note_launch`) is there while the attempt runs, and goes
+    once the server has recorded its result."""
+    fleet = fleet_with_host(make_fleet, tmp_path, sqlite_url, adopt_grace="10s")
+    job_id = fleet.submit(ticking(tmp_path, "runs"))
+    running(fleet, tmp_path, job_id, "runs")
+    handover = fleet.root / "agents" / HOST / HANDOVER_FOLDER
+    assert list(handover.glob(f"{job_id}.1-{fleet.agents[HOST].pid}-*.launching")), \
+        list(handover.iterdir())
+    (tmp_path / "runs.release").touch()
+    fleet.wait_status(job_id, JobStatus.DONE, 60)
+    wait_for(lambda: not list(handover.glob(f"{job_id}.1-*.launching")), 30,
+             "the recorded attempt's launch note to go", fleet.describe)

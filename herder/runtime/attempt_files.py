@@ -54,6 +54,15 @@ def note_launch(handover: Path, token: AttemptToken, worker: WorkerId) -> None:
     write_durably(launch_path_for(handover, token, worker))
 
 
+def forget_launch(handover: Path, token: AttemptToken) -> None:
+    """Drop the launch notes of an attempt whose result the server recorded (its own agent's,
+    and a dead one's it adopted): no next agent can take the placement over any more, and
+    a note an attempt would pile up."""
+    with contextlib.suppress(OSError):
+        for note in handover.glob(f"{token}-*.launching"):
+            note.unlink(missing_ok=True)
+
+
 def note_agent(handover: Path, worker: WorkerId) -> None:
     """Write `agent_path_for` durably, before the agent takes any work. Raises OSError."""
     write_durably(agent_path_for(handover, worker))

@@ -38,6 +38,8 @@ class Reports:
         """Ended attempts whose result the store or server has not recorded yet."""
         self._start_retries: dict[AttemptToken, Retry] = {}
         self.finished = 0
+        self.recorded: Callable[[AttemptToken], None] = lambda token: None
+        """Told each attempt whose result was recorded (an agent drops its launch note)."""
 
     def pending_starts(self) -> bool:
         return any(not attempt.start_reported for attempt in self.running.values())
@@ -116,6 +118,7 @@ class Reports:
                       job.id, job.attempt, result.outcome, type(exc).__name__, exc, delay)
             return False
         self.finished += 1
+        self.recorded(job.token)
         if status is not None:
             log.info("job %d attempt %d: %s -> %s", job.id, job.attempt, result.outcome,
                      status)

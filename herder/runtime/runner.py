@@ -19,6 +19,7 @@ calls), `leases` (heartbeats and the fence), `reports` (ended attempts until rec
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from types import FrameType
 from herder.core.backoff import Backoff
 from herder.core.model import AttemptToken, Job, Outcome, WorkerId
 from herder.runtime.adoption import Adoption
-from herder.runtime.attempt_files import attempt_marker
+from herder.runtime.attempt_files import HANDOVER_FOLDER, attempt_marker, forget_launch
 from herder.runtime.cgroup import runner_prefix
 from herder.runtime.executor import LaunchError, RunningAttempt, spawn
 from herder.runtime.fence import fence_due
@@ -105,6 +106,9 @@ class Runner:
         self.reports = Reports(source, self.worker, options.runtime.workspace_keep_failed,
                                clock, self.running, self.leases)
         self.unreported = self.reports.unreported
+        if source.supervised:  # an agent: a recorded attempt's launch note has done its job
+            self.reports.recorded = functools.partial(forget_launch,
+                                                      options.log_dir / HANDOVER_FOLDER)
         """Ended attempts whose result the store or server has not recorded yet."""
         self.adoption = Adoption(source, options, self.worker, self.memory, self.running,
                                  self.unreported, self.leases)
