@@ -572,7 +572,7 @@ def simulate_section(measurements: Mapping[str, Any]) -> Section:
                             "lower bound", bound, False))
             rows.append(Row(f"`{trace}`: RAM really used, share of fleet RAM-time",
                             100 * figures["used_utilization"], "%", "RAM booked", booked,
-                            note="what the budgets reserved and the jobs did not use"))
+                            note="the rest is slack the budgets reserved"))
             for weight, waits in sorted(figures["wait_by_weight"].items()):
                 rows.append(Row(f"`{trace}`: wait to first start, {weight}, p95",
                                 waits["p95"] / 60, "min", note=f"{waits['jobs']} jobs"))
