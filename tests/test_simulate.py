@@ -592,3 +592,35 @@ def test_an_unwritable_output_path_names_its_option(tmp_path: Path, option: str)
     result = _simulate(tmp_path, option, str(tmp_path / "file" / "out"))
     assert result.returncode == 2, result.stderr
     assert f"{option}: cannot write" in result.stderr, result.stderr
+
+
+def test_without_a_fleet_file_the_hosts_herder_toml_declares_are_the_fleet(
+        tmp_path: Path) -> None:
+    """No --fleet: the fleet is herder.toml's [hosts.LABEL] (and with --compare, each
+    config's own), as `herder server` would store it; none declared is refused, naming
+    --fleet."""
+    base = (DATA / "herder.toml").read_text()
+    one = tmp_path / "one.toml"
+    one.write_text(base + "\n[hosts.a]\nram_total_gb = 16\nprime = { max_workers = 2 }\n"
+                   "night = { max_workers = 2 }\n")
+    two = tmp_path / "two.toml"
+    two.write_text(one.read_text() + "\n[hosts.b]\nram_total_gb = 16\n"
+                   "prime = { max_workers = 2 }\nnight = { max_workers = 2 }\n")
+    trace = str(DATA / "trace.csv")
+    alone = herder("--config", str(one), "simulate", "--trace", trace, cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr
+    # The same fleet as tests/data/simulate/fleet.toml, so the same figures.
+    assert "makespan              40m00s" in alone.stdout
+    assert "host a " in alone.stdout and "host b" not in alone.stdout
+    compared = herder("--config", str(one), "simulate", "--trace", trace, "--compare",
+                      str(two), cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr
+    [row] = [line for line in compared.stdout.splitlines() if line.startswith("makespan")]
+    first, second = row.split()[1:]
+    assert first == "40m00s" and second < first, compared.stdout  # mm"ss" of one width
+    [host_b] = [line for line in compared.stdout.splitlines() if line.startswith("host b")]
+    assert host_b.split()[2] == "-" and "booked" in host_b.split(None, 3)[3], host_b
+    none = herder("--config", str(DATA / "herder.toml"), "simulate", "--trace", trace,
+                  cwd=tmp_path)
+    assert none.returncode == 2
+    assert "--fleet" in none.stderr and "declares no host" in none.stderr

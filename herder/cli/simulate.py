@@ -9,8 +9,9 @@ from herder.cli.root import State, edge, fail, pass_state
 
 
 @click.command()
-@click.option("--fleet", "fleet_path", required=True, type=click.Path(dir_okay=False),
-              help="The fleet file (TOML): hosts, windows, outages, accounts.")
+@click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False),
+              help="The fleet file (TOML): hosts, windows, outages, accounts. Without it, "
+              "the hosts herder.toml declares ([hosts.LABEL]; with --compare, each config's).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="The workload: CSV with a header, or JSON lines (.jsonl). Without it, "
               "one is generated from --jobs, --arrival-rate, --mix, --durations, --outcomes "
@@ -64,7 +65,8 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
             fail(simulation.CHARTS_MISSING)
     with edge():
         settings = state.config.settings
-        fleet = fleet_file.load_fleet(Path(fleet_path), settings)
+        fleet = (fleet_file.load_fleet(Path(fleet_path), settings) if fleet_path is not None
+                 else fleet_file.fleet_of_settings(settings))
         if trace_path is not None:
             jobs = workload.load_trace(Path(trace_path), settings)
         else:
@@ -91,7 +93,8 @@ def simulate(state: State, fleet_path: str, trace_path: str | None, job_count: i
             other = load_config(compare_path).settings
             simulation.check_trace(jobs, other, compare_path)
             name = compare_path if compare_path != this else f"{compare_path} (again)"
-            reports[name] = simulation.run(fleet, other, jobs, keep, cycle, seed)
+            other_fleet = fleet if fleet_path is not None else fleet_file.fleet_of_settings(other)
+            reports[name] = simulation.run(other_fleet, other, jobs, keep, cycle, seed)
     runs = list(reports.values())
     if len(runs) == 2:
         first, second = reports

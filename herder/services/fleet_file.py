@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from herder.core.errors import InputError
+from herder.core.host_settings import declared_host
 from herder.core.scheduling.capacity import WindowCaps, WindowSchedule
 from herder.core.scheduling.placement import HostSpec
 from herder.core.settings.fields import NAME, parse_duration
@@ -43,6 +44,24 @@ class Fleetfile(msgspec.Struct, frozen=True):
     """[windows] overrides of herder.toml's [fleet] timezone, night_start, night_end."""
     spawn_failure: Mapping[str, float] = msgspec.field(default_factory=dict)
     """Host -> the chance an attempt fails to start there."""
+
+
+def fleet_of_settings(settings: Settings) -> Fleetfile:
+    """The fleet herder.toml declares (`[hosts.LABEL]` and their accounts), as `herder
+    server` stores it: what `herder simulate` runs without --fleet. Accounts have no
+    quota (herder.toml cannot say one) and there is no outage."""
+    hosts = tuple(HostSpec.configured(declared_host(label, section))
+                  for label, section in sorted(settings.hosts.items()))
+    if not hosts:
+        raise InputError("--fleet", "herder.toml declares no host",
+                         "give a fleet file (--fleet FILE, docs/simulate.md) or declare "
+                         "[hosts.LABEL] in herder.toml")
+    accounts = tuple(
+        SimAccount(label, name, account.max_sessions,
+                   None if account.job_types is None else frozenset(account.job_types))
+        for label, section in sorted(settings.hosts.items())
+        for name, account in sorted(section.accounts.items()))
+    return Fleetfile(DEFAULT_START, hosts, (), accounts, {})
 
 
 # --- the fleet file -----------------------------------------------------------------
