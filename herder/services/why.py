@@ -13,8 +13,12 @@ from herder.core.model import Job, JobStatus, RunnerPresence, launch_failure
 from herder.core.scheduling.explanation import explain
 from herder.core.scheduling.placement import Plan, Snapshot
 from herder.runtime.accounts import accounts_why
-from herder.runtime.read_models import placed, runner_preflight_failures, runners
-from herder.runtime.scheduler import fleet_cap
+from herder.runtime.read_models import (
+    fleet_cap_view,
+    placed,
+    runner_preflight_failures,
+    runners,
+)
 from herder.services.views import iso
 from herder.store import Store
 
@@ -97,14 +101,11 @@ def up_slots_why(machines: Sequence[RunnerPresence], ahead: int) -> str:
 
 def up_cap_reached(store: Store, fleet: Fleet) -> str | None:
     """Why `herder up` claims nothing while the fleet-wide cap is full; None when it is not."""
-    cap = fleet_cap(store, fleet.max_workers).max_workers
-    if cap is None:
+    cap = fleet_cap_view(store, fleet.max_workers)
+    if cap.max_workers is None or cap.running < cap.max_workers:
         return None
-    counts = store.job_counts()
-    busy = counts.get(JobStatus.CLAIMED, 0) + counts.get(JobStatus.RUNNING, 0)
-    if busy < cap:
-        return None
-    return f"fleet cap reached ({busy} running, fleet cap {cap}; `herder fleet cap`)"
+    return (f"fleet cap reached ({cap.running} running, fleet cap {cap.max_workers}; "
+            "`herder fleet cap`)")
 
 
 def up_preflight_failures(store: Store) -> dict[str, str]:
